@@ -1,0 +1,215 @@
+"""Structured interval, quadrilateral and hexahedral meshes of a box.
+
+A :class:`BoxMesh` splits the box ``[lower, upper]`` into ``n_0 x ... x
+n_{dim-1}`` elements, numbered in C order of their multi-index ``(e_0, e_1,
+e_2)`` (``e_0`` runs along the first coordinate, slowest). Each element is
+the image of the reference cube ``[-1, 1]^dim`` under a polynomial map of
+order ``geom_order``: its geometry nodes are the tensor-product
+Gauss-Lobatto nodes of that order, placed in the undistorted box and then
+moved by the distortion. Nodes shared by neighbouring elements get
+bit-identical coordinates, so the mesh is conforming.
+
+The default distortion (:func:`sine_distortion`) keeps the boundary of the
+box fixed, so the meshed domain is always the box itself.
+"""
+
+from dataclasses import dataclass
+from numbers import Real
+
+import numpy as np
+
+from .quadrature import gauss_lobatto
+
+__all__ = ["BoxMesh", "box_mesh", "sine_distortion"]
+
+
+def sine_distortion(xhat, amplitude):
+    """Smooth distortion of the unit box that fixes its boundary.
+
+    ``x_a = xhat_a + amplitude * prod_b sin(pi xhat_b)`` for every
+    component ``a``. Its Jacobian determinant is ``1 + amplitude * sum_b
+    d_b s`` with ``s = prod_b sin(pi xhat_b)``, positive whenever
+    ``|amplitude| < 1 / (dim * pi)``; larger amplitudes may tangle the map.
+
+    Parameters
+    ----------
+    xhat : ndarray, shape (dim, ...)
+        Points of the unit box ``[0, 1]^dim``, coordinate axis first.
+    amplitude : float
+
+    Returns
+    -------
+    ndarray, same shape as ``xhat``
+
+    Examples
+    --------
+    >>> xhat = np.array([[0.5, 1.0], [0.5, 0.3]])   # two 2D points
+    >>> print(np.round(sine_distortion(xhat, 0.1), 6))
+    [[0.6 1. ]
+     [0.6 0.3]]
+    """
+    xhat = np.asarray(xhat, dtype=np.float64)
+    bump = np.prod(np.sin(np.pi * xhat), axis=0)
+    return xhat + amplitude * bump[None]
+
+
+@dataclass(frozen=True, eq=False)
+class BoxMesh:
+    """A structured mesh of a box; build it with :func:`box_mesh`.
+
+    Attributes
+    ----------
+    dim : int
+        1, 2 or 3.
+    shape : tuple of int
+        Elements per direction.
+    geom_order : int
+        Polynomial order of the element maps.
+    lower, upper : ndarray, shape (dim,)
+        Corners of the box.
+    geom_nodes : ndarray, shape (geom_order + 1,)
+        Reference Gauss-Lobatto nodes on [-1, 1] of the element maps.
+    nodes : ndarray, shape (E, dim, ng, ..., ng)
+        Physical coordinates of each element's geometry nodes, coordinate
+        axis before the ``dim`` node axes (the component layout of an
+        E-vector), ``ng = geom_order + 1``.
+    distortion : float or callable
+        What was passed to :func:`box_mesh`.
+    """
+
+    dim: int
+    shape: tuple
+    geom_order: int
+    lower: np.ndarray
+    upper: np.ndarray
+    geom_nodes: np.ndarray
+    nodes: np.ndarray
+    distortion: object
+
+    @property
+    def nelements(self):
+        """Number of elements ``E``."""
+        return int(np.prod(self.shape))
+
+    @property
+    def volume(self):
+        """Volume of the box (distortions keep the boundary fixed)."""
+        return float(np.prod(self.upper - self.lower))
+
+    def __repr__(self):
+        return (
+            f"BoxMesh(dim={self.dim}, shape={self.shape}, geom_order={self.geom_order}, "
+            f"lower={self.lower.tolist()}, upper={self.upper.tolist()}, "
+            f"distortion={self.distortion!r})"
+        )
+
+
+def _as_shape(n, dim):
+    ns = (n,) * dim if isinstance(n, (int, np.integer)) and not isinstance(n, bool) else tuple(n)
+    if len(ns) != dim or not all(
+        isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1 for k in ns
+    ):
+        raise ValueError(
+            f"n must be a positive integer or {dim} positive integers (one per direction), got {n!r}"
+        )
+    return tuple(int(k) for k in ns)
+
+
+def _as_corner(value, dim, name):
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a finite scalar or {dim} finite numbers, got {value!r}") from err
+    if arr.ndim == 0:
+        arr = np.full(dim, float(arr))
+    if arr.shape != (dim,) or not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be a finite scalar or {dim} finite numbers, got {value!r}")
+    return arr
+
+
+def _reference_coordinates(shape, nodes1d):
+    """Undistorted unit-box coordinates of every element's nodes, (E, dim, ng...)."""
+    dim, ng = len(shape), nodes1d.size
+    full = shape + (ng,) * dim
+    comps = []
+    for d, n_d in enumerate(shape):
+        # (e + (xi + 1) / 2) / n: a node shared by elements e and e + 1 gets
+        # the same value from both, because (xi + 1) / 2 is exactly 0 or 1 there.
+        c = (np.arange(n_d, dtype=np.float64)[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d
+        bshape = [1] * (2 * dim)
+        bshape[d], bshape[dim + d] = n_d, ng
+        comps.append(np.broadcast_to(c.reshape(bshape), full))
+    xhat = np.stack(comps, axis=dim)
+    return xhat.reshape((int(np.prod(shape)), dim) + (ng,) * dim)
+
+
+def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
+    """Structured mesh of the box ``[lower, upper]`` with ``n`` elements per direction.
+
+    Parameters
+    ----------
+    dim : int
+        1 (intervals), 2 (quadrilaterals) or 3 (hexahedra).
+    n : int or sequence of int
+        Elements per direction.
+    geom_order : int, optional
+        Order of the element maps: 1 for multilinear elements, higher for
+        curved elements that follow the distortion more closely.
+    distortion : float or callable, optional
+        A float is the amplitude of :func:`sine_distortion` (0 for a
+        uniform mesh). A callable maps unit-box points ``xhat`` of shape
+        ``(dim, ...)`` to points of the same shape and should keep the
+        unit box's boundary in place.
+    lower, upper : float or sequence of float, optional
+        Box corners; the distortion acts on the unit box, which is then
+        scaled to the box.
+
+    Returns
+    -------
+    BoxMesh
+
+    Raises
+    ------
+    ValueError
+        For a bad ``dim``, ``n``, ``geom_order``, box, or distortion.
+
+    Examples
+    --------
+    >>> m = box_mesh(2, (2, 3), geom_order=2, distortion=0.05)
+    >>> m.nelements, m.nodes.shape
+    (6, (6, 2, 3, 3))
+    >>> print(box_mesh(1, 2).nodes[:, 0])
+    [[0.  0.5]
+     [0.5 1. ]]
+    """
+    if dim not in (1, 2, 3) or isinstance(dim, bool):
+        raise ValueError(f"dim must be 1, 2 or 3, got {dim!r}")
+    shape = _as_shape(n, dim)
+    if isinstance(geom_order, bool) or not isinstance(geom_order, (int, np.integer)) or geom_order < 1:
+        raise ValueError(f"geom_order must be an integer >= 1, got {geom_order!r}")
+    lo = _as_corner(lower, dim, "lower")
+    hi = _as_corner(upper, dim, "upper")
+    if np.any(hi <= lo):
+        raise ValueError(f"upper must exceed lower in every direction, got lower={lo}, upper={hi}")
+    nodes1d, _ = gauss_lobatto(int(geom_order) + 1)
+    xhat = _reference_coordinates(shape, nodes1d)
+    xhat_c = np.moveaxis(xhat, 1, 0)  # (dim, E, ng...)
+    if callable(distortion):
+        try:
+            moved = np.asarray(distortion(xhat_c), dtype=np.float64)
+        except Exception as err:
+            raise ValueError(f"distortion {distortion!r} failed on points of shape {xhat_c.shape}") from err
+        if moved.shape != xhat_c.shape:
+            raise ValueError(
+                f"distortion returned shape {moved.shape}, expected {xhat_c.shape} "
+                "(the shape of its input, coordinate axis first)"
+            )
+    elif isinstance(distortion, Real) and np.isfinite(distortion):
+        moved = sine_distortion(xhat_c, float(distortion)) if distortion != 0 else xhat_c
+    else:
+        raise ValueError(f"distortion must be a finite amplitude or a callable, got {distortion!r}")
+    if not np.all(np.isfinite(moved)):
+        raise ValueError("distortion produced non-finite coordinates")
+    scale = (hi - lo).reshape((1, dim) + (1,) * dim)
+    nodes = lo.reshape((1, dim) + (1,) * dim) + scale * np.moveaxis(moved, 0, 1)
+    return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, np.ascontiguousarray(nodes), distortion)

@@ -1,0 +1,206 @@
+"""Continuous (H1) order-``p`` nodal spaces on a :class:`~smalltc.fem.mesh.BoxMesh`.
+
+The global degrees of freedom of order ``p`` on a structured mesh with
+``n_d`` elements along direction ``d`` form a lattice of ``n_d * p + 1``
+nodes per direction, numbered in C order. Element ``e`` with multi-index
+``(e_0, ..., e_{dim-1})`` owns the lattice nodes ``e_d * p + i_d``,
+``i_d = 0..p``; neighbours share the nodes on their common face, which is
+what makes the space continuous.
+
+:meth:`H1Space.gather` copies global values into an E-vector of shape
+``(E, nd, ..., nd)`` (the ``V`` of SPEC section 1); :meth:`H1Space.scatter`
+is its transpose, adding element contributions into the global vector.
+"""
+
+import numpy as np
+
+from .basis import lagrange_basis
+from .quadrature import gauss_lobatto
+from .tensor import interp
+
+__all__ = ["H1Space"]
+
+
+class H1Space:
+    """Order-``p`` continuous Lagrange space on Gauss-Lobatto nodes.
+
+    Parameters
+    ----------
+    mesh : BoxMesh
+    p : int
+        Polynomial order, ``p >= 1``.
+
+    Attributes
+    ----------
+    mesh : BoxMesh
+    p, nd, dim : int
+        Order, nodes per direction in an element (``p + 1``), dimension.
+    lattice_shape : tuple of int
+        Global nodes per direction, ``n_d * p + 1``.
+    ndofs : int
+        Number of global degrees of freedom.
+    elem_dofs : ndarray of int64, shape (E, nd, ..., nd)
+        Global index of each element node.
+
+    Raises
+    ------
+    ValueError
+        If ``p`` is not an integer >= 1.
+
+    Examples
+    --------
+    >>> from smalltc.fem import box_mesh
+    >>> V = H1Space(box_mesh(2, 2), p=2)
+    >>> V.ndofs, V.elem_dofs.shape
+    (25, (4, 3, 3))
+    >>> print(V.elem_dofs[1])
+    [[ 2  3  4]
+     [ 7  8  9]
+     [12 13 14]]
+    """
+
+    def __init__(self, mesh, p):
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
+            raise ValueError(f"p must be an integer >= 1, got {p!r}")
+        self.mesh = mesh
+        self.p = int(p)
+        self.nd = self.p + 1
+        self.dim = mesh.dim
+        self.lattice_shape = tuple(n_d * self.p + 1 for n_d in mesh.shape)
+        self.ndofs = int(np.prod(self.lattice_shape))
+        strides = np.cumprod((self.lattice_shape[1:] + (1,))[::-1])[::-1]
+        dim, nd = self.dim, self.nd
+        idx = np.zeros(mesh.shape + (nd,) * dim, dtype=np.int64)
+        for d, n_d in enumerate(mesh.shape):
+            g = np.arange(n_d)[:, None] * self.p + np.arange(nd)[None, :]
+            bshape = [1] * (2 * dim)
+            bshape[d], bshape[dim + d] = n_d, nd
+            idx = idx + strides[d] * g.reshape(bshape)
+        self.elem_dofs = idx.reshape((mesh.nelements,) + (nd,) * dim)
+        self._flat = self.elem_dofs.ravel()
+
+    @property
+    def nelements(self):
+        """Number of elements ``E``."""
+        return self.mesh.nelements
+
+    @property
+    def evector_shape(self):
+        """Shape ``(E, nd, ..., nd)`` of a scalar E-vector."""
+        return self.elem_dofs.shape
+
+    def __repr__(self):
+        return f"H1Space(p={self.p}, ndofs={self.ndofs}, mesh={self.mesh!r})"
+
+    def gather(self, x):
+        """Global vector -> E-vector (each element's copy of its nodal values).
+
+        Parameters
+        ----------
+        x : array_like, shape (ndofs,) or (ncomp, ndofs)
+
+        Returns
+        -------
+        ndarray, shape (E, nd, ..., nd) or (E, ncomp, nd, ..., nd)
+            C-contiguous, dtype of ``x``.
+
+        Raises
+        ------
+        ValueError
+            If the last axis of ``x`` is not ``ndofs`` long.
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> V = H1Space(box_mesh(1, 2), p=1)
+        >>> print(V.gather(np.array([10.0, 20.0, 30.0])))
+        [[10. 20.]
+         [20. 30.]]
+        """
+        x = np.asarray(x)
+        if x.ndim not in (1, 2) or x.shape[-1] != self.ndofs:
+            raise ValueError(
+                f"x has shape {x.shape}, expected ({self.ndofs},) or (ncomp, {self.ndofs}) "
+                f"for this space with ndofs={self.ndofs}"
+            )
+        if x.ndim == 1:
+            return x[self.elem_dofs]
+        return np.ascontiguousarray(np.moveaxis(x[:, self.elem_dofs], 0, 1))
+
+    def scatter(self, v):
+        """E-vector -> global vector, adding the contributions of shared nodes.
+
+        The transpose of :meth:`gather`: ``<gather(x), v> == <x, scatter(v)>``.
+
+        Parameters
+        ----------
+        v : array_like, shape (E, nd, ..., nd) or (E, ncomp, nd, ..., nd)
+
+        Returns
+        -------
+        ndarray, shape (ndofs,) or (ncomp, ndofs)
+            Floating dtype of ``v`` (float64 for integer input).
+
+        Raises
+        ------
+        ValueError
+            If ``v`` does not have an E-vector shape of this space.
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> V = H1Space(box_mesh(1, 2), p=1)
+        >>> print(V.scatter(np.ones((2, 2))))
+        [1. 2. 1.]
+        """
+        v = np.asarray(v)
+        shape = self.evector_shape
+        if v.shape == shape:
+            comps = None
+        elif v.ndim == len(shape) + 1 and v.shape[0] == shape[0] and v.shape[2:] == shape[1:]:
+            comps = v.shape[1]
+        else:
+            raise ValueError(
+                f"v has shape {v.shape}, expected {shape} or "
+                f"({shape[0]}, ncomp{''.join(', ' + str(s) for s in shape[1:])}) for this space"
+            )
+        dtype = v.dtype if np.issubdtype(v.dtype, np.floating) else np.float64
+        if comps is None:
+            out = np.bincount(self._flat, weights=v.ravel(), minlength=self.ndofs)
+            return out.astype(dtype, copy=False)
+        out = np.empty((comps, self.ndofs), dtype=dtype)
+        for c in range(comps):
+            out[c] = np.bincount(self._flat, weights=v[:, c].ravel(), minlength=self.ndofs)
+        return out
+
+    def multiplicity(self):
+        """Number of elements sharing each global node, shape (ndofs,).
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> print(H1Space(box_mesh(1, 2), p=2).multiplicity())
+        [1 1 2 1 1]
+        """
+        return np.bincount(self._flat, minlength=self.ndofs)
+
+    def dof_coordinates(self):
+        """Physical coordinates of the global nodes, shape (dim, ndofs).
+
+        Each node's coordinates are the element map evaluated at its
+        Gauss-Lobatto reference position (taken from one of the elements
+        that share it; the maps agree there).
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> print(H1Space(box_mesh(1, 1), p=2).dof_coordinates())
+        [[0.  0.5 1. ]]
+        """
+        ref, _ = gauss_lobatto(self.nd)
+        Bg, _ = lagrange_basis(self.mesh.geom_nodes, ref)
+        x_e = interp(Bg, self.mesh.nodes, self.dim)  # (E, dim, nd...)
+        out = np.empty((self.dim, self.ndofs))
+        for d in range(self.dim):
+            out[d, self._flat] = x_e[:, d].ravel()
+        return out

@@ -1,0 +1,29 @@
+"""smalltc: batched small-tensor contractions for high-order finite elements.
+
+The operations of SPEC section 2 and 3 on NumPy arrays (CPU) and CuPy
+arrays (NVIDIA GPUs), with a plan/execute API:
+
+- :func:`batched_contract`: partial-assembly mass action ``U_e = B^T D_e B V_e``
+- :func:`assemble_mass`: element mass matrices ``M_e = B^T D_e B``
+- :func:`batched_gemm`: batched GEMM with shared operands and transposes
+- :func:`contract`: the reshaping-layout kernels (8a), (8b), (9)
+- :func:`plan`: build once, call many times
+
+Examples
+--------
+>>> import numpy as np, smalltc
+>>> B1d = np.random.rand(3, 2); D = np.random.rand(4, 3, 3)
+>>> smalltc.batched_contract(B1d, D, np.random.rand(4, 2, 2)).shape
+(4, 2, 2)
+"""
+import logging as _logging
+
+from .api import assemble_mass, batched_contract, batched_gemm, contract
+from .catalogue import STEPS
+from .plan import Plan, plan
+
+__version__ = "0.1.0"
+__all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "plan",
+           "Plan", "STEPS", "__version__"]
+
+_logging.getLogger("smalltc").addHandler(_logging.NullHandler())

@@ -1,0 +1,86 @@
+"""Array-module helpers: NumPy/CuPy detection, GPU probing, memory overlap.
+
+CuPy is optional. It may import on a machine without a GPU and fail only at
+the first device call, so "is there a GPU" is answered by a device query.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+__all__ = ["cupy_or_none", "gpu_available", "array_module", "is_cupy",
+           "data_range", "overlaps", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@functools.lru_cache(maxsize=None)
+def cupy_or_none():
+    """Return the ``cupy`` module, or ``None`` when it cannot be imported."""
+    try:
+        import cupy
+    except Exception:  # ImportError, or a broken CUDA install
+        return None
+    return cupy
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_available() -> bool:
+    """True when CuPy imports and a CUDA device answers a query."""
+    cp = cupy_or_none()
+    if cp is None:
+        return False
+    try:
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # CUDARuntimeError without a driver or device
+        return False
+
+
+def is_cupy(x) -> bool:
+    cp = cupy_or_none()
+    return cp is not None and isinstance(x, cp.ndarray)
+
+
+def array_module(*arrays):
+    """The module (numpy or cupy) of ``arrays``; ``TypeError`` when mixed.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> array_module(np.ones(2), np.ones(3)).__name__
+    'numpy'
+    """
+    kinds = {"cupy" if is_cupy(a) else "numpy" for a in arrays if a is not None}
+    if len(kinds) > 1:
+        raise TypeError("operands mix NumPy and CuPy arrays; move them to one "
+                        "device first (cupy.asarray / cupy.asnumpy)")
+    if kinds == {"cupy"}:
+        return cupy_or_none()
+    return np
+
+
+def data_range(a):
+    """``(lo, hi)`` byte addresses spanned by array ``a`` (hi exclusive)."""
+    if is_cupy(a):
+        ptr = a.data.ptr
+    else:
+        ptr = a.__array_interface__["data"][0]
+    if a.size == 0:
+        return ptr, ptr
+    lo = hi = ptr
+    for n, st in zip(a.shape, a.strides):
+        if st >= 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return lo, hi + a.itemsize
+
+
+def overlaps(a, b) -> bool:
+    """Conservative test: do the memory extents of ``a`` and ``b`` overlap?"""
+    if a.size == 0 or b.size == 0 or is_cupy(a) != is_cupy(b):
+        return False
+    alo, ahi = data_range(a)
+    blo, bhi = data_range(b)
+    return alo < bhi and blo < ahi

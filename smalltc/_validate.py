@@ -1,0 +1,245 @@
+"""Operand checks: turn user arrays into a spec, or raise a clear error.
+
+Every message names the operand, its shape or dtype, and what was expected.
+Checks run once, when a plan is built; a plan's call re-checks only that the
+operands still match its spec.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._arrays import SUPPORTED_DTYPES, array_module, is_cupy, overlaps
+from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+
+__all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec",
+           "check_operands", "check_out", "reshape_like", "as_contiguous", "check_scalar"]
+
+
+def _as_array(name, x):
+    if x is None:
+        raise TypeError(f"{name} is None; expected an array")
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return x
+    try:
+        return np.asarray(x)
+    except Exception as err:
+        raise TypeError(f"{name} cannot be converted to an array") from err
+
+
+def _dtype(named):
+    """Common dtype of ``named`` (dict name -> array); error on mixes."""
+    dts = {name: np.dtype(a.dtype) for name, a in named.items()}
+    for name, dt in dts.items():
+        if dt not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {dt}; smalltc supports float32 and float64")
+    if len(set(dts.values())) > 1:
+        got = ", ".join(f"{n} is {d}" for n, d in dts.items())
+        raise TypeError(f"operands have mixed dtypes ({got}); convert them to one "
+                        "dtype explicitly (no silent casts)")
+    return next(iter(dts.values())).name
+
+
+def check_scalar(name, value):
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name} must be a real number, got {value!r}") from err
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    return v
+
+
+def _check_b1d(B1d):
+    if B1d.ndim != 2 or 0 in B1d.shape:
+        raise ValueError(f"B1d has shape {tuple(B1d.shape)}, expected (nq, nd) "
+                         "with nq, nd >= 1")
+    return B1d.shape
+
+
+def _check_d(D, nq):
+    dim = D.ndim - 1
+    if dim not in (1, 2, 3):
+        raise ValueError(f"D has shape {tuple(D.shape)}, expected (E, nq), (E, nq, nq) "
+                         f"or (E, nq, nq, nq) with nq={nq}")
+    want = (D.shape[0],) + (nq,) * dim
+    if tuple(D.shape) != want:
+        raise ValueError(f"D has shape {tuple(D.shape)}, expected {want} for "
+                         f"nq={nq}, dim={dim} (nq is B1d.shape[0])")
+    return dim
+
+
+def action_spec(B1d, D, V):
+    """Check the operands of ``batched_contract``; return ``(spec, xp, ops)``."""
+    B1d, D, V = (_as_array(n, x) for n, x in (("B1d", B1d), ("D", D), ("V", V)))
+    xp = array_module(B1d, D, V)
+    dtype = _dtype({"B1d": B1d, "D": D, "V": V})
+    nq, nd = _check_b1d(B1d)
+    dim = _check_d(D, nq)
+    E = D.shape[0]
+    comp_axis = V.ndim == dim + 2
+    if V.ndim not in (dim + 1, dim + 2):
+        raise ValueError(f"V has shape {tuple(V.shape)}, expected {(E,) + (nd,) * dim} "
+                         f"or (E, ncomp, {', '.join([str(nd)] * dim)}) for nd={nd}, "
+                         f"dim={dim} (dim from D, nd from B1d)")
+    ncomp = V.shape[1] if comp_axis else 1
+    spec = ActionSpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ncomp=ncomp,
+                      comp_axis=comp_axis)
+    if tuple(V.shape) != spec.v_shape:
+        raise ValueError(f"V has shape {tuple(V.shape)}, expected {spec.v_shape} for "
+                         f"E={E}, nd={nd}, dim={dim} (E from D, nd from B1d)")
+    return spec, xp, (B1d, D, V)
+
+
+def assembly_spec(B1d, D):
+    """Check the operands of ``assemble_mass``; return ``(spec, xp, ops)``."""
+    B1d, D = _as_array("B1d", B1d), _as_array("D", D)
+    xp = array_module(B1d, D)
+    dtype = _dtype({"B1d": B1d, "D": D})
+    nq, nd = _check_b1d(B1d)
+    dim = _check_d(D, nq)
+    return AssemblySpec(dim=dim, nq=nq, nd=nd, batch=D.shape[0], dtype=dtype), xp, (B1d, D)
+
+
+def gemm_spec(A, B, C, *, alpha, beta, trans_a, trans_b):
+    """Check the operands of ``batched_gemm``; return ``(spec, xp, ops)``."""
+    A, B = _as_array("A", A), _as_array("B", B)
+    named = {"A": A, "B": B}
+    beta = check_scalar("beta", beta)
+    check_scalar("alpha", alpha)
+    if beta != 0.0:
+        if C is None:
+            raise ValueError(f"beta={beta} needs C; pass C or use beta=0")
+        C = _as_array("C", C)
+        named["C"] = C
+    xp = array_module(*named.values())
+    dtype = _dtype(named)
+    for name, x in (("A", A), ("B", B)):
+        if x.ndim not in (2, 3) or 0 in x.shape[-2:]:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected (batch, rows, "
+                             "cols) or (rows, cols) for an operand shared by the batch")
+    m, ka = (A.shape[-1], A.shape[-2]) if trans_a else (A.shape[-2], A.shape[-1])
+    kb, n = (B.shape[-1], B.shape[-2]) if trans_b else (B.shape[-2], B.shape[-1])
+    if ka != kb:
+        raise ValueError(f"inner dimensions differ: op(A) is {m} x {ka} (A has shape "
+                         f"{tuple(A.shape)}, trans_a={trans_a}) but op(B) is {kb} x {n} "
+                         f"(B has shape {tuple(B.shape)}, trans_b={trans_b})")
+    batches = {x.shape[0] for x in (A, B) if x.ndim == 3}
+    if len(batches) > 1:
+        raise ValueError(f"batch counts differ: A has shape {tuple(A.shape)}, "
+                         f"B has shape {tuple(B.shape)}")
+    if not batches:
+        raise ValueError("A and B are both 2D; at least one must be a batch "
+                         "(batch, rows, cols) array (use numpy.matmul for one product)")
+    spec = GemmSpec(batch=batches.pop(), m=m, n=n, k=ka, dtype=dtype, trans_a=trans_a,
+                    trans_b=trans_b, shared_a=A.ndim == 2, shared_b=B.ndim == 2,
+                    beta_zero=beta == 0.0)
+    if not spec.beta_zero and tuple(C.shape) != spec.out_shape:
+        raise ValueError(f"C has shape {tuple(C.shape)}, expected {spec.out_shape}")
+    ops = (A, B, C if not spec.beta_zero else None)
+    return spec, xp, ops
+
+
+def contract_spec(kind, X, Y, extents=None):
+    """Check the operands of ``contract``; return ``(spec, xp, ops)``.
+
+    ``extents`` (dict with keys i, s, j, k, l; optional) reshapes the
+    operands first (a view, no copy, when they are contiguous).
+    """
+    if kind not in ("8a", "8b", "9"):
+        raise ValueError(f"kind must be '8a', '8b' or '9', got {kind!r}")
+    X, Y = _as_array("X", X), _as_array("Y", Y)
+    xp = array_module(X, Y)
+    dtype = _dtype({"X": X, "Y": Y})
+    xcore = 2 if kind == "9" else 3
+    if extents is not None:
+        missing = {"i", "s", "j", "k", "l"} - set(extents)
+        if missing:
+            raise ValueError(f"extents lacks {sorted(missing)}; give i, s, j, k, l")
+        e = {key: int(v) for key, v in extents.items()}
+        if kind == "9" and e["i"] != e["j"]:
+            raise ValueError(f"kind '9' needs i == j (B is [s, n]); got extents {e}")
+        xc = (e["s"], e["i"]) if kind == "9" else (e["i"], e["s"], e["j"])
+        yc = (e["k"], e["s"], e["l"])
+        X = _reshape("X", X, xc, xcore)
+        Y = _reshape("Y", Y, yc, 3)
+    if X.ndim not in (xcore, xcore + 1):
+        want = "[s, n]" if kind == "9" else "[i, s, j]"
+        raise ValueError(f"X has shape {tuple(X.shape)}, expected {want} or with a "
+                         "leading batch axis")
+    if Y.ndim not in (3, 4):
+        raise ValueError(f"Y has shape {tuple(Y.shape)}, expected [k, s, l] or with a "
+                         "leading batch axis")
+    if kind == "9" and X.ndim != 2:
+        raise ValueError(f"X (B) has shape {tuple(X.shape)}; kernel '9' takes one B[s, n] "
+                         "shared by the batch")
+    xs, ys = X.shape[-xcore:], Y.shape[-3:]
+    s_x = xs[0] if kind == "9" else xs[1]
+    if s_x != ys[1]:
+        raise ValueError(f"contracted extents differ: X has shape {tuple(X.shape)} "
+                         f"(s={s_x}), Y has shape {tuple(Y.shape)} (s={ys[1]})")
+    batches = {x.shape[0] for x, c in ((X, xcore), (Y, 3)) if x.ndim == c + 1}
+    if len(batches) != 1:
+        raise ValueError(f"X has shape {tuple(X.shape)} and Y has shape {tuple(Y.shape)}: "
+                         "exactly one batch count is needed (at least one batched operand, "
+                         "equal counts)")
+    i, j = (xs[1], xs[1]) if kind == "9" else (xs[0], xs[2])
+    spec = ContractSpec(kind=kind, batch=batches.pop(), i=i, s=s_x, j=j, k=ys[0],
+                        l=ys[2], dtype=dtype, shared_x=X.ndim == xcore,
+                        shared_y=Y.ndim == 3)
+    return spec, xp, (X, Y)
+
+
+def _reshape(name, x, core, ncore):
+    n = math.prod(core)
+    total = math.prod(x.shape)
+    if total == n:
+        return x.reshape(core)
+    if n and total % n == 0:
+        return x.reshape((total // n,) + core)
+    raise ValueError(f"{name} has shape {tuple(x.shape)} ({total} entries), which cannot "
+                     f"be seen as {core} or (batch,) + {core}")
+
+
+def reshape_like(name, x, shape):
+    """``x`` seen with ``shape`` when the sizes agree (a view when possible)."""
+    if tuple(x.shape) == tuple(shape) or math.prod(x.shape) != math.prod(shape):
+        return x
+    return x.reshape(shape)
+
+
+def check_operands(spec_shapes, operands):
+    """At call time: each operand still has the planned shape and dtype."""
+    for (name, shape, dtype), x in zip(spec_shapes, operands):
+        if x is None:
+            continue
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, but this plan was "
+                             f"built for {tuple(shape)}")
+        if np.dtype(x.dtype) != np.dtype(dtype):
+            raise TypeError(f"{name} has dtype {x.dtype}, but this plan was built for {dtype}")
+
+
+def check_out(out, shape, dtype, xp, inputs, allow=()):
+    """Validate a user ``out`` array: shape, dtype, module, contiguity, aliasing."""
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if np.dtype(out.dtype) != np.dtype(dtype):
+        raise TypeError(f"out has dtype {out.dtype}, expected {dtype}")
+    if (xp.__name__ == "cupy") != is_cupy(out):
+        raise TypeError(f"out is a {type(out).__module__} array but the operands are "
+                        f"{xp.__name__} arrays")
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    for name, x in inputs:
+        if x is not None and not any(x is a for a in allow) and overlaps(out, x):
+            raise ValueError(f"out overlaps the input {name}; pass a separate buffer")
+    return out
+
+
+def as_contiguous(xp, x):
+    """``x`` itself when C-contiguous, else a contiguous copy (same answer)."""
+    if x is None or x.flags.c_contiguous:
+        return x
+    return xp.ascontiguousarray(x)

@@ -1,0 +1,158 @@
+"""The public operations: thin wrappers that build (or reuse) a plan and call it."""
+from __future__ import annotations
+
+from . import _validate as V
+from .plan import build_plan
+
+__all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract"]
+
+
+def batched_contract(B1d, D, V_, *, out=None, backend="auto", method="auto", stream=None):
+    """Partial-assembly mass action ``U_e = B^T D_e B V_e`` for every element.
+
+    In 3D, ``U[e,i1,i2,i3] = sum_{k,j} B[k1,i1] B[k2,i2] B[k3,i3] D[e,k1,k2,k3]
+    B[k1,j1] B[k2,j2] B[k3,j3] V[e,j1,j2,j3]`` with ``B = B1d``; 2D and 1D drop
+    the missing indices. The Kronecker matrix is never formed.
+
+    Parameters
+    ----------
+    B1d : array, shape (nq, nd)
+        ``B1d[k, i] = phi_i(x_k)``, shared by all elements.
+    D : array, shape (E, nq), (E, nq, nq) or (E, nq, nq, nq)
+        Quadrature data per element; its rank sets the dimension.
+    V : array, shape (E, nd, ...) or (E, ncomp, nd, ...)
+        Element degrees of freedom, optionally with a component axis (the
+        same operator applied to each component).
+    out : array, optional
+        Result buffer of V's shape and dtype; must not overlap the inputs.
+    backend : {"auto", "reference", "cpu", "cuda"}
+        "auto" picks the fastest available one for the arrays' device.
+    method : {"auto", "fused", "pairwise"}
+        One fused kernel, or the catalogue's steps (3a)-(4f).
+    stream : cupy.cuda.Stream, optional
+        For CuPy arrays; default the current stream.
+
+    Returns
+    -------
+    U : array, V's shape and dtype
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit together (the message names the operand).
+    TypeError
+        Unsupported or mixed dtypes, NumPy mixed with CuPy arrays.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> rng = np.random.default_rng(0)
+    >>> B1d = rng.random((5, 4)); D = rng.random((100, 5, 5, 5))
+    >>> V = rng.random((100, 4, 4, 4))
+    >>> U = smalltc.batched_contract(B1d, D, V)
+    >>> U.shape
+    (100, 4, 4, 4)
+    >>> M = smalltc.assemble_mass(B1d, D)
+    >>> bool(np.allclose(M @ V.reshape(100, -1, 1), U.reshape(100, -1, 1)))
+    True
+    """
+    spec, xp, ops = V.action_spec(B1d, D, V_)
+    return build_plan(spec, xp, backend, method)(*ops, out=out, stream=stream)
+
+
+def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=None):
+    """Element mass matrices ``M_e = B^T D_e B``, shape ``(E, nd**dim, nd**dim)``.
+
+    ``M[e, (i1,i2,i3), (j1,j2,j3)] = sum_k B[k1,i1] B[k1,j1] B[k2,i2] B[k2,j2]
+    B[k3,i3] B[k3,j3] D[e,k1,k2,k3]`` with the multi-index flattened in C order
+    (``i = (i1*nd + i2)*nd + i3``).
+
+    Parameters
+    ----------
+    B1d : array, shape (nq, nd)
+    D : array, shape (E, nq), (E, nq, nq) or (E, nq, nq, nq)
+    out, backend, method, stream : as for :func:`batched_contract`.
+
+    Returns
+    -------
+    M : array, shape (E, nd**dim, nd**dim)
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B1d = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])   # nq=3, nd=2
+    >>> D = np.ones((1, 3))
+    >>> smalltc.assemble_mass(B1d, D)[0]
+    array([[1.25, 0.25],
+           [0.25, 1.25]])
+    """
+    spec, xp, ops = V.assembly_spec(B1d, D)
+    return build_plan(spec, xp, backend, method)(*ops, out=out, stream=stream)
+
+
+def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+                 out=None, backend="auto", stream=None):
+    """Batched ``out[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]``.
+
+    Parameters
+    ----------
+    A : array, shape (batch, m, k) or (m, k); (.., k, m) with ``trans_a``
+        A 2D operand is shared by the whole batch (batch stride 0).
+    B : array, shape (batch, k, n) or (k, n); (.., n, k) with ``trans_b``
+    C : array, shape (batch, m, n), optional
+        Read only when ``beta != 0``. ``out=C`` updates C in place.
+    alpha, beta : finite floats
+    out, backend, stream : as for :func:`batched_contract`.
+
+    Returns
+    -------
+    array, shape (batch, m, n)
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> A = np.arange(8.0).reshape(2, 2, 2); B = np.eye(2)
+    >>> smalltc.batched_gemm(A, B, alpha=2.0)[1]
+    array([[ 8., 10.],
+           [12., 14.]])
+    """
+    spec, xp, ops = V.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
+                                trans_b=trans_b)
+    return build_plan(spec, xp, backend, "auto")(*ops, out=out, stream=stream,
+                                                 alpha=alpha, beta=beta)
+
+
+def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None):
+    """A reshaping-layout kernel of SPEC section 3, batched.
+
+    - ``"8a"``: ``A[i,j,k,l] = sum_s X[i,s,j] Y[k,s,l]``
+    - ``"8b"``: ``A[i,k,l,j] = sum_s X[i,s,j] Y[k,s,l]``
+    - ``"9"``: ``A[k,i,l,j] = sum_s B[s,i] B[s,j] C[k,s,l]`` (``X`` is ``B``)
+
+    Parameters
+    ----------
+    kind : {"8a", "8b", "9"}
+    X : array, ``[i, s, j]`` (``[s, n]`` for "9"), with or without a leading
+        batch axis; without one it is shared by the batch.
+    Y : array, ``[k, s, l]``, with or without a batch axis.
+    extents : dict, optional
+        ``i, s, j, k, l``: read X and Y with these extents (a reshape of
+        the same storage, e.g. a tensor ``[j1, j2, j3]`` as ``[j1*j2, j3, 1]``).
+
+    Returns
+    -------
+    array of shape ``(batch,) + `` the kind's output axes.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B1d = np.random.rand(4, 3)                  # B[k3, j3]
+    >>> V = np.random.rand(7, 3, 3, 3)              # V[e, j1, j2, j3]
+    >>> A = smalltc.contract("8a", V, B1d, extents=dict(i=9, s=3, j=1, k=4, l=1))
+    >>> A.shape                                     # (4a): A[e, j1 j2, 1, k3, 1]
+    (7, 9, 1, 4, 1)
+    >>> bool(np.allclose(A.reshape(7, 3, 3, 4), np.einsum('kc,eabc->eabk', B1d, V)))
+    True
+    """
+    spec, xp, ops = V.contract_spec(kind, X, Y, extents=extents)
+    return build_plan(spec, xp, backend, "auto")(*ops, out=out, stream=stream)

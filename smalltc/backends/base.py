@@ -1,0 +1,66 @@
+"""What a backend is, and what it builds.
+
+A backend turns a spec into an :class:`Executor`: an object that holds the
+compiled kernel (or the NumPy code) and its launch geometry, and writes the
+result into a given output buffer. Executors never allocate their outputs
+and never validate user input: the plan did both.
+"""
+from __future__ import annotations
+
+__all__ = ["Backend", "Executor", "Unsupported"]
+
+
+class Unsupported(Exception):
+    """Raised by ``Backend.build`` when it cannot run a spec at all.
+
+    The plan then falls back to the next backend for the same arrays and
+    logs why. (Sizes a backend runs only slowly are its own business: it
+    builds a generic kernel and marks the executor ``specialized=False``.)
+    """
+
+
+class Executor:
+    """A built operation. Subclasses implement ``run``.
+
+    Attributes
+    ----------
+    kernel : str
+        What runs (a kernel entry point, or a description of the NumPy code).
+    params : dict
+        Tuning parameters (tile sizes, thread layout, ...); empty for none.
+    specialized : bool
+        False when a generic (run-time sized) path runs instead of a kernel
+        specialised for these sizes.
+    source : str
+        Where ``params`` came from ("heuristic", "table", "exact", ...).
+    """
+
+    kernel = "?"
+    params: dict = {}
+    specialized = True
+    source = "fixed"
+
+    def run(self, operands, out, **scalars):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class Backend:
+    """A place to run smalltc operations (``reference``, ``cpu``, ``cuda``).
+
+    ``array_modules`` names the array libraries it accepts ("numpy",
+    "cupy"); ``priority`` orders the ``backend="auto"`` choice (higher first).
+    """
+
+    name = "?"
+    array_modules: tuple = ()
+    priority = 0
+    methods = ("fused",)
+
+    def available(self) -> bool:
+        return True
+
+    def build(self, spec, method="fused") -> Executor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.name

@@ -1,0 +1,109 @@
+"""The reference backend: readable ``einsum`` code, the oracle of every test.
+
+Works on NumPy and CuPy arrays alike (the CuPy form is the "einsum chain"
+baseline a Python user would write today). Not fast; exact semantics.
+"""
+from __future__ import annotations
+
+import string
+
+from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from . import register
+from .base import Backend, Executor, Unsupported
+
+__all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_einsum"]
+
+
+def _xp(x):
+    from .._arrays import array_module
+    return array_module(x)
+
+
+def action_einsum(B1d, D, V, dim):
+    """``U = B^T D B V`` as a sum-factorised einsum chain (``...`` = batch, comp)."""
+    xp = _xp(V)
+    comp = V.ndim - 1 - dim  # 0 or 1
+    t = V
+    # B applied along each of the last dim axes (interpolate to quadrature points)
+    for ax in range(dim):
+        t = _apply_axis(xp, B1d, t, V.ndim - dim + ax, transpose=False)
+    t = t * (D[:, None] if comp else D)
+    for ax in range(dim):
+        t = _apply_axis(xp, B1d, t, V.ndim - dim + ax, transpose=True)
+    return t
+
+
+def _apply_axis(xp, B1d, t, axis, transpose):
+    letters = string.ascii_lowercase[:t.ndim]
+    src = letters[axis]
+    new = "z"
+    b = (new + src) if not transpose else (src + new)   # B[k, j] or B^T: B[k, i]
+    out = letters[:axis] + new + letters[axis + 1:]
+    return xp.einsum(f"{b},{letters}->{out}", B1d, t)
+
+
+def assembly_einsum(B1d, D, dim):
+    """``M_e = B^T D_e B``, flattened in C order."""
+    xp = _xp(D)
+    E, nq = D.shape[0], B1d.shape[0]
+    nd = B1d.shape[1]
+    ks, i_s, js = "abc"[:dim], "ikm"[:dim], "jln"[:dim]
+    terms = [f"{k}{i}" for k, i in zip(ks, i_s)] + [f"{k}{j}" for k, j in zip(ks, js)]
+    expr = ",".join(terms) + f",e{ks}->e{i_s}{js}"
+    M = xp.einsum(expr, *([B1d] * (2 * dim)), D, optimize=True)
+    return M.reshape(E, nd ** dim, nd ** dim)
+
+
+def contract_einsum(kind, X, Y):
+    """Kernels (8a), (8b), (9); a 2D/3D operand without batch axis is shared."""
+    xp = _xp(Y)
+    if kind == "9":
+        return xp.einsum("si,sj,...ksl->...kilj", X, X, Y, optimize=True)
+    out = "...ijkl" if kind == "8a" else "...iklj"
+    return xp.einsum(f"...isj,...ksl->{out}", X, Y)
+
+
+class _Run(Executor):
+    def __init__(self, kernel, fn):
+        self.kernel, self._fn = kernel, fn
+
+    def run(self, operands, out, **scalars):
+        res = self._fn(*operands, **scalars)
+        out[...] = res.reshape(out.shape)
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+    array_modules = ("numpy", "cupy")
+    priority = 0
+    methods = ("fused",)
+
+    def build(self, spec, method="fused"):
+        if isinstance(spec, ActionSpec):
+            return _Run("einsum chain (sum-factorised)",
+                        lambda B, D, V: action_einsum(B, D, V, spec.dim))
+        if isinstance(spec, AssemblySpec):
+            return _Run("einsum (optimize=True)",
+                        lambda B, D: assembly_einsum(B, D, spec.dim))
+        if isinstance(spec, ContractSpec):
+            return _Run(f"einsum ({spec.kind})",
+                        lambda X, Y: contract_einsum(spec.kind, X, Y))
+        if isinstance(spec, GemmSpec):
+            return _Run("matmul", lambda A, B, C, alpha=1.0, beta=0.0:
+                        _gemm(spec, A, B, C, alpha, beta))
+        raise Unsupported(f"reference backend has no path for {spec}")
+
+
+def _gemm(spec, A, B, C, alpha, beta):
+    xp = _xp(A)
+    a = xp.swapaxes(A, -1, -2) if spec.trans_a else A
+    b = xp.swapaxes(B, -1, -2) if spec.trans_b else B
+    r = xp.matmul(a, b)
+    if alpha != 1.0:
+        r = r * alpha
+    if not spec.beta_zero:
+        r = r + beta * C
+    return xp.broadcast_to(r, spec.out_shape)
+
+
+register(ReferenceBackend())

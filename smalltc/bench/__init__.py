@@ -1,0 +1,1 @@
+"""Benchmarks: ``smalltc bench`` (suites, baselines, tables, JSON, plots)."""

@@ -1,0 +1,115 @@
+"""``smalltc info``: what this installation can do on this machine.
+
+Examples
+--------
+>>> from smalltc.info import collect
+>>> info = collect()
+>>> info["version"] == __import__("smalltc").__version__
+True
+>>> "reference" in info["backends"]
+True
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+
+__all__ = ["collect", "add_arguments", "run"]
+
+
+def _cpu():
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    cpu = {"name": name, "cores": os.cpu_count()}
+    try:
+        import llvmlite.binding as llvm
+        cpu["llvm_target"] = llvm.get_host_cpu_name()
+        feats = llvm.get_host_cpu_features()
+        cpu["simd"] = [f for f in ("avx2", "avx512f", "neon", "sve") if feats.get(f)]
+    except Exception:  # llvmlite missing or too old
+        pass
+    return cpu
+
+
+def _gpus():
+    from ._arrays import cupy_or_none, gpu_available
+    if not gpu_available():
+        cp = cupy_or_none()
+        return [], ("cupy not installed" if cp is None else "cupy installed, no CUDA device")
+    cp = cupy_or_none()
+    out = []
+    for i in range(cp.cuda.runtime.getDeviceCount()):
+        prop = cp.cuda.runtime.getDeviceProperties(i)
+        name = prop["name"]
+        out.append({"id": i, "name": name.decode() if isinstance(name, bytes) else name,
+                    "cc": f"{prop['major']}.{prop['minor']}",
+                    "memory_GiB": round(prop["totalGlobalMem"] / 2**30, 1),
+                    "sms": prop["multiProcessorCount"]})
+    return out, f"cupy {cp.__version__}"
+
+
+def _tables():
+    try:
+        from importlib.resources import files
+        root = files("smalltc.tuning") / "tables"
+        return sorted(p.name for p in root.iterdir() if p.name.endswith(".json"))
+    except Exception:
+        return []
+
+
+def collect() -> dict:
+    import numpy as np
+    import smalltc
+    from . import backends
+    be = {}
+    for name in backends.names():
+        b = backends.get(name)
+        be[name] = {"available": bool(b.available()), "arrays": list(b.array_modules),
+                    "detail": b.describe()}
+    gpus, gpu_note = _gpus()
+    vers = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("numba", "jinja2", "cupy"):
+        try:
+            vers[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    return {"version": smalltc.__version__, "versions": vers, "backends": be,
+            "cpu": _cpu(), "gpus": gpus, "gpu_note": gpu_note, "tuning_tables": _tables()}
+
+
+def add_arguments(parser):
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args) -> int:
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"smalltc {info['version']}  ("
+          + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ")")
+    cpu = info["cpu"]
+    print(f"CPU: {cpu['name']}, {cpu['cores']} cores"
+          + (f", LLVM target {cpu['llvm_target']}" if "llvm_target" in cpu else "")
+          + (f", SIMD {'/'.join(cpu['simd'])}" if cpu.get("simd") else ""))
+    if info["gpus"]:
+        for g in info["gpus"]:
+            print(f"GPU {g['id']}: {g['name']} (cc {g['cc']}, {g['sms']} SMs, "
+                  f"{g['memory_GiB']} GiB)")
+    else:
+        print(f"GPU: none ({info['gpu_note']})")
+    print("backends:")
+    for name, b in info["backends"].items():
+        state = "available" if b["available"] else "unavailable"
+        print(f"  {name:10s} {state:12s} arrays: {', '.join(b['arrays'])}  {b['detail']}")
+    tables = info["tuning_tables"]
+    print("tuning tables: " + (", ".join(tables) if tables else "none"))
+    return 0

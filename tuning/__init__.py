@@ -1,0 +1,1 @@
+"""Autotuner and per-GPU lookup tables (``smalltc tune``)."""

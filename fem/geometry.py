@@ -1,0 +1,313 @@
+"""Element maps at quadrature points: coordinates, Jacobians, and the mass data D.
+
+For a :class:`~smalltc.fem.mesh.BoxMesh` with geometry nodes ``X_e`` of
+order ``g`` and the order-``g`` Gauss-Lobatto basis ``Bg``/``Gg`` at the
+tensor-product points ``q``:
+
+* ``x_e(q) = (Bg (x) Bg (x) Bg) X_e``,
+* ``J_e[a, b](q) = d x_a / d xi_b``, the derivative along reference axis
+  ``b`` replacing ``Bg`` by ``Gg`` on that axis,
+* ``D_e(q) = w(q) * rho(x_e(q)) * det J_e(q)`` with ``w`` the tensor
+  product of the 1D weights: the ``D`` of SPEC section 1 for the mass
+  operator.
+
+User functions (``rho`` here, ``f`` in projections) are called as
+``f(x)`` with ``x`` of shape ``(dim, E, nq, ..., nq)``, so ``x[0]`` is the
+first coordinate, and return an array broadcastable to ``(E, nq, ..., nq)``.
+"""
+
+from numbers import Real
+from typing import NamedTuple
+
+import numpy as np
+
+from .basis import lagrange_basis
+from .quadrature import quadrature_rule
+from .tensor import apply_tensor, interp
+
+__all__ = [
+    "QuadratureData",
+    "map_points",
+    "jacobian",
+    "det_jacobian",
+    "check_jacobian",
+    "quadrature_data",
+    "evaluate_field",
+    "mass_data",
+]
+
+
+def _as_points(points):
+    t = np.asarray(points, dtype=np.float64)
+    if t.ndim != 1 or t.size < 1:
+        raise ValueError(f"points must be a non-empty 1D array of reference coordinates, got shape {t.shape}")
+    return t
+
+
+def map_points(mesh, points):
+    """Physical coordinates of the tensor-product reference points in every element.
+
+    Parameters
+    ----------
+    mesh : BoxMesh
+    points : array_like, shape (nq,)
+        1D reference points on [-1, 1].
+
+    Returns
+    -------
+    ndarray, shape (E, dim, nq, ..., nq)
+
+    Examples
+    --------
+    >>> from smalltc.fem import box_mesh
+    >>> print(map_points(box_mesh(1, 2), [0.0])[:, 0])
+    [[0.25]
+     [0.75]]
+    """
+    Bg, _ = lagrange_basis(mesh.geom_nodes, _as_points(points))
+    return interp(Bg, mesh.nodes, mesh.dim)
+
+
+def jacobian(mesh, points):
+    """Jacobian of every element map at the tensor-product reference points.
+
+    Parameters
+    ----------
+    mesh : BoxMesh
+    points : array_like, shape (nq,)
+
+    Returns
+    -------
+    ndarray, shape (E, dim, dim, nq, ..., nq)
+        ``J[e, a, b] = d x_a / d xi_b``.
+
+    Examples
+    --------
+    >>> from smalltc.fem import box_mesh
+    >>> J = jacobian(box_mesh(2, (2, 4)), [0.0])
+    >>> print(J[0, :, :, 0, 0])
+    [[0.25  0.   ]
+     [0.    0.125]]
+    """
+    Bg, Gg = lagrange_basis(mesh.geom_nodes, _as_points(points))
+    dim = mesh.dim
+    cols = [apply_tensor([Gg if a == b else Bg for a in range(dim)], mesh.nodes) for b in range(dim)]
+    return np.stack(cols, axis=2)
+
+
+def det_jacobian(J):
+    """Determinant of Jacobians laid out as ``(E, dim, dim, ...)``.
+
+    Parameters
+    ----------
+    J : ndarray, shape (E, dim, dim, ...) with dim in 1, 2, 3
+
+    Returns
+    -------
+    ndarray, shape (E, ...)
+
+    Raises
+    ------
+    ValueError
+        If axes 1 and 2 are not an equal size of 1, 2 or 3.
+
+    Examples
+    --------
+    >>> J = np.array([[[2.0, 1.0], [0.0, 3.0]]])
+    >>> print(det_jacobian(J))
+    [6.]
+    """
+    J = np.asarray(J)
+    if J.ndim < 3 or J.shape[1] != J.shape[2] or J.shape[1] not in (1, 2, 3):
+        raise ValueError(f"J has shape {J.shape}, expected (E, dim, dim, ...) with dim in 1, 2, 3")
+    dim = J.shape[1]
+    if dim == 1:
+        return J[:, 0, 0].copy()
+    if dim == 2:
+        return J[:, 0, 0] * J[:, 1, 1] - J[:, 0, 1] * J[:, 1, 0]
+    return (
+        J[:, 0, 0] * (J[:, 1, 1] * J[:, 2, 2] - J[:, 1, 2] * J[:, 2, 1])
+        - J[:, 0, 1] * (J[:, 1, 0] * J[:, 2, 2] - J[:, 1, 2] * J[:, 2, 0])
+        + J[:, 0, 2] * (J[:, 1, 0] * J[:, 2, 1] - J[:, 1, 1] * J[:, 2, 0])
+    )
+
+
+def check_jacobian(detJ):
+    """Raise if any Jacobian determinant is not positive (a tangled mesh).
+
+    Parameters
+    ----------
+    detJ : ndarray, shape (E, ...)
+
+    Raises
+    ------
+    ValueError
+        Naming the first bad element, its smallest ``|J|``, and how many
+        elements are bad.
+
+    Examples
+    --------
+    >>> check_jacobian(np.array([[1.0, 0.5], [0.2, -0.1]]))
+    Traceback (most recent call last):
+    ...
+    ValueError: tangled mesh: |J| <= 0 at 1 quadrature point(s) of element 1 (min |J| = -0.1); 1 bad element(s) in all
+    """
+    detJ = np.asarray(detJ)
+    flat = detJ.reshape(detJ.shape[0], -1)
+    bad = ~(flat > 0)  # also catches NaN
+    if bad.any():
+        elems = np.flatnonzero(bad.any(axis=1))
+        e = int(elems[0])
+        raise ValueError(
+            f"tangled mesh: |J| <= 0 at {int(bad[e].sum())} quadrature point(s) of element {e} "
+            f"(min |J| = {np.min(flat[e]):.3g}); {elems.size} bad element(s) in all"
+        )
+
+
+class QuadratureData(NamedTuple):
+    """Geometry of a mesh at a tensor-product quadrature rule."""
+
+    #: ``(nq,)`` 1D reference points on [-1, 1].
+    points: np.ndarray
+    #: ``(nq,)`` 1D weights.
+    weights: np.ndarray
+    #: ``(dim, E, nq, ..., nq)`` physical coordinates (coordinate axis first).
+    x: np.ndarray
+    #: ``(E, nq, ..., nq)`` Jacobian determinants, all positive.
+    detJ: np.ndarray
+    #: ``(E, nq, ..., nq)`` tensor weights times ``detJ``.
+    wdetJ: np.ndarray
+
+
+def quadrature_data(mesh, nq, *, quadrature="gauss"):
+    """Coordinates, ``|J|`` and ``w |J|`` of a mesh at an ``nq``-point rule per direction.
+
+    Parameters
+    ----------
+    mesh : BoxMesh
+    nq : int
+        Points per direction.
+    quadrature : str
+        Rule name for :func:`smalltc.fem.quadrature.quadrature_rule`.
+
+    Returns
+    -------
+    QuadratureData
+
+    Raises
+    ------
+    ValueError
+        If the mesh is tangled (some ``|J| <= 0``), or for a bad rule.
+
+    Examples
+    --------
+    >>> from smalltc.fem import box_mesh
+    >>> qd = quadrature_data(box_mesh(3, 2, distortion=0.05), 3)
+    >>> qd.x.shape, qd.wdetJ.shape
+    ((3, 8, 3, 3, 3), (8, 3, 3, 3))
+    >>> print(round(float(qd.wdetJ.sum()), 12))   # the volume of the unit cube
+    1.0
+    """
+    points, weights = quadrature_rule(nq, quadrature)
+    x = np.moveaxis(map_points(mesh, points), 1, 0)
+    detJ = det_jacobian(jacobian(mesh, points))
+    check_jacobian(detJ)
+    w = weights
+    for _ in range(mesh.dim - 1):
+        w = np.multiply.outer(w, weights)
+    return QuadratureData(points, weights, x, detJ, w[None] * detJ)
+
+
+def evaluate_field(func, x, name="f"):
+    """Call a user function at quadrature points and check what it returns.
+
+    Parameters
+    ----------
+    func : callable or number
+        ``func(x) -> array`` broadcastable to ``x.shape[1:]``; a number is
+        a constant.
+    x : ndarray, shape (dim, E, nq, ..., nq)
+    name : str
+        The argument's name, for error messages.
+
+    Returns
+    -------
+    ndarray of float64, shape ``x.shape[1:]``
+
+    Raises
+    ------
+    ValueError
+        If the result has the wrong shape or non-finite values, or the
+        call fails.
+    TypeError
+        If ``func`` is neither callable nor a number.
+
+    Examples
+    --------
+    >>> x = np.zeros((2, 1, 2, 2))
+    >>> evaluate_field(lambda x: x[0] + 1.0, x).shape
+    (1, 2, 2)
+    """
+    target = x.shape[1:]
+    if callable(func):
+        try:
+            val = np.asarray(func(x), dtype=np.float64)
+        except Exception as err:
+            raise ValueError(f"{name}(x) failed for x of shape {x.shape} (coordinate axis first)") from err
+    elif isinstance(func, Real) and not isinstance(func, bool):
+        val = np.asarray(func, dtype=np.float64)
+    else:
+        raise TypeError(f"{name} must be callable or a real number, got {type(func).__name__}")
+    try:
+        val = np.broadcast_to(val, target)
+    except ValueError as err:
+        raise ValueError(
+            f"{name}(x) returned shape {val.shape}, expected {target} for x of shape {x.shape}"
+        ) from err
+    if not np.all(np.isfinite(val)):
+        raise ValueError(f"{name}(x) returned non-finite values")
+    return val
+
+
+def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64):
+    """Quadrature data ``D = w * rho(x) * |J|`` of the mass operator.
+
+    Parameters
+    ----------
+    mesh : BoxMesh
+    nq : int
+        Quadrature points per direction.
+    rho : callable or float, optional
+        Density ``rho(x)`` (see the module docstring for the calling
+        convention); 1 when omitted.
+    quadrature : str
+        Rule name, ``"gauss"`` by default.
+    dtype : numpy dtype
+        float64 (default) or float32; computed in float64, then cast.
+
+    Returns
+    -------
+    ndarray, shape (E, nq, ..., nq)
+        The ``D`` of SPEC section 1.
+
+    Raises
+    ------
+    ValueError
+        If the mesh is tangled (naming the element), ``rho`` is bad, or
+        ``dtype`` is not float32/float64.
+
+    Examples
+    --------
+    >>> from smalltc.fem import box_mesh
+    >>> D = mass_data(box_mesh(2, 2, distortion=0.1), 4, rho=2.0, dtype=np.float32)
+    >>> D.shape, D.dtype
+    ((4, 4, 4), dtype('float32'))
+    >>> print(round(float(D.sum()), 5))   # rho times the area
+    2.0
+    """
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise ValueError(f"dtype must be float64 or float32, got {dt}")
+    qd = quadrature_data(mesh, nq, quadrature=quadrature)
+    D = qd.wdetJ if rho is None else qd.wdetJ * evaluate_field(rho, qd.x, "rho")
+    return np.ascontiguousarray(D, dtype=dt)

@@ -1,0 +1,237 @@
+"""Global mass operators on an H1 space, matrix-free and assembled.
+
+Both compute ``y = sum_e P_e^T M_e P_e x`` with ``P_e`` the gather of
+element ``e`` (:meth:`~smalltc.fem.space.H1Space.gather`) and ``M_e =
+B^T D_e B`` the element mass matrix of SPEC section 2:
+
+* :class:`MassOperator` never forms ``M_e``: gather, then
+  :func:`smalltc.batched_contract` (the partial-assembly action), then
+  scatter-add.
+* :class:`AssembledMassOperator` forms every ``M_e`` once with
+  :func:`smalltc.assemble_mass` and applies them as a batched matrix-vector
+  product; :meth:`~AssembledMassOperator.to_csr` builds the global sparse
+  matrix with NumPy alone.
+
+Global vectors have shape ``(ndofs,)`` or ``(ncomp, ndofs)`` (the operator
+acts on each component).
+"""
+
+import numpy as np
+
+import smalltc
+
+from .basis import basis_1d
+from .geometry import mass_data
+from .tensor import interp_t
+
+__all__ = ["MassOperator", "AssembledMassOperator", "mass_operator"]
+
+
+class _SpaceOperator:
+    """Shared checks and bookkeeping of the global mass operators."""
+
+    def __init__(self, space, D, B1d, backend):
+        D = np.asarray(D)
+        if D.dtype not in (np.float32, np.float64):
+            raise ValueError(f"D has dtype {D.dtype}, expected float64 or float32")
+        B1d = np.asarray(B1d)
+        if B1d.ndim != 2 or B1d.shape[1] != space.nd:
+            raise ValueError(f"B1d has shape {B1d.shape}, expected (nq, {space.nd}) for p={space.p}")
+        nq = B1d.shape[0]
+        expected = (space.nelements,) + (nq,) * space.dim
+        if D.shape != expected:
+            raise ValueError(
+                f"D has shape {D.shape}, expected {expected} for E={space.nelements}, "
+                f"nq={nq}, dim={space.dim}"
+            )
+        self.space = space
+        self.D = np.ascontiguousarray(D)
+        self.B1d = np.ascontiguousarray(B1d, dtype=D.dtype)
+        self.backend = backend
+        self.dtype = D.dtype
+
+    @property
+    def shape(self):
+        """``(ndofs, ndofs)``."""
+        return (self.space.ndofs, self.space.ndofs)
+
+    def __call__(self, x):
+        return self.apply(x)
+
+    def _gather(self, x):
+        return self.space.gather(np.asarray(x, dtype=self.dtype))
+
+    def __repr__(self):
+        s = self.space
+        return (
+            f"{type(self).__name__}(dim={s.dim}, p={s.p}, nq={self.B1d.shape[0]}, E={s.nelements}, "
+            f"ndofs={s.ndofs}, dtype={self.dtype}, backend={self.backend!r})"
+        )
+
+
+class MassOperator(_SpaceOperator):
+    """Matrix-free global mass operator (partial assembly).
+
+    Parameters
+    ----------
+    space : H1Space
+    D : ndarray, shape (E, nq, ..., nq)
+        Quadrature data, e.g. from :func:`smalltc.fem.geometry.mass_data`.
+    B1d : ndarray, shape (nq, nd)
+        1D basis at the quadrature points (same rule as ``D``).
+    backend : str
+        Passed to :func:`smalltc.batched_contract`.
+
+    Raises
+    ------
+    ValueError
+        If ``D`` or ``B1d`` does not match the space.
+
+    Examples
+    --------
+    >>> from smalltc.fem import H1Space, basis_1d, box_mesh, mass_data
+    >>> mesh = box_mesh(2, 3, distortion=0.05)
+    >>> V = H1Space(mesh, p=2)
+    >>> M = MassOperator(V, mass_data(mesh, 4), basis_1d(2, 4).B1d)
+    >>> print(round(float(M(np.ones(V.ndofs)).sum()), 12))   # 1^T M 1 = area
+    1.0
+    """
+
+    def __init__(self, space, D, B1d, *, backend="auto"):
+        super().__init__(space, D, B1d, backend)
+
+    def apply(self, x):
+        """``y = M x`` for ``x`` of shape ``(ndofs,)`` or ``(ncomp, ndofs)``."""
+        u = smalltc.batched_contract(self.B1d, self.D, self._gather(x), backend=self.backend)
+        return self.space.scatter(u)
+
+    def diagonal(self):
+        """Diagonal of the global matrix, computed without forming it.
+
+        ``diag(M_e)[i] = sum_k prod_a B[k_a, i_a]^2 D_e[k]``, one transposed
+        interpolation with the squared basis, then scatter-add.
+
+        Returns
+        -------
+        ndarray, shape (ndofs,)
+        """
+        return self.space.scatter(interp_t(self.B1d**2, self.D, self.space.dim))
+
+
+class AssembledMassOperator(_SpaceOperator):
+    """Global mass operator from assembled element matrices.
+
+    Parameters
+    ----------
+    space, D, B1d, backend
+        As for :class:`MassOperator`; ``backend`` goes to
+        :func:`smalltc.assemble_mass`.
+
+    Attributes
+    ----------
+    matrices : ndarray, shape (E, nd**dim, nd**dim)
+        Element mass matrices, multi-index flattened in C order.
+
+    Examples
+    --------
+    >>> from smalltc.fem import H1Space, basis_1d, box_mesh, mass_data
+    >>> mesh = box_mesh(1, 2)
+    >>> V = H1Space(mesh, p=1)
+    >>> A = AssembledMassOperator(V, mass_data(mesh, 2), basis_1d(1, 2).B1d)
+    >>> print(np.round(A.to_dense() * 12, 12))
+    [[2. 1. 0.]
+     [1. 4. 1.]
+     [0. 1. 2.]]
+    """
+
+    def __init__(self, space, D, B1d, *, backend="auto"):
+        super().__init__(space, D, B1d, backend)
+        self.matrices = smalltc.assemble_mass(self.B1d, self.D, backend=backend)
+        n = space.nd**space.dim
+        if self.matrices.shape != (space.nelements, n, n):
+            raise RuntimeError(
+                f"smalltc.assemble_mass returned shape {self.matrices.shape}, "
+                f"expected {(space.nelements, n, n)}"
+            )
+
+    def apply(self, x):
+        """``y = M x`` for ``x`` of shape ``(ndofs,)`` or ``(ncomp, ndofs)``."""
+        v = self._gather(x)
+        E, n = self.matrices.shape[:2]
+        flat = v.reshape(E, -1, n)  # (E, ncomp or 1, n)
+        u = np.matmul(flat, np.swapaxes(self.matrices, 1, 2))  # u[e, c, i] = sum_j M[e, i, j] v[e, c, j]
+        return self.space.scatter(u.reshape(v.shape))
+
+    def diagonal(self):
+        """Diagonal of the global matrix, shape (ndofs,)."""
+        d = np.diagonal(self.matrices, axis1=1, axis2=2)
+        return self.space.scatter(d.reshape(self.space.evector_shape))
+
+    def to_csr(self):
+        """The global matrix in compressed sparse row form, built with NumPy.
+
+        Returns
+        -------
+        indptr : ndarray of int64, shape (ndofs + 1,)
+        indices : ndarray of int64, shape (nnz,)
+            Column indices, increasing within each row.
+        data : ndarray, shape (nnz,)
+            Summed entries (duplicates from shared nodes merged).
+        """
+        E, n = self.matrices.shape[:2]
+        dofs = self.space.elem_dofs.reshape(E, n)
+        rows = np.repeat(dofs, n, axis=1).ravel()
+        cols = np.tile(dofs, (1, n)).ravel()
+        keys = rows * self.space.ndofs + cols
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        data = np.bincount(inverse, weights=self.matrices.ravel()).astype(self.dtype, copy=False)
+        r, c = np.divmod(uniq, self.space.ndofs)
+        indptr = np.zeros(self.space.ndofs + 1, dtype=np.int64)
+        np.cumsum(np.bincount(r, minlength=self.space.ndofs), out=indptr[1:])
+        return indptr, c, data
+
+    def to_dense(self):
+        """The global matrix as a dense ``(ndofs, ndofs)`` array (small problems only)."""
+        indptr, cols, data = self.to_csr()
+        out = np.zeros(self.shape, dtype=self.dtype)
+        rows = np.repeat(np.arange(self.space.ndofs), np.diff(indptr))
+        out[rows, cols] = data
+        return out
+
+
+def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
+                  dtype=np.float64, backend="auto"):
+    """Build the mass operator of an H1 space in one call.
+
+    Parameters
+    ----------
+    space : H1Space
+    nq : int, optional
+        Quadrature points per direction; ``p + 2`` by default.
+    rho : callable or float, optional
+        Density, see :func:`smalltc.fem.geometry.mass_data`.
+    assembled : bool
+        :class:`AssembledMassOperator` if true, else :class:`MassOperator`.
+    quadrature : str
+        Rule name.
+    dtype : numpy dtype
+        float64 or float32 for ``D`` and the operator.
+    backend : str
+        Passed to the smalltc core.
+
+    Returns
+    -------
+    MassOperator or AssembledMassOperator
+
+    Examples
+    --------
+    >>> from smalltc.fem import H1Space, box_mesh
+    >>> M = mass_operator(H1Space(box_mesh(3, 2), p=1))
+    >>> M.shape
+    (27, 27)
+    """
+    nq = space.p + 2 if nq is None else nq
+    D = mass_data(space.mesh, nq, rho, quadrature=quadrature, dtype=dtype)
+    B1d = basis_1d(space.p, nq, quadrature).B1d
+    cls = AssembledMassOperator if assembled else MassOperator
+    return cls(space, D, B1d, backend=backend)

@@ -104,11 +104,13 @@ class BoxMesh:
         )
 
 
+def _is_int(k):
+    return isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+
+
 def _as_shape(n, dim):
-    ns = (n,) * dim if isinstance(n, (int, np.integer)) and not isinstance(n, bool) else tuple(n)
-    if len(ns) != dim or not all(
-        isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1 for k in ns
-    ):
+    ns = (n,) * dim if _is_int(n) else (tuple(n) if isinstance(n, (tuple, list, np.ndarray)) else None)
+    if ns is None or len(ns) != dim or not all(_is_int(k) and k >= 1 for k in ns):
         raise ValueError(
             f"n must be a positive integer or {dim} positive integers (one per direction), got {n!r}"
         )
@@ -182,10 +184,10 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
     [[0.  0.5]
      [0.5 1. ]]
     """
-    if dim not in (1, 2, 3) or isinstance(dim, bool):
+    if not _is_int(dim) or dim not in (1, 2, 3):
         raise ValueError(f"dim must be 1, 2 or 3, got {dim!r}")
     shape = _as_shape(n, dim)
-    if isinstance(geom_order, bool) or not isinstance(geom_order, (int, np.integer)) or geom_order < 1:
+    if not _is_int(geom_order) or geom_order < 1:
         raise ValueError(f"geom_order must be an integer >= 1, got {geom_order!r}")
     lo = _as_corner(lower, dim, "lower")
     hi = _as_corner(upper, dim, "upper")

@@ -1,0 +1,150 @@
+"""Element maps at quadrature points: Jacobians, |J|, and the mass data D."""
+import numpy as np
+import pytest
+
+from smalltc.fem import (
+    box_mesh,
+    check_jacobian,
+    det_jacobian,
+    evaluate_field,
+    jacobian,
+    map_points,
+    mass_data,
+    quadrature_data,
+    quadrature_rule,
+)
+
+# (dim, n, geom_order, distortion)
+GEOMETRY_CASES = [
+    (1, 3, 1, 0.0),
+    (1, 3, 3, 0.2),
+    (2, (2, 3), 1, 0.0),
+    (2, 3, 1, 0.1),
+    (2, 3, 3, 0.2),
+    (3, (1, 2, 3), 1, 0.0),
+    (3, 2, 1, 0.05),
+    (3, 2, 2, 0.1),
+]
+
+
+def _ids(cases):
+    return ["-".join(str(c) for c in case) for case in cases]
+
+
+def _exact_nq(dim, geom_order):
+    # x o F has degree g and |J| degree dim*g per direction: (dim+1)*g in all.
+    return ((dim + 1) * geom_order) // 2 + 1
+
+
+@pytest.mark.parametrize("dim, n", [(1, 4), (2, (2, 5)), (3, (3, 1, 2))])
+def test_uniform_box_jacobian_is_element_scaling(dim, n):
+    upper = np.array([2.0, 3.0, 0.5])[:dim]
+    mesh = box_mesh(dim, n, lower=0.0, upper=upper)
+    h = upper / np.array(mesh.shape)
+    pts = quadrature_rule(3)[0]
+    J = jacobian(mesh, pts)
+    assert J.shape == (mesh.nelements, dim, dim) + (3,) * dim
+    expected = np.diag(h / 2).reshape((1, dim, dim) + (1,) * dim)
+    np.testing.assert_allclose(J, np.broadcast_to(expected, J.shape), rtol=0, atol=1e-15)
+    detJ = det_jacobian(J)
+    np.testing.assert_allclose(detJ, np.prod(h) / 2**dim, rtol=1e-14)
+
+
+@pytest.mark.parametrize("dim, n, geom_order, distortion", GEOMETRY_CASES, ids=_ids(GEOMETRY_CASES))
+def test_mass_data_integrates_volume_and_moments(dim, n, geom_order, distortion):
+    mesh = box_mesh(dim, n, geom_order=geom_order, distortion=distortion)
+    nq = _exact_nq(dim, geom_order)
+    D = mass_data(mesh, nq)
+    assert D.shape == (mesh.nelements,) + (nq,) * dim and D.dtype == np.float64
+    assert np.all(D > 0)
+    assert D.sum() == pytest.approx(1.0, rel=1e-13)
+    # int x_a over the unit box is 1/2 for every coordinate, int x_0^2 is 1/3 when exact
+    for a in range(dim):
+        Da = mass_data(mesh, nq + 1, rho=lambda x: x[a])
+        assert Da.sum() == pytest.approx(0.5, rel=1e-13)
+    D2 = mass_data(mesh, nq + 1, rho=3.0)
+    assert D2.sum() == pytest.approx(3.0, rel=1e-13)
+
+
+@pytest.mark.parametrize("dim, n, geom_order, distortion", GEOMETRY_CASES, ids=_ids(GEOMETRY_CASES))
+@pytest.mark.parametrize("t", [-0.6, 0.1, 0.7])
+def test_jacobian_matches_finite_differences(dim, n, geom_order, distortion, t):
+    # On the 1D point set (t - h, t, t + h), the central difference along
+    # axis b at the middle point (t, ..., t) is column b of J there.
+    mesh = box_mesh(dim, n, geom_order=geom_order, distortion=distortion)
+    h = 1e-5
+    X = map_points(mesh, [t - h, t, t + h])  # (E, dim, 3, ..., 3)
+    J = jacobian(mesh, [t])[(Ellipsis,) + (0,) * dim]  # (E, dim, dim)
+    for b in range(dim):
+        hi = [1] * dim
+        lo = [1] * dim
+        hi[b], lo[b] = 2, 0
+        fd = (X[(Ellipsis,) + tuple(hi)] - X[(Ellipsis,) + tuple(lo)]) / (2 * h)
+        np.testing.assert_allclose(J[:, :, b], fd, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_high_order_geometry_converges_to_exact_map(dim):
+    a = 0.08
+    mesh = box_mesh(dim, 2, geom_order=8, distortion=a)
+    qd = quadrature_data(mesh, 4)
+    # the exact |J| of x = xhat + a s(xhat) (1, ..., 1) is 1 + a sum_b d_b s,
+    # times (h/2)^dim for the element scaling; evaluate at the reference
+    # points, which high-order geometry reproduces closely
+    pts = quadrature_rule(4)[0]
+    xhat = np.moveaxis(map_points(box_mesh(dim, 2), pts), 1, 0)
+    s_grad = np.zeros(xhat.shape[1:])
+    for b in range(dim):
+        term = np.pi * np.cos(np.pi * xhat[b])
+        for c in range(dim):
+            if c != b:
+                term = term * np.sin(np.pi * xhat[c])
+        s_grad += term
+    exact = (1.0 + a * s_grad) * (0.25**dim)
+    np.testing.assert_allclose(qd.detJ, exact, rtol=1e-6)
+
+
+def test_float32_mass_data():
+    mesh = box_mesh(3, 2, distortion=0.05)
+    D64 = mass_data(mesh, 3)
+    D32 = mass_data(mesh, 3, dtype=np.float32)
+    assert D32.dtype == np.float32 and D32.flags.c_contiguous
+    np.testing.assert_allclose(D32, D64, rtol=1e-6)
+
+
+def test_tangled_mesh_names_element():
+    mesh = box_mesh(2, 4, distortion=0.5)
+    with pytest.raises(ValueError, match=r"tangled mesh: \|J\| <= 0 at \d+ quadrature point\(s\) of element 7 "
+                                         r"\(min \|J\| = -[0-9.e-]+\); 6 bad element\(s\) in all"):
+        mass_data(mesh, 3)
+
+
+def test_evaluate_field_broadcasts():
+    x = np.zeros((2, 3, 4, 4))
+    assert evaluate_field(2.5, x).shape == (3, 4, 4)
+    assert evaluate_field(lambda x: np.ones((4, 4)), x).shape == (3, 4, 4)
+
+
+_MESH = box_mesh(2, 2)
+_X = np.zeros((2, 4, 3, 3))
+
+ERROR_CASES = [
+    (lambda: mass_data(_MESH, 3, dtype=np.int32), ValueError, r"dtype must be float64 or float32, got int32"),
+    (lambda: mass_data(_MESH, 0), ValueError, r"n must be >= 1 for Gauss-Legendre"),
+    (lambda: mass_data(_MESH, 3, rho=lambda x: x[0][:, :2]), ValueError,
+     r"rho\(x\) returned shape \(4, 2, 3\), expected \(4, 3, 3\) for x of shape \(2, 4, 3, 3\)"),
+    (lambda: mass_data(_MESH, 3, rho=lambda x: x[5]), ValueError, r"rho\(x\) failed for x of shape \(2, 4, 3, 3\)"),
+    (lambda: mass_data(_MESH, 3, rho=lambda x: x[0] / 0.0), ValueError, r"rho\(x\) returned non-finite values"),
+    (lambda: mass_data(_MESH, 3, rho="dense"), TypeError, r"rho must be callable or a real number, got str"),
+    (lambda: evaluate_field(True, _X), TypeError, r"f must be callable or a real number, got bool"),
+    (lambda: map_points(_MESH, [[0.0]]), ValueError, r"points must be a non-empty 1D array"),
+    (lambda: det_jacobian(np.zeros((3, 2, 3))), ValueError, r"J has shape \(3, 2, 3\), expected \(E, dim, dim, ...\)"),
+    (lambda: det_jacobian(np.zeros((3, 4, 4))), ValueError, r"J has shape \(3, 4, 4\)"),
+    (lambda: check_jacobian(np.array([[1.0, np.nan]])), ValueError, r"\|J\| <= 0 at 1 quadrature point\(s\) of element 0"),
+]
+
+
+@pytest.mark.parametrize("call, exc, match", ERROR_CASES)
+def test_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

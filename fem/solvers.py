@@ -79,7 +79,7 @@ def jacobi(diagonal):
         i = np.unravel_index(np.flatnonzero(bad)[0], d.shape)
         raise ValueError(
             f"diagonal must be positive and finite for a Jacobi preconditioner; "
-            f"entry {tuple(int(k) for k in i)} is {d[i]!r} ({int(bad.sum())} bad entries)"
+            f"entry {tuple(int(k) for k in i)} is {float(d[i])!r} ({int(bad.sum())} bad entries)"
         )
     inv = 1.0 / d
     return lambda r: r * inv

@@ -1,0 +1,90 @@
+"""Preconditioned CG and the Jacobi preconditioner."""
+import numpy as np
+import pytest
+
+from smalltc.fem import ConvergenceError, cg, jacobi
+
+
+def _spd(n, cond_scale, seed):
+    """Random SPD matrix with a badly scaled diagonal (Jacobi's favourite)."""
+    rng = np.random.default_rng(seed)
+    Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    A = Q @ np.diag(np.linspace(1.0, 10.0, n)) @ Q.T
+    s = np.logspace(0, cond_scale, n)
+    return s[:, None] * A * s[None, :]
+
+
+# (n, diagonal scaling decades, tol, shape of the unknown)
+CG_CASES = [
+    (5, 0, 1e-12, None),
+    (30, 0, 1e-10, None),
+    (30, 3, 1e-12, None),
+    (60, 2, 1e-8, None),
+    (20, 1, 1e-12, 3),
+]
+
+
+@pytest.mark.parametrize("n, decades, tol, ncomp", CG_CASES)
+@pytest.mark.parametrize("use_jacobi", [False, True])
+def test_cg_solves_spd_systems(n, decades, tol, ncomp, use_jacobi):
+    A = _spd(n, decades, seed=n + decades)
+    rng = np.random.default_rng(1)
+    apply = (lambda x: x @ A) if ncomp else (lambda x: A @ x)  # A symmetric: same action per row
+    b = rng.standard_normal(n if ncomp is None else (ncomp, n))
+    P = jacobi(np.broadcast_to(np.diag(A), b.shape)) if use_jacobi else None
+    res = cg(apply, b, tol=tol, precond=P, maxiter=50 * n)
+    assert res.converged
+    assert res.residuals[0] == 1.0 and res.residuals[-1] <= tol
+    assert res.residuals.shape == (res.iterations + 1,)
+    assert res.true_residual <= 100 * tol
+    x_ref = np.linalg.solve(A, b.T).T
+    cond = np.linalg.cond(A)
+    assert np.linalg.norm(res.x - x_ref) <= 10 * cond * tol * np.linalg.norm(x_ref)
+
+
+def test_jacobi_reduces_iterations_on_bad_scaling():
+    A = _spd(40, 4, seed=3)
+    b = np.ones(40)
+    plain = cg(lambda x: A @ x, b, tol=1e-10, maxiter=10_000)
+    pre = cg(lambda x: A @ x, b, tol=1e-10, precond=jacobi(np.diag(A)))
+    assert pre.iterations < plain.iterations / 2
+
+
+def test_initial_guess_and_zero_rhs():
+    A = _spd(10, 0, seed=0)
+    b = np.arange(10.0)
+    x = np.linalg.solve(A, b)
+    res = cg(lambda v: A @ v, b, x0=x, tol=1e-10)
+    assert res.iterations <= 1 and res.converged
+    zero = cg(lambda v: A @ v, np.zeros(10))
+    assert zero.iterations == 0 and zero.converged and not zero.x.any()
+
+
+def test_not_converged_raises_with_result():
+    A = _spd(50, 2, seed=5)
+    b = np.ones(50)
+    with pytest.raises(ConvergenceError, match=r"CG did not converge in 3 iterations: relative residual "
+                                                r"[0-9.e+-]+ > tol 1.000e-12") as info:
+        cg(lambda x: A @ x, b, tol=1e-12, maxiter=3)
+    assert info.value.result.iterations == 3 and not info.value.result.converged
+    res = cg(lambda x: A @ x, b, tol=1e-12, maxiter=3, raise_on_failure=False)
+    assert not res.converged and res.residuals[-1] > 1e-12
+
+
+ERROR_CASES = [
+    (lambda: cg(lambda x: -x, np.ones(3)), ValueError, r"operator is not positive definite: p\^T A p = -3.000e\+00 at iteration 0"),
+    (lambda: cg(lambda x: x, np.ones(3), precond=lambda r: -r), ValueError, r"preconditioner is not positive definite"),
+    (lambda: cg(lambda x: x, np.array([1.0, np.nan])), ValueError, r"b contains non-finite values"),
+    (lambda: cg(lambda x: x, np.ones(3), tol=0.0), ValueError, r"tol must be a positive number, got 0.0"),
+    (lambda: cg(lambda x: x, np.ones(3), maxiter=-1), ValueError, r"maxiter must be a non-negative integer, got -1"),
+    (lambda: cg(lambda x: x, np.ones(3), x0=np.ones(4)), ValueError, r"x0 has shape \(4,\), expected \(3,\)"),
+    (lambda: cg(lambda x: x * np.nan, np.ones(3)), ValueError, r"operator is not positive definite: p\^T A p = nan"),
+    (lambda: jacobi(np.array([1.0, 0.0, -2.0])), ValueError, r"entry \(1,\) is 0.0 \(2 bad entries\)"),
+    (lambda: jacobi(np.array([[1.0, np.inf]])), ValueError, r"diagonal must be positive and finite .* entry \(0, 1\)"),
+]
+
+
+@pytest.mark.parametrize("call, exc, match", ERROR_CASES)
+def test_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

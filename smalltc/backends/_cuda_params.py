@@ -1,0 +1,165 @@
+"""Kernel parameters (tile sizes, thread layout, items per block) for the CUDA backend.
+
+Pure Python, no device: the heuristics here are what runs when no tuning
+table answers, and they are what the template tests render. The autotuner
+(``smalltc.tuning``) overrides them with :func:`set_table_lookup`: a callable
+``lookup(spec, device_cc) -> dict | None``; a dict it returns replaces the
+heuristic's parameters and the executor's ``source`` becomes ``"table"``.
+
+Every function returns the *rendering context* of one template: sizes and
+parameters, all compile-time constants in the kernel, plus ``threads``,
+``per_block`` and ``smem_bytes`` for the launch.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["layout_ctx", "contract9_ctx", "generic_ctx", "action_ctx", "assembly_ctx",
+           "gemm_extents", "set_table_lookup", "lookup", "ITEMSIZE", "SMEM_TARGET"]
+
+ITEMSIZE = {"float64": 8, "float32": 4}
+#: shared memory a block aims to stay under (several blocks per multiprocessor)
+SMEM_TARGET = 48 * 1024
+#: largest extent a specialised layout kernel unrolls (above: generic kernel)
+MAX_UNROLLED = 128
+THREADS = 256
+
+_LOOKUP = None
+
+
+def set_table_lookup(fn):
+    """Install ``fn(spec, cc) -> dict | None`` (the autotuner's table); None removes it."""
+    global _LOOKUP
+    _LOOKUP = fn
+
+
+def lookup(spec, cc):
+    """Parameters from the installed table for ``spec`` on compute capability ``cc``."""
+    return None if _LOOKUP is None else _LOOKUP(spec, cc)
+
+
+def _even(n):
+    return n + (n % 2)
+
+
+def gemm_extents(spec):
+    """A GemmSpec as a (8a) layout contraction: dict(I, S, J, K, L)."""
+    m, n, k = spec.m, spec.n, spec.k
+    x = (1, k, m) if spec.trans_a else (m, k, 1)
+    y = (n, k, 1) if spec.trans_b else (1, k, n)
+    return dict(I=x[0], S=k, J=x[2], K=y[0], L=y[2])
+
+
+def layout_ctx(kind, I, S, J, K, L, dtype, shared_x, shared_y, beta_zero=True,
+               smem_optin=227 * 1024, params=None):
+    """Context of ``gemm.cu.j2`` (kinds 8a/8b and GEMM), or None when it does not fit.
+
+    Heuristic: outputs per thread grow with the item's output size (1 up to
+    8x8, 8 above 24x24); threads per item cover the output in a DIM_X x DIM_Y
+    grid whose x axis runs along the output's contiguous index; items per
+    block fill 256 threads, within the shared-memory target.
+    """
+    s = ITEMSIZE[dtype]
+    M, N = I * J, K * L
+    if max(M, N, S) > MAX_UNROLLED:
+        return None
+    fast, slow = (N, M) if kind == "8a" else (M, N)
+    mn = M * N
+    if params is None:
+        per_thread = 1 if mn <= 64 else 2 if mn <= 256 else 4 if mn <= 576 else 8
+        thr_fast = 2 if per_thread >= 4 and fast >= 16 else 1
+        thr_slow = max(1, min(slow, per_thread // thr_fast))
+        dim_x, dim_y = math.ceil(fast / thr_fast), math.ceil(slow / thr_slow)
+        while dim_x * dim_y > 512 and dim_y > 1:
+            thr_slow *= 2
+            dim_y = math.ceil(slow / thr_slow)
+        nb = max(1, THREADS // (dim_x * dim_y))
+    else:
+        dim_x, dim_y, nb = params["dim_x"], params["dim_y"], params["per_block"]
+        thr_fast, thr_slow = math.ceil(fast / dim_x), math.ceil(slow / dim_y)
+    xs, ys = I * S * J, K * S * L
+
+    def smem(nb):
+        return s * (_even(xs if shared_x else nb * xs) + (ys if shared_y else nb * ys))
+
+    if params is None:
+        while nb > 1 and smem(nb) > SMEM_TARGET:
+            nb -= 1
+    if smem(nb) > smem_optin or dim_x * dim_y * nb > 1024:
+        return None
+    thr_m, thr_n = (thr_slow, thr_fast) if kind == "8a" else (thr_fast, thr_slow)
+    return dict(kind=kind, I=I, S=S, J=J, K=K, L=L, dtype=dtype, shared_x=bool(shared_x),
+                shared_y=bool(shared_y), beta_zero=bool(beta_zero), dim_x=dim_x, dim_y=dim_y,
+                thr_m=thr_m, thr_n=thr_n, per_block=nb, threads=dim_x * dim_y * nb,
+                smem_bytes=smem(nb), BLK_M=M, BLK_N=N, BLK_K=S)
+
+
+def contract9_ctx(S, N, K, L, dtype, smem_optin=227 * 1024, params=None):
+    """Context of ``contract9.cu.j2``, or None when one item does not fit."""
+    s = ITEMSIZE[dtype]
+    if max(S, N, K * L) > 4 * MAX_UNROLLED or S > MAX_UNROLLED:
+        return None
+    ys, os_ = K * S * L, K * N * L * N
+    nb = params["per_block"] if params else max(1, min(64, math.ceil(1024 / os_)))
+
+    def smem(nb):
+        return s * (_even(N * N * S) + nb * ys)
+
+    while params is None and nb > 1 and smem(nb) > SMEM_TARGET:
+        nb -= 1
+    if smem(nb) > smem_optin:
+        return None
+    return dict(kind="9", S=S, N=N, K=K, L=L, dtype=dtype, per_block=nb, threads=THREADS,
+                smem_bytes=smem(nb), unroll=min(8, math.ceil(nb * os_ / THREADS)))
+
+
+def generic_ctx(kind, dtype, beta_zero=True):
+    """Context of ``generic.cu.j2`` (run-time sizes)."""
+    return dict(kind=kind, dtype=dtype, beta_zero=bool(beta_zero), per_block=1,
+                threads=THREADS, smem_bytes=0)
+
+
+def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
+    """Context of ``action.cu.j2``, or None when one item does not fit in shared memory.
+
+    T = max(nd, nq); an item gets T*T threads in 3D, T in 2D and 1D, and two
+    T^dim buffers; items per block fill 256 threads within the target.
+    """
+    s = ITEMSIZE[dtype]
+    T = max(nd, nq)
+    tpi = T * T if dim == 3 else T
+    ne = params["per_block"] if params else max(1, THREADS // tpi)
+
+    def smem(ne):
+        return s * (_even(nq * nd) + ne * 2 * T ** dim)
+
+    while params is None and ne > 1 and smem(ne) > SMEM_TARGET:
+        ne -= 1
+    if smem(ne) > smem_optin or tpi * ne > 1024:
+        return None
+    return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, tpi=tpi, per_block=ne,
+                threads=tpi * ne, smem_bytes=smem(ne))
+
+
+def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
+    """Context of ``assembly.cu.j2``, or None when one unit does not fit.
+
+    A unit is (element, i1) in 2D/3D and an element in 1D; units per block
+    aim at ~2048 outputs per block of 256 threads.
+    """
+    s = ITEMSIZE[dtype]
+    out_u = nd ** (2 * dim - 1)
+    a1u = nd * nq ** (dim - 1) if dim > 1 else 0
+    a2u = nd ** 3 * nq if dim == 3 else 0
+    bb = _even(nd * nd * nq)
+    nu = params["per_block"] if params else max(1, min(64, math.ceil(2048 / out_u)))
+
+    def smem(nu):
+        return s * (bb + nu * (a1u + a2u))
+
+    while params is None and nu > 1 and smem(nu) > SMEM_TARGET:
+        nu -= 1
+    if smem(nu) > smem_optin:
+        return None
+    return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, out_u=out_u, bb_pad=bb, per_block=nu,
+                threads=THREADS, smem_bytes=smem(nu), unroll=4)

@@ -1,0 +1,133 @@
+"""Render, compile and launch smalltc's CUDA templates (through CuPy/NVRTC).
+
+Templates live in ``templates/cuda/*.cu.j2`` (package data of
+``smalltc.templates``). Rendering needs only Jinja2; compiling and launching
+need CuPy and a device, and happen on first use, never at import.
+
+The compiled-kernel cache is keyed by (template, entry name, rendering
+context, device id, compute capability); CuPy's own disk cache sits under it,
+so a new process skips NVRTC for kernels compiled before.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import threading
+
+import jinja2
+
+__all__ = ["SmalltcCompileError", "render", "get_kernel", "launch", "device_info",
+           "CTYPES", "NVRTC_OPTIONS"]
+
+CTYPES = {"float64": "double", "float32": "float"}
+NVRTC_OPTIONS = ("-std=c++17",)
+_MAX_GRID_X = 2 ** 31 - 1
+_SMEM_DEFAULT = 48 * 1024
+
+
+class SmalltcCompileError(RuntimeError):
+    """A rendered kernel failed to compile; carries what is needed to reproduce it.
+
+    Attributes
+    ----------
+    entry : str        the ``extern "C"`` entry point
+    source : str       the rendered CUDA source
+    options : tuple    the NVRTC options
+    log : str          the compiler's log
+    """
+
+    def __init__(self, entry, source, options, log):
+        self.entry, self.source, self.options, self.log = entry, source, tuple(options), log
+        numbered = "\n".join(f"{n:4d} {line}" for n, line in enumerate(source.splitlines(), 1))
+        super().__init__(f"CUDA kernel {entry} failed to compile with options {self.options}:\n"
+                         f"{log}\n--- source ---\n{numbered}")
+
+
+def _load_template(name):
+    root = importlib.resources.files("smalltc.templates") / "cuda"
+    path = root / name
+    if not path.is_file():
+        return None
+    return path.read_text(encoding="utf-8"), str(path), lambda: True
+
+
+@functools.lru_cache(maxsize=1)
+def _env():
+    return jinja2.Environment(loader=jinja2.FunctionLoader(_load_template),
+                              undefined=jinja2.StrictUndefined, trim_blocks=True,
+                              lstrip_blocks=True, keep_trailing_newline=True,
+                              autoescape=False)
+
+
+def template_names():
+    """The kernel templates (all but the base) shipped with the package."""
+    root = importlib.resources.files("smalltc.templates") / "cuda"
+    return sorted(p.name for p in root.iterdir()
+                  if p.name.endswith(".cu.j2") and p.name != "base.cu.j2")
+
+
+def render(template: str, ctx: dict) -> str:
+    """Render ``templates/cuda/<template>`` with ``ctx`` (StrictUndefined)."""
+    full = dict(ctx)
+    full.setdefault("template", template)
+    full.setdefault("real", CTYPES[full["dtype"]])
+    return _env().get_template(template).render(**full)
+
+
+def _freeze(v):
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(device_id: int):
+    """(name, compute capability, multiprocessors, max opt-in shared memory per block)."""
+    import cupy
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    cc = f"{props['major']}{props['minor']}"
+    return dict(name=name, cc=cc, sms=props["multiProcessorCount"],
+                smem_optin=props.get("sharedMemPerBlockOptin", _SMEM_DEFAULT))
+
+
+_CACHE: dict = {}
+_LOCK = threading.Lock()
+
+
+def get_kernel(template: str, entry: str, ctx: dict, smem_bytes: int = 0):
+    """The compiled kernel ``entry`` of ``template`` rendered with ``ctx``, on the current device."""
+    import cupy
+    dev = cupy.cuda.runtime.getDevice()
+    info = device_info(dev)
+    key = (template, entry, _freeze(ctx), dev, info["cc"])
+    kern = _CACHE.get(key)
+    if kern is not None:
+        return kern
+    with _LOCK:
+        kern = _CACHE.get(key)
+        if kern is not None:
+            return kern
+        source = render(template, dict(ctx, entry=entry))
+        try:
+            mod = cupy.RawModule(code=source, options=NVRTC_OPTIONS)
+            kern = mod.get_function(entry)
+            if smem_bytes > _SMEM_DEFAULT:
+                kern.max_dynamic_shared_size_bytes = smem_bytes
+        except cupy.cuda.compiler.CompileException as err:
+            raise SmalltcCompileError(entry, source, NVRTC_OPTIONS, err.get_message()
+                                      if hasattr(err, "get_message") else str(err)) from err
+        _CACHE[key] = kern
+    return kern
+
+
+def launch(kern, ngroups: int, threads: int, args: tuple, smem_bytes: int = 0,
+           max_blocks: int | None = None):
+    """Launch on the current CuPy stream; the kernels stride over groups past the grid."""
+    if ngroups <= 0:
+        return
+    blocks = min(int(ngroups), _MAX_GRID_X if max_blocks is None else int(max_blocks))
+    kern((blocks,), (threads,), args, shared_mem=smem_bytes)

@@ -1,0 +1,203 @@
+"""What a user would run today instead of smalltc, on the same inputs.
+
+- GEMM: ``numpy.matmul`` (CPU); cuBLAS strided-batched GEMM (GPU: through
+  ``cupy.matmul`` for ``beta == 0``, the ``cublas<t>gemmStridedBatched``
+  binding for ``beta != 0``, updating a copy of C in place) and
+  ``cupy.matmul`` + add; ``torch.bmm`` / ``torch.baddbmm`` when torch is
+  installed.
+- Action: the sum-factorised ``einsum`` chain (NumPy or CuPy), as in
+  :func:`smalltc.backends.reference.action_einsum`.
+- Assembly and the pairwise steps: ``einsum`` (NumPy or CuPy).
+
+Every factory returns a list of :class:`~smalltc.bench.cases.Impl`; one that
+cannot be built here (no torch, an old CuPy) is left out and says why in
+:func:`skipped`.
+
+Examples
+--------
+>>> import numpy as np
+>>> from smalltc.bench.cases import Case, make_inputs
+>>> c = Case("gemm", "gemm", dict(m=2, n=2, k=2, batch=3, beta=0.0), "float64")
+>>> [b.name for b in baselines(c, make_inputs(c, np), np)][:1]
+['numpy.matmul']
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.reference import action_einsum, assembly_einsum, contract_einsum
+from .cases import Impl, out_shape, step_spec
+
+__all__ = ["baselines", "skipped", "torch_or_none"]
+
+_SKIPPED: dict = {}
+
+
+def skipped() -> dict:
+    """Baselines left out in this process, and why."""
+    return dict(_SKIPPED)
+
+
+def torch_or_none():
+    try:
+        import torch
+    except Exception as err:  # not installed, or broken
+        _SKIPPED["torch"] = f"torch not importable: {err}"
+        return None
+    return torch
+
+
+def baselines(case, ops, xp) -> list:
+    """The baselines of ``case`` on operands ``ops`` (module ``xp``)."""
+    gpu = xp.__name__ == "cupy"
+    if case.op == "gemm":
+        found = _cublas_gemm(case, ops, xp) if gpu else _numpy_gemm(case, ops)
+        found += _torch_gemm(case, ops, xp)
+        return found
+    name = "cupy.einsum" if gpu else "numpy.einsum"
+    s = case.sizes
+    if case.op == "action":
+        B, D, V = ops
+        return [Impl(f"{name} chain", lambda: action_einsum(B, D, V, s["dim"]),
+                     what=f"sum-factorised {name} chain (2*dim einsums + multiply)")]
+    if case.op == "assembly":
+        B, D = ops
+        return [Impl(name, lambda: assembly_einsum(B, D, s["dim"]),
+                     what=f"{name}(..., optimize=True)")]
+    kind = step_spec(case).kind
+    X, Y = ops
+    return [Impl(name, lambda: contract_einsum(kind, X, Y), what=f"{name} of kernel ({kind})")]
+
+
+def _beta(case):
+    return float(case.sizes.get("beta", 0.0))
+
+
+def _numpy_gemm(case, ops):
+    A, B = ops[:2]
+    out = np.empty(out_shape(case), dtype=case.dtype)
+    alpha, beta = float(case.sizes.get("alpha", 1.0)), _beta(case)
+    if beta == 0.0 and alpha == 1.0:
+        return [Impl("numpy.matmul", lambda: np.matmul(A, B, out=out), out=out,
+                     what="numpy.matmul on 3D arrays")]
+    C = ops[2] if beta != 0.0 else None
+
+    def run():
+        np.matmul(A, B, out=out)
+        if alpha != 1.0:
+            np.multiply(out, alpha, out=out)
+        if C is not None:
+            if beta == 1.0:
+                np.add(out, C, out=out)
+            else:
+                np.add(out, beta * C, out=out)
+        return out
+    return [Impl("numpy.matmul", run, out=out, what="numpy.matmul, then scale and add C")]
+
+
+def _cublas_gemm(case, ops, xp):
+    A, B = ops[:2]
+    alpha, beta = float(case.sizes.get("alpha", 1.0)), _beta(case)
+    out = xp.empty(out_shape(case), dtype=case.dtype)
+    if beta == 0.0 and alpha == 1.0:
+        return [Impl("cublas", lambda: xp.matmul(A, B, out=out), out=out,
+                     what="cupy.matmul (cuBLAS strided-batched GEMM)")]
+    C = ops[2] if beta != 0.0 else None
+    found = []
+    strided = _cublas_strided(case, A, B, C, alpha, beta, xp)
+    if strided is not None:
+        found.append(strided)
+
+    def run():
+        xp.matmul(A, B, out=out)
+        if alpha != 1.0:
+            xp.multiply(out, alpha, out=out)
+        if C is not None:
+            xp.add(out, C if beta == 1.0 else beta * C, out=out)
+        return out
+    found.append(Impl("cupy.matmul+add", run, out=out,
+                      what="cupy.matmul (cuBLAS), then scale and add C"))
+    return found
+
+
+def _cublas_strided(case, A, B, C, alpha, beta, xp):
+    """``C = alpha A B + beta C`` as one ``cublas<t>gemmStridedBatched`` call.
+
+    Row-major ``C = A B`` is column-major ``C^T = B^T A^T``: the call gets B
+    first, with m and n swapped. It updates a work copy of C in place;
+    ``prepare`` restores it before the correctness check.
+    """
+    if C is None or A.ndim != 3 or B.ndim != 3:
+        return None
+    try:
+        from cupy_backends.cuda.libs import cublas
+    except Exception as err:
+        _SKIPPED["cublas"] = f"cupy cuBLAS binding not importable: {err}"
+        return None
+    fn = cublas.dgemmStridedBatched if case.dtype == "float64" else cublas.sgemmStridedBatched
+    s = case.sizes
+    m, n, k, batch = s["m"], s["n"], s["k"], case.batch
+    work = C.copy()
+    a_s = np.array(alpha, dtype=case.dtype)
+    b_s = np.array(beta, dtype=case.dtype)
+
+    def call(scalar_args):
+        handle = xp.cuda.device.get_cublas_handle()
+        cublas.setStream(handle, xp.cuda.get_current_stream().ptr)
+        al, be = scalar_args
+        fn(handle, 0, 0, n, m, k, al, B.data.ptr, n, k * n, A.data.ptr, k, m * k,
+           be, work.data.ptr, n, m * n, batch)
+        return work
+
+    # CuPy's binding takes alpha/beta as host pointers (size_t) in most
+    # versions and as Python scalars in others: try the pointer form only
+    # when the scalar form is refused. The reference check catches a wrong guess.
+    chosen = []
+
+    def run():
+        if chosen:
+            return call(chosen[0])
+        for form in ((alpha, beta), (a_s.ctypes.data, b_s.ctypes.data)):
+            try:
+                res = call(form)
+            except TypeError:
+                continue
+            chosen.append(form)
+            return res
+        raise TypeError("cuBLAS gemmStridedBatched binding takes neither scalar form")
+
+    def prepare():
+        work[...] = C
+    return Impl("cublas", run, out=None, prepare=prepare,
+                what=f"cublas{'d' if case.dtype == 'float64' else 's'}gemmStridedBatched "
+                     "(in place on a copy of C)")
+
+
+def _torch_gemm(case, ops, xp):
+    torch = torch_or_none()
+    if torch is None:
+        return []
+    gpu = xp.__name__ == "cupy"
+    conv = torch.from_dlpack if gpu else torch.from_numpy
+    try:
+        A, B = (conv(x) for x in ops[:2])
+        C = conv(ops[2]) if len(ops) > 2 else None
+    except Exception as err:
+        _SKIPPED["torch"] = f"torch cannot take the arrays: {err}"
+        return []
+    alpha, beta = float(case.sizes.get("alpha", 1.0)), _beta(case)
+    batch = case.batch
+    out = torch.empty(out_shape(case), dtype=A.dtype, device=A.device)
+    to_array = (lambda t: xp.from_dlpack(t)) if gpu else (lambda t: t.numpy())
+    if C is not None:
+        A3 = A if A.ndim == 3 else A.expand(batch, *A.shape)
+        B3 = B if B.ndim == 3 else B.expand(batch, *B.shape)
+        return [Impl("torch.baddbmm", lambda: torch.baddbmm(C, A3, B3, beta=beta, alpha=alpha,
+                                                            out=out),
+                     out=None, to_array=to_array, what="torch.baddbmm")]
+    if A.ndim == 3 and B.ndim == 3 and alpha == 1.0:
+        return [Impl("torch.bmm", lambda: torch.bmm(A, B, out=out), to_array=to_array,
+                     what="torch.bmm")]
+    return [Impl("torch.matmul", lambda: torch.mul(torch.matmul(A, B), alpha)
+                 if alpha != 1.0 else torch.matmul(A, B, out=out), to_array=to_array,
+                 what="torch.matmul (broadcast shared operand)")]

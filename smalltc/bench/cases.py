@@ -1,0 +1,235 @@
+"""One benchmark case: its operation, sizes, random inputs and float64 reference.
+
+A :class:`Case` is data (suite, op, sizes, dtype); the functions here turn it
+into operands on NumPy or CuPy arrays, a float64 NumPy reference on a
+sample of the batch, and the smalltc implementation to time (a plan built
+once, then called with a preallocated ``out``).
+
+Examples
+--------
+>>> import numpy as np
+>>> c = Case("gemm", "gemm", dict(m=2, n=3, k=4, batch=5, beta=0.0), "float64")
+>>> ops = make_inputs(c, np)
+>>> [o.shape for o in ops]
+[(5, 2, 4), (5, 4, 3)]
+>>> c.id
+'gemm m=2 n=3 k=4 beta=0 float64'
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..backends.reference import action_einsum, assembly_einsum, contract_einsum
+from ..catalogue import STEPS
+from ..spec import ContractSpec
+
+__all__ = ["Case", "Impl", "make_inputs", "batched_flags", "reference", "out_shape",
+           "smalltc_impl", "step_spec"]
+
+# Sizes that name a case (the batch does not: runs on different devices use
+# different batches, and --compare matches cases by id).
+_ID_KEYS = ("label", "dim", "p", "nq", "ncomp", "m", "n", "k", "shared_a", "shared_b",
+            "beta", "batch_class")
+
+
+@dataclass
+class Case:
+    """``suite`` (gemm, action, assembly, pairwise), ``op`` (gemm, action,
+    assembly, step) and ``sizes`` (a JSON-able dict with ``batch``)."""
+
+    suite: str
+    op: str
+    sizes: dict
+    dtype: str
+    note: str = ""
+
+    @property
+    def batch(self) -> int:
+        return int(self.sizes["batch"])
+
+    @property
+    def id(self) -> str:
+        parts = [self.suite if self.op != "step" else "step"]
+        for key in _ID_KEYS:
+            if key in self.sizes:
+                v = self.sizes[key]
+                if isinstance(v, bool):
+                    if v:
+                        parts.append(key)
+                    continue
+                if isinstance(v, float) and v.is_integer():
+                    v = int(v)
+                parts.append(str(v) if key == "label" else f"{key}={v}")
+        return " ".join(parts + [self.dtype])
+
+    def roofline_sizes(self) -> dict:
+        s = {k: v for k, v in self.sizes.items() if k not in ("batch_class",)}
+        return s
+
+
+@dataclass
+class Impl:
+    """One implementation of a case, ready to call.
+
+    ``fn()`` computes the case and returns the result (possibly in ``out``,
+    which the runner poisons with NaN before the check); ``prepare()`` (if
+    any) restores inputs an in-place implementation overwrites; ``to_array``
+    turns the result into a NumPy/CuPy array.
+    """
+
+    name: str
+    fn: object
+    out: object = None
+    prepare: object = None
+    to_array: object = None
+    what: str = ""
+    info: dict = field(default_factory=dict)
+    first_call_s: float | None = None
+
+
+def step_spec(case) -> ContractSpec:
+    """The reshaping-layout kernel of a pairwise step case (B1d shared)."""
+    s = case.sizes
+    st = next(x for x in STEPS if x.label == s["label"])
+    nd = s["p"] + 1
+    return ContractSpec(kind=st.kernel, batch=case.batch, dtype=case.dtype,
+                        shared_x=st.x[0] == "B", shared_y=st.y[0] == "B",
+                        **st.extents(nd, s["nq"]))
+
+
+def _random(xp, shape, dtype, rng):
+    # uniform in [0.5, 1.5): random, never zero, well conditioned sums
+    if xp.__name__ == "cupy":
+        return xp.random.random(shape, dtype=dtype) + xp.asarray(0.5, dtype=dtype)
+    return rng.random(shape, dtype=dtype) + np.asarray(0.5, dtype=dtype)
+
+
+def _shapes(case):
+    """Operand shapes, in plan order."""
+    s, E = case.sizes, case.batch
+    if case.op == "gemm":
+        a = (s["m"], s["k"]) if s.get("shared_a") else (E, s["m"], s["k"])
+        b = (s["k"], s["n"]) if s.get("shared_b") else (E, s["k"], s["n"])
+        c = [(E, s["m"], s["n"])] if float(s.get("beta", 0.0)) != 0.0 else []
+        return [a, b] + c
+    if case.op in ("action", "assembly"):
+        nd, nq, dim = s["p"] + 1, s["nq"], s["dim"]
+        shapes = [(nq, nd), (E,) + (nq,) * dim]
+        if case.op == "action":
+            comp = (s["ncomp"],) if s.get("ncomp", 1) > 1 else ()
+            shapes.append((E,) + comp + (nd,) * dim)
+        return shapes
+    if case.op == "step":
+        cs = step_spec(case)
+        return [cs.x_shape, cs.y_shape]
+    raise ValueError(f"unknown case op {case.op!r}")
+
+
+def batched_flags(case):
+    """For each operand: does it carry the batch axis (False: shared by the batch)?"""
+    s = case.sizes
+    if case.op == "gemm":
+        flags = [not s.get("shared_a"), not s.get("shared_b")]
+        return flags + ([True] if float(s.get("beta", 0.0)) != 0.0 else [])
+    if case.op == "action":
+        return [False, True, True]
+    if case.op == "assembly":
+        return [False, True]
+    cs = step_spec(case)
+    return [not cs.shared_x, not cs.shared_y]
+
+
+def make_inputs(case, xp, seed=0):
+    """Random operands of the case on module ``xp`` (numpy or cupy)."""
+    rng = np.random.default_rng(seed)
+    if xp.__name__ == "cupy":
+        xp.random.seed(seed)
+    return [_random(xp, sh, case.dtype, rng) for sh in _shapes(case)]
+
+
+def out_shape(case):
+    s, E = case.sizes, case.batch
+    if case.op == "gemm":
+        return (E, s["m"], s["n"])
+    if case.op == "action":
+        return _shapes(case)[2]
+    if case.op == "assembly":
+        n = (s["p"] + 1) ** s["dim"]
+        return (E, n, n)
+    return step_spec(case).out_shape
+
+
+def reference(case, host_ops):
+    """The float64 NumPy result of the case for operands ``host_ops``
+    (already cut down to a sample of the batch and cast to float64)."""
+    s = case.sizes
+    if case.op == "gemm":
+        A, B = host_ops[:2]
+        r = float(s.get("alpha", 1.0)) * np.matmul(A, B)
+        if len(host_ops) > 2:
+            r = r + float(s["beta"]) * host_ops[2]
+        return r
+    if case.op == "action":
+        return action_einsum(*host_ops, s["dim"])
+    if case.op == "assembly":
+        return assembly_einsum(*host_ops, s["dim"])
+    return contract_einsum(step_spec(case).kind, *host_ops)
+
+
+def smalltc_impl(case, ops, xp, backend="auto", method="auto"):
+    """Build the smalltc plan (timed, with its first call) and return the Impl."""
+    import smalltc
+
+    from .._timing import time_once
+    s = case.sizes
+    on_gpu = xp.__name__ == "cupy"
+    kw = {}
+    if case.op == "gemm":
+        beta = float(s.get("beta", 0.0))
+        alpha = float(s.get("alpha", 1.0))
+        kw = dict(alpha=alpha, beta=beta)
+
+        def build():
+            return smalltc.plan("gemm", *ops, backend=backend, alpha=alpha, beta=beta)
+    elif case.op in ("action", "assembly"):
+        def build():
+            return smalltc.plan(case.op, *ops, backend=backend, method=method)
+    else:
+        kind = step_spec(case).kind
+
+        def build():
+            return smalltc.plan("contract", *ops, backend=backend, kind=kind)
+    out = xp.empty(out_shape(case), dtype=case.dtype)
+
+    def first():
+        p = build()
+        p(*ops, out=out, **kw)
+        return p
+    plan, t_first = time_once(first, on_gpu=on_gpu)
+    info = dict(backend=plan.backend, method=plan.method, kernel=str(plan.kernel),
+                specialized=bool(plan.specialized), params=_jsonable(plan.params),
+                fallbacks=list(plan.fallbacks))
+    return Impl("smalltc", lambda: plan(*ops, out=out, **kw), out=out,
+                what=f"smalltc plan ({plan.backend}, {plan.method})", info=info,
+                first_call_s=t_first)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        return x
+    if isinstance(x, np.generic):
+        return x.item()
+    return str(x)
+
+
+def footprint(case) -> int:
+    """Bytes of all operands and the result (what must fit in memory)."""
+    s = np.dtype(case.dtype).itemsize
+    return s * (sum(math.prod(sh) for sh in _shapes(case)) + math.prod(out_shape(case)))

@@ -1,0 +1,184 @@
+"""``smalltc bench``: suites against the roofline bound and the baselines.
+
+Examples of use::
+
+    smalltc bench                               # all suites, best backend, float64
+    smalltc bench --suite gemm --sizes 2,4,8,16,32 --repeats 30
+    smalltc bench --suite action --p 1,2,3 --dtype float32 --quick
+    smalltc bench --compare results/A/bench-float64.json results/B/bench-float64.json
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["add_arguments", "run", "main_run"]
+
+
+def add_arguments(parser):
+    parser.add_argument("--backend", default="auto",
+                        help="smalltc backend to time: auto, cpu, cuda, reference (default auto)")
+    parser.add_argument("--method", default="auto", choices=("auto", "fused", "pairwise"),
+                        help="action/assembly path (default auto)")
+    parser.add_argument("--device", default=None, choices=("cpu", "gpu"),
+                        help="arrays on the host (NumPy) or the GPU (CuPy); default: the GPU "
+                             "when there is one (or what --backend implies)")
+    parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
+    parser.add_argument("--suite", action="append", default=None,
+                        help="gemm, action, assembly, pairwise (repeatable; default all)")
+    parser.add_argument("--sizes", default=None,
+                        help="square GEMM sizes n, comma separated; add 'rect' to keep the "
+                             "rectangular cases (default: n = 2..32 and rectangular)")
+    parser.add_argument("--p", default=None, help="polynomial orders, e.g. 1,2,3 or 1-4")
+    parser.add_argument("--dim", default=None, help="dimensions for action/assembly, e.g. 3")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed calls per implementation (median reported; default 20, "
+                             "5 with --quick)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="few sizes, small batches, 5 repeats: a smoke test")
+    parser.add_argument("--no-baselines", action="store_true", help="time smalltc only")
+    parser.add_argument("--out", default=None,
+                        help="folder for the JSON and PNGs (default results/<device-slug>)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
+                        help="print per-case speed-ups of run B over run A and exit")
+    parser.add_argument("--impl", default="smalltc",
+                        help="with --compare: the implementation to compare (default smalltc)")
+
+
+def _ints(text):
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-")
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def _sizes(text):
+    if text is None:
+        return None
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "rect":
+            out.append("rect")
+        elif part:
+            out.extend(_ints(part))
+    return out
+
+
+def _progress(items, enabled):
+    items = list(items)
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+        return tqdm(items, unit="case", file=sys.stderr, dynamic_ncols=True)
+    except Exception:
+        return _SimpleProgress(items)
+
+
+class _SimpleProgress:
+    """Fallback when tqdm is missing: one line per case on stderr."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        n = len(self.items)
+        for i, item in enumerate(self.items, 1):
+            print(f"[{i}/{n}] {getattr(item, 'id', item)}", file=sys.stderr, flush=True)
+            yield item
+
+    def set_description(self, text):
+        pass
+
+
+def _kind(args):
+    from .._arrays import gpu_available
+    if args.device:
+        return args.device
+    if args.backend == "cuda":
+        return "gpu"
+    if args.backend == "cpu":
+        return "cpu"
+    return "gpu" if gpu_available() else "cpu"
+
+
+def main_run(args) -> dict:
+    """Run the suites of ``args``; return the JSON document (also written)."""
+    import numpy as np
+
+    from .. import roofline
+    from .baselines import skipped
+    from .report import environment, table, write_json
+    from .runner import run_case
+    from .suites import SUITES, cases
+
+    kind = _kind(args)
+    if kind == "gpu":
+        import cupy as xp
+    else:
+        xp = np
+    quick = bool(args.quick)
+    repeats = args.repeats or (5 if quick else 20)
+    suites = args.suite or list(SUITES)
+    for s in suites:
+        if s not in SUITES:
+            raise SystemExit(f"smalltc bench: unknown suite {s!r}; known: {', '.join(SUITES)}")
+    ps = _ints(args.p) if args.p else None
+    dims = _ints(args.dim) if args.dim else None
+    todo = [c for s in suites for c in cases(s, args.dtype, kind, sizes=_sizes(args.sizes),
+                                             ps=ps, dims=dims, quick=quick)]
+    print(f"smalltc bench: {len(todo)} cases on {roofline.device_name(kind)} ({args.dtype}, "
+          f"backend {args.backend}, {repeats} repeats); measuring bandwidth and peak ...",
+          file=sys.stderr, flush=True)
+    probes = roofline.probe(kind, dtypes=(args.dtype,))
+    bound_args = dict(bandwidth=probes["bandwidth"]["value"],
+                      peak=probes["peak"][args.dtype]["value"])
+    print(f"  bandwidth {bound_args['bandwidth'] * 1e-9:.1f} GB/s, {args.dtype} peak "
+          f"{bound_args['peak'] * 1e-9:.1f} GFLOP/s", file=sys.stderr, flush=True)
+    doc = environment(kind, probes)
+    doc["options"] = dict(backend=args.backend, method=args.method, dtype=args.dtype,
+                          suites=suites, sizes=args.sizes, p=args.p, dim=args.dim,
+                          repeats=repeats, warmup=args.warmup, quick=quick,
+                          baselines=not args.no_baselines)
+    doc["cases"] = []
+    bar = _progress(todo, not args.no_progress)
+    for case in bar:
+        if hasattr(bar, "set_description"):
+            bar.set_description(case.id[:40])
+        doc["cases"].append(run_case(case, bound_args, xp=xp, backend=args.backend,
+                                     method=args.method, repeats=repeats, warmup=args.warmup,
+                                     with_baselines=not args.no_baselines))
+    doc["skipped_baselines"] = skipped()
+    out_dir = args.out or os.path.join("results", doc["device"]["slug"])
+    path = write_json(os.path.join(out_dir, f"bench-{args.dtype}.json"), doc)
+    table(doc)
+    print(f"\nwrote {path}")
+    if not args.no_plot:
+        from .plots import plot_all
+        made = plot_all(doc, out_dir)
+        if made:
+            print("plots: " + ", ".join(made))
+        else:
+            print("plots: skipped (matplotlib not importable)")
+    return doc
+
+
+def run(args) -> int:
+    if args.compare:
+        from .compare import compare_files
+        return compare_files(*args.compare, impl=args.impl)
+    doc = main_run(args)
+    bad = [c for c in doc["cases"] if c.get("error") or any(
+        r.get("status") == "failed" for r in c["impls"].values())]
+    return 1 if bad else 0

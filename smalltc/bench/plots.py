@@ -1,0 +1,193 @@
+"""PNG plots of a bench run (matplotlib, Agg backend; optional dependency).
+
+1. ``gemm-square-<dtype>.png``: GFLOP/s against n for square batched
+   ``C = A B + C``, smalltc and each baseline, with the roofline bound
+   (``n*BW/16`` in float64, ``n*BW/8`` in float32, capped by the peak)
+   dashed: the paper's Figures 8-9.
+2. ``fem-dofs-<dtype>.png``: element-DoFs/s against p for the action (2D,
+   3D; ncomp = 1, nq = p+2 solid and p+1 dashed) and assembly, with the bound.
+3. ``fraction-<dtype>.png``: fraction of the bound per case, per suite.
+"""
+from __future__ import annotations
+
+import os
+
+from .report import baselines_in, unit
+
+__all__ = ["plot_all", "plot_gemm", "plot_fem", "plot_fraction", "matplotlib_or_none"]
+
+_COLORS = {"smalltc": "C0"}
+
+
+def matplotlib_or_none():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    return plt
+
+
+def _color(name, names):
+    if name == "smalltc":
+        return "C0"
+    return f"C{1 + names.index(name) % 9}"
+
+
+def _title(doc, what):
+    return f"{what}\n{doc['device']['name']}, {doc['options']['dtype']}"
+
+
+def _ok(c, name):
+    r = c["impls"].get(name)
+    return r is not None and r.get("status") == "ok"
+
+
+def plot_gemm(doc, path, plt):
+    cases = [c for c in doc["cases"] if c["suite"] == "gemm" and not c.get("error")
+             and c["sizes"]["m"] == c["sizes"]["n"] == c["sizes"]["k"]]
+    if not cases:
+        return None
+    names = ["smalltc"] + baselines_in(cases)
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    s = 8 if doc["options"]["dtype"] == "float64" else 4
+    for cls, style in (("paper", "-"), ("large", "--")):
+        sub = sorted((c for c in cases if c["sizes"].get("batch_class") == cls),
+                     key=lambda c: c["sizes"]["n"])
+        if not sub:
+            continue
+        batch = (f"batch {sub[0]['batch']:,}" if len({c['batch'] for c in sub}) == 1
+                 else f"batch {min(c['batch'] for c in sub):,}-{max(c['batch'] for c in sub):,}")
+        for name in names:
+            pts = [(c["sizes"]["n"], c["impls"][name]["gflops"]) for c in sub if _ok(c, name)]
+            if pts:
+                ax.plot(*zip(*pts), linestyle=style, marker="o", ms=3,
+                        color=_color(name, names), label=f"{name} ({cls}, {batch})")
+        bx = [c["sizes"]["n"] for c in sub]
+        by = [c["bound"]["pmax"] * 1e-9 for c in sub]
+        ax.plot(bx, by, linestyle=style if cls == "large" else (0, (5, 3)), color="k", lw=1.2,
+                label=f"bound n*BW/{2 * s}, capped by peak ({cls})")
+    bw = doc["probes"]["bandwidth"]["value"]
+    ax.set_yscale("log")
+    ax.set_xlabel("matrix size n (square A, B, C)")
+    ax.set_ylabel("GFLOP/s (2 n^3 per matrix)")
+    ax.set_title(_title(doc, f"Batched C = A B + C, roofline with measured BW = "
+                              f"{bw * 1e-9:.0f} GB/s"))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_fem(doc, path, plt):
+    act = [c for c in doc["cases"] if c["suite"] == "action" and not c.get("error")
+           and c["sizes"].get("ncomp", 1) == 1]
+    asm = [c for c in doc["cases"] if c["suite"] == "assembly" and not c.get("error")]
+    panels = [(f"action {d}D (ncomp=1)", [c for c in act if c["sizes"]["dim"] == d])
+              for d in (2, 3)]
+    panels += [(f"assembly {d}D", [c for c in asm if c["sizes"]["dim"] == d]) for d in (2, 3)]
+    panels = [(t, cs) for t, cs in panels if cs]
+    if not panels:
+        return None
+    ncols = 2
+    nrows = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(nrows, ncols, figsize=(11, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (title, cs) in zip(axes.flat, panels):
+        names = ["smalltc"] + baselines_in(cs)
+        for off, style in ((2, "-"), (1, "--")):
+            sub = sorted((c for c in cs if c["sizes"]["nq"] == c["sizes"]["p"] + off),
+                         key=lambda c: c["sizes"]["p"])
+            if not sub:
+                continue
+            for name in names:
+                pts = [(c["sizes"]["p"], c["impls"][name]["dofs_per_s"] * 1e-9)
+                       for c in sub if _ok(c, name)]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=_color(name, names),
+                            label=f"{name}, nq=p+{off}")
+            ax.plot([c["sizes"]["p"] for c in sub],
+                    [c["bound"]["dofs_per_s"] * 1e-9 for c in sub], style, color="k", lw=1,
+                    label=f"roofline bound, nq=p+{off}")
+        ax.set_yscale("log")
+        ax.set_xlabel("polynomial order p")
+        ax.set_ylabel("element DoFs / s (x 1e9)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(_title(doc, "Element DoFs per second against the roofline bound "
+                             f"(BW = {doc['probes']['bandwidth']['value'] * 1e-9:.0f} GB/s)"),
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _short(c):
+    s = c["sizes"]
+    if c["suite"] == "gemm":
+        t = f"{s['m']}x{s['n']}x{s['k']}" + (" sA" if s.get("shared_a") else "")
+        return t + (" L" if s.get("batch_class") == "large" else "")
+    if c["suite"] == "action":
+        return f"{s['dim']}D p{s['p']} q{s['nq']}" + (f" c{s['ncomp']}" if s["ncomp"] > 1 else "")
+    if c["suite"] == "assembly":
+        return f"{s['dim']}D p{s['p']}"
+    return f"{s['label']} p{s['p']}"
+
+
+def plot_fraction(doc, path, plt):
+    suites = list(dict.fromkeys(c["suite"] for c in doc["cases"]))
+    if not suites:
+        return None
+    per = [[c for c in doc["cases"] if c["suite"] == s and not c.get("error")] for s in suites]
+    fig, axes = plt.subplots(len(suites), 1, figsize=(max(10, 0.16 * max(map(len, per)) + 3),
+                                                      3.6 * len(suites)), squeeze=False)
+    for ax, suite, cs in zip(axes[:, 0], suites, per):
+        names = ["smalltc"] + baselines_in(cs)
+        x = list(range(len(cs)))
+        fr = [c["impls"]["smalltc"]["fraction"] if _ok(c, "smalltc") else 0 for c in cs]
+        ax.bar(x, fr, color="C0", label="smalltc", width=0.8)
+        for name in names[1:]:
+            pts = [(i, c["impls"][name]["fraction"]) for i, c in enumerate(cs) if _ok(c, name)]
+            if pts:
+                ax.plot(*zip(*pts), "_", ms=9, mew=2, color=_color(name, names), label=name)
+        bad = [i for i, c in enumerate(cs) if not _ok(c, "smalltc")]
+        for i in bad:
+            ax.text(i, 1e-3, "x", ha="center", color="red", fontsize=8)
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_ylim(1e-4, 2)
+        ax.set_xticks(x)
+        ax.set_xticklabels([_short(c) for c in cs], rotation=90, fontsize=6)
+        ax.set_xlim(-0.6, len(cs) - 0.4)
+        ax.set_ylabel("fraction of roofline bound")
+        ax.set_title(f"{suite} ({unit(cs[0])[0] if cs else ''}; red x: smalltc failed/absent)",
+                     fontsize=10)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(_title(doc, "Fraction of the roofline bound per case"), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(doc, out_dir) -> list:
+    """Write every plot that has data; returns the paths (empty without matplotlib)."""
+    plt = matplotlib_or_none()
+    if plt is None:
+        return []
+    dt = doc["options"]["dtype"]
+    os.makedirs(out_dir, exist_ok=True)
+    made = []
+    for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
+                     (plot_fraction, "fraction")):
+        p = fn(doc, os.path.join(out_dir, f"{stem}-{dt}.png"), plt)
+        if p:
+            made.append(p)
+    return made

@@ -1,0 +1,193 @@
+"""The run's record: environment, JSON file, and the table on the terminal.
+
+The JSON (``schema: "smalltc-bench/1"``) holds everything needed to redo a
+plot or a comparison: the exact command line, the date, library versions,
+the device and its properties, the measured bandwidth and peaks, and for
+each case its sizes, bound, and per implementation the check result and
+every raw time.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import sys
+
+__all__ = ["SCHEMA", "environment", "write_json", "load", "table", "speed", "unit",
+           "BASELINE_ORDER"]
+
+SCHEMA = "smalltc-bench/1"
+
+
+def _gpu_properties():
+    import cupy as cp
+    dev = cp.cuda.Device()
+    prop = cp.cuda.runtime.getDeviceProperties(dev.id)
+    keep = ("name", "major", "minor", "totalGlobalMem", "multiProcessorCount", "l2CacheSize",
+            "clockRate", "memoryClockRate", "memoryBusWidth", "sharedMemPerBlockOptin",
+            "regsPerMultiprocessor", "persistingL2CacheMaxSize")
+    out = {}
+    for k in keep:
+        if k in prop:
+            v = prop[k]
+            out[k] = v.decode() if isinstance(v, bytes) else v
+    out["id"] = dev.id
+    out["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
+    out["cuda_driver"] = cp.cuda.runtime.driverGetVersion()
+    return out
+
+
+def _cpu_properties():
+    from ..info import collect
+    props = dict(collect()["cpu"])
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            props["l3"] = f.read().strip()
+    except OSError:
+        pass
+    return props
+
+
+def environment(kind, probes) -> dict:
+    """Everything about this run except the cases."""
+    import smalltc
+    from .. import roofline
+    from ..info import collect
+    from .baselines import skipped
+    info = collect()
+    versions = dict(info["versions"])
+    for mod in ("matplotlib", "tqdm", "torch", "llvmlite"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    try:
+        import numpy as np
+        cfg = np.show_config(mode="dicts")
+        versions["blas"] = cfg["Build Dependencies"]["blas"].get("name", "?") + " " + \
+            str(cfg["Build Dependencies"]["blas"].get("version", ""))
+    except Exception:
+        pass
+    props = _gpu_properties() if kind == "gpu" else _cpu_properties()
+    return {
+        "schema": SCHEMA,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "argv": list(sys.argv),
+        "cwd": os.getcwd(),
+        "smalltc": smalltc.__version__,
+        "versions": versions,
+        "backends": info["backends"],
+        "device": {"kind": kind, "name": roofline.device_name(kind),
+                   "slug": roofline.device_slug(kind), "properties": props},
+        "probes": probes,
+        "skipped_baselines": skipped(),
+    }
+
+
+def write_json(path, doc) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+        f.write("\n")
+    return path
+
+
+def load(path) -> dict:
+    with open(path) as f:
+        doc = json.load(f)
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a smalltc bench file (schema {doc.get('schema')!r}, "
+                         f"expected {SCHEMA!r})")
+    return doc
+
+
+def unit(rec) -> tuple:
+    """``(label, key, scale)``: FEM operations in GDoF/s, the rest in GFLOP/s."""
+    if rec["op"] in ("action", "assembly"):
+        return "GDoF/s", "dofs_per_s", 1e-9
+    return "GFLOP/s", "gflops", 1.0
+
+
+def speed(rec, name):
+    """Achieved rate of implementation ``name`` in the case's unit, or None."""
+    r = rec.get("impls", {}).get(name)
+    if not r or r.get("status") != "ok":
+        return None
+    _, key, scale = unit(rec)
+    return r[key] * scale
+
+
+def _bound_rate(rec):
+    _, key, scale = unit(rec)
+    b = rec["bound"]
+    return (b["dofs_per_s"] if key == "dofs_per_s" else b["pmax"] * 1e-9) * scale
+
+
+BASELINE_ORDER = ("cublas", "cupy.matmul+add", "numpy.matmul", "torch.bmm", "torch.baddbmm",
+                  "torch.matmul", "cupy.einsum chain", "numpy.einsum chain", "cupy.einsum",
+                  "numpy.einsum")
+
+
+def baselines_in(cases) -> list:
+    names = {n for c in cases for n in c.get("impls", {}) if n != "smalltc"}
+    return [b for b in BASELINE_ORDER if b in names] + sorted(names - set(BASELINE_ORDER))
+
+
+def _status(r):
+    if r is None:
+        return "-"
+    if r.get("status") == "failed":
+        return "FAILED"
+    if r.get("status") != "ok":
+        return "error"
+    return None
+
+
+def table(doc, file=None) -> None:
+    """Print one table per suite: achieved, bound, fraction, ratio to each baseline."""
+    file = file or sys.stdout
+    cases = doc["cases"]
+    for suite in dict.fromkeys(c["suite"] for c in cases):
+        rows = [c for c in cases if c["suite"] == suite]
+        base = baselines_in(rows)
+        u = unit(rows[0])[0]
+        head = (f"{'case':44s} {'smalltc':>9s} {'bound':>9s} {'%bound':>7s} "
+                + " ".join(f"{'x ' + b:>20s}" for b in base))
+        print(f"\n== {suite} ({u}; x NAME = smalltc speed / NAME speed, same inputs) ==",
+              file=file)
+        print(head, file=file)
+        for c in rows:
+            label = c["id"].replace(f" {c['dtype']}", "")
+            if c.get("error"):
+                print(f"{label:44s} error: {c['error']}", file=file)
+                continue
+            st = c["impls"].get("smalltc")
+            mine = speed(c, "smalltc")
+            bound = _bound_rate(c)
+            if mine is None:
+                cells = f"{_status(st):>9s} {bound:9.3g} {'':>7s}"
+            else:
+                cells = f"{mine:9.3g} {bound:9.3g} {100 * st['fraction']:6.1f}%"
+            ratios = []
+            for b in base:
+                other = speed(c, b)
+                if mine is None or other is None:
+                    ratios.append(f"{_status(c['impls'].get(b)) or '-':>20s}")
+                else:
+                    ratios.append(f"{mine / other:20.2f}")
+            print(f"{label:44s} {cells} " + " ".join(ratios), file=file)
+    fails = [(c["id"], n, r.get("error", "")) for c in cases
+             for n, r in c.get("impls", {}).items() if r.get("status") != "ok"]
+    if fails:
+        print(f"\n{len(fails)} implementation(s) failed the check or errored:", file=file)
+        for cid, n, err in fails[:20]:
+            print(f"  {cid} [{n}]: {err}", file=file)
+
+
+def geomean(values):
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    if not vals:
+        return math.nan
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))

@@ -1,0 +1,499 @@
+"""The roofline bound of SPEC section 4, and the device probes it needs.
+
+``Pmax = F / Tmin`` with ``Tmin = max(bytes / BW, F / peak)``: ``bytes``
+counts every input read once and every output written once (an operand
+shared by the whole batch, such as ``B1d``, counts once in all), ``F`` the
+floating-point operations, ``BW`` the memory bandwidth and ``peak`` the
+arithmetic peak, both measured on this device in this process.
+
+Counts per item (``s`` bytes per scalar, ``nd = p + 1``, ``d`` the dimension,
+``c`` = ncomp; a shared operand adds its size once to the total):
+
+=================  ======================================  ==========================================
+operation          bytes per item                          flops per item
+=================  ======================================  ==========================================
+batched GEMM       ``s*(mk + kn + mn*(2 if beta else 1))``  ``2mnk``
+action, dim d      ``s*(2*c*nd^d + nq^d)``                 ``c*(4*sum_t nq^t nd^(d-t+1) + nq^d)``
+assembly, dim d    ``s*(nq^d + nd^(2d))``                  ``3*nq*sum_t nd^(2t) nq^(d-t)``
+kernel 8a/8b       ``s*(isj + ksl + ijkl)``                ``2*s_ext*ijkl``
+kernel 9           ``s*(ksl + kilj)``                      ``3*s_ext*kilj``
+=================  ======================================  ==========================================
+
+(sums over ``t = 1..d``.) The action formula is SPEC's 3D line generalised:
+interpolating to the quadrature points contracts one axis at a time, step
+``t`` producing ``nq^t nd^(d-t)`` values at ``2*nd`` flops each; the
+transpose costs the same; ``nq^d`` multiplies by ``D``. In 3D it is
+``4*(nd^3 nq + nd^2 nq^2 + nd nq^3) + nq^3``. Assembly: step ``t`` of
+(1a)-(2c) writes ``nd^(2t) nq^(d-t)`` values, each a sum over ``nq`` of the
+triple product ``B B C`` (3 flops per term); in 3D
+``3*nq*(nd^2 nq^2 + nd^4 nq + nd^6)`` as in SPEC, in 2D
+``3*nq*(nd^2 nq + nd^4)``, in 1D ``3*nq*nd^2``. Bytes read ``D`` once and
+write ``M`` once. A pairwise step (1a)-(4f) is its kernel with the
+catalogue's reshaped extents (``B1d`` shared); the pointwise ``D`` scaling
+of (3b)/(4c)/(5a) is not part of the step's count (it is the ``nq^d`` term
+of the action).
+
+Examples
+--------
+>>> b = bound("gemm", dict(m=8, n=8, k=8, batch=1000, beta=1.0), "float64",
+...           bandwidth=1.6e11, peak=1e15)
+>>> round(b.pmax / 1e9, 3)             # n * BW / 16
+80.0
+>>> b.limited_by
+'bandwidth'
+>>> a = bound("action", dict(dim=3, p=3, nq=5, batch=10), "float64",
+...           bandwidth=1e11, peak=1e12)
+>>> a.flops == 10 * (4 * (4**3 * 5 + 4**2 * 25 + 4 * 125) + 125)
+True
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import platform
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ._arrays import cupy_or_none, gpu_available
+from .catalogue import STEPS
+from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+
+__all__ = ["Bound", "Counts", "Probe", "counts", "bound", "probe", "bandwidth", "peak",
+           "device_kind", "device_name", "device_slug"]
+
+_ITEMSIZE = {"float32": 4, "float64": 8}
+
+
+# ----------------------------------------------------------------------------
+# operation counts (pure formulas)
+
+@dataclass(frozen=True)
+class Counts:
+    """What one batched call moves and computes.
+
+    ``bytes`` and ``flops`` are totals over the batch; ``items`` the batch
+    count; ``dofs`` the element degrees of freedom ``E * ncomp * nd^dim``
+    (0 where not a FEM operation).
+    """
+
+    op: str
+    bytes: int
+    flops: int
+    items: int
+    dofs: int = 0
+
+
+def _itemsize(dtype) -> int:
+    name = np.dtype(dtype).name
+    try:
+        return _ITEMSIZE[name]
+    except KeyError:
+        raise TypeError(f"dtype must be float32 or float64, got {name}") from None
+
+
+def _nd(sizes) -> int:
+    if "nd" in sizes:
+        return int(sizes["nd"])
+    if "p" in sizes:
+        return int(sizes["p"]) + 1
+    raise ValueError(f"sizes {sizes} need 'p' or 'nd'")
+
+
+def _need(sizes, key, op):
+    if key not in sizes:
+        raise ValueError(f"sizes for {op!r} need {key!r}, got {sorted(sizes)}")
+    return int(sizes[key])
+
+
+def _gemm_counts(sizes, s):
+    m, n, k = (_need(sizes, x, "gemm") for x in "mnk")
+    batch = int(sizes.get("batch", 1))
+    if "beta_zero" in sizes:
+        beta_nonzero = not sizes["beta_zero"]
+    else:
+        beta_nonzero = float(sizes.get("beta", 0.0)) != 0.0
+    na = 1 if sizes.get("shared_a", False) else batch
+    nb = 1 if sizes.get("shared_b", False) else batch
+    nbytes = s * (m * k * na + k * n * nb + m * n * batch * (2 if beta_nonzero else 1))
+    return Counts("gemm", nbytes, 2 * m * n * k * batch, batch)
+
+
+def _action_counts(sizes, s):
+    dim, nq, nd = _need(sizes, "dim", "action"), _need(sizes, "nq", "action"), _nd(sizes)
+    batch, ncomp = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1))
+    per_elem = s * (2 * ncomp * nd ** dim + nq ** dim)
+    interp = sum(nq ** t * nd ** (dim - t + 1) for t in range(1, dim + 1))
+    flops = ncomp * (4 * interp + nq ** dim)
+    return Counts("action", per_elem * batch + s * nq * nd, flops * batch, batch,
+                  batch * ncomp * nd ** dim)
+
+
+def _assembly_counts(sizes, s):
+    dim, nq, nd = _need(sizes, "dim", "assembly"), _need(sizes, "nq", "assembly"), _nd(sizes)
+    batch = int(sizes.get("batch", 1))
+    per_elem = s * (nq ** dim + nd ** (2 * dim))
+    flops = 3 * nq * sum(nd ** (2 * t) * nq ** (dim - t) for t in range(1, dim + 1))
+    return Counts("assembly", per_elem * batch + s * nq * nd, flops * batch, batch,
+                  batch * nd ** dim)
+
+
+def _contract_counts(sizes, s):
+    kind = str(sizes.get("kind", "8a"))
+    i, s_, j, k, l = (_need(sizes, x, "contract") for x in ("i", "s", "j", "k", "l"))
+    batch = int(sizes.get("batch", 1))
+    nx = 1 if sizes.get("shared_x", False) else batch
+    ny = 1 if sizes.get("shared_y", False) else batch
+    out = i * j * k * l
+    if kind == "9":        # X is B[s, n] (i == j == n), Y is C[k, s, l]
+        nbytes = s * (s_ * i * nx + k * s_ * l * ny + out * batch)
+        flops = 3 * s_ * out * batch
+    elif kind in ("8a", "8b"):
+        nbytes = s * (i * s_ * j * nx + k * s_ * l * ny + out * batch)
+        flops = 2 * s_ * out * batch
+    else:
+        raise ValueError(f"contract kind must be '8a', '8b' or '9', got {kind!r}")
+    return Counts(f"contract {kind}", nbytes, flops, batch)
+
+
+def _step_counts(sizes, s):
+    label = sizes.get("label") or sizes.get("step")
+    step = next((st for st in STEPS if st.label == label), None)
+    if step is None:
+        raise ValueError(f"unknown pairwise step {label!r}; known: "
+                         f"{', '.join(st.label for st in STEPS)}")
+    nd, nq = _nd(sizes), _need(sizes, "nq", label)
+    batch = int(sizes.get("batch", 1))
+    ext = step.extents(nd, nq)
+    c = _contract_counts(dict(kind=step.kernel, batch=batch, shared_x=step.x[0] == "B",
+                              shared_y=step.y[0] == "B", **ext), s)
+    return Counts(f"step {label}", c.bytes, c.flops, batch)
+
+
+def counts(op, sizes=None, dtype="float64") -> Counts:
+    """Bytes and flops of one batched operation (SPEC section 4).
+
+    Parameters
+    ----------
+    op : str or spec
+        ``"gemm"`` (sizes m, n, k, batch, beta or beta_zero, shared_a,
+        shared_b), ``"action"`` (dim, p or nd, nq, ncomp, batch),
+        ``"assembly"`` (dim, p or nd, nq, batch), ``"contract"`` (kind, i, s,
+        j, k, l, batch, shared_x, shared_y), ``"step"`` (label such as
+        ``"(4c)"``, p or nd, nq, batch) or a step label itself; or a spec
+        object of :mod:`smalltc.spec` (then ``sizes`` and ``dtype`` come
+        from it).
+    sizes : dict
+    dtype : "float32" or "float64"
+
+    Examples
+    --------
+    >>> c = counts("gemm", dict(m=4, n=4, k=4, batch=10))
+    >>> c.bytes, c.flops                   # 8 * 3 * 16 * 10, 2 * 64 * 10
+    (3840, 1280)
+    >>> counts("(4f)", dict(p=1, nq=2, batch=1)).flops   # U = B^T C, 2 x 2 by 2 x 4
+    32
+    """
+    if isinstance(op, (GemmSpec, ActionSpec, AssemblySpec, ContractSpec)):
+        sizes, dtype, op = _spec_sizes(op), op.dtype, op.op
+    sizes = dict(sizes or {})
+    s = _itemsize(dtype)
+    if op == "gemm":
+        return _gemm_counts(sizes, s)
+    if op == "action":
+        return _action_counts(sizes, s)
+    if op == "assembly":
+        return _assembly_counts(sizes, s)
+    if op == "contract":
+        return _contract_counts(sizes, s)
+    if op == "step":
+        return _step_counts(sizes, s)
+    if isinstance(op, str) and op.startswith("("):
+        return _step_counts(dict(sizes, label=op), s)
+    raise ValueError(f"op must be 'gemm', 'action', 'assembly', 'contract', 'step', a step "
+                     f"label or a spec, got {op!r}")
+
+
+def _spec_sizes(spec) -> dict:
+    if isinstance(spec, GemmSpec):
+        return dict(m=spec.m, n=spec.n, k=spec.k, batch=spec.batch, beta_zero=spec.beta_zero,
+                    shared_a=spec.shared_a, shared_b=spec.shared_b)
+    if isinstance(spec, ActionSpec):
+        return dict(dim=spec.dim, nd=spec.nd, nq=spec.nq, batch=spec.batch, ncomp=spec.ncomp)
+    if isinstance(spec, AssemblySpec):
+        return dict(dim=spec.dim, nd=spec.nd, nq=spec.nq, batch=spec.batch)
+    return dict(kind=spec.kind, i=spec.i, s=spec.s, j=spec.j, k=spec.k, l=spec.l,
+                batch=spec.batch, shared_x=spec.shared_x, shared_y=spec.shared_y)
+
+
+# ----------------------------------------------------------------------------
+# the bound
+
+@dataclass(frozen=True)
+class Bound:
+    """The roofline bound of one operation on one device.
+
+    Attributes
+    ----------
+    bytes, flops, items, dofs : from :func:`counts`
+    bandwidth : bytes/s used; peak : flop/s used
+    tmin : seconds, ``max(bytes / bandwidth, flops / peak)``
+    pmax : flop/s, ``flops / tmin``
+    """
+
+    op: str
+    dtype: str
+    bytes: int
+    flops: int
+    items: int
+    dofs: int
+    bandwidth: float
+    peak: float
+    tmin: float
+    pmax: float
+
+    @property
+    def limited_by(self) -> str:
+        return "bandwidth" if self.bytes / self.bandwidth >= self.flops / self.peak else "compute"
+
+    @property
+    def dofs_per_s(self) -> float:
+        """The most element-DoFs per second (0 for non-FEM operations)."""
+        return self.dofs / self.tmin if self.tmin > 0 else 0.0
+
+    def fraction(self, seconds: float) -> float:
+        """Fraction of the bound reached by a run of ``seconds``: ``tmin / seconds``."""
+        return self.tmin / seconds if seconds > 0 else math.nan
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(limited_by=self.limited_by, dofs_per_s=self.dofs_per_s)
+        return d
+
+
+def bound(op, sizes=None, dtype="float64", device=None, *, bandwidth=None, peak=None) -> Bound:
+    """Roofline bound (SPEC section 4) of ``op`` with ``sizes`` on ``device``.
+
+    Parameters
+    ----------
+    op, sizes, dtype : as for :func:`counts` (a spec brings its own sizes and dtype)
+    device : {"cpu", "gpu", None}
+        Where the bandwidth and peak are measured (once per process; None:
+        the GPU when there is one, else the CPU). Not probed when both
+        ``bandwidth`` and ``peak`` are given.
+    bandwidth : float, optional
+        Bytes/s to use instead of the measured value.
+    peak : float, optional
+        Flop/s to use instead of the measured value (``math.inf`` for a pure
+        bandwidth bound).
+
+    Returns
+    -------
+    Bound
+
+    Examples
+    --------
+    >>> b = bound("assembly", dict(dim=3, p=2, nq=4, batch=100), "float32",
+    ...           bandwidth=1e11, peak=math.inf)
+    >>> b.bytes == 4 * (100 * (4**3 + 3**6) + 4 * 3)
+    True
+    """
+    if isinstance(op, (GemmSpec, ActionSpec, AssemblySpec, ContractSpec)):
+        dtype = op.dtype
+    c = counts(op, sizes, dtype)
+    dtype = np.dtype(dtype).name
+    if bandwidth is None:
+        bandwidth = _bandwidth_probe(device_kind(device)).value
+    if peak is None:
+        peak = _peak_probe(device_kind(device), dtype).value
+    bw, pk = float(bandwidth), float(peak)
+    tmin = max(c.bytes / bw, c.flops / pk)
+    pmax = c.flops / tmin if tmin > 0 else 0.0
+    return Bound(c.op, dtype, c.bytes, c.flops, c.items, c.dofs, bw, pk, tmin, pmax)
+
+
+# ----------------------------------------------------------------------------
+# device probes
+
+@dataclass(frozen=True)
+class Probe:
+    """What was measured: ``value`` (B/s or flop/s) and how."""
+
+    value: float
+    method: str
+    seconds: float
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def device_kind(device=None) -> str:
+    """``"gpu"`` or ``"cpu"``; None picks the GPU when there is one."""
+    if device is None:
+        return "gpu" if gpu_available() else "cpu"
+    d = str(device).lower()
+    if d in ("gpu", "cuda", "cupy"):
+        if not gpu_available():
+            raise RuntimeError("device 'gpu' asked for, but no CUDA device answers")
+        return "gpu"
+    if d in ("cpu", "numpy", "host"):
+        return "cpu"
+    raise ValueError(f"device must be 'cpu', 'gpu' or None, got {device!r}")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device=None) -> str:
+    """A readable device name, e.g. ``"NVIDIA H200"`` or ``"AMD EPYC (2 cores)"``."""
+    if device_kind(device) == "gpu":
+        cp = cupy_or_none()
+        name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    return f"{_cpu_model()} ({os.cpu_count()} cores)"
+
+
+def device_slug(device=None) -> str:
+    """A folder name for results: ``gpu-nvidia-h200``, ``cpu-amd-epyc-2c``."""
+    import re
+    kind = device_kind(device)
+    base = device_name(device) if kind == "gpu" else _cpu_model()
+    base = re.sub(r"\(.*?\)|\b(r|tm)\b|processor|cpu|\d+-core", " ", base.lower())
+    base = "-".join(re.findall(r"[a-z0-9]+", base))[:40].strip("-")
+    return f"gpu-{base}" if kind == "gpu" else f"cpu-{base}-{os.cpu_count()}c"
+
+
+@functools.lru_cache(maxsize=None)
+def _bandwidth_probe(kind: str) -> Probe:
+    return _gpu_bandwidth() if kind == "gpu" else _cpu_bandwidth()
+
+
+@functools.lru_cache(maxsize=None)
+def _peak_probe(kind: str, dtype: str) -> Probe:
+    return _gpu_peak(dtype) if kind == "gpu" else _cpu_peak(dtype)
+
+
+def bandwidth(device=None) -> float:
+    """Measured memory bandwidth in bytes/s (bytes read + written by a large copy)."""
+    return _bandwidth_probe(device_kind(device)).value
+
+
+def peak(dtype="float64", device=None) -> float:
+    """Measured arithmetic peak in flop/s (a large GEMM through BLAS / cuBLAS)."""
+    return _peak_probe(device_kind(device), np.dtype(dtype).name).value
+
+
+def probe(device=None, dtypes=("float32", "float64")) -> dict:
+    """All probes of ``device`` as a JSON-ready dict (measured once per process)."""
+    kind = device_kind(device)
+    return {"device": kind, "name": device_name(kind),
+            "bandwidth": _bandwidth_probe(kind).as_dict(),
+            "peak": {np.dtype(d).name: _peak_probe(kind, np.dtype(d).name).as_dict()
+                     for d in dtypes}}
+
+
+_CPU_COPY_BYTES = 256 * 2**20      # per buffer: far beyond any L3
+_GPU_COPY_BYTES = 2 * 2**30        # per buffer: far beyond the L2 (50-60 MB)
+
+
+def _cpu_bandwidth(reps=7) -> Probe:
+    """A copy over all cores: each thread ``numpy.copyto`` on its own slice.
+
+    NumPy releases the GIL in the copy, so the threads run in parallel.
+    Best of ``reps`` (after a warm-up that also touches the pages).
+    """
+    import time
+    n = _CPU_COPY_BYTES // 8
+    src = np.random.default_rng(0).random(n)
+    dst = np.empty_like(src)
+    nthreads = os.cpu_count() or 1
+    edges = np.linspace(0, n, nthreads + 1).astype(int)
+    parts = [(dst[a:b], src[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+    best = math.inf
+    t_all = time.perf_counter()
+    with ThreadPoolExecutor(nthreads) as pool:
+        for r in range(reps + 1):
+            t0 = time.perf_counter()
+            list(pool.map(lambda pr: np.copyto(*pr), parts))
+            dt = time.perf_counter() - t0
+            if r:
+                best = min(best, dt)
+    return Probe(2 * src.nbytes / best,
+                 f"numpy.copyto of {src.nbytes >> 20} MiB in {nthreads} threads, best of {reps}",
+                 time.perf_counter() - t_all)
+
+
+def _cpu_peak(dtype, reps=2) -> Probe:
+    import time
+    n = 2048
+    rng = np.random.default_rng(0)
+    a = rng.random((n, n)).astype(dtype)
+    b = rng.random((n, n)).astype(dtype)
+    c = np.empty_like(a)
+    best = math.inf
+    t_all = time.perf_counter()
+    for r in range(reps + 1):
+        t0 = time.perf_counter()
+        np.matmul(a, b, out=c)
+        dt = time.perf_counter() - t0
+        if r:
+            best = min(best, dt)
+    return Probe(2 * n ** 3 / best, f"numpy.matmul {n}x{n} {dtype} (BLAS), best of {reps}",
+                 time.perf_counter() - t_all)
+
+
+def _gpu_best(fn, reps):
+    """Best time in seconds of ``fn`` between CUDA events, after a warm-up."""
+    cp = cupy_or_none()
+    fn()
+    cp.cuda.runtime.deviceSynchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    best = math.inf
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(start, end) * 1e-3)
+    return best
+
+
+def _gpu_bandwidth(reps=10) -> Probe:
+    import time
+    cp = cupy_or_none()
+    t_all = time.perf_counter()
+    n = _GPU_COPY_BYTES // 8
+    src = cp.random.random(n, dtype=cp.float64)
+    dst = cp.empty_like(src)
+    nbytes = src.nbytes
+    best = _gpu_best(lambda: dst.data.copy_from_device_async(src.data, nbytes), reps)
+    del src, dst
+    cp.get_default_memory_pool().free_all_blocks()
+    return Probe(2 * nbytes / best,
+                 f"device-to-device memcpy of {nbytes >> 20} MiB, CUDA events, best of {reps}",
+                 time.perf_counter() - t_all)
+
+
+def _gpu_peak(dtype, reps=5) -> Probe:
+    import time
+    cp = cupy_or_none()
+    t_all = time.perf_counter()
+    n = 8192
+    a = cp.random.random((n, n), dtype=dtype)
+    b = cp.random.random((n, n), dtype=dtype)
+    c = cp.empty_like(a)
+    best = _gpu_best(lambda: cp.matmul(a, b, out=c), reps)
+    del a, b, c
+    cp.get_default_memory_pool().free_all_blocks()
+    return Probe(2 * n ** 3 / best, f"cupy.matmul {n}x{n} {dtype} (cuBLAS), CUDA events, "
+                 f"best of {reps}", time.perf_counter() - t_all)

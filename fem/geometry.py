@@ -132,12 +132,15 @@ def det_jacobian(J):
     )
 
 
-def check_jacobian(detJ):
+def check_jacobian(detJ, mesh_shape=None):
     """Raise if any Jacobian determinant is not positive (a tangled mesh).
 
     Parameters
     ----------
     detJ : ndarray, shape (E, ...)
+    mesh_shape : tuple of int, optional
+        Elements per direction; when given, the message also names the
+        element's multi-index.
 
     Raises
     ------
@@ -147,10 +150,10 @@ def check_jacobian(detJ):
 
     Examples
     --------
-    >>> check_jacobian(np.array([[1.0, 0.5], [0.2, -0.1]]))
+    >>> check_jacobian(np.array([[1.0, 0.5], [0.2, -0.1]]), mesh_shape=(2, 1))
     Traceback (most recent call last):
     ...
-    ValueError: tangled mesh: |J| <= 0 at 1 quadrature point(s) of element 1 (min |J| = -0.1); 1 bad element(s) in all
+    ValueError: tangled mesh: |J| <= 0 at 1 quadrature point(s) of element 1 (multi-index (1, 0)) (min |J| = -0.1); 1 bad element(s) in all
     """
     detJ = np.asarray(detJ)
     flat = detJ.reshape(detJ.shape[0], -1)
@@ -158,8 +161,11 @@ def check_jacobian(detJ):
     if bad.any():
         elems = np.flatnonzero(bad.any(axis=1))
         e = int(elems[0])
+        where = f"element {e}"
+        if mesh_shape is not None:
+            where += f" (multi-index {tuple(int(i) for i in np.unravel_index(e, mesh_shape))})"
         raise ValueError(
-            f"tangled mesh: |J| <= 0 at {int(bad[e].sum())} quadrature point(s) of element {e} "
+            f"tangled mesh: |J| <= 0 at {int(bad[e].sum())} quadrature point(s) of {where} "
             f"(min |J| = {np.min(flat[e]):.3g}); {elems.size} bad element(s) in all"
         )
 
@@ -211,7 +217,7 @@ def quadrature_data(mesh, nq, *, quadrature="gauss"):
     points, weights = quadrature_rule(nq, quadrature)
     x = np.moveaxis(map_points(mesh, points), 1, 0)
     detJ = det_jacobian(jacobian(mesh, points))
-    check_jacobian(detJ)
+    check_jacobian(detJ, mesh.shape)
     w = weights
     for _ in range(mesh.dim - 1):
         w = np.multiply.outer(w, weights)

@@ -115,7 +115,7 @@ def test_float32_mass_data():
 def test_tangled_mesh_names_element():
     mesh = box_mesh(2, 4, distortion=0.5)
     with pytest.raises(ValueError, match=r"tangled mesh: \|J\| <= 0 at \d+ quadrature point\(s\) of element 7 "
-                                         r"\(min \|J\| = -[0-9.e-]+\); 6 bad element\(s\) in all"):
+                                         r"\(multi-index \(1, 3\)\) \(min \|J\| = -[0-9.e-]+\); 6 bad element\(s\) in all"):
         mass_data(mesh, 3)
 
 

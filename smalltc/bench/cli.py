@@ -151,6 +151,7 @@ def main_run(args) -> dict:
                           suites=suites, sizes=args.sizes, p=args.p, dim=args.dim,
                           repeats=repeats, warmup=args.warmup, quick=quick,
                           baselines=not args.no_baselines)
+    doc["equivalent_command"] = _equivalent_command(args)
     doc["cases"] = []
     bar = _progress(todo, not args.no_progress)
     for case in bar:
@@ -172,6 +173,23 @@ def main_run(args) -> dict:
         else:
             print("plots: skipped (matplotlib not importable)")
     return doc
+
+
+def _equivalent_command(args) -> str:
+    """A ``smalltc bench`` command line that redoes this run (from the parsed options)."""
+    parts = ["smalltc", "bench"]
+    for key, value in sorted(vars(args).items()):
+        if key in ("command", "verbose", "compare", "impl", "func") or value in (None, False):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, list):
+            parts += [x for v in value for x in (flag, str(v))]
+        elif not (key == "warmup" and value == 2) and not (key in ("backend", "method")
+                                                            and value == "auto"):
+            parts += [flag, str(value)]
+    return " ".join(parts)
 
 
 def run(args) -> int:

@@ -1,0 +1,193 @@
+"""``smalltc bench`` end to end on the CPU, tiny sizes: JSON, plots, --compare, checks."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from smalltc.bench import cases as bench_cases
+from smalltc.bench import runner, suites
+from smalltc.bench.cases import Case, Impl
+from smalltc.cli import main
+
+TINY = ["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress",
+        "--backend", "reference", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    rc = main(TINY + ["--suite", "gemm", "--sizes", "2,4,rect", "--suite", "action",
+                      "--suite", "assembly", "--suite", "pairwise", "--p", "1", "--dim", "2",
+                      "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_json_has_the_required_fields(run_dir):
+    with open(run_dir / "bench-float64.json") as f:
+        doc = json.load(f)
+    assert doc["schema"] == "smalltc-bench/1"
+    for key in ("date", "command", "argv", "versions", "device", "probes", "options", "cases"):
+        assert key in doc, key
+    assert doc["command"] and doc["argv"]                  # the process's own command line
+    assert "--quick" in doc["equivalent_command"] and "--suite gemm" in doc["equivalent_command"]
+    assert doc["options"]["quick"] and doc["options"]["repeats"] == 2
+    assert doc["device"]["kind"] == "cpu" and doc["device"]["name"]
+    assert doc["device"]["properties"]["cores"] >= 1
+    assert doc["probes"]["bandwidth"]["value"] > 0
+    assert doc["probes"]["peak"]["float64"]["value"] > 0
+    assert {"numpy", "python"} <= set(doc["versions"])
+    assert {c["suite"] for c in doc["cases"]} == {"gemm", "action", "assembly", "pairwise"}
+    gemm = [c for c in doc["cases"] if c["suite"] == "gemm"]
+    assert {c["sizes"]["n"] for c in gemm if c["sizes"]["m"] == c["sizes"]["n"]} == {2, 4}
+    assert any(c["sizes"].get("shared_a") for c in gemm)        # rectangular kept
+    for c in doc["cases"]:
+        assert c["bound"]["pmax"] > 0 and c["bound"]["bytes"] > 0
+        st = c["impls"]["smalltc"]
+        assert st["status"] == "ok", (c["id"], st)
+        assert len(st["times_ns"]) == 2 and st["median_s"] > 0
+        assert st["rel_err"] <= 1e-12 and st["poisoned"]
+        assert st["first_call_s"] > 0 and st["backend"] == "reference"
+        assert 0 < st["fraction"]
+        assert len(c["impls"]) >= 2                      # at least one baseline
+    assert any("numpy.matmul" in c["impls"] for c in gemm)
+    act = [c for c in doc["cases"] if c["suite"] == "action"]
+    assert all("numpy.einsum chain" in c["impls"] and c["impls"]["smalltc"]["dofs_per_s"] > 0
+               for c in act)
+
+
+def test_plots_are_written(run_dir):
+    for stem in ("gemm-square", "fem-dofs", "fraction"):
+        path = run_dir / f"{stem}-float64.png"
+        assert path.exists() and path.stat().st_size > 10_000, stem
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_prints_ratios(run_dir, tmp_path, capsys):
+    a = run_dir / "bench-float64.json"
+    with open(a) as f:
+        doc = json.load(f)
+    for c in doc["cases"]:                      # B: smalltc twice as fast everywhere
+        st = c["impls"]["smalltc"]
+        for key in ("gflops", "dofs_per_s"):
+            if key in st:
+                st[key] *= 2
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["bench", "--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "geometric mean B/A over" in out and "2.000" in out
+    assert "gemm m=2 n=2 k=2" in out
+
+
+def test_compare_rejects_other_files(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(ValueError, match="not a smalltc bench file"):
+        main(["bench", "--compare", str(bad), str(bad)])
+
+
+def _wrong_impl(kind):
+    real = bench_cases.smalltc_impl
+
+    def build(case, ops, xp, backend="auto", method="auto"):
+        impl = real(case, ops, xp, backend, method)
+        fn = impl.fn
+
+        def wrong():
+            if kind == "perturb":
+                out = fn()
+                out.reshape(-1)[0] *= 1.001
+                return out
+            before = impl.out.copy()               # the poisoned buffer
+            out = fn()
+            half = out.size // 2                   # as if half was never written
+            out.reshape(-1)[half:] = before.reshape(-1)[half:]
+            return out
+        impl.fn = wrong
+        return impl
+    return build
+
+
+@pytest.mark.parametrize("kind, message", [("perturb", "relative error"),
+                                           ("unwritten", "non-finite")])
+def test_reference_check_catches_a_wrong_result(monkeypatch, kind, message):
+    monkeypatch.setattr(runner, "smalltc_impl", _wrong_impl(kind))
+    case = Case("action", "action", dict(dim=2, p=2, nq=4, ncomp=1, batch=50), "float64")
+    rec = runner.run_case(case, dict(bandwidth=1e10, peak=1e10), xp=np, backend="reference",
+                          repeats=2, warmup=0)
+    st = rec["impls"]["smalltc"]
+    assert st["status"] == "failed" and message in st["error"]
+    assert "times_ns" not in st                      # a failed check is not timed
+    assert rec["impls"]["numpy.einsum chain"]["status"] == "ok"
+
+
+def test_failed_case_shows_in_table_and_exit_code(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(runner, "smalltc_impl", _wrong_impl("perturb"))
+    rc = main(TINY + ["--suite", "action", "--p", "1", "--dim", "3", "--no-plot",
+                      "--out", str(tmp_path)])
+    assert rc == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_gemm_beta_case_checks_c(monkeypatch):
+    case = Case("gemm", "gemm", dict(m=3, n=3, k=3, beta=1.0, batch=20), "float32")
+    rec = runner.run_case(case, dict(bandwidth=1e10, peak=1e10), xp=np, backend="reference",
+                          repeats=2, warmup=0)
+    assert rec["impls"]["smalltc"]["status"] == "ok"
+    assert rec["impls"]["numpy.matmul"]["rel_err"] < 1e-5
+    assert rec["bound"]["bytes"] == 4 * 20 * 4 * 9
+
+
+def test_suites_cover_the_issue():
+    g = suites.cases("gemm", "float64", "gpu")
+    sq = [c for c in g if c.sizes["m"] == c.sizes["n"] == c.sizes["k"]]
+    assert {c.sizes["n"] for c in sq} == set(range(2, 33))
+    assert {c.batch for c in sq if c.sizes["batch_class"] == "paper"} == {100_000}
+    large = [c for c in sq if c.sizes["batch_class"] == "large"]
+    assert large and all(bench_cases.footprint(c) > 256 * 2 ** 20 for c in large)
+    a = suites.cases("action", "float64", "gpu")
+    assert len(a) == 2 * 8 * 2 * 2
+    assert all(abs(c.batch * c.sizes["ncomp"] * (c.sizes["p"] + 1) ** c.sizes["dim"] - 2 ** 25)
+               < 2 ** 25 * 0.01 for c in a)
+    assert len(suites.cases("assembly", "float64", "cpu")) == 12
+    labels = {c.sizes["label"] for c in suites.cases("pairwise", "float64", "cpu")}
+    assert {"(1a)", "(2c)", "(3d)", "(4f)"} <= labels
+    cpu = suites.cases("gemm", "float64", "cpu")
+    assert all(bench_cases.footprint(c) <= 64 * 2 ** 20 + 2 ** 16 for c in cpu)
+    assert all("CPU sizes" in c.note for c in cpu if c.batch < 100_000)
+    with pytest.raises(ValueError, match="unknown suite"):
+        suites.cases("fft", "float64", "cpu")
+
+
+def test_timing_uses_median():
+    from smalltc._timing import median, time_calls
+    t = time_calls(lambda: None, repeats=5, warmup=0)
+    assert len(t) == 5 and median([1, 2, 100]) == 2e-9
+    with pytest.raises(ValueError, match="repeats"):
+        time_calls(lambda: None, repeats=0)
+
+
+def test_progress_fallback_without_tqdm(monkeypatch, capsys):
+    import builtins
+
+    from smalltc.bench import cli
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *a, **k):
+        if name == "tqdm":
+            raise ImportError("no tqdm here")
+        return real_import(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    items = list(cli._progress(["a", "b"], True))
+    assert items == ["a", "b"]
+    assert "[2/2] b" in capsys.readouterr().err
+
+
+def test_nan_is_not_a_pass():
+    ref = np.ones((2, 3))
+    ok, err = runner.check(np.full((2, 3), np.nan), ref, np.arange(2), np)
+    assert not ok and not err <= 1e-12 and math.isnan(err)

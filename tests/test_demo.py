@@ -1,0 +1,31 @@
+"""``smalltc demo --quick``: projection, timing table against the bound, JSON and plot."""
+import json
+
+from smalltc.cli import main
+from smalltc.demo import timing_cases
+
+
+def test_demo_quick_runs(tmp_path, capsys):
+    rc = main(["demo", "--quick", "--device", "cpu", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "CG iterations" in out and "L2 error" in out
+    assert "batched_contract p=1" in out and "assemble_mass p=2" in out
+    assert "GB/s" in out and "%bound" in out
+    with open(tmp_path / "demo.json") as f:
+        doc = json.load(f)
+    proj = doc["projection"]
+    assert proj["iterations"] > 0 and proj["relative_l2_error"] < 1e-2
+    assert doc["probes"]["bandwidth"]["value"] > 0
+    for rec in doc["cases"]:
+        st = rec["impls"]["smalltc"]
+        assert st["status"] == "ok" and 0 < st["fraction"]
+        assert rec["bound"]["dofs_per_s"] > 0 and st["dofs_per_s"] > 0
+    assert (tmp_path / "demo-dofs-float64.png").stat().st_size > 10_000
+
+
+def test_demo_sizes():
+    full = timing_cases("cpu", "float64")
+    assert [c.sizes["p"] for c in full if c.op == "action"] == list(range(1, 9))
+    assert [c.sizes["p"] for c in full if c.op == "assembly"] == list(range(1, 7))
+    assert all(c.sizes["nq"] == c.sizes["p"] + 2 and c.sizes["dim"] == 3 for c in full)

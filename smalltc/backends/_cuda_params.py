@@ -66,14 +66,16 @@ def layout_ctx(kind, I, S, J, K, L, dtype, shared_x, shared_y, beta_zero=True,
     fast, slow = (N, M) if kind == "8a" else (M, N)
     mn = M * N
     if params is None:
-        per_thread = 1 if mn <= 64 else 2 if mn <= 256 else 4 if mn <= 576 else 8
+        # measured on H100 (notes/cuda.md, sweep 1): n=10 best at 10x3 threads x 4 items,
+        # n=16 at 8x8 x 2, n=32 at 16x8 x 1: 4-8 outputs per thread, ~128 threads per block
+        per_thread = 1 if mn <= 64 else 4 if mn <= 576 else 8
         thr_fast = 2 if per_thread >= 4 and fast >= 16 else 1
         thr_slow = max(1, min(slow, per_thread // thr_fast))
         dim_x, dim_y = math.ceil(fast / thr_fast), math.ceil(slow / thr_slow)
         while dim_x * dim_y > 512 and dim_y > 1:
             thr_slow *= 2
             dim_y = math.ceil(slow / thr_slow)
-        nb = max(1, THREADS // (dim_x * dim_y))
+        nb = max(1, (THREADS if per_thread == 1 else THREADS // 2) // (dim_x * dim_y))
     else:
         dim_x, dim_y, nb = params["dim_x"], params["dim_y"], params["per_block"]
         thr_fast, thr_slow = math.ceil(fast / dim_x), math.ceil(slow / dim_y)
@@ -91,7 +93,7 @@ def layout_ctx(kind, I, S, J, K, L, dtype, shared_x, shared_y, beta_zero=True,
     return dict(kind=kind, I=I, S=S, J=J, K=K, L=L, dtype=dtype, shared_x=bool(shared_x),
                 shared_y=bool(shared_y), beta_zero=bool(beta_zero), dim_x=dim_x, dim_y=dim_y,
                 thr_m=thr_m, thr_n=thr_n, per_block=nb, threads=dim_x * dim_y * nb,
-                smem_bytes=smem(nb), BLK_M=M, BLK_N=N, BLK_K=S)
+                smem_bytes=smem(nb), BLK_M=M, BLK_N=N, BLK_K=S, min_blocks=0)
 
 
 def contract9_ctx(S, N, K, L, dtype, smem_optin=227 * 1024, params=None):
@@ -110,13 +112,13 @@ def contract9_ctx(S, N, K, L, dtype, smem_optin=227 * 1024, params=None):
     if smem(nb) > smem_optin:
         return None
     return dict(kind="9", S=S, N=N, K=K, L=L, dtype=dtype, per_block=nb, threads=THREADS,
-                smem_bytes=smem(nb), unroll=min(8, math.ceil(nb * os_ / THREADS)))
+                smem_bytes=smem(nb), unroll=min(8, math.ceil(nb * os_ / THREADS)), min_blocks=0)
 
 
 def generic_ctx(kind, dtype, beta_zero=True):
     """Context of ``generic.cu.j2`` (run-time sizes)."""
     return dict(kind=kind, dtype=dtype, beta_zero=bool(beta_zero), per_block=1,
-                threads=THREADS, smem_bytes=0)
+                threads=THREADS, smem_bytes=0, min_blocks=0)
 
 
 def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
@@ -128,7 +130,13 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     s = ITEMSIZE[dtype]
     T = max(nd, nq)
     tpi = T * T if dim == 3 else T
-    ne = params["per_block"] if params else max(1, THREADS // tpi)
+    # measured on H100, 3D float64 (notes/cuda.md, sweep 1): T <= 4 best at ~128 threads;
+    # from T = 5 on, a register cap (min_blocks) for ~768 resident threads per SM;
+    # from T = 8 on, ~128 threads per block as well.
+    ne = max(1, (THREADS // 2 if T <= 4 or T >= 8 else THREADS) // tpi)
+    min_blocks = 0 if T <= 4 else min(6, math.ceil(768 / (ne * tpi)))
+    if params:
+        ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
 
     def smem(ne):
         return s * (_even(nq * nd) + ne * 2 * T ** dim)
@@ -138,7 +146,7 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     if smem(ne) > smem_optin or tpi * ne > 1024:
         return None
     return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, tpi=tpi, per_block=ne,
-                threads=tpi * ne, smem_bytes=smem(ne))
+                threads=tpi * ne, smem_bytes=smem(ne), min_blocks=min_blocks)
 
 
 def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
@@ -148,7 +156,7 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     aim at ~2048 outputs per block of 256 threads.
     """
     s = ITEMSIZE[dtype]
-    out_u = nd ** (2 * dim - 1)
+    out_u = nd ** (2 * dim - 1) if dim > 1 else nd * nd
     a1u = nd * nq ** (dim - 1) if dim > 1 else 0
     a2u = nd ** 3 * nq if dim == 3 else 0
     bb = _even(nd * nd * nq)
@@ -162,4 +170,4 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     if smem(nu) > smem_optin:
         return None
     return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, out_u=out_u, bb_pad=bb, per_block=nu,
-                threads=THREADS, smem_bytes=smem(nu), unroll=4)
+                threads=THREADS, smem_bytes=smem(nu), unroll=4, min_blocks=0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import pathlib
 import threading
 
 import jinja2
@@ -43,9 +44,16 @@ class SmalltcCompileError(RuntimeError):
                          f"{log}\n--- source ---\n{numbered}")
 
 
+def _template_root():
+    """``smalltc.templates/cuda`` (package data); the source tree's when not installed."""
+    try:
+        return importlib.resources.files("smalltc.templates") / "cuda"
+    except ModuleNotFoundError:   # a checkout on sys.path, not pip-installed
+        return pathlib.Path(__file__).resolve().parents[2] / "templates" / "cuda"
+
+
 def _load_template(name):
-    root = importlib.resources.files("smalltc.templates") / "cuda"
-    path = root / name
+    path = _template_root() / name
     if not path.is_file():
         return None
     return path.read_text(encoding="utf-8"), str(path), lambda: True
@@ -61,8 +69,7 @@ def _env():
 
 def template_names():
     """The kernel templates (all but the base) shipped with the package."""
-    root = importlib.resources.files("smalltc.templates") / "cuda"
-    return sorted(p.name for p in root.iterdir()
+    return sorted(p.name for p in _template_root().iterdir()
                   if p.name.endswith(".cu.j2") and p.name != "base.cu.j2")
 
 

@@ -1,0 +1,222 @@
+"""CUDA backend on a GPU: each kernel against a float64 NumPy reference.
+
+Skipped cleanly without a CUDA device. Outputs are poisoned with NaN before
+each run, so an unwritten entry fails. Also: batches above 2^31 data
+elements, non-default streams, the generic path and the compile error.
+"""
+import numpy as np
+import pytest
+
+import smalltc
+from smalltc._arrays import cupy_or_none, gpu_available
+from smalltc.backends import reference as R
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_available(), reason="no CUDA device")]
+
+TOL = {"float64": 1e-12, "float32": 1e-5}
+rng = np.random.default_rng(5)
+
+
+def cp():
+    return cupy_or_none()
+
+
+def rel(out, ref):
+    out = cp().asnumpy(out).astype(np.float64)
+    assert np.all(np.isfinite(out)), "unwritten (NaN) or non-finite entries in the output"
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+def dev(a, dtype):
+    return cp().asarray(a.astype(dtype))
+
+
+def poisoned(shape, dtype):
+    return cp().full(shape, np.nan, dtype=dtype)
+
+
+# ---------------------------------------------------------------- GEMM
+GEMM_CASES = [(m, n, k, ta, tb, sa, sb, bz, dt)
+              for (m, n, k) in ((2, 2, 2), (3, 5, 4), (8, 8, 8), (16, 16, 16), (32, 32, 32),
+                                (7, 33, 9), (150, 3, 4))
+              for ta in (False, True) for tb in (False, True)
+              for (sa, sb) in ((False, False), (True, False), (False, True))
+              for bz in (True, False) for dt in ("float64", "float32")
+              if (m, n, k) in ((3, 5, 4), (8, 8, 8)) or (ta == tb and sa == sb == False)]
+
+
+@pytest.mark.parametrize("m,n,k,ta,tb,sa,sb,bz,dt", GEMM_CASES)
+def test_gemm(m, n, k, ta, tb, sa, sb, bz, dt):
+    batch = 301
+    A = rng.standard_normal(((k, m) if ta else (m, k)) if sa else (batch,) + ((k, m) if ta else (m, k)))
+    B = rng.standard_normal(((n, k) if tb else (k, n)) if sb else (batch,) + ((n, k) if tb else (k, n)))
+    C = rng.standard_normal((batch, m, n))
+    alpha, beta = 1.5, (0.0 if bz else -0.75)
+    a = np.swapaxes(A, -1, -2) if ta else A
+    b = np.swapaxes(B, -1, -2) if tb else B
+    ref = alpha * np.matmul(a, b) + beta * C
+    Ad, Bd, Cd = dev(A, dt), dev(B, dt), dev(C, dt)
+    p = smalltc.plan("gemm", Ad, Bd, Cd, backend="cuda", alpha=alpha, beta=beta,
+                     trans_a=ta, trans_b=tb)
+    assert p.backend == "cuda"
+    assert p.specialized == (max(m, n, k) <= 128)
+    out = poisoned((batch, m, n), dt) if bz else Cd
+    res = p(Ad, Bd, Cd, out=out, alpha=alpha, beta=beta)
+    assert rel(res, ref) < TOL[dt]
+
+
+# ---------------------------------------------------------------- contract 8a/8b/9
+CONTRACT_CASES = [("8a", dict(i=9, s=3, j=1, k=4, l=1), False, True),
+                  ("8b", dict(i=3, s=3, j=4, k=4, l=1), False, True),
+                  ("8a", dict(i=1, s=3, j=1, k=4, l=16), True, False),
+                  ("8b", dict(i=2, s=3, j=5, k=2, l=3), False, False),
+                  ("9", dict(i=3, s=4, j=3, k=1, l=16), True, False),
+                  ("9", dict(i=3, s=4, j=3, k=12, l=9), True, False),
+                  ("8a", dict(i=200, s=3, j=1, k=4, l=1), False, True)]   # generic (i > 128)
+
+
+@pytest.mark.parametrize("dt", ["float64", "float32"])
+@pytest.mark.parametrize("kind,e,sx,sy", CONTRACT_CASES)
+def test_contract(kind, e, sx, sy, dt):
+    batch = 77
+    xc = (e["s"], e["i"]) if kind == "9" else (e["i"], e["s"], e["j"])
+    yc = (e["k"], e["s"], e["l"])
+    X = rng.standard_normal(xc if sx else (batch,) + xc)
+    Y = rng.standard_normal(yc if sy else (batch,) + yc)
+    ref = R.contract_einsum(kind, X, Y)
+    if ref.ndim == 4:
+        ref = np.broadcast_to(ref, (batch,) + ref.shape)
+    Xd, Yd = dev(X, dt), dev(Y, dt)
+    p = smalltc.plan("contract", Xd, Yd, kind=kind, backend="cuda")
+    out = poisoned(p.out_shape, dt)
+    assert rel(p(Xd, Yd, out=out), ref) < TOL[dt]
+
+
+# ---------------------------------------------------------------- action / assembly
+ACTION_CASES = [(dim, p, nq, nc, dt) for dim in (1, 2, 3) for (p, nq) in
+                ((1, 2), (2, 4), (4, 5), (7, 9), (8, 10)) for nc in (1, 3)
+                for dt in ("float64", "float32") if nc == 1 or p in (2, 8)]
+ACTION_CASES += [(3, 16, 18, 1, "float64"), (3, 16, 17, 1, "float32"), (3, 3, 2, 1, "float64")]
+
+
+def _action_inputs(dim, p, nq, nc, E):
+    nd = p + 1
+    B1d = rng.standard_normal((nq, nd))
+    D = rng.random((E,) + (nq,) * dim) + 0.5
+    V = rng.standard_normal((E,) + ((nc,) if nc > 1 else ()) + (nd,) * dim)
+    return B1d, D, V
+
+
+@pytest.mark.parametrize("method", ["fused", "pairwise"])
+@pytest.mark.parametrize("dim,p,nq,nc,dt", ACTION_CASES)
+def test_action(dim, p, nq, nc, dt, method):
+    if method == "pairwise" and p == 16:
+        pytest.skip("p=16 pairwise covered by the generic fallback")
+    E = 1003
+    B1d, D, V = _action_inputs(dim, p, nq, nc, E)
+    ref = R.action_einsum(B1d, D, V, dim)
+    args = [dev(a, dt) for a in (B1d, D, V)]
+    pl = smalltc.plan("action", *args, backend="cuda", method=method)
+    assert pl.backend == "cuda"
+    out = poisoned(V.shape, dt)
+    assert rel(pl(*args, out=out), ref) < TOL[dt] * (10 if p >= 8 else 1)
+
+
+@pytest.mark.parametrize("method", ["fused", "pairwise"])
+@pytest.mark.parametrize("dim,p,nq,dt", [(d, p, nq, dt) for d in (1, 2, 3)
+                                        for (p, nq) in ((1, 2), (2, 4), (3, 5), (6, 8))
+                                        for dt in ("float64", "float32")])
+def test_assembly(dim, p, nq, dt, method):
+    E = 37 if dim == 3 else 301
+    nd = p + 1
+    B1d = rng.standard_normal((nq, nd))
+    D = rng.random((E,) + (nq,) * dim) + 0.5
+    ref = R.assembly_einsum(B1d, D, dim)
+    args = [dev(a, dt) for a in (B1d, D)]
+    pl = smalltc.plan("assembly", *args, backend="cuda", method=method)
+    out = poisoned(ref.shape, dt)
+    assert rel(pl(*args, out=out), ref) < TOL[dt]
+
+
+# ---------------------------------------------------------------- streams, big batches, errors
+def test_non_default_stream():
+    E = 20000
+    B1d, D, V = _action_inputs(3, 3, 5, 1, E)
+    args = [dev(a, "float64") for a in (B1d, D, V)]
+    ref = R.action_einsum(B1d, D, V, 3)
+    s = cp().cuda.Stream(non_blocking=True)
+    pl = smalltc.plan("action", *args, backend="cuda")
+    out = poisoned(V.shape, "float64")
+    with s:
+        args_s = [a.copy() for a in args]
+    pl(*args_s, out=out, stream=s)
+    s.synchronize()
+    assert rel(out, ref) < 1e-12
+    A = rng.standard_normal((5000, 8, 8))
+    Bm = rng.standard_normal((8, 8))
+    g = smalltc.plan("gemm", dev(A, "float32"), dev(Bm, "float32"), backend="cuda")
+    o = poisoned((5000, 8, 8), "float32")
+    g(dev(A, "float32"), dev(Bm, "float32"), out=o, stream=s)
+    s.synchronize()
+    assert rel(o, A @ Bm) < 1e-5
+
+
+def _free_bytes():
+    free, _ = cp().cuda.runtime.memGetInfo()
+    return free
+
+
+@pytest.mark.slow
+def test_action_batch_past_2_31_elements():
+    """3D action, float32, p=3 nq=4: E * nd^3 > 2^31 (about 26 GB on the device)."""
+    x = cp()
+    dim, nd, nq = 3, 4, 4
+    E = 2 ** 31 // nd ** 3 + 4099
+    need = 4 * E * (2 * nd ** 3 + nq ** 3)
+    if _free_bytes() < need * 1.1:
+        pytest.skip(f"needs {need / 2**30:.0f} GiB of device memory")
+    B1d = x.asarray(rng.standard_normal((nq, nd)), dtype=x.float32)
+    D = x.random.random((E, nq, nq, nq), dtype=x.float32) + 0.5
+    V = x.random.standard_normal((E, nd, nd, nd), dtype=x.float32)
+    U = x.full(V.shape, np.nan, dtype=x.float32)
+    smalltc.batched_contract(B1d, D, V, out=U, backend="cuda")
+    for sl in (slice(0, 1000), slice(E - 3000, E)):
+        ref = R.action_einsum(x.asnumpy(B1d).astype(np.float64), x.asnumpy(D[sl]).astype(np.float64),
+                              x.asnumpy(V[sl]).astype(np.float64), 3)
+        assert rel(U[sl], ref) < 1e-5
+    assert not bool(x.isnan(U).any())
+
+
+@pytest.mark.slow
+def test_gemm_batch_past_2_31_elements():
+    """Batched 4x4 float32 GEMM with shared B, batch * 16 > 2^31."""
+    x = cp()
+    batch = 2 ** 31 // 16 + 1031
+    need = 4 * batch * 32
+    if _free_bytes() < need * 1.1:
+        pytest.skip(f"needs {need / 2**30:.0f} GiB of device memory")
+    A = x.random.standard_normal((batch, 4, 4), dtype=x.float32)
+    Bm = x.asarray(rng.standard_normal((4, 4)), dtype=x.float32)
+    C = x.full((batch, 4, 4), np.nan, dtype=x.float32)
+    smalltc.batched_gemm(A, Bm, out=C, backend="cuda")
+    for sl in (slice(0, 1000), slice(batch - 1000, batch)):
+        ref = x.asnumpy(A[sl]).astype(np.float64) @ x.asnumpy(Bm).astype(np.float64)
+        assert rel(C[sl], ref) < 1e-5
+    assert not bool(x.isnan(C).any())
+
+
+def test_compile_error_carries_source():
+    from smalltc.backends import _cuda_params as P
+    from smalltc.backends._cuda_runtime import SmalltcCompileError, get_kernel
+    ctx = dict(P.layout_ctx("8a", 4, 4, 1, 1, 4, "float64", False, False), threads=7)
+    with pytest.raises(SmalltcCompileError, match="static assertion|static_assert") as info:
+        get_kernel("gemm.cu.j2", "stc_broken", ctx)
+    assert 'extern "C"' in info.value.source and "-std=c++17" in info.value.options
+
+
+def test_backend_describes_device():
+    from smalltc import backends
+    be = backends.get("cuda")
+    assert be.available() and "sm_" in be.describe()
+    assert backends.candidates("cupy")[0].name == "cuda"

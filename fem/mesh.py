@@ -30,6 +30,9 @@ def sine_distortion(xhat, amplitude):
     component ``a``. Its Jacobian determinant is ``1 + amplitude * sum_b
     d_b s`` with ``s = prod_b sin(pi xhat_b)``, positive whenever
     ``|amplitude| < 1 / (dim * pi)``; larger amplitudes may tangle the map.
+    The bound is for the exact map: a coarse low-order geometry only
+    interpolates it and can tangle somewhat earlier. The geometry routines
+    (:func:`smalltc.fem.geometry.quadrature_data`) detect either case.
 
     Parameters
     ----------

@@ -100,12 +100,12 @@ def l2_error(space, u, f, *, nq=None, quadrature="gauss"):
     >>> print(round(l2_error(V, x[0] + 2 * x[1], lambda x: x[0] + 2 * x[1]), 12))
     0.0
     """
-    return _error_and_norm(space, u, f, nq, quadrature)[0]
+    return _error_and_norm(space, u, f, nq, quadrature, "nq")[0]
 
 
-def _error_and_norm(space, u, f, nq, quadrature):
+def _error_and_norm(space, u, f, nq, quadrature, name):
     """``(||u_h - f||, ||f||)`` at ``nq`` points per direction (``p + 4`` if None)."""
-    nq = space.p + 4 if nq is None else _default_nq(space.p, nq, "error_nq")
+    nq = space.p + 4 if nq is None else _default_nq(space.p, nq, name)
     u = np.asarray(u)
     if u.shape != (space.ndofs,):
         raise ValueError(f"u has shape {u.shape}, expected ({space.ndofs},) for this space")
@@ -225,7 +225,7 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     t1 = time.perf_counter()
     sol = cg(M, b, tol=tol, maxiter=maxiter, precond=P)
     t2 = time.perf_counter()
-    err, norm = _error_and_norm(space, sol.x, f, error_nq, quadrature)
+    err, norm = _error_and_norm(space, sol.x, f, error_nq, quadrature, "error_nq")
     t3 = time.perf_counter()
     return ProjectionResult(
         u=sol.x,

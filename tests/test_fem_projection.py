@@ -126,6 +126,9 @@ ERROR_CASES = [
     (lambda: l2_project(box_mesh(2, 4, distortion=0.5), 2, smooth_function), ValueError, r"tangled mesh"),
     (lambda: l2_error(H1Space(_MESH, 2), np.zeros(3), smooth_function), ValueError,
      r"u has shape \(3,\), expected \(25,\)"),
+    (lambda: l2_error(H1Space(_MESH, 2), np.zeros(25), smooth_function, nq=0), ValueError,
+     r"nq must be a positive integer, got 0"),
+    (lambda: projection_demo(dim=4), ValueError, r"dim must be 1, 2 or 3, got 4"),
 ]
 
 

@@ -40,7 +40,7 @@ def smooth_function(x):
     return val
 
 
-def projection_demo(dim=3, p=4, n=4, *, distortion=0.05, geom_order=2, nq=None,
+def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
                     operator="matrix-free", tol=1e-12, backend="auto"):
     """Project :func:`smooth_function` on a distorted box mesh and report.
 

@@ -168,7 +168,8 @@ def plot_fraction(doc, path, plt):
         ax.set_ylabel("fraction of roofline bound")
         ax.set_title(f"{suite} ({unit(cs[0])[0] if cs else ''}; red x: smalltc failed/absent)",
                      fontsize=10)
-        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.set_axisbelow(True)
+        ax.grid(True, axis="y", which="major", alpha=0.4)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(_title(doc, "Fraction of the roofline bound per case"), fontsize=11)
     fig.tight_layout()

@@ -88,7 +88,7 @@ def run_case(case, bound_args, *, xp, backend="auto", method="auto", repeats=20,
         for impl in impls:
             rec["impls"][impl.name] = _measure(impl, ref, idx, xp, b, tol, on_gpu, repeats,
                                                warmup)
-            impl.out = impl.fn = None     # free the buffer before the next one
+            impl.out = impl.fn = impl.prepare = None     # free buffers before the next one
     del ops
     if on_gpu:
         xp.get_default_memory_pool().free_all_blocks()

@@ -43,10 +43,10 @@ def run_variants(spec, ops, out, variants, bytes_, bw, label, rows):
     print(f"{label}: best {best}", flush=True)
 
 
-def sweep_action(bw, rows, dt="float64", ps=(1, 2, 4, 6, 8)):
+def sweep_action(bw, rows, dt="float64", ps=(1, 2, 4, 6, 8), dq=2):
     s = np.dtype(dt).itemsize
     for p in ps:
-        nd, nq = p + 1, p + 2
+        nd, nq = p + 1, p + dq
         per = s * (2 * nd ** 3 + nq ** 3)
         E = FOOT // per
         spec = ActionSpec(dim=3, nq=nq, nd=nd, batch=E, dtype=dt)
@@ -97,6 +97,8 @@ if __name__ == "__main__":
     rows = []
     if "action" in what:
         sweep_action(bw, rows)
+    if "actionq1" in what:
+        sweep_action(bw, rows, "float64", (1, 2, 5, 6, 8), dq=1)
     if "action32" in what:
         sweep_action(bw, rows, "float32", (1, 4, 8))
     if "gemm" in what:

@@ -66,7 +66,8 @@ def test_grid_covers_every_template():
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_renders_with_constants(template, entry, ctx):
     src = render(template, dict(ctx, entry=entry))
-    assert f'extern "C" __global__ void __launch_bounds__({ctx["threads"]})' in src
+    bounds = f'{ctx["threads"]}, {ctx["min_blocks"]}' if ctx["min_blocks"] else f'{ctx["threads"]}'
+    assert f'extern "C" __global__ void __launch_bounds__({bounds})' in src
     assert f"\n{entry}(" in src
     assert "{{" not in src and "{%" not in src
 

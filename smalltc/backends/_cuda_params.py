@@ -139,7 +139,7 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
         ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
 
     def smem(ne):
-        return s * (_even(nq * nd) + ne * 2 * T ** dim)
+        return s * (_even(nq * nd) + ne * (2 * T ** dim + 1))
 
     while params is None and ne > 1 and smem(ne) > SMEM_TARGET:
         ne -= 1

@@ -69,6 +69,9 @@ class _KernelExecutor(Executor):
         self.per_block = ctx["per_block"]
         self.np_dtype = np.dtype(ctx["dtype"])
         self._fn = get_kernel(template, entry, ctx, self.smem)
+        attrs = self._fn.attributes
+        self.local_bytes = attrs.get("local_size_bytes", 0)
+        self.params.update(registers=attrs.get("num_regs"), local_bytes=self.local_bytes)
 
     def _launch(self, nitems, args, ngroups=None):
         if ngroups is None:
@@ -218,7 +221,13 @@ class CudaBackend(Backend):
             if ctx is None:
                 return _GenericAction(self, spec, "an element does not fit in shared memory")
             entry = (f"stc_mass_apply_{spec.dim}d_{dt}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}")
-            return _ActionExecutor(entry, ctx, src, spec)
+            ex = _ActionExecutor(entry, ctx, src, spec)
+            # the heuristic's register cap (min_blocks) must not spill: local memory
+            # traffic cost up to 2x (notes/cuda.md, ncu of nd6nq6); relax it until none
+            while src == "heuristic" and ex.local_bytes and ctx["min_blocks"] > 0:
+                ctx = dict(ctx, min_blocks=ctx["min_blocks"] - 1)
+                ex = _ActionExecutor(entry, ctx, src, spec)
+            return ex
         if isinstance(spec, AssemblySpec):
             ctx, src = _params(spec, info, lambda p: P.assembly_ctx(
                 spec.dim, spec.nd, spec.nq, spec.dtype, info["smem_optin"], p))

@@ -1,0 +1,60 @@
+"""Shared test fixtures: array modules and backends to run every case on.
+
+GPU tests run when a CUDA device answers a query (not merely when cupy
+imports) and are skipped cleanly otherwise. ``--backend NAME`` restricts the
+operation tables to one backend (like libCEED's ``--ceed``).
+"""
+import numpy as np
+import pytest
+
+from smalltc import backends
+from smalltc._arrays import cupy_or_none, gpu_available
+
+
+def pytest_addoption(parser):
+    parser.addoption("--backend", default=None,
+                     help="run the operation tables on this backend only")
+
+
+def pytest_configure(config):
+    np.seterr(all="ignore")
+
+
+def array_modules():
+    mods = [pytest.param("numpy", id="numpy")]
+    mods.append(pytest.param("cupy", id="cupy", marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")]))
+    return mods
+
+
+def xp_of(name):
+    return np if name == "numpy" else cupy_or_none()
+
+
+def to_numpy(x):
+    cp = cupy_or_none()
+    if cp is not None and isinstance(x, cp.ndarray):
+        return cp.asnumpy(x)
+    return np.asarray(x)
+
+
+@pytest.fixture
+def requested_backend(request):
+    return request.config.getoption("--backend")
+
+
+def backends_for(xp_name, requested=None):
+    found = [b.name for b in backends.candidates(xp_name)]
+    if requested:
+        found = [n for n in found if n == requested]
+    return found
+
+
+def rel_err(out, ref):
+    out, ref = to_numpy(out).astype(np.float64), np.asarray(ref, dtype=np.float64)
+    denom = np.linalg.norm(ref)
+    return np.linalg.norm(out - ref) / (denom if denom else 1.0)
+
+
+TOL = {"float64": 1e-12, "float32": 1e-5}

@@ -1,0 +1,63 @@
+"""The distribution: a built wheel carries the templates and tuning tables, and
+an installed (non-editable) copy works from any directory."""
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+           "-q", "-w", str(out), str(ROOT)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (whl,) = out.glob("smalltc-*.whl")
+    return whl
+
+
+def _expected(pattern_dir, suffix):
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / pattern_dir).rglob(f"*{suffix}"))
+
+
+def test_wheel_contains_templates_and_tables(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for sub in ("smalltc/__init__.py", "smalltc/fem/__init__.py", "smalltc/tuning/__init__.py",
+                "smalltc/templates/__init__.py", "smalltc/backends/reference.py"):
+        assert sub in names, sub
+    for src in _expected("templates", ".j2"):          # templates/cuda/x.cu.j2 -> smalltc/templates/...
+        assert "smalltc/" + src in names, f"{src} missing from the wheel"
+    for src in _expected("tuning/tables", ".json"):
+        assert "smalltc/" + src in names, f"{src} missing from the wheel"
+    print("\n".join(sorted(n for n in names if "/templates/" in n or "/tables/" in n)))
+
+
+def test_installed_copy_works_from_another_directory(wheel, tmp_path):
+    target = tmp_path / "site"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                          "--target", str(target), str(wheel)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    script = (
+        "import smalltc, smalltc.fem, smalltc.tuning, numpy as np\n"
+        "from importlib.resources import files\n"
+        "assert smalltc.__file__.startswith(%r), smalltc.__file__\n"
+        "t = files('smalltc.templates')\n"
+        "found = sorted(p.name for d in ('cuda', 'cpu') if (t / d).is_dir() for p in (t / d).iterdir())\n"
+        "print('templates:', found)\n"
+        "B = np.random.rand(4, 3); D = np.random.rand(5, 4, 4); V = np.random.rand(5, 3, 3)\n"
+        "print('shape', smalltc.batched_contract(B, D, V, backend='reference').shape)\n"
+    ) % str(target)
+    env = dict(os.environ, PYTHONPATH=str(target))
+    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "shape (5, 3, 3)" in res.stdout
+    expected = {p.name for p in (ROOT / "templates").rglob("*.j2")}
+    for name in expected:
+        assert name in res.stdout, f"template {name} not found by the installed copy"

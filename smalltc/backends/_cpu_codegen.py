@@ -1,0 +1,120 @@
+"""Render the CPU kernel templates, compile them with Numba, cache them.
+
+A kernel is a Jinja2 template under ``templates/cpu/`` rendered with every
+size a constant into a small Python module, written to the cache directory
+(``$SMALLTC_CACHE_DIR/cpu``, default ``~/.cache/smalltc/cpu``) under a name
+that hashes the source, and imported from there: Numba's own on-disk cache
+(``cache=True``) then works, because the function lives in a file. An
+in-process dictionary keyed by (template, entry, params) avoids re-rendering.
+
+Specialised kernels carry an explicit signature, so they compile when their
+module is imported. They compile with LLVM's SLP vectoriser on and its loop
+vectoriser off (Numba's defaults are the opposite): the templates spell out
+one statement per SIMD lane and leave the vector packing to SLP, while the
+loop vectoriser would otherwise turn the fixed-trip outer loops into gathers.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from importlib.resources import files
+from pathlib import Path
+
+import jinja2
+import numba
+
+__all__ = ["render", "load_kernel", "cache_dir", "compile_log", "CompileError"]
+
+log = logging.getLogger("smalltc")
+
+#: bump when the generated code changes meaning without its text changing
+CODEGEN_VERSION = "1"
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(files("smalltc.templates") / "cpu")),
+    undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+    keep_trailing_newline=True)
+_KERNELS: dict = {}
+_LOCK = threading.RLock()
+#: (entry, seconds to import it: compile, or load from Numba's disk cache)
+compile_log: list = []
+
+
+class CompileError(RuntimeError):
+    """A rendered kernel failed to compile; carries the source path and log."""
+
+
+def cache_dir() -> Path:
+    """Where rendered kernels (and Numba's cache beside them) are kept."""
+    root = os.environ.get("SMALLTC_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "smalltc"
+    return base / "cpu"
+
+
+def render(template: str, **params) -> str:
+    """Render ``templates/cpu/<template>`` with ``params`` (missing ones raise)."""
+    return _ENV.get_template(template).render(template=template, **params)
+
+
+@contextmanager
+def _vectoriser_flags(slp: bool):
+    """LLVM pass options for compiles inside this block (restored after)."""
+    cfg = numba.config
+    old = cfg.SLP_VECTORIZE, cfg.LOOP_VECTORIZE
+    if slp:
+        cfg.SLP_VECTORIZE, cfg.LOOP_VECTORIZE = 1, 0
+    try:
+        yield
+    finally:
+        cfg.SLP_VECTORIZE, cfg.LOOP_VECTORIZE = old
+
+
+def _write(path: Path, text: str):
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def load_kernel(template: str, entry: str, slp: bool = True, **params):
+    """The compiled function ``entry`` of ``template`` rendered with ``params``.
+
+    Returns ``(function, seconds)``: seconds spent importing (compiling, or
+    loading Numba's disk cache) on the first request, 0.0 on later ones.
+    """
+    key = (template, entry, slp, repr(sorted(params.items())))
+    with _LOCK:
+        hit = _KERNELS.get(key)
+        if hit is not None:
+            return hit, 0.0
+        source = render(template, entry=entry, **params)
+        digest = hashlib.sha256(
+            f"{CODEGEN_VERSION}|{numba.__version__}|{slp}|{source}".encode()).hexdigest()[:16]
+        path = cache_dir() / f"{entry}_{digest}.py"
+        _write(path, source)
+        modname = f"_smalltc_cpu_{entry}_{digest}"
+        t0 = time.perf_counter()
+        try:
+            with _vectoriser_flags(slp):
+                spec = importlib.util.spec_from_file_location(modname, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[modname] = module
+                spec.loader.exec_module(module)
+        except Exception as err:
+            sys.modules.pop(modname, None)
+            raise CompileError(f"compiling {entry} from {path} (template {template}, "
+                               f"params {params}) failed: {err}") from err
+        seconds = time.perf_counter() - t0
+        fn = getattr(module, entry)
+        compile_log.append((entry, seconds))
+        log.info("smalltc: cpu kernel %s ready in %.2f s (%s)", entry, seconds, path)
+        _KERNELS[key] = fn
+        return fn, seconds

@@ -121,6 +121,11 @@ def generic_ctx(kind, dtype, beta_zero=True):
                 threads=THREADS, smem_bytes=0, min_blocks=0)
 
 
+#: (dim, nd, nq) -> (items per block, min_blocks): sweep points far better than the
+#: rule below (notes/cuda.md, sweep 2: nd=6 nq=6 at 62.5% of its bound vs 23.8%)
+_ACTION_MEASURED = {(3, 6, 6): (3, 4)}
+
+
 def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     """Context of ``action.cu.j2``, or None when one item does not fit in shared memory.
 
@@ -135,6 +140,8 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     # from T = 8 on, ~128 threads per block as well.
     ne = max(1, (THREADS // 2 if T <= 4 or T >= 8 else THREADS) // tpi)
     min_blocks = 0 if T <= 4 else min(6, math.ceil(768 / (ne * tpi)))
+    if (dim, nd, nq) in _ACTION_MEASURED and dtype == "float64":
+        ne, min_blocks = _ACTION_MEASURED[dim, nd, nq]
     if params:
         ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
 

@@ -224,7 +224,7 @@ class CudaBackend(Backend):
             ex = _ActionExecutor(entry, ctx, src, spec)
             # the heuristic's register cap (min_blocks) must not spill: local memory
             # traffic cost up to 2x (notes/cuda.md, ncu of nd6nq6); relax it until none
-            while src == "heuristic" and ex.local_bytes and ctx["min_blocks"] > 0:
+            while src == "heuristic" and ex.local_bytes > 256 and ctx["min_blocks"] > 0:
                 ctx = dict(ctx, min_blocks=ctx["min_blocks"] - 1)
                 ex = _ActionExecutor(entry, ctx, src, spec)
             return ex

@@ -1,0 +1,296 @@
+"""Where candidates run: the GPU (CUDA events, SPEC section 5) or a dry run (no GPU).
+
+A *device* gives the search what it needs, and nothing else:
+
+- ``info()``: name, compute capability, multiprocessors, opt-in shared memory,
+  CUDA / CuPy versions, and the bandwidth and peak the roofline bound uses;
+- ``prepare(spec)``: a problem: random inputs of the timed size (>= 256 MB,
+  never zeros), a small check problem with its float64 reference;
+- ``build(spec, params)``: the executor the runtime would build with a table
+  answering ``params`` (None: the heuristic);
+- ``verify(problem, ex)``: relative error of the candidate on the check
+  problem (output poisoned with NaN first), against the float64 reference;
+- ``verify_big(problem, ex)``: relative error on sampled items of the timed
+  output (after timing: the grid-stride loop at full size);
+- ``time(problem, ex)``: nanoseconds per call, warm-up first, CUDA events;
+- ``bound(spec)``: :func:`smalltc.roofline.bound` with this device's numbers.
+
+:class:`DryRunDevice` answers the same calls without a GPU, with *made-up*
+times (a deterministic function of the parameters) so the whole pipeline
+can be exercised; a table it produces is marked ``"dry_run": true`` and the
+runtime never loads it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import zlib
+
+import numpy as np
+
+from .. import roofline
+from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from .compile import injected
+from .space import ctx_for
+
+__all__ = ["GpuDevice", "DryRunDevice", "operands", "per_item_bytes", "sized", "TOL",
+           "FOOTPRINT", "GEMM_MIN_BATCH"]
+
+#: SPEC section 5: relative error allowed against the float64 einsum reference
+TOL = {"float64": 1e-12, "float32": 1e-5}
+FOOTPRINT = 256 * 2 ** 20       # bytes read + written by one timed call (above any L2)
+GEMM_MIN_BATCH = 100_000        # the paper's setting
+_CHECK_BYTES = 32 * 2 ** 20     # float64 bytes of the check problem, at most
+_CHECK_ITEMS = 2 * 1024 + 3     # check items, at most: several groups and a partial one
+
+
+def operands(spec):
+    """``(name, shape, batched, positive)`` of each input of ``spec``, in call order."""
+    if isinstance(spec, ActionSpec):
+        return [("B1d", spec.b_shape, False, False), ("D", spec.d_shape, True, True),
+                ("V", spec.v_shape, True, False)]
+    if isinstance(spec, AssemblySpec):
+        return [("B1d", spec.b_shape, False, False), ("D", spec.d_shape, True, True)]
+    if isinstance(spec, GemmSpec):
+        ops = [("A", spec.a_shape, not spec.shared_a, False),
+               ("B", spec.b_shape, not spec.shared_b, False)]
+        if not spec.beta_zero:
+            ops.append(("C", spec.out_shape, True, False))
+        return ops
+    if isinstance(spec, ContractSpec):
+        return [("X", spec.x_shape, not spec.shared_x, False),
+                ("Y", spec.y_shape, not spec.shared_y, False)]
+    raise TypeError(f"not a spec: {spec!r}")
+
+
+def _scalars(spec):
+    if isinstance(spec, GemmSpec):
+        return dict(alpha=1.0, beta=0.0 if spec.beta_zero else 0.5)
+    return {}
+
+
+def per_item_bytes(spec) -> int:
+    """Bytes one more batch item adds to a call (inputs read once, output written once)."""
+    return (roofline.counts(spec.with_batch(2)).bytes - roofline.counts(spec.with_batch(1)).bytes)
+
+
+def sized(spec, footprint=FOOTPRINT):
+    """``spec`` with the batch count whose call moves ``footprint`` bytes (GEMM: >= 100,000)."""
+    n = math.ceil(footprint / per_item_bytes(spec))
+    if isinstance(spec, GemmSpec):
+        n = max(n, GEMM_MIN_BATCH)
+    return spec.with_batch(int(n))
+
+
+def _check_batch(spec):
+    per = per_item_bytes(dataclasses.replace(spec, dtype="float64"))
+    return int(max(3, min(_CHECK_ITEMS, _CHECK_BYTES // per)))
+
+
+def _random_host(spec, batch, seed):
+    """float64 host operands of ``spec`` with ``batch`` items (D positive, nothing zero)."""
+    rng = np.random.default_rng(seed)
+    s = spec.with_batch(batch)
+    out = []
+    for name, shape, _, positive in operands(s):
+        a = rng.random(shape) + 0.5 if positive else rng.standard_normal(shape)
+        out.append(a)
+    return out
+
+
+def _reference(spec, host64):
+    """The float64 reference output of ``spec`` on float64 host operands (einsum)."""
+    from ..backends import get
+    s64 = dataclasses.replace(spec, dtype="float64")
+    ex = get("reference").build(s64)
+    out = np.empty(s64.out_shape)
+    ops = list(host64) + ([None] if isinstance(spec, GemmSpec) and spec.beta_zero else [])
+    ex.run(tuple(ops), out, **_scalars(spec))
+    return out
+
+
+def rel_err(out, ref) -> float:
+    out = np.asarray(out, dtype=np.float64)
+    denom = float(np.linalg.norm(ref))
+    err = float(np.linalg.norm(out - ref)) / (denom if denom else 1.0)
+    return err if math.isfinite(err) else math.inf
+
+
+def _public(ctx):
+    keys = ("BLK_M", "BLK_N", "BLK_K", "dim_x", "dim_y", "thr_m", "thr_n", "T",
+            "per_block", "threads", "smem_bytes", "min_blocks")
+    return {k: ctx[k] for k in keys if k in ctx}
+
+
+class _Problem:
+    """Operands of one size on the device, and the check problem."""
+
+    def __init__(self, spec, big, out, check_host, check_dev, check_out, check_ref, samples):
+        self.spec, self.big, self.out = spec, big, out
+        self.check_host, self.check_dev, self.check_out = check_host, check_dev, check_out
+        self.check_ref, self.samples = check_ref, samples
+
+
+class GpuDevice:
+    """The current CuPy device; kernels built through the CUDA backend."""
+
+    dry_run = False
+    compiler = "cuda"
+
+    def __init__(self, dtype, repeats=20, warmup=3, footprint=FOOTPRINT):
+        import cupy
+        from ..backends import get
+        from ..backends._cuda_runtime import device_info
+        self.cp, self.backend = cupy, get("cuda")
+        if not self.backend.available():
+            raise RuntimeError("no CUDA device: smalltc tune needs one (or --dry-run)")
+        self.dtype, self.repeats, self.warmup, self.footprint = dtype, repeats, warmup, footprint
+        self._dev = cupy.cuda.runtime.getDevice()
+        self._info = dict(device_info(self._dev))
+        self._bw = self._peak = None
+
+    def info(self) -> dict:
+        cp = self.cp
+        if self._bw is None:
+            self._bw = roofline.bandwidth("gpu")
+            self._peak = roofline.peak(self.dtype, "gpu")
+        rt = cp.cuda.runtime
+        try:
+            nvrtc = ".".join(str(v) for v in cp.cuda.nvrtc.getVersion())
+        except Exception:  # an NVRTC CuPy cannot query: not fatal
+            nvrtc = None
+        return dict(name=self._info["name"], cc=self._info["cc"], sms=self._info["sms"],
+                    smem_optin=self._info["smem_optin"],
+                    cuda_runtime=rt.runtimeGetVersion(), cuda_driver=rt.driverGetVersion(),
+                    nvrtc=nvrtc, cupy=cp.__version__, bandwidth=self._bw, peak=self._peak)
+
+    def bound(self, spec):
+        self.info()
+        return roofline.bound(spec, bandwidth=self._bw, peak=self._peak)
+
+    def prepare(self, spec) -> _Problem:
+        cp, dt = self.cp, spec.dtype
+        big = []
+        for i, (name, shape, _, positive) in enumerate(operands(spec)):
+            gen = cp.random.default_rng(1000 + i)
+            a = gen.random(shape, dtype=cp.float64)
+            a = (a + 0.5) if positive else (a - 0.5)
+            big.append(a.astype(dt))
+            del a
+        out = cp.empty(spec.out_shape, dtype=dt)
+        nchk = _check_batch(spec)
+        host = _random_host(spec, nchk, seed=7)
+        host = [h.astype(dt).astype(np.float64) for h in host]   # what the kernel sees
+        ref = _reference(spec.with_batch(nchk), host)
+        dev = [cp.asarray(h.astype(dt)) for h in host]
+        chk_out = cp.empty(spec.with_batch(nchk).out_shape, dtype=dt)
+        n = spec.batch
+        samples = sorted({*range(min(4, n)), *range(max(0, n - 4), n), n // 2, n // 3})
+        return _Problem(spec, big, out, host, dev, chk_out, ref, samples)
+
+    def release(self, problem) -> None:
+        problem.big = problem.out = problem.check_dev = problem.check_out = None
+        self.cp.get_default_memory_pool().free_all_blocks()
+
+    def build(self, spec, params):
+        with injected(params):
+            return self.backend.build(spec)
+
+    def _run(self, ex, spec, ops, out):
+        ops = list(ops) + ([None] if isinstance(spec, GemmSpec) and spec.beta_zero else [])
+        ex.run(tuple(ops), out, **_scalars(spec))
+
+    def verify(self, problem, ex) -> float:
+        spec = problem.spec.with_batch(problem.check_out.shape[0])
+        problem.check_out.fill(math.nan)
+        self._run(ex, spec, problem.check_dev, problem.check_out)
+        return rel_err(self.cp.asnumpy(problem.check_out), problem.check_ref)
+
+    def verify_big(self, problem, ex) -> float:
+        problem.out.fill(math.nan)
+        self._run(ex, problem.spec, problem.big, problem.out)
+        idx = problem.samples
+        spec = problem.spec.with_batch(len(idx))
+        host = []
+        for (name, _, batched, _), a in zip(operands(problem.spec), problem.big):
+            host.append(self.cp.asnumpy(a[idx] if batched else a).astype(np.float64))
+        ref = _reference(spec, host)
+        return rel_err(self.cp.asnumpy(problem.out[idx]), ref)
+
+    def time(self, problem, ex) -> list:
+        from .._timing import time_calls
+        spec, ops, out = problem.spec, problem.big, problem.out
+        return time_calls(lambda: self._run(ex, spec, ops, out), repeats=self.repeats,
+                          warmup=self.warmup, on_gpu=True)
+
+
+class _DryExecutor:
+    def __init__(self, spec, params, ctx):
+        self.spec, self.source = spec, "table" if params is not None else "heuristic"
+        self.params = dict(_public(ctx), registers=None, local_bytes=0)
+        self.kernel = f"dry-run {spec.op}"
+
+
+class DryRunDevice:
+    """No GPU: every call answers, times are made up (deterministic). Tables it yields are
+    marked ``dry_run`` and never used by the runtime."""
+
+    dry_run = True
+    compiler = "nvcc"
+
+    def __init__(self, dtype, cc="90", repeats=20, warmup=3, footprint=FOOTPRINT,
+                 smem_optin=227 * 1024):
+        self.dtype, self.cc, self.repeats, self.footprint = dtype, cc, repeats, footprint
+        self.smem_optin = smem_optin
+
+    def info(self) -> dict:
+        return dict(name="dry run (no GPU; times are made up)", cc=self.cc, sms=0,
+                    smem_optin=self.smem_optin, cuda_runtime=None, cuda_driver=None,
+                    nvrtc=None, cupy=None, bandwidth=3.0e12, peak=5.0e13)
+
+    def bound(self, spec):
+        i = self.info()
+        return roofline.bound(spec, bandwidth=i["bandwidth"], peak=i["peak"])
+
+    def prepare(self, spec):
+        return _Problem(spec, None, None, None, None, None, None, [])
+
+    def release(self, problem) -> None:
+        pass
+
+    def build(self, spec, params):
+        found = ctx_for(spec, params, self.smem_optin)
+        if found is None:
+            if params is None:
+                raise RuntimeError(f"no fused kernel for {spec}")
+            found = ctx_for(spec, None, self.smem_optin)
+            return _DryExecutor(spec, None, found[1])
+        return _DryExecutor(spec, params, found[1])
+
+    def verify(self, problem, ex) -> float:
+        return 0.0
+
+    def verify_big(self, problem, ex) -> float:
+        return 0.0
+
+    def model_seconds(self, spec, params) -> float:
+        """The made-up time: the bound times a factor in [1.05, 3.05) hashed from the params."""
+        label = repr(sorted((params or {}).items()))
+        penalty = 1.05 + (zlib.crc32(label.encode()) % 1000) / 500.0
+        return self.bound(spec).tmin * penalty
+
+    def time(self, problem, ex) -> list:
+        t = self.model_seconds(problem.spec, {k: ex.params.get(k) for k in
+                                              ("dim_x", "dim_y", "per_block", "min_blocks")})
+        return [int(t * 1e9 * (1 + 0.001 * (r % 3))) for r in range(self.repeats)]
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# the heuristic's parameters of an executor, in a family's keys
+def family_params(ex_params, fam_keys):
+    return {k: ex_params[k] for k in fam_keys if k in ex_params}
+

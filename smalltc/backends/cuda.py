@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from .._arrays import gpu_available
+from .._arrays import cupy_or_none, gpu_available
 from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from . import _cuda_params as P
 from . import register
@@ -68,15 +68,24 @@ class _KernelExecutor(Executor):
         self.threads, self.smem = ctx["threads"], ctx["smem_bytes"]
         self.per_block = ctx["per_block"]
         self.np_dtype = np.dtype(ctx["dtype"])
-        self._fn = get_kernel(template, entry, ctx, self.smem)
-        attrs = self._fn.attributes
+        self._fns = {}                       # device id -> compiled kernel
+        attrs = self._kernel_here().attributes
         self.local_bytes = attrs.get("local_size_bytes", 0)
         self.params.update(registers=attrs.get("num_regs"), local_bytes=self.local_bytes)
+
+    def _kernel_here(self):
+        """The kernel for the current device (compiled there on first use)."""
+        dev = cupy_or_none().cuda.runtime.getDevice()
+        fn = self._fns.get(dev)
+        if fn is None:
+            fn = self._fns[dev] = get_kernel(self.template, self.kernel, self.ctx, self.smem)
+        return fn
 
     def _launch(self, nitems, args, ngroups=None):
         if ngroups is None:
             ngroups = math.ceil(nitems / self.per_block)
-        launch(self._fn, ngroups, self.threads, args + (np.int64(nitems),), self.smem)
+        launch(self._kernel_here(), ngroups, self.threads, args + (np.int64(nitems),),
+               self.smem)
 
     def _scal(self, v):
         return self.np_dtype.type(v)

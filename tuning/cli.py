@@ -1,0 +1,180 @@
+"""``smalltc tune``: search kernel variants on this GPU and write its lookup table.
+
+Examples (one H100/H200; each command stops cleanly at its budget and
+``--resume`` continues it)::
+
+    smalltc tune --op gemm --dtype float64 --budget-seconds 480 --resume
+    smalltc tune --op action --dtype float64 --sizes 3:1-8:p+1,p+2 --resume --plot
+    smalltc tune --op assembly --dtype float32 --dry-run --out /tmp/t   # no GPU: made-up times
+
+Exit status: 0 when every size is done (the table is written), 3 when the
+budget ran out first (the checkpoint holds the work; run again with
+``--resume``), 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import sys
+
+from . import tables as T
+from .measure import FOOTPRINT, DryRunDevice, GpuDevice, sized
+from .search import Search
+from .sizes import DEFAULT_SIZES, OPS, parse
+
+__all__ = ["add_arguments", "run"]
+
+EXIT_BUDGET = 3
+
+
+def add_arguments(parser):
+    parser.add_argument("--op", required=True, choices=OPS,
+                        help="what to tune (pairwise: the reshaped kernels of the "
+                             "catalogue's steps)")
+    parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
+    parser.add_argument("--sizes", nargs="+", metavar="TOKEN",
+                        help="sizes to tune; gemm: 8, 2-32, 4x8x3, 8:nt+sb+beta; action/"
+                             "assembly: DIM:P:NQ such as 3:1-8:p+1,p+2; pairwise: "
+                             "action:DIM:P:NQ (default: "
+                             + "; ".join(f"{k}: {' '.join(v)}" for k, v in DEFAULT_SIZES.items())
+                             + ")")
+    parser.add_argument("--budget-seconds", type=float, default=None, metavar="N",
+                        help="stop cleanly after N seconds (checkpoint written; --resume goes on)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where the table goes (default: the package's tuning/tables; "
+                             "for --dry-run: --work)")
+    parser.add_argument("--work", default="smalltc-tune", metavar="DIR",
+                        help="checkpoints and plots (default: ./smalltc-tune)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the checkpoint in --work")
+    parser.add_argument("--plot", nargs="?", const="auto", default=None, metavar="KEY",
+                        help="plot the search of one size (default: the size with most "
+                             "timed variants) to --work")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU: compile with nvcc (resources, pruning) and make up "
+                             "times; the table is marked dry_run and never used")
+    parser.add_argument("--cc", default="90", help="compute capability of a --dry-run (90)")
+    parser.add_argument("--compiler", choices=("cuda", "nvcc", "none"), default=None,
+                        help="cuda: NVRTC through the CUDA backend (default on a GPU); nvcc: "
+                             "ptxas resources only (default of --dry-run when nvcc exists)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="compile processes (default: all cores)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per variant (>= 20)")
+    parser.add_argument("--footprint-mb", type=float, default=FOOTPRINT / 2 ** 20,
+                        help="MiB read + written per timed call (>= 256)")
+    parser.add_argument("--confirm-top", type=int, default=3,
+                        help="best variants re-timed against the heuristic")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _slug(key):
+    return re.sub(r"[^0-9a-zA-Z]+", "-", key).strip("-")
+
+
+def _fail(msg):
+    print(f"smalltc tune: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args, device=None, clock=None) -> int:
+    """Run ``smalltc tune``. ``device``/``clock``: stand-ins for tests."""
+    if args.repeats < 20 and not args.dry_run and device is None:
+        return _fail(f"--repeats {args.repeats}: SPEC section 5 asks for >= 20")
+    if args.footprint_mb < 256 and not args.dry_run and device is None:
+        return _fail(f"--footprint-mb {args.footprint_mb}: SPEC section 5 asks for >= 256 MB")
+    work = pathlib.Path(args.work)
+    out = pathlib.Path(args.out) if args.out else (work if args.dry_run else T.tables_dir())
+    if args.dry_run and out.resolve() == T.tables_dir():
+        return _fail("a --dry-run table never goes into the package's tables (made-up times)")
+    try:
+        specs = parse(args.op, args.sizes, args.dtype)
+    except ValueError as err:
+        return _fail(str(err))
+    footprint = int(args.footprint_mb * 2 ** 20)
+    if device is None:
+        if args.dry_run:
+            device = DryRunDevice(args.dtype, cc=args.cc, repeats=args.repeats,
+                                  footprint=footprint)
+        else:
+            try:
+                device = GpuDevice(args.dtype, repeats=args.repeats, footprint=footprint)
+            except RuntimeError as err:
+                return _fail(f"{err}")
+    compiler = args.compiler or getattr(device, "compiler", "cuda")
+    if compiler == "nvcc" and shutil.which("nvcc") is None:
+        compiler = "none"
+    specs = [sized(s, footprint) for s in specs]
+    info = device.info()
+    ckpt = work / f"sm{info['cc']}-{args.op}-{args.dtype}.checkpoint.json"
+    if ckpt.exists() and not args.resume:
+        return _fail(f"{ckpt} exists: pass --resume to continue it, or delete it to start over")
+    kw = dict(compiler=compiler, jobs=args.jobs, budget_s=args.budget_seconds,
+              checkpoint=str(ckpt), resume=args.resume, confirm_top=args.confirm_top,
+              progress=not args.no_progress)
+    if clock is not None:
+        kw["clock"] = clock
+    search = Search(args.op, args.dtype, specs, device, **kw)
+    print(f"smalltc tune: {args.op} {args.dtype} on {info['name']} (sm_{info['cc']}), "
+          f"{len(specs)} sizes, {len(search.results)} done before, compiler {compiler}, "
+          f"{search.jobs} jobs", file=sys.stderr)
+    status = search.run()
+    keys = [r for r in search.state["sizes"] if r in search.results]
+    _summary(search, keys)
+    if status == "done":
+        path = out / T.table_name(info["cc"], args.dtype)
+        table = _load_or_new(path, info, args.dtype, bool(getattr(device, "dry_run", False)))
+        results = {k: search.results[k] for k in keys}
+        seconds = sum(r.get("seconds", 0) for r in search.state["runs"])
+        T.add_results(table, results, args.op, seconds)
+        T.save(table, path)
+        print(f"table: {path} ({len(table['entries'])} entries)")
+    if args.plot and search.results:
+        try:
+            from .plot import pick_size, plot_search
+            res = pick_size(search.results, args.plot)
+            png = work / f"search-sm{info['cc']}-{args.dtype}-{_slug(res['key'])}.png"
+            work.mkdir(parents=True, exist_ok=True)
+            plot_search(res, png, info["name"])
+            print(f"plot: {png}")
+        except (ImportError, ValueError) as err:
+            print(f"smalltc tune: no plot: {err}", file=sys.stderr)
+    return 0 if status == "done" else EXIT_BUDGET
+
+
+def _load_or_new(path, info, dtype, dry_run):
+    if path.exists():
+        t = T.load(path)
+        if bool(t.get("dry_run")) != dry_run:
+            raise SystemExit(f"smalltc tune: {path} is {'a dry-run' if t.get('dry_run') else 'a'}"
+                             f" table; refusing to mix in {'dry-run' if dry_run else 'measured'}"
+                             f" results")
+        if t["device"].get("name") != info["name"]:
+            print(f"smalltc tune: note: {path} was tuned on {t['device'].get('name')}, "
+                  f"adding results of {info['name']}", file=sys.stderr)
+        fresh = T.new_table(info, dtype, dry_run)
+        for k in ("device", "versions", "date", "bandwidth", "peak"):
+            t[k] = fresh[k]
+        return t
+    return T.new_table(info, dtype, dry_run)
+
+
+def _summary(search, keys):
+    tot = dict(generated=0, pruned=0, compiled=0, timed=0)
+    for k in keys:
+        r = search.results[k]
+        sp = r.get("space", {})
+        tot["generated"] += sp.get("generated", 0)
+        tot["pruned"] += sum((sp.get("pruned") or {}).values())
+        tot["compiled"] += sp.get("compiled", 0)
+        tot["timed"] += sp.get("timed", 0)
+        w = r.get("winner")
+        if w:
+            print(f"{k:32s} {w['time_s'] * 1e3:9.4f} ms  {100 * r['fraction_of_pmax']:5.1f}% "
+                  f"Pmax  x{r['speedup_vs_heuristic']:.3f} vs heuristic  {w['label']}")
+        else:
+            print(f"{k:32s} (no tunable kernel)")
+    secs = sum(r.get("seconds", 0) for r in search.state["runs"])
+    print(f"{len(keys)}/{len(search.specs)} sizes; generated {tot['generated']}, pruned "
+          f"{tot['pruned']}, compiled {tot['compiled']}, timed {tot['timed']}; "
+          f"{secs:.0f} s over {len(search.state['runs'])} run(s)")

@@ -1,0 +1,133 @@
+"""The ``--sizes`` mini-language of ``smalltc tune``: tokens to specs (batch count 1).
+
+=============  =====================================  =======================================
+op             token                                  means
+=============  =====================================  =======================================
+gemm           ``8``  ``2-32``  ``2,4,8``              square m = n = k
+               ``4x8x3``                              m x n x k
+               ``8:nt+sb+beta``                       with transposes (nn, nt, tn, tt),
+                                                      shared A/B (sa, sb), beta != 0 (beta)
+action         ``DIM:P:NQ[:cNCOMP]``                  ``3:1-8:p+1,p+2``: 3D, p = 1..8,
+assembly       ``DIM:P:NQ``                           nq = p+1 and p+2; ``2:4:6``: nq = 6
+pairwise       ``action:DIM:P:NQ``                    every reshaped (8a)/(8b)/(9) kernel of
+               ``assembly:DIM:P:NQ``                  the catalogue's steps for those sizes
+=============  =====================================  =======================================
+
+Examples
+--------
+>>> [str(s) for s in parse("action", ["3:1-2:p+1"], "float64")]
+['mass_apply_3d p=1 nq=2 E=1 float64', 'mass_apply_3d p=2 nq=3 E=1 float64']
+>>> [(s.m, s.n, s.k) for s in parse("gemm", ["2,3", "4x8x3"], "float32")]
+[(2, 2, 2), (3, 3, 3), (4, 8, 3)]
+"""
+from __future__ import annotations
+
+from ..catalogue import steps
+from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from .keys import size_key
+from .space import family
+
+__all__ = ["parse", "DEFAULT_SIZES", "OPS"]
+
+OPS = ("gemm", "action", "assembly", "pairwise")
+DEFAULT_SIZES = {
+    "gemm": ["2-32"],
+    "action": ["2:1-8:p+1,p+2", "3:1-8:p+1,p+2"],
+    "assembly": ["2:1-6:p+1,p+2", "3:1-6:p+1,p+2"],
+    "pairwise": ["action:2:1-8:p+1,p+2", "action:3:1-8:p+1,p+2",
+                 "assembly:2:1-6:p+1,p+2", "assembly:3:1-6:p+1,p+2"],
+}
+
+
+def _ints(text, what):
+    out = []
+    for part in text.split(","):
+        try:
+            if "-" in part:
+                a, b = part.split("-")
+                out.extend(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ValueError(f"{what}: {part!r} is not an integer, a list a,b or a range a-b") \
+                from None
+    if not out or min(out) < 1:
+        raise ValueError(f"{what}: {text!r} must name positive integers")
+    return out
+
+
+def _gemm(token, dtype):
+    sizes, _, flags = token.partition(":")
+    fl = set(flags.split("+")) - {""}
+    trans = next((f for f in fl if f in ("nn", "nt", "tn", "tt")), "nn")
+    bad = fl - {"nn", "nt", "tn", "tt", "sa", "sb", "beta"}
+    if bad:
+        raise ValueError(f"gemm size {token!r}: unknown flag(s) {sorted(bad)}")
+    kw = dict(dtype=dtype, trans_a=trans[0] == "t", trans_b=trans[1] == "t",
+              shared_a="sa" in fl, shared_b="sb" in fl, beta_zero="beta" not in fl)
+    if "x" in sizes:
+        try:
+            m, n, k = (int(v) for v in sizes.split("x"))
+        except ValueError:
+            raise ValueError(f"gemm size {token!r}: expected MxNxK") from None
+        return [GemmSpec(batch=1, m=m, n=n, k=k, **kw)]
+    return [GemmSpec(batch=1, m=n, n=n, k=n, **kw) for n in _ints(sizes, f"gemm size {token!r}")]
+
+
+def _fem(op, token, dtype):
+    parts = token.split(":")
+    if len(parts) not in (3, 4) or (len(parts) == 4 and op != "action"):
+        raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ"
+                         + ("[:cNCOMP]" if op == "action" else ""))
+    dims = _ints(parts[0], f"{op} size {token!r} (dim)")
+    if set(dims) - {1, 2, 3}:
+        raise ValueError(f"{op} size {token!r}: dim must be 1, 2 or 3")
+    ps = _ints(parts[1], f"{op} size {token!r} (p)")
+    ncomp = 1
+    if len(parts) == 4:
+        if not parts[3].startswith("c"):
+            raise ValueError(f"action size {token!r}: the 4th field is cNCOMP, e.g. c3")
+        ncomp = _ints(parts[3][1:], f"action size {token!r} (ncomp)")[0]
+    out = []
+    for dim in dims:
+        for p in ps:
+            for q in parts[2].split(","):
+                nq = p + int(q[2:] or 0) if q.startswith("p+") else int(q) if q.isdigit() else None
+                if nq is None or nq < 1:
+                    raise ValueError(f"{op} size {token!r}: nq {q!r} must be N or p+K")
+                if op == "action":
+                    out.append(ActionSpec(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype,
+                                          ncomp=ncomp))
+                else:
+                    out.append(AssemblySpec(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype))
+    return out
+
+
+def _pairwise(token, dtype):
+    op, _, rest = token.partition(":")
+    if op not in ("action", "assembly"):
+        raise ValueError(f"pairwise size {token!r}: starts with action: or assembly:")
+    out = []
+    for s in _fem(op, rest, dtype):
+        for st in steps(op, s.dim):
+            cs = ContractSpec(kind=st.kernel, batch=1, dtype=dtype, shared_x=st.x[0] == "B",
+                              shared_y=st.y[0] == "B", **st.extents(s.nd, s.nq))
+            if family(cs) is not None:
+                out.append(cs)
+    return out
+
+
+def parse(op, tokens, dtype):
+    """Specs (batch 1, duplicates removed, in order) of ``tokens`` for ``op``."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    found, seen = [], set()
+    for tok in tokens or DEFAULT_SIZES[op]:
+        for tk in tok.split():
+            specs = (_gemm(tk, dtype) if op == "gemm" else _pairwise(tk, dtype)
+                     if op == "pairwise" else _fem(op, tk, dtype))
+            for s in specs:
+                if size_key(s) not in seen:
+                    seen.add(size_key(s))
+                    found.append(s)
+    return found

@@ -316,8 +316,12 @@ class Search:
                 bar.update()
             for n, c in enumerate(todo, 1):
                 self._check_budget()
-                part["timed"][c.label] = dict(self._measure(spec, problem, c.params),
-                                              label=c.label)
+                rec = dict(self._measure(spec, problem, c.params), label=c.label)
+                res = part["compiled"].get(c.label, {})
+                for k in ("registers", "local_bytes", "spill_stores"):    # from the compiler
+                    if rec["kernel"].get(k) is None and res.get(k) is not None:
+                        rec["kernel"][k] = res[k]
+                part["timed"][c.label] = rec
                 bar.update()
                 if n % _SAVE_EVERY == 0:
                     self.save()

@@ -156,7 +156,11 @@ def add_results(table: dict, results: dict, op: str, seconds: float) -> dict:
         n["pruned"] += sum(sp.get("pruned", {}).values())
         for k in ("compiled", "timed", "wrong"):
             n[k] += sp.get(k, 0)
-    table["runs"].append(dict(op=op, seconds=round(seconds, 1), **n))
+    keys = sorted(k for k, r in results.items() if r.get("winner"))
+    # a search run again over the same sizes replaces its record
+    table["runs"] = [r for r in table.get("runs", [])
+                     if r.get("op") != op or not set(r.get("keys", ())) & set(keys)]
+    table["runs"].append(dict(op=op, seconds=round(seconds, 1), **n, keys=keys))
     table["entries"] = dict(sorted(table["entries"].items()))
     return table
 

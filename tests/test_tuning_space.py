@@ -1,0 +1,180 @@
+"""Search spaces: generation and pruning counts, size keys, the --sizes language (no GPU)."""
+import math
+
+import pytest
+
+from smalltc.backends import _cuda_params as P
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.tuning import keys as K
+from smalltc.tuning import sizes as Z
+from smalltc.tuning import space as S
+
+F64, F32 = "float64", "float32"
+CASES = [
+    GemmSpec(batch=1, m=2, n=2, k=2, dtype=F64),
+    GemmSpec(batch=1, m=8, n=8, k=8, dtype=F64),
+    GemmSpec(batch=1, m=32, n=32, k=32, dtype=F64),
+    GemmSpec(batch=1, m=3, n=5, k=7, dtype=F32, trans_a=True, shared_b=True, beta_zero=False),
+    ContractSpec(kind="8b", batch=1, i=3, s=3, j=4, k=4, l=3, dtype=F64, shared_y=True),
+    ContractSpec(kind="9", batch=1, i=3, s=4, j=3, k=4, l=16, dtype=F64, shared_x=True),
+    ActionSpec(dim=3, nq=4, nd=3, batch=1, dtype=F64),
+    ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype=F64),
+    ActionSpec(dim=2, nq=6, nd=5, batch=1, dtype=F32, ncomp=3),
+    AssemblySpec(dim=3, nq=4, nd=3, batch=1, dtype=F64),
+    AssemblySpec(dim=3, nq=8, nd=7, batch=1, dtype=F64),
+]
+
+
+def _covers(e):
+    return {math.ceil(e / t) for t in range(1, e + 1)}
+
+
+def _expected_layout(spec):
+    """Brute force, independent of space.py: (generated, pruned by tile, pruned by threads)."""
+    _, fast, slow = S.layout_axes(spec)
+    gen = tile = thr = 0
+    heur = S.heuristic_params(spec)
+    combos = [(dx, dy, nb) for dx in _covers(fast) for dy in _covers(slow)
+              for nb in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]
+    for dx, dy, nb in combos:
+        gen += 1
+        if dict(dim_x=dx, dim_y=dy, per_block=nb) == heur:
+            continue
+        if math.ceil(fast / dx) * math.ceil(slow / dy) > 32:
+            tile += 1
+        elif not 64 <= dx * dy * nb <= 1024:
+            thr += 1
+    return gen + (heur not in [dict(dim_x=a, dim_y=b, per_block=c) for a, b, c in combos]), tile, thr
+
+
+@pytest.mark.parametrize("spec", CASES, ids=str)
+def test_space_invariants(spec):
+    sp = S.generate(spec)
+    assert sp.generated == len(sp.candidates) + sp.n_pruned
+    assert sp.candidates, "every case here has a fused kernel"
+    assert sp.candidates[0].params == sp.heuristic       # the heuristic's choice is timed too
+    seen = set()
+    for c in sp.candidates:
+        assert set(c.params) == set(S.PARAMS[sp.family])
+        assert c.ctx["threads"] <= 1024 and c.ctx["smem_bytes"] <= 227 * 1024
+        assert S.ctx_for(spec, c.params) is not None      # the backend accepts every one
+        fp = S._fingerprint(c.ctx)
+        assert fp not in seen                             # no kernel compiled twice
+        seen.add(fp)
+        if c.params != sp.heuristic and sp.family in ("layout", "action"):
+            assert c.ctx["threads"] >= 64 or sp.family == "action"
+        if sp.family == "action":
+            assert c.params["min_blocks"] * c.ctx["threads"] <= 2048
+
+
+@pytest.mark.parametrize("spec", [c for c in CASES if S.family(c) == "layout"], ids=str)
+def test_layout_pruning_counts(spec):
+    gen, tile, thr = _expected_layout(spec)
+    sp = S.generate(spec)
+    assert (sp.generated, sp.pruned["tile"], sp.pruned["threads"]) == (gen, tile, thr)
+
+
+def test_pruning_counts_by_hand():
+    # assembly: 10 per_block values 1..512; at nd=7, nq=8 (3D) a unit needs
+    # 8*(7*64 + 343*8) = 25536 bytes: 227 KiB hold 9, so 16..512 are invalid.
+    sp = S.generate(AssemblySpec(dim=3, nq=8, nd=7, batch=1, dtype=F64))
+    assert sp.generated == 10 + (sp.heuristic["per_block"] not in (1, 2, 4, 8, 16, 32, 64,
+                                                                   128, 256, 512))
+    assert sp.pruned["invalid"] == 6
+    assert sorted(c.params["per_block"] for c in sp.candidates)[-1] <= 8
+    # action 3D nd=3 nq=4: T=4, 16 threads per element, 1..64 elements, so
+    # "nice" counts 1,2,3,4,6,8,12,16,24,32,48,64 (12) x min_blocks 0,1,2,3,4,5,6,8 (8)
+    sp = S.generate(ActionSpec(dim=3, nq=4, nd=3, batch=1, dtype=F64))
+    heur_extra = sp.heuristic["per_block"] not in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    assert sp.generated == 96 + heur_extra
+    assert sp.pruned["threads"] == 3 * 8             # 1, 2, 3 elements: < 64 threads
+    # min_blocks * threads > 2048
+    over = sum(1 for ne in (4, 6, 8, 12, 16, 24, 32, 48, 64) for mb in (0, 1, 2, 3, 4, 5, 6, 8)
+               if mb * ne * 16 > 2048)
+    assert sp.pruned["resident"] == over
+
+
+def test_smaller_shared_memory_prunes_more():
+    spec = GemmSpec(batch=1, m=16, n=16, k=16, dtype=F64)
+    big, small = S.generate(spec), S.generate(spec, smem_optin=16 * 1024)
+    assert small.pruned["invalid"] > big.pruned["invalid"]
+    assert all(c.ctx["smem_bytes"] <= 16 * 1024 for c in small.candidates)
+
+
+def test_generic_only_sizes_have_no_space():
+    big = GemmSpec(batch=1, m=200, n=200, k=200, dtype=F64)
+    assert S.family(big) == "layout" and S.generate(big).candidates == []
+    nine = ContractSpec(kind="9", batch=1, i=3, s=4, j=3, k=4, l=16, dtype=F64)   # B not shared
+    sp = S.generate(nine)
+    assert sp.family is None and sp.generated == 0
+
+
+@pytest.mark.parametrize("res,threads,why", [
+    (dict(registers=40, local_bytes=0), 256, None),
+    (dict(registers=40, local_bytes=16), 256, "spills"),
+    (dict(registers=40, spill_stores=8), 256, "spills"),
+    (dict(registers=128, local_bytes=0), 1024, "registers"),
+    (dict(), 1024, None),
+])
+def test_prune_compiled(res, threads, why):
+    assert S.prune_compiled(res, threads) == why
+
+
+@pytest.mark.parametrize("spec,key", [
+    (GemmSpec(batch=5, m=8, n=4, k=2, dtype=F64), "gemm/nn/m8n4k2"),
+    (GemmSpec(batch=5, m=8, n=8, k=8, dtype=F64, trans_b=True, shared_a=True, beta_zero=False),
+     "gemm/nt+sa+beta/m8n8k8"),
+    (ContractSpec(kind="8b", batch=1, i=3, s=3, j=4, k=4, l=3, dtype=F64, shared_y=True),
+     "contract8b+sy/i3s3j4k4l3"),
+    (ActionSpec(dim=2, nq=5, nd=4, batch=9, dtype=F32, ncomp=3), "action/2d/nd4nq5c3"),
+    (AssemblySpec(dim=3, nq=5, nd=4, batch=9, dtype=F32), "assembly/3d/nd4nq5"),
+])
+def test_size_keys(spec, key):
+    assert K.size_key(spec) == key
+    variant, nums = K.split_key(key)
+    assert key == f"{variant}/" + "".join(f"{k}{v}" for k, v in nums.items())
+
+
+def test_distance():
+    assert K.distance("gemm/nn/m8n8k8", "gemm/nn/m8n8k8") == 0
+    assert K.distance("gemm/nn/m8n8k8", "gemm/nn/m16n8k8") == 1
+    assert K.distance("gemm/nn/m8n8k8", "gemm/nn/m4n16k8") == 2
+    assert K.distance("gemm/nn/m8n8k8", "gemm/nt/m8n8k8") == math.inf
+    assert K.distance("action/3d/nd4nq5c1", "action/2d/nd4nq5c1") == math.inf
+    with pytest.raises(ValueError, match="not a size key"):
+        K.split_key("gemm-8")
+
+
+def test_sizes_language():
+    specs = Z.parse("action", ["3:1-8:p+1,p+2"], F64)
+    assert len(specs) == 16 and {(s.nd, s.nq) for s in specs} >= {(2, 2), (9, 10)}
+    assert [s.ncomp for s in Z.parse("action", ["2:3:5:c3"], F32)] == [3]
+    g = Z.parse("gemm", ["2-4", "3", "4x8x3:tn+sb+beta"], F64)
+    assert [(s.m, s.n, s.k) for s in g] == [(2, 2, 2), (3, 3, 3), (4, 4, 4), (4, 8, 3)]
+    assert g[-1].trans_a and not g[-1].trans_b and g[-1].shared_b and not g[-1].beta_zero
+    pw = Z.parse("pairwise", ["action:3:2:p+2", "assembly:3:2:p+2"], F64)
+    assert {s.kind for s in pw} == {"8a", "8b", "9"}
+    assert all(S.family(s) is not None for s in pw)
+    assert len(Z.parse("gemm", None, F64)) == 31          # default: square n = 2..32
+
+
+@pytest.mark.parametrize("op,tokens,match", [
+    ("gemm", ["8:xx"], "unknown flag"),
+    ("gemm", ["4x4"], "MxNxK"),
+    ("action", ["3:1-8"], "DIM:P:NQ"),
+    ("action", ["4:1:2"], "dim must be"),
+    ("assembly", ["3:1:2:c3"], "DIM:P:NQ"),
+    ("action", ["3:a:2"], "not an integer"),
+    ("action", ["3:1:q+1"], "N or p"),
+    ("pairwise", ["mass:3:1:2"], "action: or assembly:"),
+    ("tensor", ["1"], "op must be"),
+])
+def test_sizes_errors(op, tokens, match):
+    with pytest.raises(ValueError, match=match):
+        Z.parse(op, tokens, F64)
+
+
+def test_heuristic_matches_backend_context():
+    # ctx_for(None) is what the CUDA backend renders without a table
+    spec = ActionSpec(dim=3, nq=6, nd=5, batch=1, dtype=F64)
+    assert S.ctx_for(spec)[1] == P.action_ctx(3, 5, 6, 1, F64, 227 * 1024, None)

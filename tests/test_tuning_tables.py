@@ -1,0 +1,204 @@
+"""Tuning tables: write/load round trip, schema checks, exact and nearest lookup, runtime hook.
+
+Tables here are built from dry-run searches (made-up times) in a temporary
+folder; nothing is written into the package's tables.
+"""
+import copy
+import json
+
+import pytest
+
+from smalltc.backends import _cuda_params as P
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.tuning import tables as T
+from smalltc.tuning.keys import size_key
+from smalltc.tuning.measure import DryRunDevice, sized
+from smalltc.tuning.search import Search
+from smalltc.tuning.space import ctx_for
+
+F64 = "float64"
+
+
+def _table(specs, dtype=F64, dry_run=False):
+    dev = DryRunDevice(dtype)
+    s = Search("mixed", dtype, [sized(x) for x in specs], dev, compiler="none", jobs=1,
+               progress=False, log=lambda m: None)
+    assert s.run() == "done"
+    t = T.new_table(dev.info(), dtype, dry_run=dry_run)
+    return T.add_results(t, s.results, "mixed", 1.0)
+
+
+SPECS = [GemmSpec(batch=1, m=n, n=n, k=n, dtype=F64) for n in (4, 8, 16)] + [
+    ActionSpec(dim=3, nq=5, nd=4, batch=1, dtype=F64),
+    ActionSpec(dim=2, nq=5, nd=4, batch=1, dtype=F64),
+    AssemblySpec(dim=3, nq=4, nd=3, batch=1, dtype=F64),
+    ContractSpec(kind="9", batch=1, i=3, s=4, j=3, k=4, l=16, dtype=F64, shared_x=True)]
+
+
+@pytest.fixture(scope="module")
+def table():
+    return _table(SPECS)
+
+
+def test_round_trip(tmp_path, table):
+    path = tmp_path / T.table_name("90", F64)
+    T.save(table, path)
+    back = T.load(path)
+    assert back == json.loads(json.dumps(table))
+    assert back["schema"] == 1 and back["arch"] == "sm90" and back["dtype"] == F64
+    for k in ("name", "cc"):
+        assert k in back["device"]
+    assert {"cuda_runtime", "cupy", "smalltc"} <= set(back["versions"])
+    assert set(back["entries"]) == {size_key(s) for s in SPECS}
+    for key, e in back["entries"].items():
+        assert e["time_s"] > 0 and 0 < e["fraction_of_pmax"] <= 1
+        assert e["runner_up"] is None or e["runner_up"]["time_s"] >= e["time_s"] * 0.99
+        assert ctx_for(T.spec_from_dict(e["spec"]), e["params"]) is not None
+    run = back["runs"][-1]
+    assert run["op"] == "mixed" and run["sizes"] == len(SPECS)
+    assert run["generated"] == run["pruned"] + run["compiled"]
+
+
+def _broken(table, how):
+    t = copy.deepcopy(table)
+    key = "gemm/nn/m8n8k8"
+    if how == "schema":
+        t["schema"] = 2
+    elif how == "missing":
+        del t["date"]
+    elif how == "arch":
+        t["arch"] = "sm80"
+    elif how == "params":
+        t["entries"][key]["params"] = {"per_block": 2}
+    elif how == "spec":
+        t["entries"][key]["spec"]["m"] = 9
+    elif how == "time":
+        t["entries"][key]["time_s"] = 0
+    elif how == "entry":
+        del t["entries"][key]["runner_up"]
+    elif how == "dtype":
+        t["entries"][key]["spec"]["dtype"] = "float32"
+    return t
+
+
+@pytest.mark.parametrize("how,match", [
+    ("schema", "schema 2"), ("missing", "missing date"), ("arch", "arch 'sm80'"),
+    ("params", "params"), ("spec", "holds the spec of"), ("time", "time_s"),
+    ("entry", "lacks runner_up"), ("dtype", "is float32")])
+def test_schema_errors(table, how, match, tmp_path):
+    bad = _broken(table, how)
+    with pytest.raises(ValueError, match=match):
+        T.validate(bad)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=match):
+        T.load(path)
+
+
+def test_exact_lookup(table):
+    t = T.Table(table)
+    for spec in SPECS:
+        params, how, key = t.lookup(spec.with_batch(12345))
+        assert how == "exact" and key == size_key(spec)
+        assert params == table["entries"][key]["params"]
+
+
+@pytest.mark.parametrize("spec,entry", [
+    (GemmSpec(batch=7, m=9, n=9, k=9, dtype=F64), "gemm/nn/m8n8k8"),
+    (GemmSpec(batch=7, m=5, n=5, k=5, dtype=F64), "gemm/nn/m4n4k4"),
+    (GemmSpec(batch=7, m=8, n=8, k=12, dtype=F64), "gemm/nn/m8n8k8"),
+    (ActionSpec(dim=3, nq=6, nd=4, batch=7, dtype=F64), "action/3d/nd4nq5c1"),
+    (ActionSpec(dim=3, nq=5, nd=4, batch=7, dtype=F64, ncomp=3), "action/3d/nd4nq5c1"),
+    (AssemblySpec(dim=3, nq=5, nd=3, batch=7, dtype=F64), "assembly/3d/nd3nq4"),
+    (ContractSpec(kind="9", batch=7, i=3, s=4, j=3, k=4, l=20, dtype=F64, shared_x=True),
+     "contract9+sx/i3s4j3k4l16"),
+])
+def test_nearest_lookup(table, spec, entry):
+    params, how, key = T.Table(table).lookup(spec)
+    assert (how, key) == ("nearest", entry)
+    assert ctx_for(spec, params) is not None           # carried over, and still valid
+
+
+@pytest.mark.parametrize("spec", [
+    GemmSpec(batch=7, m=64, n=64, k=64, dtype=F64),          # too far from 16 (distance 6)
+    GemmSpec(batch=7, m=8, n=8, k=8, dtype=F64, trans_a=True),   # other variant
+    GemmSpec(batch=7, m=8, n=8, k=8, dtype="float32"),           # other dtype
+    ActionSpec(dim=1, nq=5, nd=4, batch=7, dtype=F64),           # no 1D entry
+    AssemblySpec(dim=2, nq=4, nd=3, batch=7, dtype=F64),
+])
+def test_no_entry_is_none(table, spec):
+    assert T.Table(table).lookup(spec) is None
+
+
+def test_adapt_keeps_layout_shape():
+    e = GemmSpec(batch=1, m=8, n=8, k=8, dtype=F64)
+    # 2 outputs per thread along n, 4 along m, 128 threads per block
+    p = T.adapt(GemmSpec(batch=1, m=16, n=16, k=16, dtype=F64), e,
+                dict(dim_x=4, dim_y=2, per_block=16))
+    assert p == dict(dim_x=8, dim_y=4, per_block=4)
+    a = T.adapt(ActionSpec(dim=3, nq=6, nd=5, batch=1, dtype=F64),
+                ActionSpec(dim=3, nq=5, nd=4, batch=1, dtype=F64),
+                dict(per_block=8, min_blocks=8))     # 200 threads -> 36 per element
+    assert a["per_block"] == round(8 * 25 / 36) and a["min_blocks"] * 36 * a["per_block"] <= 2048
+
+
+def _use_dir(monkeypatch, path):
+    monkeypatch.setenv("SMALLTC_TUNING_TABLES", str(path))
+    T._table_for.cache_clear()
+
+
+def test_runtime_lookup_and_hook(tmp_path, monkeypatch, table):
+    T.save(table, tmp_path / T.table_name("90", F64))
+    _use_dir(monkeypatch, tmp_path)
+    exact = GemmSpec(batch=3, m=8, n=8, k=8, dtype=F64)
+    near = GemmSpec(batch=3, m=9, n=9, k=9, dtype=F64)
+    before = getattr(P, "_LOOKUP", None)
+    try:
+        T.install()
+        hit = P.lookup(exact, "90")
+        assert hit["_source"] == "table-exact" and hit["_entry"] == "gemm/nn/m8n8k8"
+        assert {k: v for k, v in hit.items() if not k.startswith("_")} == \
+            table["entries"]["gemm/nn/m8n8k8"]["params"]
+        assert P.lookup(near, "90")["_source"] == "table-nearest"
+        # the context functions ignore the "_" keys: the answer can be handed over as is
+        assert ctx_for(exact, hit) == ctx_for(exact, table["entries"]["gemm/nn/m8n8k8"]["params"])
+        assert P.lookup(exact, "80") is None                      # no sm80 table
+        assert P.lookup(GemmSpec(batch=3, m=8, n=8, k=8, dtype="float32"), "90") is None
+        d = T.describe(near, "90")
+        assert d["match"] == "nearest" and d["entry"] == "gemm/nn/m8n8k8"
+        monkeypatch.setenv("SMALLTC_TUNING", "off")
+        assert P.lookup(exact, "90") is None
+    finally:
+        T.uninstall()
+        P.set_table_lookup(before)
+    assert getattr(P, "_LOOKUP", None) is before
+
+
+def test_no_table_means_heuristic(tmp_path, monkeypatch):
+    _use_dir(monkeypatch, tmp_path)
+    spec = GemmSpec(batch=3, m=8, n=8, k=8, dtype=F64)
+    assert T.runtime_lookup(spec, "1") is None                  # no table for a cc 1 device
+    assert T.describe(spec, "1") == dict(match=None, entry=None, params=None, table=None)
+
+
+def test_dry_run_table_is_never_used(tmp_path, monkeypatch, caplog):
+    t = _table(SPECS[:1], dry_run=True)
+    T.save(t, tmp_path / T.table_name("90", F64))
+    _use_dir(monkeypatch, tmp_path)
+    assert T.runtime_lookup(SPECS[0], "90") is None
+    assert "dry run" in caplog.text
+
+
+def test_broken_table_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog):
+    (tmp_path / T.table_name("90", F64)).write_text('{"schema": 99}')
+    _use_dir(monkeypatch, tmp_path)
+    assert T.runtime_lookup(SPECS[0], "90") is None
+    assert "schema 99" in caplog.text
+
+
+def test_shipped_tables_are_valid():
+    # tables in the package are only ever written by a GPU run; whatever is there must load
+    for path in sorted(T.tables_dir().glob("*.json")):
+        t = T.load(path)
+        assert not t.get("dry_run"), f"{path} is a dry-run table"
+        assert path.name == T.table_name(t["device"]["cc"], t["dtype"])

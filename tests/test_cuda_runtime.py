@@ -90,6 +90,11 @@ def test_table_lookup_overrides_heuristic(fake_device):
     finally:
         P.set_table_lookup(None)
     assert ex.source == "table"
+    P.set_table_lookup(lambda s, cc: dict(dim_x=8, dim_y=8, per_block=1, _source="table-nearest"))
+    try:
+        assert C._build_gemm(spec, dict(smem_optin=227 * 1024, cc="90")).source == "table-nearest"
+    finally:
+        P.set_table_lookup(None)
     assert (ex.params["dim_x"], ex.params["dim_y"], ex.params["per_block"]) == (8, 2, 3)
     assert ex.params["thr_m"] == 4 and ex.params["threads"] == 48
 

@@ -48,7 +48,7 @@ def _params(spec, info, heuristic):
     if table is not None:
         ctx = heuristic(table)
         if ctx is not None:
-            return ctx, "table"
+            return ctx, table.get("_source", "table")
     return heuristic(None), "heuristic"
 
 

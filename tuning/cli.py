@@ -114,7 +114,10 @@ def run(args, device=None, clock=None) -> int:
               progress=not args.no_progress)
     if clock is not None:
         kw["clock"] = clock
-    search = Search(args.op, args.dtype, specs, device, **kw)
+    try:
+        search = Search(args.op, args.dtype, specs, device, **kw)
+    except ValueError as err:                     # a checkpoint of another search
+        return _fail(str(err))
     print(f"smalltc tune: {args.op} {args.dtype} on {info['name']} (sm_{info['cc']}), "
           f"{len(specs)} sizes, {len(search.results)} done before, compiler {compiler}, "
           f"{search.jobs} jobs", file=sys.stderr)

@@ -32,7 +32,7 @@ import numpy as np
 from .. import roofline
 from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from .compile import injected
-from .space import ctx_for
+from .space import PARAMS, ctx_for, family
 
 __all__ = ["GpuDevice", "DryRunDevice", "operands", "per_item_bytes", "sized", "TOL",
            "FOOTPRINT", "GEMM_MIN_BATCH"]
@@ -281,8 +281,8 @@ class DryRunDevice:
         return self.bound(spec).tmin * penalty
 
     def time(self, problem, ex) -> list:
-        t = self.model_seconds(problem.spec, {k: ex.params.get(k) for k in
-                                              ("dim_x", "dim_y", "per_block", "min_blocks")})
+        keys = PARAMS[family(problem.spec)]
+        t = self.model_seconds(problem.spec, {k: ex.params[k] for k in keys})
         return [int(t * 1e9 * (1 + 0.001 * (r % 3))) for r in range(self.repeats)]
 
 

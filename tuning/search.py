@@ -150,6 +150,10 @@ class Search:
             if old.get(field) != want:
                 raise ValueError(f"checkpoint {self.checkpoint} is for {field}="
                                  f"{old.get(field)!r}, this search for {want!r}")
+        if bool(old.get("dry_run")) != self.state["dry_run"]:
+            raise ValueError(f"checkpoint {self.checkpoint} is from a "
+                             f"{'dry run' if old.get('dry_run') else 'GPU run'}; this search "
+                             f"is {'a dry run' if self.state['dry_run'] else 'on a GPU'}")
         if old["device"].get("cc") != self.info["cc"]:
             raise ValueError(f"checkpoint {self.checkpoint} was written on sm_"
                              f"{old['device'].get('cc')}, this device is {self.arch}")

@@ -1,0 +1,215 @@
+"""The search driver with a mock device and a mock clock (no GPU): checkpoint and resume,
+budget stops, wrong and spilling variants never win, the heuristic kept when not beaten."""
+import json
+
+import pytest
+
+from smalltc.spec import ActionSpec, AssemblySpec, GemmSpec
+from smalltc.tuning.compile import compile_none
+from smalltc.tuning.measure import DryRunDevice, sized
+from smalltc.tuning.search import Search, load_checkpoint
+from smalltc.tuning.space import PARAMS, family, generate
+
+F64 = "float64"
+SPECS = [sized(s) for s in (GemmSpec(batch=1, m=4, n=4, k=4, dtype=F64),
+                            GemmSpec(batch=1, m=6, n=6, k=6, dtype=F64),
+                            AssemblySpec(dim=3, nq=4, nd=3, batch=1, dtype=F64),
+                            ActionSpec(dim=2, nq=5, nd=4, batch=1, dtype=F64))]
+
+
+class Clock:
+    """Mock time: advances only when the mock device "runs" something."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class MockDevice(DryRunDevice):
+    """Dry-run device that counts calls, advances a mock clock, and can be made wrong."""
+
+    def __init__(self, clock=None, wrong=(), wrong_big=(), flat=False):
+        super().__init__(F64)
+        self.clock, self.wrong, self.wrong_big, self.flat = clock, set(wrong), set(wrong_big), flat
+        self.timed = []
+
+    @staticmethod
+    def _label(ex):
+        return tuple(sorted((k, ex.params[k]) for k in PARAMS[family(ex.spec)]))
+
+    def verify(self, problem, ex):
+        return 1.0 if self._label(ex) in self.wrong else 0.0
+
+    def verify_big(self, problem, ex):
+        return float("nan") if self._label(ex) in self.wrong_big else 0.0
+
+    def time(self, problem, ex):
+        self.timed.append(self._label(ex))
+        if self.clock is not None:
+            self.clock.t += 1.0
+        if self.flat:
+            return [1000] * self.repeats
+        return super().time(problem, ex)
+
+
+def _search(dev, specs=SPECS, **kw):
+    kw.setdefault("compiler", "none")
+    return Search("mixed", F64, specs, dev, jobs=kw.pop("jobs", 1), progress=False,
+                  log=lambda m: None, **kw)
+
+
+def _winners(results):
+    return {k: (r["winner"]["params"], r["winner"]["time_s"],
+                (r["runner_up"] or {}).get("params")) for k, r in results.items()}
+
+
+def test_full_run_records_everything():
+    s = _search(MockDevice())
+    assert s.run() == "done"
+    assert list(s.results) == [r for r in s.state["sizes"]]
+    for key, r in s.results.items():
+        sp = r["space"]
+        assert sp["generated"] == sp["candidates"] + sum(
+            v for k, v in sp["pruned"].items() if k in ("invalid", "threads", "tile",
+                                                        "resident", "duplicate"))
+        assert sp["compiled"] == sp["candidates"] and sp["timed"] == sp["candidates"]
+        ok = [c for c in r["candidates"] if c["status"] == "ok"]
+        assert r["winner"]["time_s"] <= min(c["time_s"] for c in ok) * 1.0000001 or \
+            r["kept_heuristic"]
+        assert r["heuristic"]["status"] == "ok"
+        assert r["speedup_vs_heuristic"] >= 1.0
+        assert 0 < r["fraction_of_pmax"] <= 1
+
+
+def test_checkpoint_and_resume_give_the_same_result(tmp_path):
+    whole = _search(MockDevice())
+    assert whole.run() == "done"
+    ck = tmp_path / "ck.json"
+    clock = Clock()
+    # each timed call costs 1 mock second; stop in the middle of the 3rd size
+    n_first_two = sum(len(generate(s).candidates) + 1 + 4 * 3 for s in SPECS[:2])
+    dev1 = MockDevice(clock)
+    first = _search(dev1, checkpoint=str(ck), budget_s=n_first_two + 5, clock=clock)
+    assert first.run() == "budget"
+    state = load_checkpoint(ck)
+    assert len(state["results"]) == 2 and state["runs"][-1]["status"] == "budget"
+    half = state["partial"][state["sizes"][2]]
+    assert half["timed"], "the half-done size keeps what it timed"
+    done_before = set(half["timed"])
+    dev2 = MockDevice(clock)
+    second = _search(dev2, checkpoint=str(ck), resume=True, clock=clock)
+    assert second.run() == "done"
+    assert _winners(second.results) == _winners(whole.results)
+    # what the first run timed is not timed again: the second run times the rest of the
+    # 3rd size, all of the 4th, and the confirmation rounds (3 best + heuristic, 3 rounds)
+    rest3 = len(generate(SPECS[2]).candidates) - len(done_before) + (half["heuristic"] is None)
+    all4 = len(generate(SPECS[3]).candidates) + 1
+    assert len(dev2.timed) == rest3 + all4 + 2 * (3 + 1) * 3
+    state = load_checkpoint(ck)
+    assert state["partial"] == {} and len(state["runs"]) == 2
+    assert [r["status"] for r in state["runs"]] == ["budget", "done"]
+
+
+def test_resume_of_a_finished_search_times_nothing(tmp_path):
+    ck = tmp_path / "ck.json"
+    assert _search(MockDevice(), checkpoint=str(ck)).run() == "done"
+    dev = MockDevice()
+    s = _search(dev, checkpoint=str(ck), resume=True)
+    assert s.run() == "done" and dev.timed == []
+
+
+def test_resume_refuses_another_search(tmp_path):
+    ck = tmp_path / "ck.json"
+    _search(MockDevice(), specs=SPECS[:1], checkpoint=str(ck)).run()
+    with pytest.raises(ValueError, match="dtype"):
+        Search("mixed", "float32", SPECS[:1], MockDevice(), checkpoint=str(ck), resume=True)
+    other = MockDevice()
+    other.cc = "80"
+    with pytest.raises(ValueError, match="sm_80"):
+        Search("mixed", F64, SPECS[:1], other, checkpoint=str(ck), resume=True)
+
+
+def test_budget_zero_stops_before_anything(tmp_path):
+    ck = tmp_path / "ck.json"
+    clock = Clock()
+    s = _search(MockDevice(clock), checkpoint=str(ck), budget_s=0, clock=clock)
+    assert s.run() == "budget" and s.results == {}
+    assert json.loads(ck.read_text())["runs"][0]["status"] == "budget"
+
+
+def _model_order(spec):
+    dev = DryRunDevice(F64)
+    sp = generate(spec)
+    return sorted(sp.candidates, key=lambda c: dev.model_seconds(spec, c.params))
+
+
+def test_a_wrong_candidate_never_wins():
+    spec = SPECS[0]
+    fastest = _model_order(spec)[:2]
+    wrong = {tuple(sorted(c.params.items())) for c in fastest}
+    s = _search(MockDevice(wrong=wrong), specs=[spec])
+    s.run()
+    r = next(iter(s.results.values()))
+    assert r["winner"]["params"] not in [c.params for c in fastest]
+    statuses = {c["label"]: c["status"] for c in r["candidates"]}
+    assert all(statuses[c.label] == "wrong" for c in fastest)
+    assert r["space"]["wrong"] == 2
+    assert all("time_s" not in c for c in r["candidates"] if c["status"] == "wrong")
+
+
+def test_wrong_at_full_size_never_wins():
+    spec = SPECS[0]
+    fastest = _model_order(spec)[0]
+    s = _search(MockDevice(wrong_big={tuple(sorted(fastest.params.items()))}), specs=[spec])
+    s.run()
+    r = next(iter(s.results.values()))
+    assert r["winner"]["params"] != fastest.params
+    assert r["space"]["wrong"] == 1
+
+
+def compile_spilling(spec, params, arch=None, smem_optin=None):
+    """Mock compiler: every variant with per_block > 8 spills."""
+    return dict(ok=True, registers=64, local_bytes=32 if params["per_block"] > 8 else 0)
+
+
+def test_spilling_candidates_are_never_timed():
+    spec = SPECS[2]                                   # assembly: per_block 1..512
+    dev = MockDevice()
+    s = _search(dev, specs=[spec], compiler=compile_spilling)
+    s.run()
+    r = next(iter(s.results.values()))
+    n_spill = sum(1 for c in generate(spec).candidates if c.params["per_block"] > 8)
+    assert r["space"]["pruned"]["spills"] == n_spill > 0
+    timed_pb = {dict(lab)["per_block"] for lab in dev.timed}
+    # only the heuristic's own kernel may be timed with per_block > 8 (it is the baseline)
+    heur = r["heuristic"]["params"]["per_block"]
+    assert timed_pb - {heur} <= set(range(1, 9))
+
+
+def compile_failing(spec, params, arch=None, smem_optin=None):
+    return dict(ok=False, error="nvrtc: boom") if params["per_block"] == 2 else \
+        compile_none(spec, params)
+
+
+def test_failed_compiles_are_counted():
+    s = _search(MockDevice(), specs=[SPECS[2]], compiler=compile_failing)
+    s.run()
+    r = next(iter(s.results.values()))
+    assert r["space"]["failed"] == 1 and r["space"]["compiled"] == r["space"]["candidates"] - 1
+
+
+def test_heuristic_kept_when_nothing_beats_it():
+    s = _search(MockDevice(flat=True), specs=[SPECS[0]])
+    s.run()
+    r = next(iter(s.results.values()))
+    assert r["winner"]["params"] == r["heuristic"]["params"]
+    assert r["speedup_vs_heuristic"] == 1.0
+
+
+def test_process_pool_compile():
+    s = _search(MockDevice(), specs=[SPECS[2]], jobs=2)
+    assert s.run() == "done"
+    r = next(iter(s.results.values()))
+    assert r["space"]["compiled"] == r["space"]["candidates"]

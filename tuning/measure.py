@@ -132,6 +132,15 @@ class _Problem:
         self.check_ref, self.samples = check_ref, samples
 
 
+class _Built:
+    """One variant built twice: for the timed batch (``big``) and the check batch (``check``)."""
+
+    def __init__(self, big, check):
+        self.big, self.check = big, check
+        self.params, self.source = big.params, big.source
+        self.kernel = getattr(big, "kernel", "?")
+
+
 class GpuDevice:
     """The current CuPy device; kernels built through the CUDA backend."""
 
@@ -194,8 +203,11 @@ class GpuDevice:
         self.cp.get_default_memory_pool().free_all_blocks()
 
     def build(self, spec, params):
+        """Executors of the timed size and of the check size (an executor's batch is fixed)."""
         with injected(params):
-            return self.backend.build(spec)
+            big = self.backend.build(spec)
+            check = self.backend.build(spec.with_batch(_check_batch(spec)))
+        return _Built(big, check)
 
     def _run(self, ex, spec, ops, out):
         ops = list(ops) + ([None] if isinstance(spec, GemmSpec) and spec.beta_zero else [])
@@ -204,12 +216,12 @@ class GpuDevice:
     def verify(self, problem, ex) -> float:
         spec = problem.spec.with_batch(problem.check_out.shape[0])
         problem.check_out.fill(math.nan)
-        self._run(ex, spec, problem.check_dev, problem.check_out)
+        self._run(ex.check, spec, problem.check_dev, problem.check_out)
         return rel_err(self.cp.asnumpy(problem.check_out), problem.check_ref)
 
     def verify_big(self, problem, ex) -> float:
         problem.out.fill(math.nan)
-        self._run(ex, problem.spec, problem.big, problem.out)
+        self._run(ex.big, problem.spec, problem.big, problem.out)
         idx = problem.samples
         spec = problem.spec.with_batch(len(idx))
         host = []
@@ -221,7 +233,7 @@ class GpuDevice:
     def time(self, problem, ex) -> list:
         from .._timing import time_calls
         spec, ops, out = problem.spec, problem.big, problem.out
-        return time_calls(lambda: self._run(ex, spec, ops, out), repeats=self.repeats,
+        return time_calls(lambda: self._run(ex.big, spec, ops, out), repeats=self.repeats,
                           warmup=self.warmup, on_gpu=True)
 
 

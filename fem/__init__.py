@@ -7,11 +7,16 @@ mass operator), matrix-free and assembled mass operators built on
 :func:`smalltc.batched_contract` and :func:`smalltc.assemble_mass`,
 preconditioned CG, and L2 projection.
 
+Setup (meshes, geometry, ``D``) is NumPy on the host; the solve path
+(gather/scatter, operators, Jacobi, CG) works with the array module of its
+data, so ``l2_project(..., device="gpu")`` runs it with CuPy on the GPU and
+``device="auto"`` (the default) does so whenever a GPU answers.
+
 Examples
 --------
 >>> from smalltc import fem
 >>> mesh = fem.box_mesh(3, 2, distortion=0.05)     # trilinear, distorted elements
->>> res = fem.l2_project(mesh, 2, lambda x: x[0] * x[1] + x[2] ** 2)
+>>> res = fem.l2_project(mesh, 2, lambda x: x[0] * x[1] + x[2] ** 2, device="cpu")
 >>> res.l2_error < 1e-12     # the mapped Q_2 space contains quadratics
 True
 """

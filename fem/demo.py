@@ -4,6 +4,7 @@
 L2-projects :func:`smooth_function` onto the order-``p`` space with the
 matrix-free mass operator (:func:`smalltc.batched_contract` inside CG), and
 returns a plain dictionary a command-line tool can print or dump as JSON.
+The solve runs on the GPU when there is one (``device="auto"``).
 """
 
 import time
@@ -41,7 +42,7 @@ def smooth_function(x):
 
 
 def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
-                    operator="matrix-free", tol=1e-12, backend="auto"):
+                    operator="matrix-free", tol=1e-12, backend="auto", device="auto"):
     """Project :func:`smooth_function` on a distorted box mesh and report.
 
     Parameters
@@ -63,28 +64,33 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
         CG relative residual target.
     backend : str
         Passed to the smalltc core.
+    device : {"auto", "cpu", "gpu"}
+        Where the operator and CG run, see
+        :func:`smalltc.fem.projection.l2_project`.
 
     Returns
     -------
     dict
-        ``dim, p, n, nq, elements, dofs, operator, backend, iterations,
-        residual, l2_error, relative_l2_error, time_setup_s, time_solve_s,
-        time_total_s`` (ints, floats and strings only).
+        ``dim, p, n, nq, elements, dofs, operator, backend, device,
+        iterations, residual, l2_error, relative_l2_error, time_setup_s,
+        time_solve_s, time_total_s`` (ints, floats and strings only;
+        ``device`` is where it ran, ``"cpu"`` or ``"gpu"``).
 
     Raises
     ------
-    ValueError, ConvergenceError
+    ValueError, RuntimeError, ConvergenceError
         As :func:`smalltc.fem.projection.l2_project`.
 
     Examples
     --------
-    >>> r = projection_demo(dim=2, p=2, n=4)
-    >>> r["elements"], r["dofs"], r["relative_l2_error"] < 1e-2
-    (16, 81, True)
+    >>> r = projection_demo(dim=2, p=2, n=4, device="cpu")
+    >>> r["elements"], r["dofs"], r["relative_l2_error"] < 1e-2, r["device"]
+    (16, 81, True, 'cpu')
     """
     t0 = time.perf_counter()
     mesh = box_mesh(dim, n, geom_order=geom_order, distortion=distortion)
-    res = l2_project(mesh, p, smooth_function, nq=nq, operator=operator, tol=tol, backend=backend)
+    res = l2_project(mesh, p, smooth_function, nq=nq, operator=operator, tol=tol, backend=backend,
+                     device=device)
     total = time.perf_counter() - t0
     return {
         "dim": int(dim),
@@ -95,6 +101,7 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
         "dofs": int(res.space.ndofs),
         "operator": operator,
         "backend": backend,
+        "device": res.device,
         "iterations": int(res.iterations),
         "residual": float(res.residual),
         "l2_error": float(res.l2_error),

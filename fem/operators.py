@@ -14,12 +14,19 @@ B^T D_e B`` the element mass matrix of SPEC section 2:
 
 Global vectors have shape ``(ndofs,)`` or ``(ncomp, ndofs)`` (the operator
 acts on each component).
+
+An operator lives where its ``D`` lives: built from CuPy arrays (or with
+``mass_operator(..., device="gpu")``) it keeps ``B1d`` and ``D`` on the GPU,
+takes NumPy or CuPy vectors and returns CuPy ones, and its applications and
+diagonal run there (the core's CUDA backend, cuBLAS, strided adds).
 """
 
 import numpy as np
 
 import smalltc
+from smalltc._arrays import cupy_or_none, is_cupy
 
+from ._device import resolve_device, to_host
 from .basis import basis_1d
 from .geometry import mass_data
 from .tensor import interp_t
@@ -31,10 +38,11 @@ class _SpaceOperator:
     """Shared checks and bookkeeping of the global mass operators."""
 
     def __init__(self, space, D, B1d, backend):
-        D = np.asarray(D)
+        xp = _module_of(D, B1d)
+        D = xp.asarray(D)
         if D.dtype not in (np.float32, np.float64):
             raise ValueError(f"D has dtype {D.dtype}, expected float64 or float32")
-        B1d = np.asarray(B1d)
+        B1d = xp.asarray(B1d)
         if B1d.ndim != 2 or B1d.shape[1] != space.nd:
             raise ValueError(f"B1d has shape {B1d.shape}, expected (nq, {space.nd}) for p={space.p}")
         nq = B1d.shape[0]
@@ -45,10 +53,16 @@ class _SpaceOperator:
                 f"nq={nq}, dim={space.dim}"
             )
         self.space = space
-        self.D = np.ascontiguousarray(D)
-        self.B1d = np.ascontiguousarray(B1d, dtype=D.dtype)
+        self.xp = xp
+        self.D = xp.ascontiguousarray(D)
+        self.B1d = xp.ascontiguousarray(B1d, dtype=D.dtype)
         self.backend = backend
         self.dtype = D.dtype
+
+    @property
+    def device(self):
+        """``"gpu"`` when the operator's data are CuPy arrays, else ``"cpu"``."""
+        return "cpu" if self.xp is np else "gpu"
 
     @property
     def shape(self):
@@ -59,14 +73,23 @@ class _SpaceOperator:
         return self.apply(x)
 
     def _gather(self, x):
-        return self.space.gather(np.asarray(x, dtype=self.dtype))
+        if self.xp is np and is_cupy(x):
+            raise TypeError("x is a CuPy array but this operator's data are on the host; "
+                            "build it with device='gpu' or pass x.get()")
+        return self.space.gather(self.xp.asarray(x, dtype=self.dtype))
 
     def __repr__(self):
         s = self.space
+        where = "" if self.xp is np else ", device='gpu'"
         return (
             f"{type(self).__name__}(dim={s.dim}, p={s.p}, nq={self.B1d.shape[0]}, E={s.nelements}, "
-            f"ndofs={s.ndofs}, dtype={self.dtype}, backend={self.backend!r})"
+            f"ndofs={s.ndofs}, dtype={self.dtype}, backend={self.backend!r}{where})"
         )
+
+
+def _module_of(*arrays):
+    """CuPy when any of ``arrays`` is a CuPy array (the others follow it), else NumPy."""
+    return cupy_or_none() if any(is_cupy(a) for a in arrays) else np
 
 
 class MassOperator(_SpaceOperator):
@@ -77,15 +100,23 @@ class MassOperator(_SpaceOperator):
     space : H1Space
     D : ndarray, shape (E, nq, ..., nq)
         Quadrature data, e.g. from :func:`smalltc.fem.geometry.mass_data`.
+        NumPy or CuPy; a CuPy ``D`` or ``B1d`` puts the operator on the GPU.
     B1d : ndarray, shape (nq, nd)
         1D basis at the quadrature points (same rule as ``D``).
     backend : str
         Passed to :func:`smalltc.batched_contract`.
 
+    Attributes
+    ----------
+    xp : module
+        ``numpy`` or ``cupy``: where ``D``, ``B1d`` and the results live.
+
     Raises
     ------
     ValueError
         If ``D`` or ``B1d`` does not match the space.
+    TypeError
+        When applied to a CuPy vector while the operator is on the host.
 
     Examples
     --------
@@ -114,6 +145,7 @@ class MassOperator(_SpaceOperator):
         Returns
         -------
         ndarray, shape (ndofs,)
+            In the operator's array module.
         """
         return self.space.scatter(interp_t(self.B1d**2, self.D, self.space.dim))
 
@@ -130,7 +162,9 @@ class AssembledMassOperator(_SpaceOperator):
     Attributes
     ----------
     matrices : ndarray, shape (E, nd**dim, nd**dim)
-        Element mass matrices, multi-index flattened in C order.
+        Element mass matrices, multi-index flattened in C order, in the
+        operator's array module. :meth:`to_csr` and :meth:`to_dense` are
+        built on the host.
 
     Examples
     --------
@@ -159,16 +193,16 @@ class AssembledMassOperator(_SpaceOperator):
         v = self._gather(x)
         E, n = self.matrices.shape[:2]
         flat = v.reshape(E, -1, n)  # (E, ncomp or 1, n)
-        u = np.matmul(flat, np.swapaxes(self.matrices, 1, 2))  # u[e, c, i] = sum_j M[e, i, j] v[e, c, j]
+        u = self.xp.matmul(flat, self.xp.swapaxes(self.matrices, 1, 2))  # u[e, c, i] = sum_j M[e, i, j] v[e, c, j]
         return self.space.scatter(u.reshape(v.shape))
 
     def diagonal(self):
-        """Diagonal of the global matrix, shape (ndofs,)."""
-        d = np.diagonal(self.matrices, axis1=1, axis2=2)
+        """Diagonal of the global matrix, shape (ndofs,), in the operator's array module."""
+        d = self.xp.diagonal(self.matrices, axis1=1, axis2=2)
         return self.space.scatter(d.reshape(self.space.evector_shape))
 
     def to_csr(self):
-        """The global matrix in compressed sparse row form, built with NumPy.
+        """The global matrix in compressed sparse row form, built with NumPy on the host.
 
         Returns
         -------
@@ -184,7 +218,7 @@ class AssembledMassOperator(_SpaceOperator):
         cols = np.tile(dofs, (1, n)).ravel()
         keys = rows * self.space.ndofs + cols
         uniq, inverse = np.unique(keys, return_inverse=True)
-        data = np.bincount(inverse, weights=self.matrices.ravel()).astype(self.dtype, copy=False)
+        data = np.bincount(inverse, weights=to_host(self.matrices).ravel()).astype(self.dtype, copy=False)
         r, c = np.divmod(uniq, self.space.ndofs)
         indptr = np.zeros(self.space.ndofs + 1, dtype=np.int64)
         np.cumsum(np.bincount(r, minlength=self.space.ndofs), out=indptr[1:])
@@ -200,7 +234,7 @@ class AssembledMassOperator(_SpaceOperator):
 
 
 def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
-                  dtype=np.float64, backend="auto"):
+                  dtype=np.float64, backend="auto", device="cpu"):
     """Build the mass operator of an H1 space in one call.
 
     Parameters
@@ -218,10 +252,18 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
         float64 or float32 for ``D`` and the operator.
     backend : str
         Passed to the smalltc core.
+    device : {"cpu", "gpu", "auto"}
+        Where the operator lives (see :func:`smalltc.fem._device.resolve_device`);
+        ``D`` is computed on the host and copied there.
 
     Returns
     -------
     MassOperator or AssembledMassOperator
+
+    Raises
+    ------
+    ValueError, RuntimeError
+        For a bad ``device``, or ``"gpu"`` without a GPU.
 
     Examples
     --------
@@ -230,8 +272,9 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     >>> M.shape
     (27, 27)
     """
+    xp = resolve_device(device)
     nq = space.p + 2 if nq is None else nq
     D = mass_data(space.mesh, nq, rho, quadrature=quadrature, dtype=dtype)
     B1d = basis_1d(space.p, nq, quadrature).B1d
     cls = AssembledMassOperator if assembled else MassOperator
-    return cls(space, D, B1d, backend=backend)
+    return cls(space, xp.asarray(D), xp.asarray(B1d), backend=backend)

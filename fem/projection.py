@@ -8,6 +8,12 @@ is measured with a finer quadrature than the one used to build ``M`` and
 
 User functions take ``x`` of shape ``(dim, ...)`` (coordinate axis first)
 and return values of shape ``x.shape[1:]``.
+
+:func:`l2_project` sets up on the host (mesh, geometry, ``D``, right-hand
+side, all NumPy, once) and solves on the chosen ``device``: with
+``device="gpu"`` (or ``"auto"`` on a machine with a GPU) ``B1d``, ``D`` and
+``b`` are copied to the GPU, and the operator, the Jacobi preconditioner and
+CG run there with CuPy; the solution comes back to the host for the error.
 """
 
 import time
@@ -15,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._device import device_name, resolve_device, synchronize, to_host
 from .basis import basis_1d
 from .geometry import evaluate_field, quadrature_data
 from .operators import AssembledMassOperator, MassOperator
@@ -81,6 +88,7 @@ def l2_error(space, u, f, *, nq=None, quadrature="gauss"):
     ----------
     space : H1Space
     u : ndarray, shape (ndofs,)
+        NumPy, or CuPy (copied to the host).
     f : callable or float
         The exact function (or 0 for ``||u_h||``).
     nq : int, optional
@@ -106,7 +114,7 @@ def l2_error(space, u, f, *, nq=None, quadrature="gauss"):
 def _error_and_norm(space, u, f, nq, quadrature, name):
     """``(||u_h - f||, ||f||)`` at ``nq`` points per direction (``p + 4`` if None)."""
     nq = space.p + 4 if nq is None else _default_nq(space.p, nq, name)
-    u = np.asarray(u)
+    u = to_host(u)
     if u.shape != (space.ndofs,):
         raise ValueError(f"u has shape {u.shape}, expected ({space.ndofs},) for this space")
     qd = quadrature_data(space.mesh, nq, quadrature=quadrature)
@@ -124,7 +132,7 @@ class ProjectionResult:
     Attributes
     ----------
     u : ndarray, shape (ndofs,)
-        Coefficients of the projection.
+        Coefficients of the projection (NumPy, on the host).
     space : H1Space
     iterations : int
         CG iterations.
@@ -138,7 +146,9 @@ class ProjectionResult:
         ``||f||`` (same quadrature), for a relative error.
     timings : dict
         Seconds spent in ``"setup"`` (geometry, D, right-hand side,
-        operator), ``"solve"`` and ``"error"``.
+        operator, copies to the device), ``"solve"`` and ``"error"``.
+    device : str
+        ``"cpu"`` or ``"gpu"``: where the operator and CG ran.
     """
 
     u: np.ndarray
@@ -149,6 +159,7 @@ class ProjectionResult:
     l2_error: float
     l2_norm: float
     timings: dict = field(default_factory=dict)
+    device: str = "cpu"
 
     @property
     def relative_l2_error(self):
@@ -157,7 +168,7 @@ class ProjectionResult:
 
 
 def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxiter=None,
-               precond="jacobi", quadrature="gauss", error_nq=None, backend="auto"):
+               precond="jacobi", quadrature="gauss", error_nq=None, backend="auto", device="auto"):
     """L2-project ``f`` onto the order-``p`` H1 space of ``mesh``.
 
     Builds ``D = w |J|`` and the right-hand side at ``nq`` points per
@@ -190,6 +201,11 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
         Points per direction for the error, ``p + 4`` by default.
     backend : str
         Passed to the smalltc core.
+    device : {"auto", "cpu", "gpu"}
+        Where the operator and CG run: ``"cpu"`` with NumPy, ``"gpu"`` with
+        CuPy, ``"auto"`` the GPU when one answers
+        (:func:`smalltc._arrays.gpu_available`), else the CPU. The setup
+        stays on the host either way.
 
     Returns
     -------
@@ -198,37 +214,43 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     Raises
     ------
     ValueError
-        For an unknown ``operator`` or ``precond``, a bad ``f``, or a
-        tangled mesh.
+        For an unknown ``operator``, ``precond`` or ``device``, a bad ``f``,
+        or a tangled mesh.
+    RuntimeError
+        For ``device="gpu"`` when no GPU is available.
     ConvergenceError
         If CG does not converge.
 
     Examples
     --------
     >>> from smalltc.fem import box_mesh
-    >>> res = l2_project(box_mesh(2, 2, distortion=0.05), 2, lambda x: x[0] ** 2 - x[1])
-    >>> res.iterations > 0, res.l2_error < 1e-12
-    (True, True)
+    >>> res = l2_project(box_mesh(2, 2, distortion=0.05), 2, lambda x: x[0] ** 2 - x[1],
+    ...                  device="cpu")
+    >>> res.iterations > 0, res.l2_error < 1e-12, res.device
+    (True, True, 'cpu')
     """
     if operator not in _OPERATORS:
         raise ValueError(f"operator must be one of {sorted(_OPERATORS)}, got {operator!r}")
     if precond not in ("jacobi", None):
         raise ValueError(f"precond must be 'jacobi' or None, got {precond!r}")
+    xp = resolve_device(device)
     t0 = time.perf_counter()
     space = H1Space(mesh, p)
     nq = _default_nq(space.p, nq)
     qd = quadrature_data(mesh, nq, quadrature=quadrature)
     B1d = basis_1d(space.p, nq, quadrature).B1d
-    b = _load(space, qd, B1d, f)
-    M = _OPERATORS[operator](space, qd.wdetJ, B1d, backend=backend)
+    b = xp.asarray(_load(space, qd, B1d, f))
+    M = _OPERATORS[operator](space, xp.asarray(qd.wdetJ), xp.asarray(B1d), backend=backend)
     P = jacobi(M.diagonal()) if precond == "jacobi" else None
+    synchronize(xp)
     t1 = time.perf_counter()
-    sol = cg(M, b, tol=tol, maxiter=maxiter, precond=P)
+    sol = cg(M, b, tol=tol, maxiter=maxiter, precond=P)  # ends with a host copy: synchronised
+    u = to_host(sol.x)
     t2 = time.perf_counter()
-    err, norm = _error_and_norm(space, sol.x, f, error_nq, quadrature, "error_nq")
+    err, norm = _error_and_norm(space, u, f, error_nq, quadrature, "error_nq")
     t3 = time.perf_counter()
     return ProjectionResult(
-        u=sol.x,
+        u=u,
         space=space,
         iterations=sol.iterations,
         residual=float(sol.residuals[-1]),
@@ -236,4 +258,5 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
         l2_error=err,
         l2_norm=norm,
         timings={"setup": t1 - t0, "solve": t2 - t1, "error": t3 - t2},
+        device=device_name(xp),
     )

@@ -5,11 +5,21 @@ inner products are taken over all entries. It stops when the relative
 residual ``||r_k|| / ||b||`` (Euclidean norms) reaches ``tol``, and raises
 :class:`ConvergenceError` when it does not within ``maxiter`` iterations,
 unless asked to return the unconverged result (then ``converged`` is False).
+
+Both are array-module generic: with CuPy vectors (and an operator and
+preconditioner that return CuPy arrays) the iteration runs on the GPU. Inner
+products stay on the device; each iteration copies three scalars to the host
+in one transfer (one synchronisation), for the stopping test and the
+positive-definiteness checks.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from smalltc._arrays import array_module
+
+from ._device import to_host
 
 __all__ = ["CGResult", "ConvergenceError", "cg", "jacobi"]
 
@@ -21,7 +31,7 @@ class CGResult:
     Attributes
     ----------
     x : ndarray
-        The final iterate.
+        The final iterate, in the array module of ``b``.
     iterations : int
         Iterations done (operator applications, not counting the final
         true-residual check).
@@ -56,7 +66,8 @@ def jacobi(diagonal):
     ----------
     diagonal : array_like
         The diagonal of the operator, same shape as the vectors; every entry
-        must be positive and finite (true for any SPD operator).
+        must be positive and finite (true for any SPD operator). NumPy or
+        CuPy: the preconditioner works on vectors of the same module.
 
     Returns
     -------
@@ -73,9 +84,11 @@ def jacobi(diagonal):
     >>> print(P(np.array([1.0, 1.0])))
     [0.5  0.25]
     """
-    d = np.asarray(diagonal)
-    bad = ~(np.isfinite(d) & (d > 0))
-    if bad.any():
+    xp = array_module(diagonal)
+    d = xp.asarray(diagonal)
+    bad = ~(xp.isfinite(d) & (d > 0))
+    if bool(bad.any()):
+        d, bad = to_host(d), to_host(bad)
         i = np.unravel_index(np.flatnonzero(bad)[0], d.shape)
         raise ValueError(
             f"diagonal must be positive and finite for a Jacobi preconditioner; "
@@ -85,8 +98,16 @@ def jacobi(diagonal):
     return lambda r: r * inv
 
 
-def _dot(a, b):
-    return float(np.vdot(a.ravel(), b.ravel()).real)
+def _dot(xp, a, b):
+    """``<a, b>`` as a scalar of ``xp`` (a 0-d device array for CuPy: no sync)."""
+    return xp.vdot(a.ravel(), b.ravel()).real
+
+
+def _floats(xp, *scalars):
+    """Python floats of ``scalars``, in one device-to-host copy for CuPy."""
+    if xp is np:
+        return tuple(float(s) for s in scalars)
+    return tuple(float(s) for s in xp.stack(scalars).get())
 
 
 def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_failure=True):
@@ -97,7 +118,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     apply : callable
         ``apply(x) -> A x``, same shape as ``x``.
     b : ndarray
-        Right-hand side.
+        Right-hand side, NumPy or CuPy; the iteration runs in its module.
     tol : float
         Relative residual target, ``||b - A x|| <= tol * ||b||``.
     maxiter : int, optional
@@ -106,7 +127,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         ``precond(r) -> z ~ A^{-1} r``, symmetric positive definite (e.g.
         :func:`jacobi`).
     x0 : ndarray, optional
-        Initial guess (zero by default).
+        Initial guess (zero by default), copied into the module of ``b``.
     raise_on_failure : bool
         Raise :class:`ConvergenceError` if the tolerance is not reached
         (default); if false, return the result with ``converged=False``.
@@ -130,8 +151,9 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     >>> print(np.round(res.x, 6), res.iterations, res.converged)
     [0.090909 0.636364] 2 True
     """
-    b = np.asarray(b)
-    if not np.all(np.isfinite(b)):
+    xp = array_module(b)
+    b = xp.asarray(b)
+    if not bool(xp.all(xp.isfinite(b))):
         raise ValueError("b contains non-finite values")
     if not (np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number, got {tol!r}")
@@ -140,42 +162,42 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         raise ValueError(f"maxiter must be a non-negative integer, got {maxiter!r}")
     precond = (lambda r: r) if precond is None else precond
     if x0 is None:
-        x = np.zeros_like(b)
+        x = xp.zeros_like(b)
         r = b.copy()
     else:
-        x = np.array(x0, dtype=b.dtype)
+        x = xp.array(x0, dtype=b.dtype)
         if x.shape != b.shape:
             raise ValueError(f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
         r = b - apply(x)
-    bnorm = np.sqrt(_dot(b, b))
-    if bnorm == 0.0:
-        x = np.zeros_like(b)
-        return CGResult(x, 0, np.zeros(1), True, 0.0)
-    history = [np.sqrt(_dot(r, r)) / bnorm]
     z = precond(r)
-    rz = _dot(r, z)
+    bb, rr, rz = _floats(xp, _dot(xp, b, b), _dot(xp, r, r), _dot(xp, r, z))
+    bnorm = np.sqrt(bb)
+    if bnorm == 0.0:
+        return CGResult(xp.zeros_like(b), 0, np.zeros(1), True, 0.0)
+    history = [np.sqrt(rr) / bnorm]
     p = z.copy()
     it = 0
     while history[-1] > tol and it < maxiter:
         if not rz > 0:
             raise ValueError(f"preconditioner is not positive definite: r^T z = {rz:.3e} at iteration {it}")
         Ap = apply(p)
-        pAp = _dot(p, Ap)
-        if not pAp > 0:
-            raise ValueError(f"operator is not positive definite: p^T A p = {pAp:.3e} at iteration {it}")
-        alpha = rz / pAp
+        pAp = _dot(xp, p, Ap)
+        alpha = rz / pAp  # stays on the device; checked with the next transfer
         x += alpha * p
         r -= alpha * Ap
+        z = precond(r)
+        pAp, rr, rz_new = _floats(xp, pAp, _dot(xp, r, r), _dot(xp, r, z))
+        if not pAp > 0:
+            raise ValueError(f"operator is not positive definite: p^T A p = {pAp:.3e} at iteration {it}")
         it += 1
-        history.append(np.sqrt(_dot(r, r)) / bnorm)
+        history.append(np.sqrt(rr) / bnorm)
         if not np.isfinite(history[-1]):
             raise ValueError(f"CG produced a non-finite residual at iteration {it}")
-        z = precond(r)
-        rz_new = _dot(r, z)
         p = z + (rz_new / rz) * p
         rz = rz_new
     rtrue = b - apply(x)
-    result = CGResult(x, it, np.array(history), history[-1] <= tol, float(np.sqrt(_dot(rtrue, rtrue)) / bnorm))
+    (rt,) = _floats(xp, _dot(xp, rtrue, rtrue))
+    result = CGResult(x, it, np.array(history), history[-1] <= tol, float(np.sqrt(rt) / bnorm))
     if not result.converged and raise_on_failure:
         raise ConvergenceError(
             f"CG did not converge in {it} iterations: relative residual "

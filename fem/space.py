@@ -10,9 +10,18 @@ what makes the space continuous.
 :meth:`H1Space.gather` copies global values into an E-vector of shape
 ``(E, nd, ..., nd)`` (the ``V`` of SPEC section 1); :meth:`H1Space.scatter`
 is its transpose, adding element contributions into the global vector.
+
+Both work with the array module of their input: NumPy, or CuPy on the GPU.
+The index arrays are built on the host once and copied to the device on
+first use. On the host the scatter-add is ``numpy.bincount``; on the device
+it is done without atomics, one axis at a time (:meth:`H1Space.scatter`
+explains how), so it gives the same bits on every run, which keeps CG runs
+reproducible.
 """
 
 import numpy as np
+
+from smalltc._arrays import array_module
 
 from .basis import lagrange_basis
 from .quadrature import gauss_lobatto
@@ -78,6 +87,7 @@ class H1Space:
             idx = idx + strides[d] * g.reshape(bshape)
         self.elem_dofs = idx.reshape((mesh.nelements,) + (nd,) * dim)
         self._flat = self.elem_dofs.ravel()
+        self._device_dofs = {}  # array module name -> elem_dofs on that device
 
     @property
     def nelements(self):
@@ -98,11 +108,12 @@ class H1Space:
         Parameters
         ----------
         x : array_like, shape (ndofs,) or (ncomp, ndofs)
+            NumPy or CuPy.
 
         Returns
         -------
         ndarray, shape (E, nd, ..., nd) or (E, ncomp, nd, ..., nd)
-            C-contiguous, dtype of ``x``.
+            C-contiguous, dtype and array module of ``x``.
 
         Raises
         ------
@@ -117,29 +128,49 @@ class H1Space:
         [[10. 20.]
          [20. 30.]]
         """
-        x = np.asarray(x)
+        xp = array_module(x)
+        x = xp.asarray(x)
         if x.ndim not in (1, 2) or x.shape[-1] != self.ndofs:
             raise ValueError(
                 f"x has shape {x.shape}, expected ({self.ndofs},) or (ncomp, {self.ndofs}) "
                 f"for this space with ndofs={self.ndofs}"
             )
+        idx = self._dofs_on(xp)
         if x.ndim == 1:
-            return x[self.elem_dofs]
-        return np.ascontiguousarray(np.moveaxis(x[:, self.elem_dofs], 0, 1))
+            return x[idx]
+        return xp.ascontiguousarray(xp.moveaxis(x[:, idx], 0, 1))
+
+    def _dofs_on(self, xp):
+        """:attr:`elem_dofs` in module ``xp`` (copied to the device once, int32 there)."""
+        if xp is np:
+            return self.elem_dofs
+        idx = self._device_dofs.get(xp.__name__)
+        if idx is None:
+            itype = np.int32 if self.ndofs < 2**31 else np.int64
+            idx = self._device_dofs[xp.__name__] = xp.asarray(self.elem_dofs.astype(itype))
+        return idx
 
     def scatter(self, v):
         """E-vector -> global vector, adding the contributions of shared nodes.
 
         The transpose of :meth:`gather`: ``<gather(x), v> == <x, scatter(v)>``.
+        NumPy input is summed by ``numpy.bincount``. Other modules (CuPy)
+        use :meth:`_scatter_lattice`: the lattice is a tensor product, so
+        the sum is done one direction at a time, each by two strided adds
+        (element ``e``'s local nodes ``0..p-1`` are copied to lattice nodes
+        ``e p .. e p + p - 1``, its node ``p`` added onto ``e p + p``): no
+        index arrays, no atomics, a fixed order of summation.
 
         Parameters
         ----------
         v : array_like, shape (E, nd, ..., nd) or (E, ncomp, nd, ..., nd)
+            NumPy or CuPy.
 
         Returns
         -------
         ndarray, shape (ndofs,) or (ncomp, ndofs)
-            Floating dtype of ``v`` (float64 for integer input).
+            Floating dtype of ``v`` (float64 for integer input), array module
+            of ``v``.
 
         Raises
         ------
@@ -153,7 +184,8 @@ class H1Space:
         >>> print(V.scatter(np.ones((2, 2))))
         [1. 2. 1.]
         """
-        v = np.asarray(v)
+        xp = array_module(v)
+        v = xp.asarray(v)
         shape = self.evector_shape
         if v.shape == shape:
             comps = None
@@ -165,6 +197,8 @@ class H1Space:
                 f"({shape[0]}, ncomp{''.join(', ' + str(s) for s in shape[1:])}) for this space"
             )
         dtype = v.dtype if np.issubdtype(v.dtype, np.floating) else np.float64
+        if xp is not np:
+            return self._scatter_lattice(v.astype(dtype, copy=False), comps)
         if comps is None:
             out = np.bincount(self._flat, weights=v.ravel(), minlength=self.ndofs)
             return out.astype(dtype, copy=False)
@@ -172,6 +206,33 @@ class H1Space:
         for c in range(comps):
             out[c] = np.bincount(self._flat, weights=v[:, c].ravel(), minlength=self.ndofs)
         return out
+
+    def _scatter_lattice(self, v, comps):
+        """Scatter-add by strided adds along each lattice direction (any array module).
+
+        ``v`` has a checked E-vector shape and a floating dtype; ``comps``
+        is the component count or None.
+        """
+        xp = array_module(v)
+        dim, nd, p = self.dim, self.nd, self.p
+        extra = () if comps is None else (comps,)
+        # (E, [c], i_0..i_{d-1}) -> (n_0, i_0, n_1, i_1, ..., [c]): element and
+        # local index of each direction side by side, the component last
+        a = v.reshape(self.mesh.shape + extra + (nd,) * dim)
+        ncomp_axes = len(extra)
+        order = [ax for d in range(dim) for ax in (d, dim + ncomp_axes + d)]
+        order += list(range(dim, dim + ncomp_axes))
+        a = xp.transpose(a, order)
+        for n in self.mesh.shape:
+            # leading (n, nd, rest...) -> (n p + 1, rest...), then moved last
+            rest = a.shape[2:]
+            out = xp.empty((n * p + 1,) + rest, dtype=a.dtype)
+            out[: n * p] = a[:, :p].reshape((n * p,) + rest)
+            out[n * p] = 0
+            out[p::p] += a[:, p]
+            a = xp.moveaxis(out, 0, -1)
+        # now ([c], L_0, ..., L_{dim-1}), the lattice in C order
+        return xp.ascontiguousarray(a).reshape(extra + (self.ndofs,))
 
     def multiplicity(self):
         """Number of elements sharing each global node, shape (ndofs,).

@@ -6,9 +6,15 @@ sides). They are done here with NumPy, one ``tensordot`` (a BLAS GEMM) per
 axis: ``Y[..., i1, i2, i3] = sum_j A1[i1, j1] A2[i2, j2] A3[i3, j3]
 X[..., j1, j2, j3]``. The tensor axes are always the trailing ``dim`` axes,
 so leading element and component axes pass through untouched.
+
+The functions are array-module generic: with a CuPy ``X`` they run on the
+GPU (``cupy.tensordot`` is a cuBLAS GEMM), the small 1D matrices following
+``X`` to the device.
 """
 
 import numpy as np
+
+from smalltc._arrays import array_module
 
 __all__ = ["apply_tensor", "interp", "interp_t"]
 
@@ -23,10 +29,12 @@ def apply_tensor(mats, X):
         (the ``len(mats)`` trailing axes of ``X``, in order); ``None`` leaves
         that axis alone.
     X : ndarray, shape (..., n_1, ..., n_dim)
+        NumPy or CuPy; the matrices are moved to the module of ``X``.
 
     Returns
     -------
     ndarray, shape (..., m_1, ..., m_dim)
+        C-contiguous, same array module as ``X``.
 
     Raises
     ------
@@ -41,22 +49,23 @@ def apply_tensor(mats, X):
     >>> print(apply_tensor([A, None], X))   # sum over the first tensor axis
     [[[2. 4.]]]
     """
-    X = np.asarray(X)
+    xp = array_module(X)
+    X = xp.asarray(X)
     dim = len(mats)
     if X.ndim < dim:
         raise ValueError(f"X has shape {X.shape}, expected at least {dim} trailing tensor axes")
     for a, A in enumerate(mats):
         if A is None:
             continue
-        A = np.asarray(A)
+        A = xp.asarray(A)
         ax = X.ndim - dim + a
         if A.ndim != 2 or A.shape[1] != X.shape[ax]:
             raise ValueError(
                 f"matrix {a} has shape {A.shape}, expected (m, {X.shape[ax]}) "
                 f"to act on axis {ax} of X with shape {X.shape}"
             )
-        X = np.moveaxis(np.tensordot(X, A, axes=([ax], [1])), -1, ax)
-    return np.ascontiguousarray(X)
+        X = xp.moveaxis(xp.tensordot(X, A, axes=([ax], [1])), -1, ax)
+    return xp.ascontiguousarray(X)
 
 
 def interp(B1d, X, dim):
@@ -101,4 +110,4 @@ def interp_t(B1d, Y, dim):
     >>> print(interp_t(B, np.array([[4.0]]), 1))
     [[2. 2.]]
     """
-    return apply_tensor([np.asarray(B1d).T] * dim, Y)
+    return apply_tensor([array_module(B1d).asarray(B1d).T] * dim, Y)

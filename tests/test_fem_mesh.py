@@ -131,6 +131,20 @@ def test_gather_is_continuous(dim, n, p, ncomp):
         np.testing.assert_allclose(G[e, d], expected, atol=1e-15)
 
 
+@pytest.mark.parametrize("dim, n, p, ncomp", SPACE_CASES, ids=_ids(SPACE_CASES))
+def test_lattice_scatter_matches_bincount(dim, n, p, ncomp):
+    # The device scatter (strided adds per direction, no atomics) run with
+    # NumPy here: same sums as numpy.bincount up to the order of addition.
+    V = H1Space(box_mesh(dim, n), p)
+    eshape = V.evector_shape if ncomp is None else (V.nelements, ncomp) + V.evector_shape[1:]
+    y = np.random.default_rng(dim * 10 + p).standard_normal(eshape)
+    ref = V.scatter(y)
+    out = V._scatter_lattice(y, ncomp)
+    assert out.shape == ref.shape and out.flags.c_contiguous
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-14 * np.abs(y).max())
+    np.testing.assert_array_equal(V._scatter_lattice(np.ones(V.evector_shape), None), V.multiplicity())
+
+
 def test_scatter_dtype():
     V = H1Space(box_mesh(2, 2), 2)
     assert V.scatter(np.ones(V.evector_shape, dtype=np.float32)).dtype == np.float32

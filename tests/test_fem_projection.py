@@ -97,7 +97,7 @@ def test_jacobi_preconditioning_helps_on_graded_density():
 @pytest.mark.parametrize("dim", [1, 2, 3])
 def test_projection_demo(dim):
     r = projection_demo(dim=dim, p=3, n=2)
-    keys = {"dim", "p", "n", "nq", "elements", "dofs", "operator", "backend", "iterations", "residual",
+    keys = {"dim", "p", "n", "nq", "elements", "dofs", "operator", "backend", "device", "iterations", "residual",
             "l2_error", "relative_l2_error", "time_setup_s", "time_solve_s", "time_total_s"}
     assert set(r) == keys
     assert r["elements"] == 2**dim and r["dofs"] == 7**dim

@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 
-from ..backends import _cuda_params as P
+from smalltc.backends import _cuda_params as P
 
 __all__ = ["compile_cuda", "compile_nvcc", "compile_none", "parse_ptxas", "nvcc_resources",
            "injected", "COMPILERS"]
@@ -121,7 +121,7 @@ def _entry(spec):
 
 def compile_nvcc(spec, params, arch="sm_90", smem_optin=227 * 1024):
     """Worker: render the candidate and compile it with nvcc; its resources (no GPU)."""
-    from ..backends._cuda_runtime import render
+    from smalltc.backends._cuda_runtime import render
     from .space import ctx_for
     t0 = time.perf_counter()
     found = ctx_for(spec, params, smem_optin)
@@ -143,7 +143,7 @@ def compile_cuda(spec, params, arch=None, smem_optin=None):
     ``params`` None builds the heuristic's kernel. ``arch`` and
     ``smem_optin`` are the device's (taken from the device, ignored here).
     """
-    from ..backends import get
+    from smalltc.backends import get
     t0 = time.perf_counter()
     try:
         with injected(params):

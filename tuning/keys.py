@@ -25,8 +25,10 @@ Examples
 >>> from smalltc.spec import ActionSpec
 >>> size_key(ActionSpec(dim=3, nq=5, nd=4, batch=10, dtype="float64"))
 'action/3d/nd4nq5c1'
->>> distance("action/3d/nd4nq5c1", "action/3d/nd4nq6c1") == math.log2(6 / 5)
-True
+>>> distance("gemm/nn/m8n8k8", "gemm/nn/m16n8k8")      # a factor 2 in one extent
+1.0
+>>> round(distance("action/3d/nd4nq5c1", "action/3d/nd4nq6c1"), 3)   # log2(6/5)
+0.263
 >>> distance("action/3d/nd4nq5c1", "action/2d/nd4nq5c1")
 inf
 """
@@ -35,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 
-from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["size_key", "split_key", "distance"]
 

@@ -29,8 +29,8 @@ import zlib
 
 import numpy as np
 
-from .. import roofline
-from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc import roofline
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from .compile import injected
 from .space import PARAMS, ctx_for, family
 
@@ -101,7 +101,7 @@ def _random_host(spec, batch, seed):
 
 def _reference(spec, host64):
     """The float64 reference output of ``spec`` on float64 host operands (einsum)."""
-    from ..backends import get
+    from smalltc.backends import get
     s64 = dataclasses.replace(spec, dtype="float64")
     ex = get("reference").build(s64)
     out = np.empty(s64.out_shape)
@@ -149,8 +149,8 @@ class GpuDevice:
 
     def __init__(self, dtype, repeats=20, warmup=3, footprint=FOOTPRINT):
         import cupy
-        from ..backends import get
-        from ..backends._cuda_runtime import device_info
+        from smalltc.backends import get
+        from smalltc.backends._cuda_runtime import device_info
         self.cp, self.backend = cupy, get("cuda")
         if not self.backend.available():
             raise RuntimeError("no CUDA device: smalltc tune needs one (or --dry-run)")
@@ -231,7 +231,7 @@ class GpuDevice:
         return rel_err(self.cp.asnumpy(problem.out[idx]), ref)
 
     def time(self, problem, ex) -> list:
-        from .._timing import time_calls
+        from smalltc._timing import time_calls
         spec, ops, out = problem.spec, problem.big, problem.out
         return time_calls(lambda: self._run(ex.big, spec, ops, out), repeats=self.repeats,
                           warmup=self.warmup, on_gpu=True)

@@ -22,8 +22,8 @@ Examples
 """
 from __future__ import annotations
 
-from ..catalogue import steps
-from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.catalogue import steps
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from .keys import size_key
 from .space import family
 

@@ -43,8 +43,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..backends import _cuda_params as P
-from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.backends import _cuda_params as P
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["Candidate", "Space", "family", "ctx_for", "generate", "prune_compiled",
            "PARAMS", "MAX_THREADS", "MIN_THREADS", "MAX_TILE", "SM_THREADS", "SM_REGISTERS"]

@@ -42,7 +42,7 @@ import math
 import os
 import pathlib
 
-from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from .keys import distance, size_key, split_key
 from .space import PARAMS, SM_THREADS, MAX_THREADS, ctx_for, family, layout_axes
 
@@ -328,13 +328,13 @@ def runtime_lookup(spec, cc):
 
 def install():
     """Make the CUDA backend consult the tables (:func:`runtime_lookup`)."""
-    from ..backends import _cuda_params as P
+    from smalltc.backends import _cuda_params as P
     P.set_table_lookup(runtime_lookup)
 
 
 def uninstall():
     """Back to the heuristic alone; forget loaded tables."""
-    from ..backends import _cuda_params as P
+    from smalltc.backends import _cuda_params as P
     if getattr(P, "_LOOKUP", None) is runtime_lookup:
         P.set_table_lookup(None)
     _table_for.cache_clear()

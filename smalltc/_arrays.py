@@ -78,9 +78,22 @@ def data_range(a):
 
 
 def overlaps(a, b) -> bool:
-    """Conservative test: do the memory extents of ``a`` and ``b`` overlap?"""
-    if a.size == 0 or b.size == 0 or is_cupy(a) != is_cupy(b):
+    """Conservative test: do the memory extents of ``a`` and ``b`` overlap?
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.zeros(10)
+    >>> overlaps(x[:6], x[5:]), overlaps(x[:5], x[5:])
+    (True, False)
+    """
+    if a.size == 0 or b.size == 0:
         return False
+    ca, cb = is_cupy(a), is_cupy(b)
+    if ca != cb:
+        return False
+    if not ca:
+        return bool(np.may_share_memory(a, b))       # bounds check, in C
     alo, ahi = data_range(a)
     blo, bhi = data_range(b)
     return alo < bhi and blo < ahi

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+import numpy as np
+
 from . import _validate as V
 from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
@@ -42,7 +44,8 @@ class Plan:
     def __init__(self, spec, xp, backend, method, executor, shapes, fallbacks=()):
         self.spec, self.xp, self.backend, self.method = spec, xp, backend, method
         self.executor = executor
-        self._shapes = shapes
+        self._shapes = tuple((n, tuple(sh), np.dtype(dt)) for n, sh, dt in shapes)
+        self._is_gemm = isinstance(spec, GemmSpec)
         self.fallbacks = tuple(fallbacks)
         self.reshape_inputs = False
 
@@ -64,7 +67,7 @@ class Plan:
                 f"  specialized={self.specialized}{fb}>")
 
     def __call__(self, *operands, out=None, stream=None, alpha=1.0, beta=0.0):
-        if isinstance(self.spec, GemmSpec):
+        if self._is_gemm:
             operands = (tuple(operands) + (None,))[:3]
             if self.spec.beta_zero:
                 operands = operands[:2] + (None,)      # C is not read when beta == 0
@@ -73,19 +76,19 @@ class Plan:
                              for (name, shape, _), x in zip(self._shapes, operands))
         V.check_operands(self._shapes, operands)
         xp = self.xp
-        named = [(name, x) for (name, _, _), x in zip(self._shapes, operands)]
-        allow = ()
-        if isinstance(self.spec, GemmSpec) and not self.spec.beta_zero:
-            allow = (operands[2],)          # out=C: the classic in-place update
         if out is None:
             out = xp.empty(self.spec.out_shape, dtype=self.spec.dtype)
         else:
+            named = [(name, x) for (name, _, _), x in zip(self._shapes, operands)]
+            allow = ()
+            if self._is_gemm and not self.spec.beta_zero:
+                allow = (operands[2],)          # out=C: the classic in-place update
             V.check_out(out, self.spec.out_shape, self.spec.dtype, xp, named, allow)
         if out.size == 0:
             return out
         ops = tuple(V.as_contiguous(xp, x) for x in operands)
         scalars = {}
-        if isinstance(self.spec, GemmSpec):
+        if self._is_gemm:
             scalars = dict(alpha=V.check_scalar("alpha", alpha),
                            beta=V.check_scalar("beta", beta))
             if (scalars["beta"] == 0.0) != self.spec.beta_zero:

@@ -102,13 +102,20 @@ def nvcc_resources(source: str, entry: str, arch: str = "sm_90", nvcc: str | Non
 
 
 @contextlib.contextmanager
-def injected(params):
-    """Make the CUDA backend's table answer ``params`` for every spec (None: no table).
+def injected(params, spec=None):
+    """Make the CUDA backend's table answer ``params`` (None: no table at all).
 
-    Restores the lookup installed before (the runtime tables, when installed).
+    With ``spec``, only specs of its kernel (any batch count) get the answer;
+    others (e.g. the steps of a pairwise fallback) get none. Restores the
+    lookup installed before (the runtime tables, when installed).
     """
     before = getattr(P, "_LOOKUP", None)
-    P.set_table_lookup(None if params is None else (lambda spec, cc: dict(params)))
+    key = None if spec is None else spec.kernel_key()
+
+    def answer(s, cc):
+        return dict(params) if key is None or s.kernel_key() == key else None
+
+    P.set_table_lookup(None if params is None else answer)
     try:
         yield
     finally:
@@ -146,7 +153,7 @@ def compile_cuda(spec, params, arch=None, smem_optin=None):
     from smalltc.backends import get
     t0 = time.perf_counter()
     try:
-        with injected(params):
+        with injected(params, spec):
             ex = get("cuda").build(spec)
     except Exception as err:     # SmalltcCompileError and friends: never timed
         return dict(ok=False, error=str(err)[:2000], seconds=time.perf_counter() - t0)

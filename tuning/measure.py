@@ -204,7 +204,7 @@ class GpuDevice:
 
     def build(self, spec, params):
         """Executors of the timed size and of the check size (an executor's batch is fixed)."""
-        with injected(params):
+        with injected(params, spec):
             big = self.backend.build(spec)
             check = self.backend.build(spec.with_batch(_check_batch(spec)))
         return _Built(big, check)

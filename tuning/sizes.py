@@ -34,8 +34,8 @@ DEFAULT_SIZES = {
     "gemm": ["2-32"],
     "action": ["2:1-8:p+1,p+2", "3:1-8:p+1,p+2"],
     "assembly": ["2:1-6:p+1,p+2", "3:1-6:p+1,p+2"],
-    "pairwise": ["action:2:1-8:p+1,p+2", "action:3:1-8:p+1,p+2",
-                 "assembly:2:1-6:p+1,p+2", "assembly:3:1-6:p+1,p+2"],
+    "pairwise": ["action:2:1-8:p+2", "action:3:1-8:p+2", "assembly:2:1-6:p+2",
+                 "assembly:3:1-6:p+2"],
 }
 
 

@@ -32,8 +32,9 @@ def test_parse_ptxas():
     assert found["stc_a"] == dict(stack_bytes=0, spill_stores=0, spill_loads=0, registers=40,
                                   smem_static=384)
     assert found["stc_b"]["registers"] == 64 and found["stc_b"]["spill_stores"] == 216
-    assert prune_compiled(dict(found["stc_b"], local_bytes=208), 640) == "spills"
-    assert prune_compiled(dict(found["stc_a"], local_bytes=0), 256) is None
+    assert prune_compiled(dict(found["stc_b"], local_bytes=208), 640) is None   # <= 256 B
+    assert prune_compiled(dict(found["stc_b"], local_bytes=208), 640, 0) == "spills"
+    assert prune_compiled(dict(found["stc_a"], local_bytes=0), 256, 0) is None
 
 
 @needs_nvcc

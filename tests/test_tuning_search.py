@@ -170,8 +170,8 @@ def test_wrong_at_full_size_never_wins():
 
 
 def compile_spilling(spec, params, arch=None, smem_optin=None):
-    """Mock compiler: every variant with per_block > 8 spills."""
-    return dict(ok=True, registers=64, local_bytes=32 if params["per_block"] > 8 else 0)
+    """Mock compiler: every variant with per_block > 8 spills past 256 B; the rest use 64 B."""
+    return dict(ok=True, registers=64, local_bytes=320 if params["per_block"] > 8 else 64)
 
 
 def test_spilling_candidates_are_never_timed():

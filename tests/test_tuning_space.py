@@ -109,15 +109,17 @@ def test_generic_only_sizes_have_no_space():
     assert sp.family is None and sp.generated == 0
 
 
-@pytest.mark.parametrize("res,threads,why", [
-    (dict(registers=40, local_bytes=0), 256, None),
-    (dict(registers=40, local_bytes=16), 256, "spills"),
-    (dict(registers=40, spill_stores=8), 256, "spills"),
-    (dict(registers=128, local_bytes=0), 1024, "registers"),
-    (dict(), 1024, None),
+@pytest.mark.parametrize("res,threads,limit,why", [
+    (dict(registers=40, local_bytes=0), 256, 0, None),
+    (dict(registers=40, local_bytes=16), 256, 0, "spills"),
+    (dict(registers=40, local_bytes=256), 256, 256, None),        # the backend's own limit
+    (dict(registers=40, local_bytes=264), 256, 256, "spills"),
+    (dict(registers=40, spill_stores=8), 256, 0, "spills"),
+    (dict(registers=128, local_bytes=0), 1024, 256, "registers"),
+    (dict(), 1024, 0, None),
 ])
-def test_prune_compiled(res, threads, why):
-    assert S.prune_compiled(res, threads) == why
+def test_prune_compiled(res, threads, limit, why):
+    assert S.prune_compiled(res, threads, limit) == why
 
 
 @pytest.mark.parametrize("spec,key", [

@@ -22,6 +22,7 @@ from . import tables as T
 from .measure import FOOTPRINT, DryRunDevice, GpuDevice, sized
 from .search import Search
 from .sizes import DEFAULT_SIZES, OPS, parse
+from .space import MAX_LOCAL_BYTES
 
 __all__ = ["add_arguments", "run"]
 
@@ -65,6 +66,9 @@ def add_arguments(parser):
                         help="MiB read + written per timed call (>= 256)")
     parser.add_argument("--confirm-top", type=int, default=3,
                         help="best variants re-timed against the heuristic")
+    parser.add_argument("--max-local-bytes", type=int, default=MAX_LOCAL_BYTES,
+                        help="variants using more local memory (spills) per thread are not "
+                             "timed (default %(default)s, the CUDA backend's own limit)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -111,7 +115,7 @@ def run(args, device=None, clock=None) -> int:
         return _fail(f"{ckpt} exists: pass --resume to continue it, or delete it to start over")
     kw = dict(compiler=compiler, jobs=args.jobs, budget_s=args.budget_seconds,
               checkpoint=str(ckpt), resume=args.resume, confirm_top=args.confirm_top,
-              progress=not args.no_progress)
+              progress=not args.no_progress, max_local_bytes=args.max_local_bytes)
     if clock is not None:
         kw["clock"] = clock
     try:

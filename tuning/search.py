@@ -34,7 +34,7 @@ from dataclasses import asdict
 from .compile import COMPILERS
 from .keys import size_key
 from .measure import TOL, now_iso
-from .space import PARAMS, family, generate, prune_compiled
+from .space import MAX_LOCAL_BYTES, PARAMS, family, generate, prune_compiled
 
 __all__ = ["Search", "OutOfBudget", "CHECKPOINT_KIND", "load_checkpoint"]
 
@@ -118,18 +118,21 @@ class Search:
     checkpoint : path of the checkpoint JSON (None: none)
     resume : continue from ``checkpoint`` when it exists
     confirm_top, confirm_rounds : re-timing of the best few
+    max_local_bytes : variants with more local memory per thread are not timed
     clock : a ``time.monotonic`` stand-in (tests)
     """
 
     def __init__(self, op, dtype, specs, device, *, compiler="cuda", jobs=None, budget_s=None,
                  checkpoint=None, resume=False, confirm_top=3, confirm_rounds=3,
-                 progress=True, clock=time.monotonic, log=_log):
+                 progress=True, clock=time.monotonic, log=_log,
+                 max_local_bytes=MAX_LOCAL_BYTES):
         self.op, self.dtype, self.specs, self.device = op, dtype, list(specs), device
         self.compile_fn = COMPILERS[compiler] if isinstance(compiler, str) else compiler
         self.jobs = os.cpu_count() if jobs is None else jobs
         self.budget_s, self.checkpoint, self.clock = budget_s, checkpoint, clock
         self.confirm_top, self.confirm_rounds = confirm_top, confirm_rounds
         self.progress, self.log = progress, log
+        self.max_local_bytes = max_local_bytes
         self.info = device.info()
         self.arch = f"sm_{self.info['cc']}"
         self._pool = None
@@ -237,7 +240,8 @@ class Search:
         survivors = []
         for c in space.candidates:
             res = part["compiled"][c.label]
-            why = "failed" if not res.get("ok") else prune_compiled(res, c.ctx["threads"])
+            why = "failed" if not res.get("ok") else prune_compiled(
+                res, c.ctx["threads"], self.max_local_bytes)
             if why:
                 pruned[why] += 1
             else:
@@ -300,7 +304,7 @@ class Search:
             rec["params"] = {k: ex.params[k] for k in fam if k in ex.params}
         elif not str(ex.source).startswith("table"):
             return dict(rec, status="rejected", source=ex.source)
-        if params is not None and ex.params.get("local_bytes"):
+        if params is not None and (ex.params.get("local_bytes") or 0) > self.max_local_bytes:
             return dict(rec, status="spills")
         err = self.device.verify(problem, ex)
         rec["rel_err"] = err

@@ -34,8 +34,10 @@ Pruned before compiling (the reason is counted):
 - ``duplicate``: a choice that renders the same kernel as one kept (same
   context, or a ``min_blocks`` with the same register cap).
 
-After compiling, :func:`prune_compiled` drops variants that spill (local
-memory) or whose registers cannot be launched with their block size.
+After compiling, :func:`prune_compiled` drops variants that spill (more
+than :data:`MAX_LOCAL_BYTES` of local memory per thread, the CUDA backend's
+own limit for its heuristic) or whose registers cannot be launched with
+their block size.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ from smalltc.backends import _cuda_params as P
 from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["Candidate", "Space", "family", "ctx_for", "generate", "prune_compiled",
-           "PARAMS", "MAX_THREADS", "MIN_THREADS", "MAX_TILE", "SM_THREADS", "SM_REGISTERS"]
+           "PARAMS", "MAX_LOCAL_BYTES", "MAX_THREADS", "MIN_THREADS", "MAX_TILE", "SM_THREADS", "SM_REGISTERS"]
 
 #: tuning parameters of each family (the keys of a table entry's ``params``)
 PARAMS = {"layout": ("dim_x", "dim_y", "per_block"), "contract9": ("per_block",),
@@ -57,6 +59,9 @@ MIN_THREADS = 64        # 32 resident blocks x 64 threads = 2048: a full SM is p
 MAX_TILE = 32           # outputs per thread in the GEMM register tile
 SM_THREADS = 2048       # resident threads per multiprocessor (sm_80, sm_90)
 SM_REGISTERS = 65536    # 32-bit registers per multiprocessor (and per block)
+#: local memory (bytes per thread) a variant may use and still be timed: the CUDA
+#: backend's own rule (notes/cuda.md: relaxing register caps for less cost 10-20 points)
+MAX_LOCAL_BYTES = 256
 _MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)
 _POW2 = tuple(2 ** i for i in range(11))
 
@@ -244,13 +249,17 @@ def generate(spec, smem_optin=227 * 1024) -> Space:
     return Space(spec, fam, kept, generated, pruned, heur)
 
 
-def prune_compiled(resources, threads):
+def prune_compiled(resources, threads, max_local_bytes=MAX_LOCAL_BYTES):
     """Why a compiled variant must not be timed (None: keep it).
 
-    ``resources``: ``registers`` and ``local_bytes`` (or ``spill_stores``)
-    of the compiled kernel.
+    ``resources``: ``registers`` and ``local_bytes`` (per-thread local
+    memory: stack and spills) of the compiled kernel. More than
+    ``max_local_bytes`` of local memory is a spill worth no timing.
     """
-    if resources.get("local_bytes") or resources.get("spill_stores"):
+    local = resources.get("local_bytes")
+    if local is None:
+        local = resources.get("spill_stores") or 0
+    if local > max_local_bytes:
         return "spills"
     regs = resources.get("registers")
     if regs is not None and regs * threads > SM_REGISTERS:

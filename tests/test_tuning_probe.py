@@ -3,11 +3,12 @@
 The parser runs everywhere; compiling needs ``nvcc`` (skipped without it, no GPU needed).
 """
 import shutil
+import types
 
 import pytest
 
 from smalltc.backends._cuda_runtime import render
-from smalltc.spec import ActionSpec, AssemblySpec
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from smalltc.tuning import compile as C
 from smalltc.tuning.space import ctx_for, generate, prune_compiled
 
@@ -64,3 +65,64 @@ def test_nvcc_compile_error_is_a_failed_candidate():
     assert res["ok"] is False and "rejects" in res["error"]
     with pytest.raises(RuntimeError, match="nvcc failed"):
         C.nvcc_resources("this is not CUDA", "stc_x")
+
+
+# ---------------------------------------------------------------------------
+# compile_cuda through the real CUDA backend, the device faked (as in test_cuda_runtime.py):
+# the backend renders what the tuner predicts, and the kernel's attributes come back.
+
+class _FakeKernel:
+    def __init__(self, attrs):
+        self.attributes = attrs
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    from smalltc.backends import cuda as CB
+    seen = []
+    runtime = types.SimpleNamespace(getDevice=lambda: 0)
+    monkeypatch.setattr(CB, "cupy_or_none",
+                        lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(CB, "_device", lambda: (0, dict(name="Fake H100", cc="90", sms=132,
+                                                        smem_optin=227 * 1024)))
+
+    def get_kernel(template, entry, ctx, smem):
+        seen.append((template, entry, ctx))
+        if NVCC is None:
+            return _FakeKernel({"num_regs": 40, "local_size_bytes": 0})
+        res = C.nvcc_resources(render(template, dict(ctx, entry=entry)), entry, "sm_90")
+        return _FakeKernel({"num_regs": res["registers"], "local_size_bytes": res["local_bytes"]})
+
+    monkeypatch.setattr(CB, "get_kernel", get_kernel)
+    return seen
+
+
+CUDA_CASES = [
+    GemmSpec(batch=99, m=8, n=8, k=8, dtype="float64"),
+    GemmSpec(batch=99, m=3, n=5, k=7, dtype="float32", trans_b=True, shared_a=True,
+             beta_zero=False),
+    ContractSpec(kind="8b", batch=99, i=3, s=3, j=4, k=4, l=3, dtype="float64", shared_y=True),
+    ContractSpec(kind="9", batch=99, i=3, s=4, j=3, k=4, l=16, dtype="float64", shared_x=True),
+    ActionSpec(dim=3, nq=5, nd=4, batch=99, dtype="float64"),
+    AssemblySpec(dim=2, nq=5, nd=4, batch=99, dtype="float32"),
+]
+
+
+@pytest.mark.parametrize("spec", CUDA_CASES, ids=str)
+def test_compile_cuda_renders_what_the_space_predicts(fake_cuda, spec):
+    from smalltc.backends import _cuda_params as P
+    cands = generate(spec).candidates
+    for c in (cands[0], cands[-1]):                # the heuristic's choice and another
+        fake_cuda.clear()
+        res = C.compile_cuda(spec, c.params, "sm_90", 227 * 1024)
+        assert res["ok"], res
+        assert res["registers"] > 0 and res["local_bytes"] >= 0
+        (template, entry, ctx), = fake_cuda
+        assert (template, ctx) == (c.template, c.ctx)   # space.ctx_for mirrors the backend
+    assert P.lookup(spec, "90") is None                 # the injection is undone
+
+
+def test_compile_cuda_reports_a_rejected_variant(fake_cuda):
+    spec = AssemblySpec(dim=3, nq=4, nd=3, batch=9, dtype="float64")
+    res = C.compile_cuda(spec, dict(per_block=100000))
+    assert res["ok"] is False and "did not take" in res["error"]

@@ -177,8 +177,11 @@ def _summary(search, keys):
         tot["timed"] += sp.get("timed", 0)
         w = r.get("winner")
         if w:
+            sp_h = r.get("speedup_vs_heuristic")
+            vs = f"x{sp_h:.3f} vs heuristic" if sp_h else "heuristic failed"
             print(f"{k:32s} {w['time_s'] * 1e3:9.4f} ms  {100 * r['fraction_of_pmax']:5.1f}% "
-                  f"Pmax  x{r['speedup_vs_heuristic']:.3f} vs heuristic  {w['label']}")
+                  f"Pmax  {vs}  {w['label']}  [{r.get('compile_s', 0):.0f}+"
+                  f"{r.get('measure_s', 0):.0f} s]")
         else:
             print(f"{k:32s} (no tunable kernel)")
     secs = sum(r.get("seconds", 0) for r in search.state["runs"])

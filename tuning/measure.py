@@ -199,7 +199,10 @@ class GpuDevice:
         return _Problem(spec, big, out, host, dev, chk_out, ref, samples)
 
     def release(self, problem) -> None:
+        """Free the size's arrays, and its compiled variants (one module per variant)."""
         problem.big = problem.out = problem.check_dev = problem.check_out = None
+        from smalltc.backends import _cuda_runtime as RT
+        getattr(RT, "_CACHE", {}).clear()    # CuPy's disk cache keeps them: rebuilt in ms
         self.cp.get_default_memory_pool().free_all_blocks()
 
     def build(self, spec, params):

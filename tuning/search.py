@@ -235,7 +235,11 @@ class Search:
         by_label = {c.label: c for c in space.candidates}
         # 2. compile (in parallel), prune by resources
         todo = [c for c in space.candidates if c.label not in part["compiled"]]
-        self._compile(spec, key, todo, part)
+        t0 = self.clock()
+        try:
+            self._compile(spec, key, todo, part)
+        finally:
+            part["compile_s"] = round(part.get("compile_s", 0.0) + self.clock() - t0, 3)
         pruned = Counter(space.pruned)
         survivors = []
         for c in space.candidates:
@@ -249,16 +253,23 @@ class Search:
         # 3./4. build, verify, time
         problem = self.device.prepare(spec)
         try:
-            self._time_all(spec, key, survivors, part, problem)
+            t0 = self.clock()
+            try:
+                self._time_all(spec, key, survivors, part, problem)
+            finally:
+                part["measure_s"] = round(part.get("measure_s", 0.0) + self.clock() - t0, 3)
             result = self._decide(spec, key, space, by_label, part, problem, pruned)
+            result["compile_s"], result["measure_s"] = part["compile_s"], part["measure_s"]
         finally:
             self.device.release(problem)
         self.results[key] = result
         w = result["winner"]
         if w:
+            sp_h = result["speedup_vs_heuristic"]
             self.log(f"{key}: {w['label']} {w['time_s'] * 1e3:.4f} ms "
                      f"({100 * result['fraction_of_pmax']:.1f}% of Pmax, "
-                     f"{result['speedup_vs_heuristic']:.3f}x the heuristic)")
+                     + (f"{sp_h:.3f}x the heuristic" if sp_h else "the heuristic failed")
+                     + f"; compile {part['compile_s']:.0f} s, measure {part['measure_s']:.0f} s)")
 
     def _compile(self, spec, key, todo, part):
         if not todo:
@@ -307,7 +318,7 @@ class Search:
         if params is not None and (ex.params.get("local_bytes") or 0) > self.max_local_bytes:
             return dict(rec, status="spills")
         err = self.device.verify(problem, ex)
-        rec["rel_err"] = err
+        rec["rel_err"] = err if math.isfinite(err) else None      # None: NaN/inf in the output
         if not err <= TOL[spec.dtype]:
             return dict(rec, status="wrong")
         times = self.device.time(problem, ex)
@@ -387,7 +398,7 @@ class Search:
                 if kept_heuristic:
                     runner_up, winner = winner, dict(heur, label=_label(heur["params"]))
         speedup = (heur["time_s"] / winner["time_s"]
-                   if winner is not None and heur.get("status") == "ok" else math.nan)
+                   if winner is not None and heur.get("status") == "ok" else None)
         n_ok = len(ok)
         timed = sum(1 for r in recs if r["status"] in ("ok",))
         return dict(

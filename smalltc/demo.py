@@ -34,6 +34,10 @@ def add_arguments(parser):
     parser.add_argument("--out", default="smalltc-demo",
                         help="folder for demo.json and the plots (default ./smalltc-demo)")
     parser.add_argument("--no-plot", action="store_true", help="skip the plots")
+    parser.add_argument("--budget", type=float, default=110.0,
+                        help="seconds: cases not started by then are skipped and listed "
+                             "(kernels compile once and are cached on disk, so a second "
+                             "run gets further; default 110; 0 for no limit)")
 
 
 def timing_cases(kind, dtype, quick=False):
@@ -99,8 +103,11 @@ def run(args) -> int:
           f"(copy, read + write), {args.dtype} peak {pk * 1e-9:.1f} GFLOP/s")
     print(f"{'operation':28s} {'E':>8s} {'GDoF/s':>9s} {'bound':>9s} {'%bound':>7s} "
           f"{'first call':>10s}  kernel")
-    records = []
+    records, skipped = [], []
     for case in timing_cases(kind, args.dtype, args.quick):
+        if args.budget and time.perf_counter() - t_start > args.budget:
+            skipped.append(case)
+            continue
         rec = run_case(case, dict(bandwidth=bw, peak=pk), xp=xp, backend=args.backend,
                        repeats=repeats, warmup=1, with_baselines=False)
         records.append(rec)
@@ -116,12 +123,18 @@ def run(args) -> int:
             err = rec.get("error") or st.get("error", "?")
             print(f"{name:28s} {case.batch:8d} {'FAILED':>9s} {bound:9.4f}  {err}")
 
+    if skipped:
+        print(f"skipped (time budget of {args.budget:.0f} s spent, mostly compiling kernels; "
+              "they are cached now, run again): "
+              + ", ".join(f"{c.op} p={c.sizes['p']}" for c in skipped))
+
     # 3. record and plots
     doc = environment(kind, probes)
     doc["options"] = dict(backend=args.backend, dtype=args.dtype, repeats=repeats,
                           quick=bool(args.quick), demo=True)
     doc["projection"] = proj
     doc["cases"] = records
+    doc["skipped_for_time"] = [c.id for c in skipped]
     path = write_json(os.path.join(args.out, "demo.json"), doc)
     print(f"\nwrote {path}")
     if not args.no_plot:

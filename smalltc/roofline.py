@@ -435,7 +435,7 @@ def _cpu_bandwidth(reps=7) -> Probe:
 
 def _cpu_peak(dtype, reps=2) -> Probe:
     import time
-    n = 2048
+    n = 1536
     rng = np.random.default_rng(0)
     a = rng.random((n, n)).astype(dtype)
     b = rng.random((n, n)).astype(dtype)

@@ -119,7 +119,7 @@ def main_run(args) -> dict:
 
     from .. import roofline
     from .baselines import skipped
-    from .report import environment, table, write_json
+    from .report import load_average, environment, table, write_json
     from .runner import run_case
     from .suites import SUITES, cases
 
@@ -141,6 +141,10 @@ def main_run(args) -> dict:
     print(f"smalltc bench: {len(todo)} cases on {roofline.device_name(kind)} ({args.dtype}, "
           f"backend {args.backend}, {repeats} repeats); measuring bandwidth and peak ...",
           file=sys.stderr, flush=True)
+    load = load_average()
+    if kind == "cpu" and load and load[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"  warning: load average {load[0]:.1f} on {os.cpu_count()} cores: other work "
+              "will skew CPU timings (recorded in the JSON)", file=sys.stderr, flush=True)
     probes = roofline.probe(kind, dtypes=(args.dtype,))
     bound_args = dict(bandwidth=probes["bandwidth"]["value"],
                       peak=probes["peak"][args.dtype]["value"])
@@ -161,6 +165,7 @@ def main_run(args) -> dict:
                                      method=args.method, repeats=repeats, warmup=args.warmup,
                                      with_baselines=not args.no_baselines))
     doc["skipped_baselines"] = skipped()
+    doc["load_average_end"] = load_average()
     out_dir = args.out or os.path.join("results", doc["device"]["slug"])
     path = write_json(os.path.join(out_dir, f"bench-{args.dtype}.json"), doc)
     table(doc)

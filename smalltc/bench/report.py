@@ -15,6 +15,7 @@ import os
 import sys
 
 __all__ = ["SCHEMA", "environment", "write_json", "load", "table", "speed", "unit",
+           "load_average",
            "BASELINE_ORDER"]
 
 SCHEMA = "smalltc-bench/1"
@@ -83,7 +84,16 @@ def environment(kind, probes) -> dict:
                    "slug": roofline.device_slug(kind), "properties": props},
         "probes": probes,
         "skipped_baselines": skipped(),
+        "load_average_start": load_average(),
     }
+
+
+def load_average():
+    """1, 5, 15-minute load averages: other work on a CPU host skews timings."""
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
 
 
 def write_json(path, doc) -> str:

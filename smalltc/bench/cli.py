@@ -37,6 +37,9 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     parser.add_argument("--quick", action="store_true",
                         help="few sizes, small batches, 5 repeats: a smoke test")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="Numba threads for the cpu backend (numba.set_num_threads; "
+                             "default: all cores)")
     parser.add_argument("--no-baselines", action="store_true", help="time smalltc only")
     parser.add_argument("--out", default=None,
                         help="folder for the JSON and PNGs (default results/<device-slug>)")
@@ -102,6 +105,17 @@ class _SimpleProgress:
         pass
 
 
+def _set_threads(n):
+    """Set (when asked) and return the Numba thread count, or None without Numba."""
+    try:
+        import numba
+    except Exception:
+        return None
+    if n:
+        numba.set_num_threads(n)
+    return numba.get_num_threads()
+
+
 def _kind(args):
     from .._arrays import gpu_available
     if args.device:
@@ -124,6 +138,7 @@ def main_run(args) -> dict:
     from .suites import SUITES, cases
 
     kind = _kind(args)
+    threads = _set_threads(args.threads)
     if kind == "gpu":
         import cupy as xp
     else:
@@ -153,7 +168,7 @@ def main_run(args) -> dict:
     doc = environment(kind, probes)
     doc["options"] = dict(backend=args.backend, method=args.method, dtype=args.dtype,
                           suites=suites, sizes=args.sizes, p=args.p, dim=args.dim,
-                          repeats=repeats, warmup=args.warmup, quick=quick,
+                          repeats=repeats, warmup=args.warmup, quick=quick, threads=threads,
                           baselines=not args.no_baselines)
     doc["equivalent_command"] = _equivalent_command(args)
     doc["cases"] = []

@@ -191,3 +191,29 @@ def test_nan_is_not_a_pass():
     ref = np.ones((2, 3))
     ok, err = runner.check(np.full((2, 3), np.nan), ref, np.arange(2), np)
     assert not ok and not err <= 1e-12 and math.isnan(err)
+
+
+def test_merge_joins_split_runs(run_dir, tmp_path, capsys):
+    with open(run_dir / "bench-float64.json") as f:
+        doc = json.load(f)
+    paths = []
+    for suite in ("gemm", "action"):
+        part = dict(doc, cases=[c for c in doc["cases"] if c["suite"] == suite],
+                    options=dict(doc["options"], suites=[suite]))
+        p = tmp_path / f"bench-{suite}-float64.json"
+        p.write_text(json.dumps(part))
+        paths.append(str(p))
+    out = tmp_path / "merged"
+    assert main(["bench", "--merge", *paths, "--out", str(out), "--no-plot"]) == 0
+    with open(out / "bench-float64.json") as f:
+        merged = json.load(f)
+    assert {c["suite"] for c in merged["cases"]} == {"gemm", "action"}
+    assert len(merged["merged_from"]) == 2 and merged["options"]["suites"] == ["gemm", "action"]
+    assert "== action" in capsys.readouterr().out
+
+
+def test_split_run_names_its_files(tmp_path):
+    assert main(TINY + ["--suite", "assembly", "--p", "1", "--dim", "2", "--no-baselines",
+                        "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "bench-assembly-float64.json").exists()
+    assert (tmp_path / "assembly-fem-dofs-float64.png").exists()

@@ -6,6 +6,13 @@ Examples of use::
     smalltc bench --suite gemm --sizes 2,4,8,16,32 --repeats 30
     smalltc bench --suite action --p 1,2,3 --dtype float32 --quick
     smalltc bench --compare results/A/bench-float64.json results/B/bench-float64.json
+    smalltc bench --suite gemm; smalltc bench --suite action   # e.g. under a time limit,
+    smalltc bench --merge results/X/bench-gemm-float64.json results/X/bench-action-float64.json
+
+A run of all suites writes ``bench-<dtype>.json``; a run of some suites
+``bench-<suite>[+<suite>]-<dtype>.json`` (and plots named alike), so runs split
+across several commands do not overwrite each other; ``--merge`` joins them
+into ``bench-<dtype>.json`` with its table and plots.
 """
 from __future__ import annotations
 
@@ -47,6 +54,10 @@ def add_arguments(parser):
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
                         help="print per-case speed-ups of run B over run A and exit")
+    parser.add_argument("--merge", nargs="+", metavar="RUN.json", default=None,
+                        help="join runs of one device and dtype (e.g. one suite each) into "
+                             "bench-<dtype>.json in --out (default: the first file's folder), "
+                             "print the table, redo the plots, and exit")
     parser.add_argument("--impl", default="smalltc",
                         help="with --compare: the implementation to compare (default smalltc)")
 
@@ -133,7 +144,7 @@ def main_run(args) -> dict:
 
     from .. import roofline
     from .baselines import skipped
-    from .report import load_average, environment, table, write_json
+    from .report import environment, load_average
     from .runner import run_case
     from .suites import SUITES, cases
 
@@ -182,16 +193,49 @@ def main_run(args) -> dict:
     doc["skipped_baselines"] = skipped()
     doc["load_average_end"] = load_average()
     out_dir = args.out or os.path.join("results", doc["device"]["slug"])
-    path = write_json(os.path.join(out_dir, f"bench-{args.dtype}.json"), doc)
+    tag = "" if set(suites) == set(SUITES) else "+".join(suites) + "-"
+    _finish(doc, out_dir, tag, plot=not args.no_plot)
+    return doc
+
+
+def _finish(doc, out_dir, tag, plot=True):
+    """Write the JSON, print the table, draw the plots."""
+    from .report import table, write_json
+    path = write_json(os.path.join(out_dir, f"bench-{tag}{doc['options']['dtype']}.json"), doc)
     table(doc)
     print(f"\nwrote {path}")
-    if not args.no_plot:
+    if plot:
         from .plots import plot_all
-        made = plot_all(doc, out_dir)
+        made = plot_all(doc, out_dir, prefix=tag)
         if made:
             print("plots: " + ", ".join(made))
         else:
             print("plots: skipped (matplotlib not importable)")
+
+
+def merge(paths, out_dir=None, plot=True) -> dict:
+    """Join bench runs of one device and dtype; later runs win for a repeated case id."""
+    from .report import load
+    docs = [load(p) for p in paths]
+    first = docs[0]
+    for p, d in zip(paths, docs):
+        same = (d["device"]["name"] == first["device"]["name"]
+                and d["options"]["dtype"] == first["options"]["dtype"])
+        if not same:
+            raise ValueError(f"{p}: {d['device']['name']} {d['options']['dtype']} does not match "
+                             f"{paths[0]}: {first['device']['name']} {first['options']['dtype']}")
+    doc = dict(first)
+    cases = {}
+    for d in docs:
+        for c in d["cases"]:
+            cases[c["id"]] = c
+    doc["cases"] = list(cases.values())
+    doc["merged_from"] = [dict(path=os.path.abspath(p), date=d["date"], command=d["command"],
+                               equivalent_command=d.get("equivalent_command"),
+                               probes=d["probes"]) for p, d in zip(paths, docs)]
+    doc["options"] = dict(first["options"],
+                          suites=list(dict.fromkeys(s for d in docs for s in d["options"]["suites"])))
+    _finish(doc, out_dir or os.path.dirname(os.path.abspath(paths[0])), "", plot=plot)
     return doc
 
 
@@ -216,6 +260,9 @@ def run(args) -> int:
     if args.compare:
         from .compare import compare_files
         return compare_files(*args.compare, impl=args.impl)
+    if args.merge:
+        merge(args.merge, args.out, plot=not args.no_plot)
+        return 0
     doc = main_run(args)
     bad = [c for c in doc["cases"] if c.get("error") or any(
         r.get("status") == "failed" for r in c["impls"].values())]

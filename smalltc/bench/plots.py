@@ -178,8 +178,11 @@ def plot_fraction(doc, path, plt):
     return path
 
 
-def plot_all(doc, out_dir) -> list:
-    """Write every plot that has data; returns the paths (empty without matplotlib)."""
+def plot_all(doc, out_dir, prefix="") -> list:
+    """Write every plot that has data; returns the paths (empty without matplotlib).
+
+    Files are ``<prefix><stem>-<dtype>.png``.
+    """
     plt = matplotlib_or_none()
     if plt is None:
         return []
@@ -188,7 +191,7 @@ def plot_all(doc, out_dir) -> list:
     made = []
     for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
                      (plot_fraction, "fraction")):
-        p = fn(doc, os.path.join(out_dir, f"{stem}-{dt}.png"), plt)
+        p = fn(doc, os.path.join(out_dir, f"{prefix}{stem}-{dt}.png"), plt)
         if p:
             made.append(p)
     return made

@@ -74,7 +74,8 @@ def test_mock_device_budget_then_resume(tmp_path, capsys):
     assert set(table["entries"]) == {"action/3d/nd2nq2c1", "action/3d/nd3nq3c1"}
     run = table["runs"][-1]
     assert run["op"] == "action" and run["sizes"] == 2 and run["timed"] > 0
-    assert run["generated"] == run["pruned"] + run["compiled"]
+    assert run["generated"] == run["pruned"] + run["timed"]
+    assert run["compiled"] + run["failed"] + run["pruned_before_compile"] == run["generated"]
     assert (tmp_path / "w" / "search-sm90-float64-action-3d-nd3nq3c1.png").exists()
     # a second op adds its entries to the same table file
     rc = cli.run(_args("--op", "assembly", "--sizes", "3:1:p+1", "--work", str(tmp_path / "w"),

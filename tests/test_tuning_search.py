@@ -75,6 +75,7 @@ def test_full_run_records_everything():
             v for k, v in sp["pruned"].items() if k in ("invalid", "threads", "tile",
                                                         "resident", "duplicate"))
         assert sp["compiled"] == sp["candidates"] and sp["timed"] == sp["candidates"]
+        assert sum(sp["pruned"].values()) + sp["timed"] == sp["generated"]
         ok = [c for c in r["candidates"] if c["status"] == "ok"]
         assert r["winner"]["time_s"] <= min(c["time_s"] for c in ok) * 1.0000001 or \
             r["kept_heuristic"]
@@ -156,6 +157,7 @@ def test_a_wrong_candidate_never_wins():
     statuses = {c["label"]: c["status"] for c in r["candidates"]}
     assert all(statuses[c.label] == "wrong" for c in fastest)
     assert r["space"]["wrong"] == 2
+    assert sum(r["space"]["pruned"].values()) + r["space"]["timed"] == r["space"]["generated"]
     assert all("time_s" not in c for c in r["candidates"] if c["status"] == "wrong")
 
 
@@ -182,6 +184,9 @@ def test_spilling_candidates_are_never_timed():
     r = next(iter(s.results.values()))
     n_spill = sum(1 for c in generate(spec).candidates if c.params["per_block"] > 8)
     assert r["space"]["pruned"]["spills"] == n_spill > 0
+    sp = r["space"]
+    assert sum(sp["pruned"].values()) + sp["timed"] == sp["generated"]
+    assert sp["compiled"] == sp["candidates"] == n_spill + sp["timed"]
     timed_pb = {dict(lab)["per_block"] for lab in dev.timed}
     # only the heuristic's own kernel may be timed with per_block > 8 (it is the baseline)
     heur = r["heuristic"]["params"]["per_block"]
@@ -198,6 +203,7 @@ def test_failed_compiles_are_counted():
     s.run()
     r = next(iter(s.results.values()))
     assert r["space"]["failed"] == 1 and r["space"]["compiled"] == r["space"]["candidates"] - 1
+    assert sum(r["space"]["pruned"].values()) + r["space"]["timed"] == r["space"]["generated"]
 
 
 def test_heuristic_kept_when_nothing_beats_it():

@@ -56,7 +56,8 @@ def test_round_trip(tmp_path, table):
         assert ctx_for(T.spec_from_dict(e["spec"]), e["params"]) is not None
     run = back["runs"][-1]
     assert run["op"] == "mixed" and run["sizes"] == len(SPECS)
-    assert run["generated"] == run["pruned"] + run["compiled"]
+    assert run["generated"] == run["pruned"] + run["timed"]
+    assert run["compiled"] + run["failed"] + run["pruned_before_compile"] == run["generated"]
 
 
 def _broken(table, how):

@@ -403,9 +403,12 @@ class Search:
         timed = sum(1 for r in recs if r["status"] in ("ok",))
         return dict(
             key=key, spec=_spec_dict(spec), family=space.family,
+            # generated = sum(pruned) + timed; candidates = compiled + failed;
+            # compiled = spills + registers + rejected + wrong + timed
             space=dict(generated=space.generated, candidates=len(space.candidates),
-                       pruned=dict(pruned), compiled=sum(1 for r in part["compiled"].values()
-                                                         if r.get("ok")),
+                       pruned=dict(pruned), pruned_before_compile=space.n_pruned,
+                       compiled=sum(1 for c in space.candidates
+                                    if part["compiled"][c.label].get("ok")),
                        failed=pruned.get("failed", 0), timed=timed, wrong=pruned.get("wrong", 0)),
             candidates=sorted(recs, key=lambda r: (r["status"] != "ok",
                                                    r.get("time_s") or math.inf)),

@@ -9,7 +9,8 @@ tuning run on a GPU (``smalltc tune``). Format, ``schema`` 1::
                   "cupy": "13.6.0", "smalltc": "0.1.0"},
      "date": "2026-11-21T16:00:00Z", "bandwidth": 3.3e12, "peak": 6.0e13,
      "runs": [{"op": "gemm", "seconds": 512.3, "sizes": 31, "generated": ...,
-               "pruned": ..., "compiled": ..., "timed": ...}],
+               "pruned": ..., "pruned_before_compile": ..., "compiled": ..., "failed": ...,
+               "wrong": ..., "timed": ..., "keys": [...]}],
      "entries": {
        "gemm/nn/m8n8k8": {
          "op": "gemm", "family": "layout", "spec": {... sizes, batch ...},
@@ -18,6 +19,10 @@ tuning run on a GPU (``smalltc tune``). Format, ``schema`` 1::
          "runner_up": {"params": {...}, "time_s": 1.25e-4},
          "heuristic": {"params": {...}, "time_s": 1.28e-4},
          "kernel": {"threads": 128, "smem_bytes": 4096, "registers": 40, "local_bytes": 0}}}}
+
+Counts: ``generated = pruned + timed`` (every variant not timed has a
+reason: before compiling, a failed compile, spills or registers after it, a
+wrong result); ``compiled`` counts the compiles that succeeded.
 
 Lookup for a spec (:meth:`Table.lookup`): the entry of its exact size key;
 else the nearest entry of the same variant (same op, dimension, transposes,
@@ -137,7 +142,8 @@ def _slim(rec):
 
 def add_results(table: dict, results: dict, op: str, seconds: float) -> dict:
     """Merge a search's finished results into ``table`` (entries of the same key replaced)."""
-    n = dict(sizes=0, generated=0, pruned=0, compiled=0, timed=0, wrong=0)
+    n = dict(sizes=0, generated=0, pruned=0, pruned_before_compile=0, compiled=0, failed=0,
+             wrong=0, timed=0)
     for key, r in results.items():
         if not r.get("winner"):
             continue
@@ -154,7 +160,7 @@ def add_results(table: dict, results: dict, op: str, seconds: float) -> dict:
         n["sizes"] += 1
         n["generated"] += sp.get("generated", 0)
         n["pruned"] += sum(sp.get("pruned", {}).values())
-        for k in ("compiled", "timed", "wrong"):
+        for k in ("pruned_before_compile", "compiled", "failed", "wrong", "timed"):
             n[k] += sp.get(k, 0)
     keys = sorted(k for k, r in results.items() if r.get("winner"))
     # a search run again over the same sizes replaces its record

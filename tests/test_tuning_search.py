@@ -219,3 +219,15 @@ def test_process_pool_compile():
     assert s.run() == "done"
     r = next(iter(s.results.values()))
     assert r["space"]["compiled"] == r["space"]["candidates"]
+
+
+def test_sizes_without_a_specialised_kernel_are_skipped():
+    big = GemmSpec(batch=100_000, m=200, n=200, k=200, dtype=F64)   # generic kernel only
+    dev = MockDevice()
+    s = _search(dev, specs=[big, SPECS[0]])
+    assert s.run() == "done"
+    r = s.results["gemm/nn/m200n200k200"]
+    assert r["winner"] is None and r["family"] is None
+    n = len(generate(SPECS[0]).candidates)
+    assert len(dev.timed) == n + 1 + (min(3, n) + 1) * 3     # only the 4x4x4 size was timed
+    assert s.results["gemm/nn/m4n4k4"]["winner"] is not None

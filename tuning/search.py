@@ -227,7 +227,7 @@ class Search:
 
     def _tune_size_inner(self, spec, key, part):
         space = generate(spec, self.info["smem_optin"])
-        if space.family is None:
+        if space.family is None or not space.candidates:
             self.log(f"{key}: only the generic kernel runs this size; nothing to tune")
             self.results[key] = dict(key=key, spec=_spec_dict(spec), family=None,
                                      space=dict(generated=0), winner=None)

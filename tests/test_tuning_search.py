@@ -131,6 +131,12 @@ def test_resume_refuses_another_search(tmp_path):
     with pytest.raises(ValueError, match="sm_80"):
         Search("mixed", F64, SPECS[:1], other, checkpoint=str(ck), resume=True)
 
+    class OtherGpu(MockDevice):
+        def info(self):
+            return dict(super().info(), name="NVIDIA H200")
+    with pytest.raises(ValueError, match="do not compare"):
+        Search("mixed", F64, SPECS[:1], OtherGpu(), checkpoint=str(ck), resume=True)
+
 
 def test_budget_zero_stops_before_anything(tmp_path):
     ck = tmp_path / "ck.json"

@@ -157,6 +157,12 @@ class Search:
             raise ValueError(f"checkpoint {self.checkpoint} is from a "
                              f"{'dry run' if old.get('dry_run') else 'GPU run'}; this search "
                              f"is {'a dry run' if self.state['dry_run'] else 'on a GPU'}")
+        if old["device"].get("name") != self.info["name"] and old["device"].get("cc") == \
+                self.info["cc"]:
+            raise ValueError(f"checkpoint {self.checkpoint} was written on "
+                             f"{old['device'].get('name')}, this device is {self.info['name']}: "
+                             f"times of two devices do not compare (start over in another "
+                             f"--work folder)")
         if old["device"].get("cc") != self.info["cc"]:
             raise ValueError(f"checkpoint {self.checkpoint} was written on sm_"
                              f"{old['device'].get('cc')}, this device is {self.arch}")

@@ -156,7 +156,7 @@ def add_results(table: dict, results: dict, op: str, seconds: float) -> dict:
             kernel=w.get("kernel"), runner_up=_slim(r.get("runner_up")),
             heuristic=_slim(r.get("heuristic")),
             space={k: sp.get(k) for k in ("generated", "pruned", "compiled", "timed")},
-            seconds=r.get("seconds"))
+            seconds=r.get("seconds"), device=table["device"].get("name"))
         n["sizes"] += 1
         n["generated"] += sp.get("generated", 0)
         n["pruned"] += sum(sp.get("pruned", {}).values())

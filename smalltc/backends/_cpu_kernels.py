@@ -109,7 +109,7 @@ class _Action(_Kernel):
         if self.specialized:
             W = self.params["lanes"]
             nch = -(-E // W)
-            self.fn(B, D2, V2, U2, E, nch, self.nparts(nch))
+            self.fn(B, D2, V2, U2, E, s.ncomp, nch, self.nparts(nch))
         else:
             self.fn(B, D2, V2, U2, s.dim, s.ncomp, E, self.nparts(E))
 
@@ -146,12 +146,10 @@ def build_action(spec: ActionSpec):
                        signature=sig)
     W = _lanes(dt)
     steps, buffers = _action_steps(dim, nd, nq)
-    comp = f"_c{spec.ncomp}" if spec.ncomp != 1 else ""
-    entry = f"stc_mass_apply_{dim}d_{_SHORT[dt]}_nd{nd}_nq{nq}{comp}"
-    sig = _sig(dt, 4, ["int64"] * 3)
+    entry = f"stc_mass_apply_{dim}d_{_SHORT[dt]}_nd{nd}_nq{nq}"
+    sig = _sig(dt, 4, ["int64"] * 4)
     return _Action(spec, "action.py.j2", entry, {"lanes": W}, True, W=W, steps=steps,
-                   buffers=buffers, nv=nd ** dim, nqd=nq ** dim, ncomp=spec.ncomp,
-                   signature=sig)
+                   buffers=buffers, nv=nd ** dim, nqd=nq ** dim, signature=sig)
 
 
 class _Assembly(_Kernel):

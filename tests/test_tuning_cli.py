@@ -118,3 +118,10 @@ def test_dry_run_results_are_not_mixed_with_measured(tmp_path, capsys):
 
 class _Measured(TickingDevice):
     dry_run = False
+
+
+@pytest.mark.skipif(__import__("smalltc._arrays", fromlist=["x"]).gpu_available(),
+                    reason="a CUDA device is here")
+def test_no_gpu_is_a_clean_error(tmp_path, capsys):
+    assert cli.run(_args("--op", "gemm", "--work", str(tmp_path))) == 2
+    assert "no CUDA device" in capsys.readouterr().err

@@ -1,0 +1,259 @@
+"""CPU backend specifics: GEMM variants, generic vs specialised kernels, caches, threads.
+
+The operation tables (tests/test_operations.py) run this backend too; here
+are the cases only it has. Compiles are the cost, so the number of distinct
+kernels is kept small: the generic kernels take the many-sizes cases, a few
+specialised ones cover each template branch.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import smalltc
+from smalltc.backends import Unsupported, get
+from smalltc.backends import _cpu_codegen, _cpu_kernels
+from smalltc.backends.reference import action_einsum, assembly_einsum, contract_einsum
+from smalltc.spec import ActionSpec
+
+pytest.importorskip("numba")
+
+TOL = {"float64": 1e-12, "float32": 1e-5}
+E = 13   # not a multiple of the SIMD lane count: chunked kernels see a tail
+
+
+def rel(out, ref):
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+def poisoned(shape, dtype):
+    return np.full(shape, np.nan, dtype=dtype)
+
+
+def _gemm_operands(rng, m, n, k, ta, tb, shared, dtype):
+    a_core = (k, m) if ta else (m, k)
+    b_core = (n, k) if tb else (k, n)
+    A = rng.standard_normal(a_core if shared == "A" else (E,) + a_core).astype(dtype)
+    B = rng.standard_normal(b_core if shared == "B" else (E,) + b_core).astype(dtype)
+    C = rng.standard_normal((E, m, n)).astype(dtype)
+    return A, B, C
+
+
+def _gemm_ref(A, B, C, ta, tb, alpha, beta):
+    a = np.swapaxes(A, -1, -2) if ta else A
+    b = np.swapaxes(B, -1, -2) if tb else B
+    return alpha * np.matmul(a.astype(np.float64), b.astype(np.float64)) + beta * C
+
+
+def _check_gemm(rng, m, n, k, ta, tb, shared, beta, dtype="float64"):
+    A, B, C = _gemm_operands(rng, m, n, k, ta, tb, shared, dtype)
+    p = smalltc.plan("gemm", A, B, C if beta else None, beta=beta, trans_a=ta,
+                     trans_b=tb, backend="cpu")
+    out = poisoned((E, m, n), dtype)
+    p(A, B, C if beta else None, alpha=1.5, beta=beta, out=out)
+    assert rel(out, _gemm_ref(A, B, C, ta, tb, 1.5, beta)) < TOL[dtype]
+    return p
+
+
+# every transpose x shared x beta combination, on the generic kernel
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("shared", [None, "A", "B"])
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_gemm_generic_all_combinations(monkeypatch, ta, tb, shared, beta):
+    monkeypatch.setattr(_cpu_kernels, "MAX_GEMM", 0)
+    p = _check_gemm(np.random.default_rng(1), 3, 5, 4, ta, tb, shared, beta)
+    assert p.specialized is False and "generic" in p.kernel
+
+
+# a covering set on the specialised kernels: each flag value in each form
+GEMM_SPECIALISED = [  # (m, n, k, ta, tb, shared, beta)
+    (2, 2, 2, False, False, None, 0.0),
+    (3, 4, 2, True, False, "A", 1.0),
+    (4, 3, 5, False, True, "B", 0.0),
+    (3, 2, 4, True, True, None, -2.0),
+    (8, 8, 8, False, False, None, 1.0),
+    (6, 9, 7, True, False, "B", 0.0),
+    (9, 5, 7, False, True, "A", 0.5),
+    (12, 10, 9, True, True, None, 0.0),
+]
+
+
+@pytest.mark.parametrize("case", GEMM_SPECIALISED, ids=str)
+def test_gemm_specialised(case):
+    m, n, k, ta, tb, shared, beta = case
+    p = _check_gemm(np.random.default_rng(2), m, n, k, ta, tb, shared, beta)
+    assert p.specialized and p.backend == "cpu"
+    assert p.params["form"] == ("full" if m * n * k <= 125 else "rows")
+
+
+def test_gemm_float32_and_in_place():
+    rng = np.random.default_rng(3)
+    A, B, C = _gemm_operands(rng, 4, 4, 4, False, False, None, "float32")
+    ref = _gemm_ref(A, B, C, False, False, 1.0, 1.0)
+    smalltc.batched_gemm(A, B, C, beta=1.0, out=C)      # the classic C += A B
+    assert rel(C, ref) < TOL["float32"]
+
+
+def test_gemm_beta_zero_does_not_read_c():
+    rng = np.random.default_rng(4)
+    A, B, _ = _gemm_operands(rng, 3, 3, 3, False, False, None, "float64")
+    out = poisoned((E, 3, 3), "float64")     # NaN would poison alpha*AB + 0*C
+    smalltc.batched_gemm(A, B, out=out)
+    assert np.isfinite(out).all()
+
+
+def _action_inputs(rng, dim, p, nq, dtype, ncomp=None):
+    nd = p + 1
+    B1d = rng.standard_normal((nq, nd)).astype(dtype)
+    D = rng.standard_normal((E,) + (nq,) * dim).astype(dtype)
+    comp = (ncomp,) if ncomp else ()
+    V = rng.standard_normal((E,) + comp + (nd,) * dim).astype(dtype)
+    return B1d, D, V
+
+
+@pytest.mark.parametrize("dim,p,nq", [(1, 3, 4), (2, 2, 4), (3, 2, 3)])
+def test_action_generic_matches_specialised(monkeypatch, dim, p, nq):
+    B1d, D, V = _action_inputs(np.random.default_rng(5), dim, p, nq, "float64", ncomp=2)
+    ref = action_einsum(B1d, D, V, dim)
+    fast = smalltc.plan("action", B1d, D, V, backend="cpu")
+    assert fast.specialized and fast.kernel.startswith(f"stc_mass_apply_{dim}d_f64")
+    monkeypatch.setattr(_cpu_kernels, "MAX_ND", 0)
+    slow = get("cpu").build(fast.spec)
+    assert slow.specialized is False
+    u_fast, u_slow = poisoned(V.shape, V.dtype), poisoned(V.shape, V.dtype)
+    fast.executor.run((B1d, D, V), u_fast)
+    slow.run((B1d, D, V), u_slow)
+    assert rel(u_fast, ref) < 1e-12 and rel(u_slow, ref) < 1e-12
+    assert rel(u_fast, u_slow) < 1e-13
+
+
+def test_fallback_is_reported(monkeypatch, caplog):
+    monkeypatch.setattr(_cpu_kernels, "MAX_ND", 2)
+    B1d, D, V = _action_inputs(np.random.default_rng(6), 2, 3, 5, "float32")
+    with caplog.at_level("WARNING", logger="smalltc"):
+        p = smalltc.plan("action", B1d, D, V, backend="cpu")
+    assert p.specialized is False and "generic" in p.kernel
+    assert "generic" in caplog.text
+    out = p(B1d, D, V, out=poisoned(V.shape, V.dtype))
+    assert rel(out, action_einsum(B1d.astype(float), D.astype(float), V.astype(float), 2)) \
+        < TOL["float32"]
+
+
+def test_action_p16_3d():
+    """The largest specialised size: p = 16 (nd = 17), nq = 18."""
+    B1d, D, V = _action_inputs(np.random.default_rng(7), 3, 16, 18, "float64")
+    p = smalltc.plan("action", B1d, D, V, backend="cpu")
+    assert p.specialized and p.kernel == "stc_mass_apply_3d_f64_nd17_nq18"
+    out = p(B1d, D, V, out=poisoned(V.shape, V.dtype))
+    assert rel(out, action_einsum(B1d, D, V, 3)) < 1e-12
+
+
+@pytest.mark.parametrize("dim,p,nq,dtype", [(2, 2, 3, "float64"), (3, 1, 3, "float32")])
+def test_assembly_generic_matches_specialised(monkeypatch, dim, p, nq, dtype):
+    rng = np.random.default_rng(8)
+    B1d, D, _ = _action_inputs(rng, dim, p, nq, dtype)
+    ref = assembly_einsum(B1d.astype(float), D.astype(float), dim)
+    fast = smalltc.plan("assembly", B1d, D, backend="cpu")
+    assert fast.specialized
+    monkeypatch.setattr(_cpu_kernels, "MAX_ASM_ENTRIES", 0)
+    slow = get("cpu").build(fast.spec)
+    assert slow.specialized is False
+    m_fast, m_slow = poisoned(fast.out_shape, dtype), poisoned(fast.out_shape, dtype)
+    fast.executor.run((B1d, D), m_fast)
+    slow.run((B1d, D), m_slow)
+    assert rel(m_fast, ref) < TOL[dtype] and rel(m_slow, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("kind,xs,ys", [
+    ("8a", (E, 4, 3, 2), (5, 3, 1)),       # X batched, Y shared
+    ("8b", (2, 3, 4), (E, 2, 3, 5)),       # X shared, Y batched
+    ("9", (4, 3), (E, 2, 4, 5)),           # B shared, C batched
+])
+@pytest.mark.parametrize("generic", [False, True])
+def test_contract_kernels(monkeypatch, kind, xs, ys, generic):
+    if generic:
+        monkeypatch.setattr(_cpu_kernels, "MAX_CONTRACT", 0)
+    rng = np.random.default_rng(9)
+    X, Y = rng.standard_normal(xs), rng.standard_normal(ys)
+    spec = smalltc.plan("contract", X, Y, kind=kind, backend="reference").spec
+    ex = get("cpu").build(spec)
+    assert ex.specialized is not generic
+    out = poisoned(spec.out_shape, "float64")
+    ex.run((X, Y), out)
+    assert rel(out, contract_einsum(kind, X, Y)) < 1e-12
+
+
+def test_pairwise_runs_on_cpu_kernels():
+    B1d, D, V = _action_inputs(np.random.default_rng(10), 3, 2, 4, "float64")
+    p = smalltc.plan("action", B1d, D, V, backend="cpu", method="pairwise")
+    assert p.kernel.startswith("pairwise (4a):stc_contract8a_f64")
+    out = p(B1d, D, V, out=poisoned(V.shape, V.dtype))
+    assert rel(out, action_einsum(B1d, D, V, 3)) < 1e-12
+
+
+def test_in_process_cache_hit():
+    spec = ActionSpec(dim=2, nq=3, nd=2, batch=5, dtype="float64")
+    first = get("cpu").build(spec)
+    second = get("cpu").build(spec.with_batch(99))
+    assert second.fn is first.fn and second.compile_s == 0.0
+    p1 = smalltc.plan("gemm", np.ones((4, 2, 2)), np.ones((4, 2, 2)), backend="cpu")
+    p2 = smalltc.plan("gemm", np.ones((4, 2, 2)), np.ones((4, 2, 2)), backend="cpu")
+    assert p1 is p2
+
+
+def test_disk_cache_in_fresh_processes(tmp_path):
+    """A kernel compiled by one process loads from the disk cache in the next."""
+    code = textwrap.dedent("""
+        import numpy as np, smalltc
+        p = smalltc.plan("gemm", np.ones((3, 2, 3)), np.ones((3, 3, 2)), backend="cpu")
+        p(np.ones((3, 2, 3)), np.ones((3, 3, 2)))
+        print(sum(p.executor.fn.stats.cache_hits.values()))
+    """)
+    env = dict(os.environ, SMALLTC_CACHE_DIR=str(tmp_path))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True).stdout.split()[-1] for _ in range(2)]
+    assert runs == ["0", "1"]
+    assert list((tmp_path / "cpu").glob("stc_gemm_nn_f64_m2n2k3_*.py"))
+
+
+def test_thread_count_setting():
+    import numba
+    from smalltc.backends.cpu import set_num_threads
+    B1d, D, V = _action_inputs(np.random.default_rng(11), 2, 2, 4, "float64")
+    old = numba.get_num_threads()
+    try:
+        set_num_threads(1)
+        assert "1 threads" in get("cpu").describe()
+        one = smalltc.batched_contract(B1d, D, V, backend="cpu")
+    finally:
+        set_num_threads(old)
+    assert np.array_equal(one, smalltc.batched_contract(B1d, D, V, backend="cpu"))
+
+
+def test_thread_count_env_var():
+    code = "from smalltc.backends import get; print(get('cpu').describe())"
+    env = dict(os.environ, SMALLTC_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip().endswith(", 1 threads")
+
+
+def test_auto_picks_cpu_for_numpy():
+    B1d, D, V = _action_inputs(np.random.default_rng(12), 1, 2, 3, "float64")
+    assert smalltc.plan("action", B1d, D, V).backend == "cpu"
+
+
+def test_pairwise_method_is_not_a_cpu_kernel():
+    spec = ActionSpec(dim=2, nq=3, nd=2, batch=5, dtype="float64")
+    with pytest.raises(Unsupported, match="method='fused' only"):
+        get("cpu").build(spec, "pairwise")
+
+
+def test_templates_reject_missing_parameters():
+    import jinja2
+    with pytest.raises(jinja2.UndefinedError, match="is undefined"):
+        _cpu_codegen.render("action.py.j2", entry="x", signature="void()", dtype="float64")

@@ -109,7 +109,7 @@ def injected(params, spec=None):
     others (e.g. the steps of a pairwise fallback) get none. Restores the
     lookup installed before (the runtime tables, when installed).
     """
-    before = getattr(P, "_LOOKUP", None)
+    before = P.get_table_lookup()
     key = None if spec is None else spec.kernel_key()
 
     def answer(s, cc):

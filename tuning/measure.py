@@ -202,7 +202,7 @@ class GpuDevice:
         """Free the size's arrays, and its compiled variants (one module per variant)."""
         problem.big = problem.out = problem.check_dev = problem.check_out = None
         from smalltc.backends import _cuda_runtime as RT
-        getattr(RT, "_CACHE", {}).clear()    # CuPy's disk cache keeps them: rebuilt in ms
+        RT.clear_cache()                     # CuPy's disk cache keeps them: rebuilt in ms
         self.cp.get_default_memory_pool().free_all_blocks()
 
     def build(self, spec, params):

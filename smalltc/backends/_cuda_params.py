@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["layout_ctx", "contract9_ctx", "generic_ctx", "action_ctx", "assembly_ctx",
-           "gemm_extents", "set_table_lookup", "lookup", "ITEMSIZE", "SMEM_TARGET"]
+           "gemm_extents", "set_table_lookup", "get_table_lookup", "lookup", "ITEMSIZE", "SMEM_TARGET"]
 
 ITEMSIZE = {"float64": 8, "float32": 4}
 #: shared memory a block aims to stay under (several blocks per multiprocessor)
@@ -25,6 +25,28 @@ MAX_UNROLLED = 128
 THREADS = 256
 
 _LOOKUP = None
+_DEFAULT_INSTALLED = False
+
+
+def _install_default():
+    """On first use, consult the shipped tuning tables (``smalltc.tuning``).
+
+    ``SMALLTC_TUNING=off`` (read by the tuning package) turns them off; a
+    lookup set with :func:`set_table_lookup` before this runs is kept.
+    """
+    global _DEFAULT_INSTALLED
+    _DEFAULT_INSTALLED = True
+    if _LOOKUP is None:
+        try:
+            from smalltc.tuning import install
+        except ImportError:        # tuning package absent: heuristics only
+            return
+        install()
+
+
+def get_table_lookup():
+    """The installed ``lookup(spec, cc)`` callable, or None."""
+    return _LOOKUP
 
 
 def set_table_lookup(fn):
@@ -35,6 +57,8 @@ def set_table_lookup(fn):
 
 def lookup(spec, cc):
     """Parameters from the installed table for ``spec`` on compute capability ``cc``."""
+    if not _DEFAULT_INSTALLED:
+        _install_default()
     return None if _LOOKUP is None else _LOOKUP(spec, cc)
 
 

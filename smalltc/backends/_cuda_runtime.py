@@ -17,7 +17,7 @@ import threading
 
 import jinja2
 
-__all__ = ["SmalltcCompileError", "render", "get_kernel", "launch", "device_info",
+__all__ = ["SmalltcCompileError", "render", "get_kernel", "clear_cache", "launch", "device_info",
            "CTYPES", "NVRTC_OPTIONS"]
 
 CTYPES = {"float64": "double", "float32": "float"}
@@ -103,6 +103,12 @@ def device_info(device_id: int):
 
 _CACHE: dict = {}
 _LOCK = threading.Lock()
+
+
+def clear_cache():
+    """Forget the in-process compiled kernels (CuPy's disk cache keeps them)."""
+    with _LOCK:
+        _CACHE.clear()
 
 
 def get_kernel(template: str, entry: str, ctx: dict, smem_bytes: int = 0):

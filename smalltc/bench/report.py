@@ -193,7 +193,10 @@ def table(doc, file=None) -> None:
     if fails:
         print(f"\n{len(fails)} implementation(s) failed the check or errored:", file=file)
         for cid, n, err in fails[:20]:
-            print(f"  {cid} [{n}]: {err}", file=file)
+            err = str(err)
+            print(f"  {cid} [{n}]: {err if len(err) < 240 else err[:240] + ' ...'}", file=file)
+        if len(fails) > 20:
+            print(f"  ... and {len(fails) - 20} more (full messages in the JSON)", file=file)
 
 
 def geomean(values):

@@ -127,6 +127,21 @@ def _set_threads(n):
     return numba.get_num_threads()
 
 
+def _numba_state():
+    """Numba's thread count and threading layer (after the run: the layer is chosen lazily)."""
+    try:
+        import numba
+    except Exception:
+        return None
+    state = {"threads": numba.get_num_threads(),
+             "NUMBA_THREADING_LAYER": os.environ.get("NUMBA_THREADING_LAYER")}
+    try:
+        state["threading_layer"] = numba.threading_layer()
+    except ValueError:            # no parallel function has run yet
+        state["threading_layer"] = None
+    return state
+
+
 def _kind(args):
     from .._arrays import gpu_available
     if args.device:
@@ -192,6 +207,7 @@ def main_run(args) -> dict:
                                      with_baselines=not args.no_baselines))
     doc["skipped_baselines"] = skipped()
     doc["load_average_end"] = load_average()
+    doc["numba"] = _numba_state()
     out_dir = args.out or os.path.join("results", doc["device"]["slug"])
     tag = "" if set(suites) == set(SUITES) else "+".join(suites) + "-"
     _finish(doc, out_dir, tag, plot=not args.no_plot)

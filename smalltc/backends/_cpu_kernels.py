@@ -97,7 +97,7 @@ def build_gemm(spec: GemmSpec):
     sig = _sig(dt, 4, [_NB[dt]] * 2 + ["int64"] * 2)
     params = {"form": form} | ({"rb": rb} if rb else {})
     return _Gemm(spec, "gemm.py.j2", entry, params, True, m=m, n=n, k_=k, form=form,
-                 rb=rb, ctype=f"np.{dt}", signature=sig, **flags)
+                 rb=rb, ctype=f"np.{dt}", signature=sig, inline_body=True, **flags)
 
 
 class _Action(_Kernel):

@@ -6,11 +6,19 @@ notes/cpu.md):
 * action, assembly: SIMD lanes = elements, ``W`` = one 64-byte vector of
   elements (8 float64, 16 float32) per chunk;
 * GEMM: the whole product unrolled when ``m*n*k <= 125``, else blocks of
-  ``rb`` rows of C kept in registers with SIMD along the row;
-* contractions (8a), (8b), (9): plain fixed-trip loops, innermost loop on
-  the output's contiguous index (the loop vectoriser's case).
+  ``rb`` rows of C kept in registers (``rb * n <= 32``, at most 4 zmm per
+  row) with SIMD along the row;
+* contractions (8a), (8b), (9): plain loops, innermost loop on the
+  output's contiguous index (the loop vectoriser's case). They serve
+  ``method="pairwise"``, the yardstick, whose steps come in many shapes
+  (a 3D action needs six): by default one kernel with run-time extents per
+  (kind, shared operands, dtype) runs them all and the plan reports
+  ``specialized=False``; ``SMALLTC_CPU_SPECIALIZE_CONTRACT=1`` compiles one
+  per shape instead (about a second each).
 """
 from __future__ import annotations
+
+import os
 
 import numba
 import numpy as np
@@ -29,6 +37,7 @@ MAX_GEMM = 64            # m, n, k of the unrolled/row-blocked GEMM
 MAX_ND, MAX_NQ = 17, 24  # action: p <= 16
 MAX_ASM_ENTRIES = 2 ** 20  # assembly: nd**(2 dim) entries per element
 MAX_CONTRACT = 4096      # contraction: every extent
+SPECIALIZE_CONTRACT = os.environ.get("SMALLTC_CPU_SPECIALIZE_CONTRACT", "") not in ("", "0")
 
 
 def _sig(dtype, n_arrays, tail):
@@ -90,7 +99,7 @@ def build_gemm(spec: GemmSpec):
         form, rb = "full", 0
     else:
         form = "rows"
-        rb = next(r for r in (4, 3, 2, 1) if m % r == 0 and r * n <= 64)
+        rb = next(r for r in (4, 3, 2, 1) if m % r == 0 and r * n <= 32)
     tags = ("_sa" if spec.shared_a else "") + ("_sb" if spec.shared_b else "") + \
            ("" if spec.beta_zero else "_beta")
     entry = f"stc_gemm_{t}_{_SHORT[dt]}_m{m}n{n}k{k}{tags}"
@@ -207,7 +216,7 @@ def build_contract(spec: ContractSpec):
     ext = (spec.i, spec.s, spec.j, spec.k, spec.l)
     flags = dict(kind=spec.kind, shared_x=spec.shared_x, shared_y=spec.shared_y)
     sh = ("_sx" if spec.shared_x else "") + ("_sy" if spec.shared_y else "")
-    if max(ext) > MAX_CONTRACT:
+    if not SPECIALIZE_CONTRACT or max(ext) > MAX_CONTRACT:
         entry = f"stc_contract{spec.kind}_generic_{_SHORT[dt]}{sh}"
         sig = _sig(dt, 3, ["int64"] * 7)
         return _Contract(spec, "contract.py.j2", entry, {}, False, slp=False, generic=True,

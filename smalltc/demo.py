@@ -44,8 +44,9 @@ def timing_cases(kind, dtype, quick=False):
     """The demo's cases: 3D action p = 1..8 and 3D assembly p = 1..6, nq = p+2."""
     from .bench.cases import Case
     gpu = kind == "gpu"
-    dofs = (2 ** 24 if gpu else 2 ** 18) // (64 if quick else 1)
-    asm_bytes = (256 * 2 ** 20 if gpu else 8 * 2 ** 20) // (64 if quick else 1)
+    # CPU: just beyond a 32 MiB L3, so the DRAM bound applies
+    dofs = (2 ** 24 if gpu else 2 ** 20) // (256 if quick else 1)
+    asm_bytes = (256 * 2 ** 20 if gpu else 64 * 2 ** 20) // (256 if quick else 1)
     s = 8 if dtype == "float64" else 4
     ps_a = [1, 2, 4] if quick else list(range(1, 9))
     ps_m = [1, 2] if quick else list(range(1, 7))

@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import os
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -99,7 +100,13 @@ def load_kernel(template: str, entry: str, slp: bool = True, **params):
         digest = hashlib.sha256(
             f"{CODEGEN_VERSION}|{numba.__version__}|{slp}|{source}".encode()).hexdigest()[:16]
         path = cache_dir() / f"{entry}_{digest}.py"
-        _write(path, source)
+        try:
+            _write(path, source)
+        except OSError as err:   # read-only home: a private temporary directory
+            fallback = Path(tempfile.gettempdir()) / f"smalltc-{os.getuid()}" / "cpu"
+            log.warning("smalltc: cannot write %s (%s); using %s", path, err, fallback)
+            path = fallback / path.name
+            _write(path, source)
         modname = f"_smalltc_cpu_{entry}_{digest}"
         t0 = time.perf_counter()
         try:

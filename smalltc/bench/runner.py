@@ -83,7 +83,7 @@ def run_case(case, bound_args, *, xp, backend="auto", method="auto", repeats=20,
         except Exception as err:
             name = "smalltc" if len(rec["impls"]) == 0 else "baselines"
             rec["impls"][name] = dict(status="error", error=repr(err),
-                                      trace=traceback.format_exc(limit=4))
+                                      trace=traceback.format_exc(limit=-8))
             continue
         for impl in impls:
             rec["impls"][impl.name] = _measure(impl, ref, idx, xp, b, tol, on_gpu, repeats,
@@ -120,7 +120,7 @@ def _measure(impl, ref, idx, xp, b, tol, on_gpu, repeats, warmup) -> dict:
         times = time_calls(impl.fn, repeats=repeats, warmup=warmup, on_gpu=on_gpu)
     except Exception as err:
         r["error"] = repr(err)
-        r["trace"] = traceback.format_exc(limit=4)
+        r["trace"] = traceback.format_exc(limit=-8)
         return r
     t = median(times)
     r.update(status="ok", repeats=len(times), times_ns=times, median_s=t,

@@ -25,7 +25,7 @@ def run_dir(tmp_path_factory):
 
 
 def test_json_has_the_required_fields(run_dir):
-    with open(run_dir / "bench-float64.json") as f:
+    with open(run_dir / "bench-n2_4_rect-p1-dim2-float64.json") as f:
         doc = json.load(f)
     assert doc["schema"] == "smalltc-bench/1"
     for key in ("date", "command", "argv", "versions", "device", "probes", "options", "cases"):
@@ -59,14 +59,14 @@ def test_json_has_the_required_fields(run_dir):
 
 def test_plots_are_written(run_dir):
     for stem in ("gemm-square", "fem-dofs", "fraction"):
-        path = run_dir / f"{stem}-float64.png"
+        path = run_dir / f"n2_4_rect-p1-dim2-{stem}-float64.png"
         assert path.exists() and path.stat().st_size > 10_000, stem
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_compare_prints_ratios(run_dir, tmp_path, capsys):
-    a = run_dir / "bench-float64.json"
+    a = run_dir / "bench-n2_4_rect-p1-dim2-float64.json"
     with open(a) as f:
         doc = json.load(f)
     for c in doc["cases"]:                      # B: smalltc twice as fast everywhere
@@ -194,7 +194,7 @@ def test_nan_is_not_a_pass():
 
 
 def test_merge_joins_split_runs(run_dir, tmp_path, capsys):
-    with open(run_dir / "bench-float64.json") as f:
+    with open(run_dir / "bench-n2_4_rect-p1-dim2-float64.json") as f:
         doc = json.load(f)
     paths = []
     for suite in ("gemm", "action"):
@@ -215,5 +215,5 @@ def test_merge_joins_split_runs(run_dir, tmp_path, capsys):
 def test_split_run_names_its_files(tmp_path):
     assert main(TINY + ["--suite", "assembly", "--p", "1", "--dim", "2", "--no-baselines",
                         "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "bench-assembly-float64.json").exists()
-    assert (tmp_path / "assembly-fem-dofs-float64.png").exists()
+    assert (tmp_path / "bench-assembly-p1-dim2-float64.json").exists()
+    assert (tmp_path / "assembly-p1-dim2-fem-dofs-float64.png").exists()

@@ -9,9 +9,10 @@ Examples of use::
     smalltc bench --suite gemm; smalltc bench --suite action   # e.g. under a time limit,
     smalltc bench --merge results/X/bench-gemm-float64.json results/X/bench-action-float64.json
 
-A run of all suites writes ``bench-<dtype>.json``; a run of some suites
-``bench-<suite>[+<suite>]-<dtype>.json`` (and plots named alike), so runs split
-across several commands do not overwrite each other; ``--merge`` joins them
+A full run writes ``bench-<dtype>.json``; a run of some suites or with
+filters ``bench-<suite>[+<suite>][-n..][-p..][-dim..]-<dtype>.json`` (and
+plots named alike), so runs split across several commands do not overwrite
+each other; ``--merge`` joins them
 into ``bench-<dtype>.json`` with its table and plots.
 """
 from __future__ import annotations
@@ -209,9 +210,19 @@ def main_run(args) -> dict:
     doc["load_average_end"] = load_average()
     doc["numba"] = _numba_state()
     out_dir = args.out or os.path.join("results", doc["device"]["slug"])
-    tag = "" if set(suites) == set(SUITES) else "+".join(suites) + "-"
+    tag = _tag(args, suites, SUITES)
     _finish(doc, out_dir, tag, plot=not args.no_plot)
     return doc
+
+
+def _tag(args, suites, all_suites) -> str:
+    """File-name prefix of a partial run: its suites and filters (empty for a full run)."""
+    import re
+    parts = [] if set(suites) == set(all_suites) else ["+".join(suites)]
+    for flag, value in (("n", args.sizes), ("p", args.p), ("dim", args.dim)):
+        if value:
+            parts.append(flag + re.sub(r"[^0-9a-z]+", "_", str(value).lower()).strip("_"))
+    return "-".join(parts) + "-" if parts else ""
 
 
 def _finish(doc, out_dir, tag, plot=True):

@@ -80,6 +80,8 @@ def run(args) -> int:
 
     t_start = time.perf_counter()
     kind = args.device or ("gpu" if gpu_available() else "cpu")
+    if kind == "gpu" and not gpu_available():
+        raise SystemExit("smalltc demo: --device gpu asked for, but no CUDA device answers here")
     if kind == "gpu":
         import cupy as xp
     else:

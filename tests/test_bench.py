@@ -217,3 +217,11 @@ def test_split_run_names_its_files(tmp_path):
                         "--out", str(tmp_path)]) == 0
     assert (tmp_path / "bench-assembly-p1-dim2-float64.json").exists()
     assert (tmp_path / "assembly-p1-dim2-fem-dofs-float64.png").exists()
+
+
+def test_gpu_asked_for_without_one_says_so():
+    from smalltc._arrays import gpu_available
+    if gpu_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        main(["bench", "--device", "gpu", "--quick"])

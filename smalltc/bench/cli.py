@@ -166,6 +166,10 @@ def main_run(args) -> dict:
 
     kind = _kind(args)
     threads = _set_threads(args.threads)
+    from .._arrays import gpu_available
+    if kind == "gpu" and not gpu_available():
+        raise SystemExit("smalltc bench: --device gpu / --backend cuda asked for, but no CUDA "
+                         "device answers here (see `smalltc info`)")
     if kind == "gpu":
         import cupy as xp
     else:

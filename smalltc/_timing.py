@@ -14,6 +14,7 @@ Examples
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -27,15 +28,21 @@ def synchronize(on_gpu: bool) -> None:
         cupy.cuda.runtime.deviceSynchronize()
 
 
-def time_calls(fn, *, repeats: int = 20, warmup: int = 2, on_gpu: bool = False) -> list:
-    """Run ``fn()`` ``warmup`` times untimed, then ``repeats`` times timed.
+def time_calls(fn, *, repeats: int = 20, warmup: int = 2, on_gpu: bool = False,
+               min_region_s: float = 1e-3, max_inner: int = 10) -> list:
+    """Run ``fn()`` ``warmup`` times untimed, then ``repeats`` samples timed.
 
     Returns
     -------
     list of int
-        Nanoseconds per call. On a GPU each call sits between two CUDA events
-        recorded on the current stream (the time the device spent, without
-        launch gaps before the first event); on the host ``perf_counter_ns``.
+        Nanoseconds per call, one entry per sample. On the host each sample
+        is one call timed with ``perf_counter_ns``. On a GPU a sample is
+        ``inner`` back-to-back calls between two CUDA events on the current
+        stream, divided by ``inner``: ``inner`` (1 to ``max_inner``) is chosen
+        from one warm call so that a sample lasts about ``min_region_s``, so
+        short kernels are timed as a stream of calls (the device's time, not
+        the gap while the host prepares a lone launch). A call whose host
+        work outlasts its kernel still shows that cost.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -46,12 +53,19 @@ def time_calls(fn, *, repeats: int = 20, warmup: int = 2, on_gpu: bool = False) 
     if on_gpu:
         import cupy
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        one = cupy.cuda.get_elapsed_time(start, end) * 1e-3
+        inner = int(min(max_inner, max(1, math.ceil(min_region_s / max(one, 1e-9)))))
         for _ in range(repeats):
             start.record()
-            fn()
+            for _ in range(inner):
+                fn()
             end.record()
             end.synchronize()
-            times.append(int(round(cupy.cuda.get_elapsed_time(start, end) * 1e6)))
+            times.append(int(round(cupy.cuda.get_elapsed_time(start, end) * 1e6 / inner)))
     else:
         for _ in range(repeats):
             t0 = time.perf_counter_ns()

@@ -99,7 +99,7 @@ def build_gemm(spec: GemmSpec):
         form, rb = "full", 0
     else:
         form = "rows"
-        rb = next(r for r in (4, 3, 2, 1) if m % r == 0 and r * n <= 32)
+        rb = next(r for r in (4, 3, 2, 1) if m % r == 0 and (r * n <= 32 or r == 1))
     tags = ("_sa" if spec.shared_a else "") + ("_sb" if spec.shared_b else "") + \
            ("" if spec.beta_zero else "_beta")
     entry = f"stc_gemm_{t}_{_SHORT[dt]}_m{m}n{n}k{k}{tags}"

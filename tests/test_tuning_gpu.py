@@ -43,7 +43,7 @@ def test_search_on_gpu(tuned):
         for key, r in s.results.items():
             assert r["winner"] is not None, key
             assert r["heuristic"]["status"] == "ok"
-            assert r["winner"]["rel_err_full"] is not None or r["kept_heuristic"]
+            assert r["winner"].get("rel_err_full") is not None or r["kept_heuristic"]
             assert 0 < r["fraction_of_pmax"] <= 1.2
             assert r["space"]["compiled"] > 0 and r["space"]["timed"] > 0
             assert all(c["kernel"]["registers"] for c in r["candidates"] if c["status"] == "ok")

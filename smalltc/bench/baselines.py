@@ -1,10 +1,10 @@
 """What a user would run today instead of smalltc, on the same inputs.
 
-- GEMM: ``numpy.matmul`` (CPU); cuBLAS strided-batched GEMM (GPU: through
-  ``cupy.matmul`` for ``beta == 0``, the ``cublas<t>gemmStridedBatched``
-  binding for ``beta != 0``, updating a copy of C in place) and
-  ``cupy.matmul`` + add; ``torch.bmm`` / ``torch.baddbmm`` when torch is
-  installed.
+- GEMM: ``numpy.matmul`` (CPU); cuBLAS strided-batched GEMM through
+  ``cupy.matmul`` (GPU; for ``beta != 0`` followed by a scale-and-add, as a
+  CuPy user would write it); ``torch.bmm`` / ``torch.baddbmm`` when torch is
+  installed. (A direct ``cublas<t>gemmStridedBatched`` call through CuPy's
+  low-level binding crashed the process on an H100 with CuPy 14.2: left out.)
 - Action: the sum-factorised ``einsum`` chain (NumPy or CuPy), as in
   :func:`smalltc.backends.reference.action_einsum`.
 - Assembly and the pairwise steps: ``einsum`` (NumPy or CuPy).
@@ -23,6 +23,8 @@ Examples
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..backends.reference import action_einsum, assembly_einsum, contract_einsum
@@ -38,7 +40,18 @@ def skipped() -> dict:
     return dict(_SKIPPED)
 
 
+def _enabled(name):
+    """Baselines can be switched off, e.g. ``SMALLTC_BENCH_NO=torch``."""
+    off = os.environ.get("SMALLTC_BENCH_NO", "")
+    if name in {w.strip() for w in off.split(",")}:
+        _SKIPPED[name] = f"switched off by SMALLTC_BENCH_NO={off}"
+        return False
+    return True
+
+
 def torch_or_none():
+    if not _enabled("torch"):
+        return None
     try:
         import torch
     except Exception as err:  # not installed, or broken
@@ -103,10 +116,6 @@ def _cublas_gemm(case, ops, xp):
         return [Impl("cublas", lambda: xp.matmul(A, B, out=out), out=out,
                      what="cupy.matmul (cuBLAS strided-batched GEMM)")]
     C = ops[2] if beta != 0.0 else None
-    found = []
-    strided = _cublas_strided(case, A, B, C, alpha, beta, xp)
-    if strided is not None:
-        found.append(strided)
 
     def run():
         xp.matmul(A, B, out=out)
@@ -115,62 +124,8 @@ def _cublas_gemm(case, ops, xp):
         if C is not None:
             xp.add(out, C if beta == 1.0 else beta * C, out=out)
         return out
-    found.append(Impl("cupy.matmul+add", run, out=out,
-                      what="cupy.matmul (cuBLAS), then scale and add C"))
-    return found
-
-
-def _cublas_strided(case, A, B, C, alpha, beta, xp):
-    """``C = alpha A B + beta C`` as one ``cublas<t>gemmStridedBatched`` call.
-
-    Row-major ``C = A B`` is column-major ``C^T = B^T A^T``: the call gets B
-    first, with m and n swapped. It updates a work copy of C in place;
-    ``prepare`` restores it before the correctness check.
-    """
-    if C is None or A.ndim != 3 or B.ndim != 3:
-        return None
-    try:
-        from cupy_backends.cuda.libs import cublas
-    except Exception as err:
-        _SKIPPED["cublas"] = f"cupy cuBLAS binding not importable: {err}"
-        return None
-    fn = cublas.dgemmStridedBatched if case.dtype == "float64" else cublas.sgemmStridedBatched
-    s = case.sizes
-    m, n, k, batch = s["m"], s["n"], s["k"], case.batch
-    work = C.copy()
-    a_s = np.array(alpha, dtype=case.dtype)
-    b_s = np.array(beta, dtype=case.dtype)
-
-    def call(scalar_args):
-        handle = xp.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, xp.cuda.get_current_stream().ptr)
-        al, be = scalar_args
-        fn(handle, 0, 0, n, m, k, al, B.data.ptr, n, k * n, A.data.ptr, k, m * k,
-           be, work.data.ptr, n, m * n, batch)
-        return work
-
-    # CuPy's binding takes alpha/beta as host pointers (size_t) in most
-    # versions and as Python scalars in others: try the pointer form only
-    # when the scalar form is refused. The reference check catches a wrong guess.
-    chosen = []
-
-    def run():
-        if chosen:
-            return call(chosen[0])
-        for form in ((alpha, beta), (a_s.ctypes.data, b_s.ctypes.data)):
-            try:
-                res = call(form)
-            except TypeError:
-                continue
-            chosen.append(form)
-            return res
-        raise TypeError("cuBLAS gemmStridedBatched binding takes neither scalar form")
-
-    def prepare():
-        work[...] = C
-    return Impl("cublas", run, out=None, prepare=prepare,
-                what=f"cublas{'d' if case.dtype == 'float64' else 's'}gemmStridedBatched "
-                     "(in place on a copy of C)")
+    return [Impl("cupy.matmul+add", run, out=out,
+                 what="cupy.matmul (cuBLAS), then scale and add C")]
 
 
 def _torch_gemm(case, ops, xp):

@@ -33,9 +33,13 @@ class Executor:
         specialised for these sizes.
     source : str
         Where ``params`` came from ("heuristic", "table", "exact", ...).
+    compile_s : float
+        Seconds spent compiling when this executor was built (0 when the
+        kernel came from a cache or nothing is compiled).
     """
 
     kernel = "?"
+    compile_s = 0.0
     params: dict = {}
     specialized = True
     source = "fixed"

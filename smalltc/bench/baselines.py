@@ -64,7 +64,7 @@ def baselines(case, ops, xp) -> list:
     """The baselines of ``case`` on operands ``ops`` (module ``xp``)."""
     gpu = xp.__name__ == "cupy"
     if case.op == "gemm":
-        found = _cublas_gemm(case, ops, xp) if gpu else _numpy_gemm(case, ops)
+        found = _xp_gemm(case, ops, xp)
         found += _torch_gemm(case, ops, xp)
         return found
     name = "cupy.einsum" if gpu else "numpy.einsum"
@@ -86,35 +86,18 @@ def _beta(case):
     return float(case.sizes.get("beta", 0.0))
 
 
-def _numpy_gemm(case, ops):
+def _xp_gemm(case, ops, xp):
+    """``xp.matmul`` on the stacked arrays (NumPy's BLAS loop or cuBLAS
+    strided-batched), then the scale and the add of C a user would write."""
     A, B = ops[:2]
-    out = np.empty(out_shape(case), dtype=case.dtype)
-    alpha, beta = float(case.sizes.get("alpha", 1.0)), _beta(case)
-    if beta == 0.0 and alpha == 1.0:
-        return [Impl("numpy.matmul", lambda: np.matmul(A, B, out=out), out=out,
-                     what="numpy.matmul on 3D arrays")]
-    C = ops[2] if beta != 0.0 else None
-
-    def run():
-        np.matmul(A, B, out=out)
-        if alpha != 1.0:
-            np.multiply(out, alpha, out=out)
-        if C is not None:
-            if beta == 1.0:
-                np.add(out, C, out=out)
-            else:
-                np.add(out, beta * C, out=out)
-        return out
-    return [Impl("numpy.matmul", run, out=out, what="numpy.matmul, then scale and add C")]
-
-
-def _cublas_gemm(case, ops, xp):
-    A, B = ops[:2]
-    alpha, beta = float(case.sizes.get("alpha", 1.0)), _beta(case)
+    gpu = xp.__name__ == "cupy"
+    lib = "cupy" if gpu else "numpy"
     out = xp.empty(out_shape(case), dtype=case.dtype)
+    alpha, beta = float(case.sizes.get("alpha", 1.0)), _beta(case)
     if beta == 0.0 and alpha == 1.0:
-        return [Impl("cublas", lambda: xp.matmul(A, B, out=out), out=out,
-                     what="cupy.matmul (cuBLAS strided-batched GEMM)")]
+        name = "cublas" if gpu else "numpy.matmul"
+        what = "cupy.matmul (cuBLAS strided-batched GEMM)" if gpu else "numpy.matmul on 3D arrays"
+        return [Impl(name, lambda: xp.matmul(A, B, out=out), out=out, what=what)]
     C = ops[2] if beta != 0.0 else None
 
     def run():
@@ -124,8 +107,8 @@ def _cublas_gemm(case, ops, xp):
         if C is not None:
             xp.add(out, C if beta == 1.0 else beta * C, out=out)
         return out
-    return [Impl("cupy.matmul+add", run, out=out,
-                 what="cupy.matmul (cuBLAS), then scale and add C")]
+    return [Impl(f"{lib}.matmul+add" if gpu else "numpy.matmul", run, out=out,
+                 what=f"{lib}.matmul, then scale and add C")]
 
 
 def _torch_gemm(case, ops, xp):

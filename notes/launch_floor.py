@@ -1,0 +1,75 @@
+"""Host cost of one call, from Python, on a GPU: where the tiny-GEMM time goes.
+
+Prints JSON with microseconds per call, each the mean of back-to-back calls
+(host wall time over N calls, then one synchronize; the GPU work of these calls
+is shorter than their launch, so the host is what is measured) and, for the
+kernels, the device time per call from CUDA events around the same loop:
+
+- ``empty_rawkernel``: an empty ``cupy.RawKernel`` launch, the floor of any
+  CuPy-launched kernel;
+- ``executor``: smalltc's compiled GEMM kernel launched through its executor
+  (no checks);
+- ``plan``: ``plan(A, B, out=C)``: the checked call;
+- ``api``: ``smalltc.batched_gemm(A, B, out=C)``: spec and plan lookup too;
+- ``cupy_matmul``: ``cupy.matmul(A, B, out=C)`` (cuBLAS);
+- the bytes' own time at the measured copy bandwidth.
+
+Usage (on the GPU machine): python3 notes/launch_floor.py [--n 2] [--batch 100000]
+"""
+import argparse
+import json
+import time
+
+import cupy as cp
+import numpy as np
+
+import smalltc
+
+
+def per_call(fn, n=2000, warm=50):
+    for _ in range(warm):
+        fn()
+    cp.cuda.Device().synchronize()
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    t0 = time.perf_counter()
+    e0.record()
+    for _ in range(n):
+        fn()
+    e1.record()
+    host = (time.perf_counter() - t0) / n
+    e1.synchronize()
+    dev = cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / n
+    return {"host_us": host * 1e6, "events_us": dev * 1e6}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--batch", type=int, default=100_000)
+    args = ap.parse_args()
+    empty = cp.RawKernel(r'extern "C" __global__ void empty(int n) {}', "empty")
+    res = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+           "cupy": cp.__version__, "empty_rawkernel": per_call(lambda: empty((1,), (32,), (np.int32(0),)))}
+    bw = smalltc.roofline.bandwidth("gpu")
+    res["bandwidth_GBps"] = bw / 1e9
+    rng = np.random.default_rng(0)
+    for n in args.n:
+        A = cp.asarray(rng.random((args.batch, n, n)))
+        B = cp.asarray(rng.random((args.batch, n, n)))
+        C = cp.empty_like(A)
+        pl = smalltc.plan("gemm", A, B)
+        ex = pl.executor
+        row = {
+            "executor": per_call(lambda: ex.run((A, B, None), C)),
+            "plan": per_call(lambda: pl(A, B, out=C)),
+            "api": per_call(lambda: smalltc.batched_gemm(A, B, out=C)),
+            "cupy_matmul": per_call(lambda: cp.matmul(A, B, out=C)),
+            "bytes_us": 3 * A.nbytes / bw * 1e6,
+            "plan_repr": repr(pl),
+        }
+        res[f"n{n}"] = row
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

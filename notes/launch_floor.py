@@ -24,6 +24,7 @@ import cupy as cp
 import numpy as np
 
 import smalltc
+import smalltc.roofline
 
 
 def per_call(fn, n=2000, warm=50):

@@ -35,6 +35,13 @@ SPECS = [GemmSpec(batch=1, m=n, n=n, k=n, dtype=F64) for n in (4, 8, 16)] + [
     ContractSpec(kind="9", batch=1, i=3, s=4, j=3, k=4, l=16, dtype=F64, shared_x=True)]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_table_cache():
+    """Tables a test read from its own folder are not left cached for the next test."""
+    yield
+    T._table_for.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def table():
     return _table(SPECS)
@@ -144,7 +151,9 @@ def test_adapt_keeps_layout_shape():
 
 
 def _use_dir(monkeypatch, path):
+    """Read tables from ``path`` only: the shipped tables are hidden from the test."""
     monkeypatch.setenv("SMALLTC_TUNING_TABLES", str(path))
+    monkeypatch.setattr(T, "tables_dir", lambda: path / "no-shipped-tables")
     T._table_for.cache_clear()
 
 

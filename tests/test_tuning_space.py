@@ -157,7 +157,8 @@ def test_sizes_language():
     pw = Z.parse("pairwise", ["action:3:2:p+2", "assembly:3:2:p+2"], F64)
     assert {s.kind for s in pw} == {"8a", "8b", "9"}
     assert all(S.family(s) is not None for s in pw)
-    assert len(Z.parse("gemm", None, F64)) == 31          # default: square n = 2..32
+    gemm = Z.parse("gemm", None, F64)     # default: square n = 2..32, beta == 0 and != 0
+    assert len(gemm) == 62 and sum(s.beta_zero for s in gemm) == 31
 
 
 @pytest.mark.parametrize("op,tokens,match", [

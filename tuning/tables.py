@@ -26,7 +26,7 @@ wrong result); ``compiled`` counts the compiles that succeeded.
 
 Lookup for a spec (:meth:`Table.lookup`): the entry of its exact size key;
 else the nearest entry of the same variant (same op, dimension, transposes,
-shared operands; :func:`.keys.distance`, at most :data:`MAX_DISTANCE`),
+shared operands; :func:`.keys.distance`, at most :data:`MAX_DISTANCE` of the family),
 its parameters carried over to the new size (:func:`adapt`: the same
 outputs per thread and threads per block for the GEMM, the same threads per
 block for the action, the same outputs per block for the assembly and
@@ -58,8 +58,12 @@ __all__ = ["SCHEMA", "MAX_DISTANCE", "Table", "table_name", "tables_dir", "load"
 log = logging.getLogger("smalltc")
 
 SCHEMA = 1
-#: nearest-neighbour cut-off: sum over extents of |log2 ratio| (2 = a factor 4 in one extent)
-MAX_DISTANCE = 2.0
+#: nearest-neighbour cut-off per family: sum over extents of |log2 ratio| (2 = a factor
+#: 4 in one extent). GEMM/layout kernels take a factor 2 at most: on the H100 (tuned
+#: against untuned bench, 2026-11-21) square-GEMM entries carried 4x along one extent
+#: (m=4 n=8 k=16, m=8 n=16 k=4 from m=n=k=8) lost 2-14% in 5 of 9 cases; the action
+#: (ncomp=3 from the ncomp=1 entry) and assembly entries carried at distance <= 2 won.
+MAX_DISTANCE = {"layout": 1.0, "contract9": 2.0, "action": 2.0, "assembly": 2.0}
 _SPECS = {"gemm": GemmSpec, "contract": ContractSpec, "action": ActionSpec,
           "assembly": AssemblySpec}
 _TOP = ("schema", "arch", "dtype", "device", "versions", "date", "entries")
@@ -259,10 +263,16 @@ class Table:
         self.entries = data["entries"]
         self.smem_optin = data["device"].get("smem_optin") or 227 * 1024
 
-    def lookup(self, spec, max_distance=MAX_DISTANCE):
-        """``(params, "exact" | "nearest", entry key)`` for ``spec``, or None."""
+    def lookup(self, spec, max_distance=None):
+        """``(params, "exact" | "nearest", entry key)`` for ``spec``, or None.
+
+        ``max_distance``: the nearest-entry cut-off (default: the family's
+        :data:`MAX_DISTANCE`).
+        """
         if spec.dtype != self.data["dtype"] or family(spec) is None:
             return None
+        if max_distance is None:
+            max_distance = MAX_DISTANCE[family(spec)]
         key = size_key(spec)
         e = self.entries.get(key)
         if e is not None:

@@ -9,6 +9,9 @@ set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" build/tune
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+# new entries merge into the shipped tables (a table is written when a search ends)
+mkdir -p build/tune/tables
+for f in tuning/tables/*.json; do [ -e "build/tune/tables/${f##*/}" ] || cp "$f" build/tune/tables/; done
 T0=$(date +%s)
 for job in ${JOBS:-gemm:float64}; do
   op=${job%%:*}; dt=${job##*:}

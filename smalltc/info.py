@@ -57,12 +57,34 @@ def _gpus():
 
 
 def _tables():
+    """The tuning tables the CUDA backend would read: file, device, date, entries per op."""
+    import collections
+    import os
     try:
-        from importlib.resources import files
-        root = files("smalltc.tuning") / "tables"
-        return sorted(p.name for p in root.iterdir() if p.name.endswith(".json"))
+        from smalltc.tuning import tables as T
+        dirs = T._dirs()
     except Exception:
         return []
+    out, seen = [], set()
+    for d in dirs:
+        for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+            if path.name in seen:                  # an earlier folder shadows it
+                continue
+            seen.add(path.name)
+            row = {"file": path.name, "folder": str(d)}
+            try:
+                data = T.load(path)
+                ops = collections.Counter(k.split("/")[0].split("+")[0] for k in data["entries"])
+                row.update(device=data["device"].get("name"), date=data.get("date"),
+                           dtype=data["dtype"], entries=dict(sorted(ops.items())),
+                           dry_run=bool(data.get("dry_run")))
+            except Exception as err:               # a broken table is ignored at run time
+                row["error"] = str(err)
+            out.append(row)
+    if os.environ.get("SMALLTC_TUNING", "on").lower() in ("0", "off", "no", "false"):
+        for row in out:
+            row["disabled"] = "SMALLTC_TUNING=off"
+    return out
 
 
 def collect() -> dict:
@@ -111,5 +133,13 @@ def run(args) -> int:
         state = "available" if b["available"] else "unavailable"
         print(f"  {name:10s} {state:12s} arrays: {', '.join(b['arrays'])}  {b['detail']}")
     tables = info["tuning_tables"]
-    print("tuning tables: " + (", ".join(tables) if tables else "none"))
+    print("tuning tables:" + ("" if tables else " none (the CUDA backend uses its heuristic)"))
+    for t in tables:
+        if "error" in t:
+            print(f"  {t['file']:20s} ignored: {t['error']}")
+            continue
+        ents = ", ".join(f"{op} {n}" for op, n in t["entries"].items())
+        note = "  [dry run: never used]" if t["dry_run"] else ""
+        note += f"  [{t['disabled']}]" if t.get("disabled") else ""
+        print(f"  {t['file']:20s} {t['device']}, {t['date']}: {ents}{note}")
     return 0

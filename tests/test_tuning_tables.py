@@ -215,3 +215,16 @@ def test_shipped_tables_are_valid():
         t = T.load(path)
         assert not t.get("dry_run"), f"{path} is a dry-run table"
         assert path.name == T.table_name(t["device"]["cc"], t["dtype"])
+
+
+def test_info_lists_tables(tmp_path, monkeypatch, table):
+    from smalltc import info
+    T.save(table, tmp_path / T.table_name("90", F64))
+    (tmp_path / T.table_name("90", "float32")).write_text("{not json")
+    _use_dir(monkeypatch, tmp_path)
+    rows = {r["file"]: r for r in info._tables()}
+    good = rows[T.table_name("90", F64)]
+    assert good["dtype"] == F64 and sum(good["entries"].values()) == len(table["entries"])
+    assert "error" in rows[T.table_name("90", "float32")]     # listed, and why it is ignored
+    monkeypatch.setenv("SMALLTC_TUNING", "off")
+    assert all(r.get("disabled") for r in info._tables())

@@ -14,10 +14,16 @@ kernels, the device time per call from CUDA events around the same loop:
 - ``cupy_matmul``: ``cupy.matmul(A, B, out=C)`` (cuBLAS);
 - the bytes' own time at the measured copy bandwidth.
 
-Usage (on the GPU machine): python3 notes/launch_floor.py [--n 2] [--batch 100000]
+With ``--profile``, also a cProfile of 2,000 ``plan(A, B, out=C)`` and
+``batched_gemm`` calls at the first n (the functions that take the host time).
+
+Usage (on the GPU machine): python3 notes/launch_floor.py [--n 2] [--batch 100000] [--profile]
 """
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import time
 
 import cupy as cp
@@ -47,6 +53,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--profile", action="store_true", help="cProfile the plan and API calls")
     args = ap.parse_args()
     empty = cp.RawKernel(r'extern "C" __global__ void empty(int n) {}', "empty")
     res = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
@@ -69,7 +76,22 @@ def main():
             "plan_repr": repr(pl),
         }
         res[f"n{n}"] = row
-    print(json.dumps(res, indent=1))
+        if args.profile and n == args.n[0]:
+            for name, fn in (("plan", lambda: pl(A, B, out=C)),
+                             ("api", lambda: smalltc.batched_gemm(A, B, out=C))):
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(2000):
+                    fn()
+                prof.disable()
+                buf = io.StringIO()
+                pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
+                res[f"profile_{name}_n{n}"] = buf.getvalue()
+    cp.cuda.Device().synchronize()
+    print(json.dumps({k: v for k, v in res.items() if not k.startswith("profile_")}, indent=1))
+    for k, v in res.items():
+        if k.startswith("profile_"):
+            print(f"--- {k}\n{v}")
 
 
 if __name__ == "__main__":

@@ -185,6 +185,13 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
 
     A unit is (element, i1) in 2D/3D and an element in 1D; units per block
     aim at ~2048 outputs per block of 256 threads.
+
+    ``params``: ``per_block`` (units per block) and, 3D only, ``rows``: 0 (or
+    absent) for the flat final stage (every thread any output, 256 threads),
+    R >= 1 for the *rows* form: ``nd^3 * R`` threads, thread (i3, j2, j3)
+    keeps ``BB(i3, j3, :)`` in registers and walks R-strided rows (unit, i2,
+    j1), one shared load per FMA instead of two (not yet measured on a GPU;
+    the heuristic keeps the flat form).
     """
     s = ITEMSIZE[dtype]
     out_u = nd ** (2 * dim - 1) if dim > 1 else nd * nd
@@ -192,6 +199,12 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     a2u = nd ** 3 * nq if dim == 3 else 0
     bb = _even(nd * nd * nq)
     nu = params["per_block"] if params else max(1, min(64, math.ceil(2048 / out_u)))
+    rows = int((params or {}).get("rows", 0) or 0)
+    threads = THREADS
+    if rows:
+        threads = nd ** 3 * rows
+        if dim != 3 or rows < 0 or threads > 1024:
+            return None
 
     def smem(nu):
         return s * (bb + nu * (a1u + a2u))
@@ -201,4 +214,4 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     if smem(nu) > smem_optin:
         return None
     return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, out_u=out_u, bb_pad=bb, per_block=nu,
-                threads=THREADS, smem_bytes=smem(nu), unroll=4, min_blocks=0)
+                threads=threads, smem_bytes=smem(nu), unroll=4, min_blocks=0, rows=rows)

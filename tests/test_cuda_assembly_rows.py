@@ -58,7 +58,6 @@ def test_rows_form_on_gpu(nd, nq, per_block, rows, dt):
     B1d, D = rng.standard_normal((nq, nd)), rng.random((E, nq, nq, nq)) + 0.5
     ref = assembly_einsum(B1d, D, 3)
     spec = AssemblySpec(dim=3, nq=nq, nd=nd, batch=E, dtype=dt)
-    P.lookup(spec, "90")                 # installs the shipped tables first, so they come back
     before = P.get_table_lookup()
     P.set_table_lookup(lambda spec, cc: dict(per_block=per_block, rows=rows, _source="test"))
     try:

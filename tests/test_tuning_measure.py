@@ -87,6 +87,7 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
 def test_prepare_and_verify(spec):
+    before = P.get_table_lookup()                          # the shipped tables, if any
     dev = _device(spec.dtype)
     prob = dev.prepare(spec)
     for (name, shape, _, positive), a in zip(M.operands(spec), prob.big):
@@ -100,7 +101,7 @@ def test_prepare_and_verify(spec):
     params = {k: ex.params[k] for k in PARAMS[family(spec)]}
     built = dev.build(spec, params)
     assert built.source == "table" and built.check.spec.batch == prob.check_out.shape[0]
-    assert P.lookup(spec, "90") is None                    # the injection is undone
+    assert P.get_table_lookup() is before                  # the injection is undone
 
 
 @pytest.mark.parametrize("spec", SPECS[:1] + SPECS[3:4], ids=str)
@@ -154,3 +155,15 @@ def test_sized_footprint():
     assert M.sized(GemmSpec(batch=1, m=2, n=2, k=2, dtype="float64"), 1000).batch == 100_000
     shared = GemmSpec(batch=1, m=4, n=4, k=4, dtype="float64", shared_b=True)
     assert M.per_item_bytes(shared) == 8 * (16 + 16)          # B counts once, not per item
+
+
+def test_no_table_means_the_heuristic_even_on_first_use(monkeypatch):
+    """``injected(None)`` is the heuristic, also when nothing consulted the tables before."""
+    from smalltc.backends import _cuda_params as P
+    from smalltc.tuning.compile import injected
+    spec = SPECS[0]
+    monkeypatch.setattr(P, "_DEFAULT_INSTALLED", False)
+    monkeypatch.setattr(P, "_LOOKUP", None)
+    with injected(None, spec):
+        assert P.lookup(spec, "90") is None          # the shipped sm90 tables stay out
+    assert P.get_table_lookup() is not None            # and are in effect afterwards

@@ -75,12 +75,17 @@ def test_layout_pruning_counts(spec):
 
 
 def test_pruning_counts_by_hand():
-    # assembly: 10 per_block values 1..512; at nd=7, nq=8 (3D) a unit needs
-    # 8*(7*64 + 343*8) = 25536 bytes: 227 KiB hold 9, so 16..512 are invalid.
+    # assembly: 10 per_block values 1..512 for each final stage: flat (rows 0) and,
+    # in 3D, rows 1, 2 (nd^3 * rows = 343, 686 threads; 4 would be 1372 > 1024).
+    # At nd=7, nq=8 a unit needs 8*(7*64 + 343*8) = 25536 bytes: 227 KiB hold 9,
+    # so 16..512 are invalid: 6 per form.
     sp = S.generate(AssemblySpec(dim=3, nq=8, nd=7, batch=1, dtype=F64))
-    assert sp.generated == 10 + (sp.heuristic["per_block"] not in (1, 2, 4, 8, 16, 32, 64,
-                                                                   128, 256, 512))
-    assert sp.pruned["invalid"] == 6
+    assert sp.generated == 3 * 10 + (sp.heuristic["per_block"] not in (1, 2, 4, 8, 16, 32, 64,
+                                                                       128, 256, 512))
+    assert sp.pruned["invalid"] == 3 * 6
+    assert {c.params["rows"] for c in sp.candidates} == {0, 1, 2}
+    sp2 = S.generate(AssemblySpec(dim=2, nq=8, nd=7, batch=1, dtype=F64))
+    assert {c.params["rows"] for c in sp2.candidates} == {0}      # the rows form is 3D only
     assert sorted(c.params["per_block"] for c in sp.candidates)[-1] <= 8
     # action 3D nd=3 nq=4: T=4, 16 threads per element, 1..64 elements, so
     # "nice" counts 1,2,3,4,6,8,12,16,24,32,48,64 (12) x min_blocks 0,1,2,3,4,5,6,8 (8)

@@ -228,3 +228,16 @@ def test_info_lists_tables(tmp_path, monkeypatch, table):
     assert "error" in rows[T.table_name("90", "float32")]     # listed, and why it is ignored
     monkeypatch.setenv("SMALLTC_TUNING", "off")
     assert all(r.get("disabled") for r in info._tables())
+
+
+def test_assembly_rows_is_optional_and_carried():
+    old = AssemblySpec(dim=3, nq=5, nd=4, batch=1, dtype=F64)
+    # an entry written before the rows form existed: valid, and means the flat form
+    assert T.adapt(old, old, {"per_block": 4}) == {"per_block": 4, "rows": 0}
+    # a rows-form entry carries its form to a neighbour ...
+    near = AssemblySpec(dim=3, nq=6, nd=5, batch=1, dtype=F64)
+    p = T.adapt(near, old, {"per_block": 4, "rows": 4})
+    assert p["rows"] == 4 and ctx_for(near, p)[1]["threads"] == 5 ** 3 * 4
+    # ... unless its threads would not fit a block (8^3 * 4 > 1024): then the flat form
+    big = AssemblySpec(dim=3, nq=9, nd=8, batch=1, dtype=F64)
+    assert T.adapt(big, old, {"per_block": 4, "rows": 4})["rows"] == 0

@@ -20,7 +20,9 @@ family         parameters                  generated
                                            more than 16), ``__launch_bounds__``
                                            minimum blocks 0, 1, 2, 3, 4, 5, 6, 8
                                            (0 and 1 give the same register cap)
-``assembly``   ``per_block``               fused assembly: units per block 1, 2, 4, ... 512
+``assembly``   ``per_block, rows``         fused assembly: units per block 1, 2, 4, ... 512;
+                                           final stage flat (rows 0) or, 3D, the rows
+                                           form with nd^3 * rows threads (rows 1, 2, 4, ...)
 =============  ==========================  ===========================================
 
 Pruned before compiling (the reason is counted):
@@ -49,11 +51,14 @@ from smalltc.backends import _cuda_params as P
 from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["Candidate", "Space", "family", "ctx_for", "generate", "prune_compiled",
-           "PARAMS", "MAX_LOCAL_BYTES", "MAX_THREADS", "MIN_THREADS", "MAX_TILE", "SM_THREADS", "SM_REGISTERS"]
+           "PARAMS", "OPTIONAL_PARAMS", "MAX_LOCAL_BYTES", "MAX_THREADS", "MIN_THREADS", "MAX_TILE", "SM_THREADS", "SM_REGISTERS"]
 
 #: tuning parameters of each family (the keys of a table entry's ``params``)
 PARAMS = {"layout": ("dim_x", "dim_y", "per_block"), "contract9": ("per_block",),
-          "action": ("per_block", "min_blocks"), "assembly": ("per_block",)}
+          "action": ("per_block", "min_blocks"), "assembly": ("per_block", "rows")}
+#: parameters added after tables were first written: an entry without one means
+#: this value (the form the earlier tables were tuned with)
+OPTIONAL_PARAMS = {"assembly": {"rows": 0}}
 MAX_THREADS = 1024      # per block, every CUDA architecture
 MIN_THREADS = 64        # 32 resident blocks x 64 threads = 2048: a full SM is possible
 MAX_TILE = 32           # outputs per thread in the GEMM register tile
@@ -174,9 +179,19 @@ def _raw(spec, fam):
                     why = ("tile" if tile > MAX_TILE else
                            "threads" if not MIN_THREADS <= threads <= MAX_THREADS else None)
                     yield dict(dim_x=dx, dim_y=dy, per_block=nb), why
-    elif fam in ("contract9", "assembly"):
+    elif fam == "contract9":
         for nb in _POW2[:10]:
             yield dict(per_block=nb), None
+    elif fam == "assembly":
+        # rows = 0: the flat final stage (256 threads); 3D also the rows form with
+        # nd^3 * rows threads, rows = 1, 2, 4, ... within the block limit
+        rows = [0] + ([r for r in _POW2 if spec.nd ** 3 * r <= MAX_THREADS]
+                      if spec.dim == 3 else [])
+        for r in rows:
+            threads = spec.nd ** 3 * r if r else P.THREADS
+            for nb in _POW2[:10]:
+                why = "threads" if r and threads < MIN_THREADS else None
+                yield dict(per_block=nb, rows=r), why
     elif fam == "action":
         T = max(spec.nd, spec.nq)
         tpi = T * T if spec.dim == 3 else T

@@ -49,7 +49,7 @@ import pathlib
 
 from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from .keys import distance, size_key, split_key
-from .space import PARAMS, SM_THREADS, MAX_THREADS, ctx_for, family, layout_axes
+from .space import OPTIONAL_PARAMS, PARAMS, SM_THREADS, MAX_THREADS, ctx_for, family, layout_axes
 
 __all__ = ["SCHEMA", "MAX_DISTANCE", "Table", "table_name", "tables_dir", "load", "validate",
            "new_table", "add_results", "save", "adapt", "runtime_lookup", "install",
@@ -114,7 +114,8 @@ def validate(table: dict, where="table") -> dict:
             raise ValueError(f"{where}: entry {key!r} is {spec.dtype}, the table "
                              f"{table['dtype']}")
         fam = family(spec)
-        if fam is None or set(e["params"]) != set(PARAMS[fam]):
+        optional = set(OPTIONAL_PARAMS.get(fam, ())) if fam else set()
+        if fam is None or not set(PARAMS[fam]) - optional <= set(e["params"]) <= set(PARAMS[fam]):
             raise ValueError(f"{where}: entry {key!r} params {sorted(e['params'])}, expected "
                              f"{sorted(PARAMS[fam]) if fam else 'none'}")
         if not (isinstance(e["time_s"], (int, float)) and e["time_s"] > 0):
@@ -214,7 +215,7 @@ def adapt(spec, entry_spec, params, smem_optin=227 * 1024):
     if fam is None or fam != family(entry_spec):
         return None
     if spec == entry_spec.with_batch(spec.batch) and ctx_for(spec, params, smem_optin):
-        return dict(params)
+        return {**OPTIONAL_PARAMS.get(fam, {}), **params}     # absent optional = its default
     if fam == "layout":
         _, f0, s0 = layout_axes(entry_spec)
         _, f1, s1 = layout_axes(spec)
@@ -238,10 +239,13 @@ def adapt(spec, entry_spec, params, smem_optin=227 * 1024):
         while mb and mb * ne * t1 > SM_THREADS:
             mb -= 1
         return _first_valid(spec, dict(per_block=ne, min_blocks=mb), smem_optin)
-    # assembly, kernel (9): the same outputs per block
+    # assembly, kernel (9): the same outputs per block (and the assembly's final-stage form)
     nb = max(1, round(params["per_block"] * _outputs_per_item(entry_spec)
                       / _outputs_per_item(spec)))
-    return _first_valid(spec, dict(per_block=nb), smem_optin)
+    extra = {k: params.get(k, v) for k, v in OPTIONAL_PARAMS.get(fam, {}).items()}
+    if extra.get("rows") and (spec.dim != 3 or spec.nd ** 3 * extra["rows"] > MAX_THREADS):
+        extra["rows"] = 0                     # the rows form does not fit: the flat one
+    return _first_valid(spec, dict(per_block=nb, **extra), smem_optin)
 
 
 # ----------------------------------------------------------------------------

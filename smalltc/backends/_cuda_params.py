@@ -45,7 +45,14 @@ def _install_default():
 
 
 def get_table_lookup():
-    """The installed ``lookup(spec, cc)`` callable, or None."""
+    """The ``lookup(spec, cc)`` callable in effect (the shipped tables by default), or None.
+
+    Installs the default first, so that a caller who swaps in its own lookup
+    and restores this one afterwards (the autotuner) does not have the default
+    installed behind its back in between.
+    """
+    if not _DEFAULT_INSTALLED:
+        _install_default()
     return _LOOKUP
 
 

@@ -17,7 +17,7 @@ import argparse
 import json
 import math
 
-KEYS = ("dim_x", "dim_y", "per_block", "min_blocks", "rb", "rows")
+KEYS = ("dim_x", "dim_y", "per_block", "min_blocks", "rb", "rows", "pad")
 
 
 def cases(path):

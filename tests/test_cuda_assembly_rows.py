@@ -1,4 +1,5 @@
-"""The assembly's *rows* final stage (``params["rows"] >= 1``, 3D): renders, compiles, and on a GPU is right.
+"""The assembly's tuning variants: the *rows* final stage (``rows >= 1``, 3D) and
+padded rows (``pad = 1``): render, compile, and on a GPU are right.
 
 The rows form is a tuning choice (``smalltc tune --op assembly`` times it); the
 heuristic keeps the flat form, whose source it must leave unchanged.
@@ -32,10 +33,13 @@ def test_rows_form_only_when_asked():
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on the PATH")
-@pytest.mark.parametrize("nd,rows,dt", [(2, 8, "float64"), (4, 2, "float64"), (7, 2, "float64"),
-                                        (5, 1, "float32")])
-def test_rows_form_compiles(tmp_path, nd, rows, dt):
-    ctx = P.assembly_ctx(3, nd, nd + 1, dt, params=dict(per_block=2, rows=rows))
+@pytest.mark.parametrize("dim,nd,nq,rows,pad,dt", [
+    (3, 2, 3, 8, 0, "float64"), (3, 4, 5, 2, 0, "float64"), (3, 7, 8, 2, 1, "float64"),
+    (3, 5, 6, 1, 1, "float32"), (3, 7, 8, 0, 1, "float64"), (2, 3, 4, 0, 1, "float64"),
+    (1, 3, 4, 0, 1, "float32")])
+def test_variants_compile(tmp_path, dim, nd, nq, rows, pad, dt):
+    ctx = P.assembly_ctx(dim, nd, nq, dt, params=dict(per_block=2, rows=rows, pad=pad))
+    assert ctx["pad"] == pad and ctx["nqp"] == nq + pad
     src = tmp_path / "k.cu"
     src.write_text(render("assembly.cu.j2", dict(ctx, entry="k")))
     run = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-Xptxas", "-v",
@@ -46,26 +50,29 @@ def test_rows_form_compiles(tmp_path, nd, rows, dt):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
-@pytest.mark.parametrize("nd,nq,per_block,rows,dt", [
-    (2, 3, 5, 4, "float64"), (3, 5, 3, 2, "float64"), (4, 5, 2, 1, "float64"),
-    (5, 7, 3, 2, "float64"), (7, 8, 2, 2, "float64"), (7, 9, 1, 1, "float64"),
-    (4, 6, 3, 2, "float32")])
-def test_rows_form_on_gpu(nd, nq, per_block, rows, dt):
+@pytest.mark.parametrize("dim,nd,nq,per_block,rows,pad,dt", [
+    (3, 2, 3, 5, 4, 0, "float64"), (3, 3, 5, 3, 2, 0, "float64"), (3, 4, 5, 2, 1, 0, "float64"),
+    (3, 5, 7, 3, 2, 0, "float64"), (3, 7, 8, 2, 2, 0, "float64"), (3, 7, 9, 1, 1, 0, "float64"),
+    (3, 4, 6, 3, 2, 0, "float32"), (3, 7, 8, 2, 2, 1, "float64"), (3, 7, 8, 1, 0, 1, "float64"),
+    (3, 3, 4, 5, 0, 1, "float32"), (2, 7, 8, 9, 0, 1, "float64"), (1, 7, 8, 33, 0, 1, "float64")])
+def test_variants_on_gpu(dim, nd, nq, per_block, rows, pad, dt):
     cp = cupy_or_none()
     from smalltc.backends import get
-    E = 37                                       # units 37 * nd: several groups, a partial one
+    E = 37                                       # several groups, a partial one
     rng = np.random.default_rng(nd * 100 + nq)
-    B1d, D = rng.standard_normal((nq, nd)), rng.random((E, nq, nq, nq)) + 0.5
-    ref = assembly_einsum(B1d, D, 3)
-    spec = AssemblySpec(dim=3, nq=nq, nd=nd, batch=E, dtype=dt)
+    B1d, D = rng.standard_normal((nq, nd)), rng.random((E,) + (nq,) * dim) + 0.5
+    ref = assembly_einsum(B1d, D, dim)
+    spec = AssemblySpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dt)
     before = P.get_table_lookup()
-    P.set_table_lookup(lambda spec, cc: dict(per_block=per_block, rows=rows, _source="test"))
+    P.set_table_lookup(lambda s, cc: dict(per_block=per_block, rows=rows, pad=pad,
+                                          _source="test"))
     try:
         ex = get("cuda").build(spec)
     finally:
         P.set_table_lookup(before)
-    assert ex.params["rows"] == rows and ex.threads == nd ** 3 * rows
-    out = cp.full((E, nd ** 3, nd ** 3), np.nan, dtype=dt)
+    assert ex.params["rows"] == rows and ex.params["pad"] == pad and ex.source == "test"
+    assert ex.threads == (nd ** 3 * rows if rows else P.THREADS)
+    out = cp.full((E, nd ** dim, nd ** dim), np.nan, dtype=dt)
     ex.run((cp.asarray(B1d.astype(dt)), cp.asarray(D.astype(dt))), out)
     got = cp.asnumpy(out).astype(np.float64)
     assert np.all(np.isfinite(got)), "unwritten (NaN) entries"

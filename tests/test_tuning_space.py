@@ -79,11 +79,15 @@ def test_pruning_counts_by_hand():
     # in 3D, rows 1, 2 (nd^3 * rows = 343, 686 threads; 4 would be 1372 > 1024).
     # At nd=7, nq=8 a unit needs 8*(7*64 + 343*8) = 25536 bytes: 227 KiB hold 9,
     # so 16..512 are invalid: 6 per form.
+    # nq = 8 is even: each form also with pad 0 and 1 (odd row stride 9).
     sp = S.generate(AssemblySpec(dim=3, nq=8, nd=7, batch=1, dtype=F64))
-    assert sp.generated == 3 * 10 + (sp.heuristic["per_block"] not in (1, 2, 4, 8, 16, 32, 64,
+    assert sp.generated == 6 * 10 + (sp.heuristic["per_block"] not in (1, 2, 4, 8, 16, 32, 64,
                                                                        128, 256, 512))
-    assert sp.pruned["invalid"] == 3 * 6
-    assert {c.params["rows"] for c in sp.candidates} == {0, 1, 2}
+    assert sp.pruned["invalid"] == 6 * 6
+    assert {(c.params["rows"], c.params["pad"]) for c in sp.candidates} == \
+        {(r, p) for r in (0, 1, 2) for p in (0, 1)}
+    assert {c.params["pad"] for c in S.generate(   # odd nq: nothing to pad
+        AssemblySpec(dim=3, nq=7, nd=6, batch=1, dtype=F64)).candidates} == {0}
     sp2 = S.generate(AssemblySpec(dim=2, nq=8, nd=7, batch=1, dtype=F64))
     assert {c.params["rows"] for c in sp2.candidates} == {0}      # the rows form is 3D only
     assert sorted(c.params["per_block"] for c in sp.candidates)[-1] <= 8

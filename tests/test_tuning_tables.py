@@ -233,7 +233,7 @@ def test_info_lists_tables(tmp_path, monkeypatch, table):
 def test_assembly_rows_is_optional_and_carried():
     old = AssemblySpec(dim=3, nq=5, nd=4, batch=1, dtype=F64)
     # an entry written before the rows form existed: valid, and means the flat form
-    assert T.adapt(old, old, {"per_block": 4}) == {"per_block": 4, "rows": 0}
+    assert T.adapt(old, old, {"per_block": 4}) == {"per_block": 4, "rows": 0, "pad": 0}
     # a rows-form entry carries its form to a neighbour ...
     near = AssemblySpec(dim=3, nq=6, nd=5, batch=1, dtype=F64)
     p = T.adapt(near, old, {"per_block": 4, "rows": 4})

@@ -20,9 +20,10 @@ family         parameters                  generated
                                            more than 16), ``__launch_bounds__``
                                            minimum blocks 0, 1, 2, 3, 4, 5, 6, 8
                                            (0 and 1 give the same register cap)
-``assembly``   ``per_block, rows``         fused assembly: units per block 1, 2, 4, ... 512;
+``assembly``   ``per_block, rows, pad``    fused assembly: units per block 1, 2, 4, ... 512;
                                            final stage flat (rows 0) or, 3D, the rows
-                                           form with nd^3 * rows threads (rows 1, 2, 4, ...)
+                                           form with nd^3 * rows threads (rows 1, 2, 4, ...);
+                                           pad 0/1 (even nq): BB/A2 rows an odd stride apart
 =============  ==========================  ===========================================
 
 Pruned before compiling (the reason is counted):
@@ -55,10 +56,10 @@ __all__ = ["Candidate", "Space", "family", "ctx_for", "generate", "prune_compile
 
 #: tuning parameters of each family (the keys of a table entry's ``params``)
 PARAMS = {"layout": ("dim_x", "dim_y", "per_block"), "contract9": ("per_block",),
-          "action": ("per_block", "min_blocks"), "assembly": ("per_block", "rows")}
+          "action": ("per_block", "min_blocks"), "assembly": ("per_block", "rows", "pad")}
 #: parameters added after tables were first written: an entry without one means
 #: this value (the form the earlier tables were tuned with)
-OPTIONAL_PARAMS = {"assembly": {"rows": 0}}
+OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}}
 MAX_THREADS = 1024      # per block, every CUDA architecture
 MIN_THREADS = 64        # 32 resident blocks x 64 threads = 2048: a full SM is possible
 MAX_TILE = 32           # outputs per thread in the GEMM register tile
@@ -187,11 +188,13 @@ def _raw(spec, fam):
         # nd^3 * rows threads, rows = 1, 2, 4, ... within the block limit
         rows = [0] + ([r for r in _POW2 if spec.nd ** 3 * r <= MAX_THREADS]
                       if spec.dim == 3 else [])
+        pads = (0, 1) if spec.nq % 2 == 0 else (0,)     # odd nq: rows are odd already
         for r in rows:
             threads = spec.nd ** 3 * r if r else P.THREADS
-            for nb in _POW2[:10]:
-                why = "threads" if r and threads < MIN_THREADS else None
-                yield dict(per_block=nb, rows=r), why
+            for pad in pads:
+                for nb in _POW2[:10]:
+                    why = "threads" if r and threads < MIN_THREADS else None
+                    yield dict(per_block=nb, rows=r, pad=pad), why
     elif fam == "action":
         T = max(spec.nd, spec.nq)
         tpi = T * T if spec.dim == 3 else T

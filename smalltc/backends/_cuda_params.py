@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["layout_ctx", "contract9_ctx", "generic_ctx", "action_ctx", "assembly_ctx",
-           "gemm_extents", "set_table_lookup", "get_table_lookup", "lookup", "ITEMSIZE", "SMEM_TARGET"]
+__all__ = ["layout_ctx", "contract9_ctx", "generic_ctx", "action_ctx", "action_template",
+           "assembly_ctx", "gemm_extents", "set_table_lookup", "get_table_lookup", "lookup",
+           "ITEMSIZE", "SMEM_TARGET"]
 
 ITEMSIZE = {"float64": 8, "float32": 4}
 #: shared memory a block aims to stay under (several blocks per multiprocessor)
@@ -158,14 +159,29 @@ _ACTION_MEASURED = {(3, 6, 6): (3, 4)}
 
 
 def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
-    """Context of ``action.cu.j2``, or None when one item does not fit in shared memory.
+    """Context of ``action.cu.j2`` (``action_rb.cu.j2`` when ``rb > 1``), or None when
+    one item does not fit in shared memory.
 
     T = max(nd, nq); an item gets T*T threads in 3D, T in 2D and 1D, and two
     T^dim buffers; items per block fill 256 threads within the target.
+
+    ``params`` (a tuning table's answer): ``per_block``, ``min_blocks`` and
+    ``rb``, the outputs each thread computes along the contracted axis of
+    the x and y steps (register blocking; missing means 1, today's kernel).
+    An item then has T*TB threads in 3D and TB in 2D, TB = ceil(T / rb);
+    ``rb`` is normalised to ceil(T / TB), the fewest outputs per thread
+    that TB threads need (rb = 4 at T = 5 is rb = 3). 1D has no rb > 1.
+    The heuristic (no params) always takes rb = 1: the variant is not yet
+    measured on a GPU (notes/cuda.md).
     """
     s = ITEMSIZE[dtype]
     T = max(nd, nq)
-    tpi = T * T if dim == 3 else T
+    rb = params.get("rb", 1) if params else 1
+    if rb < 1 or (dim == 1 and rb > 1):
+        return None
+    tb = math.ceil(T / rb)
+    rb = math.ceil(T / tb)
+    tpi = T * tb if dim == 3 else tb
     # measured on H100, 3D float64 (notes/cuda.md, sweep 1): T <= 4 best at ~128 threads;
     # from T = 5 on, a register cap (min_blocks) for ~768 resident threads per SM;
     # from T = 8 on, ~128 threads per block as well.
@@ -184,7 +200,12 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     if smem(ne) > smem_optin or tpi * ne > 1024:
         return None
     return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, tpi=tpi, per_block=ne,
-                threads=tpi * ne, smem_bytes=smem(ne), min_blocks=min_blocks)
+                threads=tpi * ne, smem_bytes=smem(ne), min_blocks=min_blocks, rb=rb, tb=tb)
+
+
+def action_template(ctx):
+    """The template of an action context: ``action_rb.cu.j2`` for rb > 1."""
+    return "action.cu.j2" if ctx["rb"] == 1 else "action_rb.cu.j2"
 
 
 def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
@@ -197,16 +218,21 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     absent) for the flat final stage (every thread any output, 256 threads),
     R >= 1 for the *rows* form: ``nd^3 * R`` threads, thread (i3, j2, j3)
     keeps ``BB(i3, j3, :)`` in registers and walks R-strided rows (unit, i2,
-    j1), one shared load per FMA instead of two (not yet measured on a GPU;
-    the heuristic keeps the flat form).
+    j1), one shared load per FMA instead of two; ``pad`` = 1: rows of BB and
+    A2 an odd stride (nq + 1) apart when nq is even, against bank conflicts
+    (both not yet measured on a GPU; the heuristic keeps rows 0, pad 0).
     """
     s = ITEMSIZE[dtype]
     out_u = nd ** (2 * dim - 1) if dim > 1 else nd * nd
     a1u = nd * nq ** (dim - 1) if dim > 1 else 0
-    a2u = nd ** 3 * nq if dim == 3 else 0
-    bb = _even(nd * nd * nq)
     nu = params["per_block"] if params else max(1, min(64, math.ceil(2048 / out_u)))
     rows = int((params or {}).get("rows", 0) or 0)
+    # pad: BB and A2 rows nq + 1 apart when nq is even (odd stride: no bank conflicts
+    # between the rows that the lanes of a warp read); nothing to do for odd nq
+    pad = int(bool((params or {}).get("pad", 0)) and nq % 2 == 0)
+    nqp = nq + pad
+    a2u = nd ** 3 * nqp if dim == 3 else 0
+    bb = _even(nd * nd * nqp)
     threads = THREADS
     if rows:
         threads = nd ** 3 * rows
@@ -221,4 +247,5 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     if smem(nu) > smem_optin:
         return None
     return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, out_u=out_u, bb_pad=bb, per_block=nu,
-                threads=threads, smem_bytes=smem(nu), unroll=4, min_blocks=0, rows=rows)
+                threads=threads, smem_bytes=smem(nu), unroll=4, min_blocks=0, rows=rows,
+                pad=pad, nqp=nqp, nqs="NQP" if pad else "NQ", a2s="A2P" if pad else "A2U")

@@ -54,7 +54,7 @@ def _params(spec, info, heuristic):
 
 def _public(ctx):
     keys = ("BLK_M", "BLK_N", "BLK_K", "dim_x", "dim_y", "thr_m", "thr_n", "T",
-            "per_block", "threads", "smem_bytes", "min_blocks", "rows")
+            "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad")
     return {k: ctx[k] for k in keys if k in ctx}
 
 

@@ -91,16 +91,32 @@ def test_pruning_counts_by_hand():
     sp2 = S.generate(AssemblySpec(dim=2, nq=8, nd=7, batch=1, dtype=F64))
     assert {c.params["rows"] for c in sp2.candidates} == {0}      # the rows form is 3D only
     assert sorted(c.params["per_block"] for c in sp.candidates)[-1] <= 8
-    # action 3D nd=3 nq=4: T=4, 16 threads per element, 1..64 elements, so
-    # "nice" counts 1,2,3,4,6,8,12,16,24,32,48,64 (12) x min_blocks 0,1,2,3,4,5,6,8 (8)
+    # action 3D nd=3 nq=4: T=4; per register blocking rb, ceil(4/rb) threads along the
+    # blocked axis: 16 threads per element (rb 1), 8 (rb 2 and 3: rb 3 is rb 2 again),
+    # 4 (rb 4). "nice" element counts up to 1024/threads (12, 14, 14, 16 of them),
+    # x min_blocks 0,1,2,3,4,5,6,8 (8).
     sp = S.generate(ActionSpec(dim=3, nq=4, nd=3, batch=1, dtype=F64))
-    heur_extra = sp.heuristic["per_block"] not in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-    assert sp.generated == 96 + heur_extra
-    assert sp.pruned["threads"] == 3 * 8             # 1, 2, 3 elements: < 64 threads
-    # min_blocks * threads > 2048
-    over = sum(1 for ne in (4, 6, 8, 12, 16, 24, 32, 48, 64) for mb in (0, 1, 2, 3, 4, 5, 6, 8)
-               if mb * ne * 16 > 2048)
-    assert sp.pruned["resident"] == over
+    nice = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    combos = [(rb, ne, mb, tpi) for rb, tpi in ((1, 16), (2, 8), (3, 8), (4, 4))
+              for ne in nice if ne * tpi <= 1024 for mb in (0, 1, 2, 3, 4, 5, 6, 8)]
+    heur = sp.heuristic
+    assert heur["rb"] == 1 and len(combos) == 8 * (12 + 14 + 14 + 16) == 448
+    assert sp.generated == 448 + (heur["per_block"] not in nice)
+    threads = [c for c in combos if c[1] * c[3] < 64]         # < 64 threads per block
+    assert sp.pruned["threads"] == len(threads) == 8 * (3 + 5 + 5 + 7)
+    over = [c for c in combos if c[1] * c[3] >= 64 and c[2] * c[1] * c[3] > 2048]
+    assert sp.pruned["resident"] == len(over)                 # min_blocks * threads > 2048
+    # rb 4 at 256 elements: 256 * (2 * 64 + 1) doubles > 227 KiB (min_blocks 0, 1, 2)
+    assert sp.pruned["invalid"] == 3
+    kept = {c.params["rb"] for c in sp.candidates}
+    assert kept == {1, 2, 4}                                  # every rb 3 is a duplicate of rb 2
+    assert all(c.ctx["rb"] == c.params["rb"] and c.ctx["tpi"] == 4 * -(-4 // c.params["rb"])
+               for c in sp.candidates)
+    # 1D: no register blocking; 2D: T threads per element over rb (T = 6: 6, 3, 2, 2)
+    assert {c.params["rb"] for c in S.generate(ActionSpec(dim=1, nq=6, nd=5, batch=1,
+                                                          dtype=F64)).candidates} == {1}
+    sp2 = S.generate(ActionSpec(dim=2, nq=6, nd=5, batch=1, dtype=F64))
+    assert {(c.params["rb"], c.ctx["tpi"]) for c in sp2.candidates} == {(1, 6), (2, 3), (3, 2)}
 
 
 def test_smaller_shared_memory_prunes_more():

@@ -241,3 +241,29 @@ def test_assembly_rows_is_optional_and_carried():
     # ... unless its threads would not fit a block (8^3 * 4 > 1024): then the flat form
     big = AssemblySpec(dim=3, nq=9, nd=8, batch=1, dtype=F64)
     assert T.adapt(big, old, {"per_block": 4, "rows": 4})["rows"] == 0
+
+
+def test_action_rb_is_optional_and_carried(table):
+    spec = ActionSpec(dim=3, nq=5, nd=4, batch=1, dtype=F64)
+    key = size_key(spec)
+    # entries written before rb existed (the shipped sm90 tables): valid, mean rb = 1
+    old = copy.deepcopy(table)
+    old["entries"][key]["params"].pop("rb", None)
+    T.validate(old)
+    params, how, _ = T.Table(old).lookup(spec.with_batch(9))
+    assert how == "exact" and params["rb"] == 1
+    assert T.adapt(spec, spec, {"per_block": 4, "min_blocks": 2}) == \
+        {"per_block": 4, "min_blocks": 2, "rb": 1}
+    # an entry with rb: valid; a neighbour gets the same rb and threads per block
+    new = copy.deepcopy(table)
+    new["entries"][key]["params"] = {"per_block": 4, "min_blocks": 0, "rb": 2}
+    T.validate(new)
+    near = ActionSpec(dim=3, nq=6, nd=4, batch=7, dtype=F64)
+    params, how, _ = T.Table(new).lookup(near)
+    assert how == "nearest" and params["rb"] == 2
+    ctx = ctx_for(near, params)[1]        # T 5 -> 6: 15 -> 18 threads per element
+    assert (ctx["tpi"], ctx["per_block"]) == (18, 3)
+    # anything else in params is still an error
+    new["entries"][key]["params"]["rbx"] = 1
+    with pytest.raises(ValueError, match="params"):
+        T.validate(new)

@@ -15,7 +15,10 @@ family         parameters                  generated
                                            ``ceil(e / t)`` that cover it; items per
                                            block 1, 2, 4, ... 1024
 ``contract9``  ``per_block``               kernel (9): items per block 1, 2, 4, ... 512
-``action``     ``per_block, min_blocks``   fused action: elements per block (all
+``action``     ``per_block, min_blocks,``  fused action: register blocking ``rb`` 1, 2,
+               ``rb``                      3, 4 (2D/3D; outputs per thread along the
+                                           contracted axis of the x/y steps, T*ceil(T/rb)
+                                           threads per item in 3D); elements per block (all
                                            counts, or 1, 2, 3, 4, 6, 8, 12, ... when
                                            more than 16), ``__launch_bounds__``
                                            minimum blocks 0, 1, 2, 3, 4, 5, 6, 8
@@ -56,10 +59,10 @@ __all__ = ["Candidate", "Space", "family", "ctx_for", "generate", "prune_compile
 
 #: tuning parameters of each family (the keys of a table entry's ``params``)
 PARAMS = {"layout": ("dim_x", "dim_y", "per_block"), "contract9": ("per_block",),
-          "action": ("per_block", "min_blocks"), "assembly": ("per_block", "rows", "pad")}
+          "action": ("per_block", "min_blocks", "rb"), "assembly": ("per_block", "rows", "pad")}
 #: parameters added after tables were first written: an entry without one means
 #: this value (the form the earlier tables were tuned with)
-OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}}
+OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}, "action": {"rb": 1}}
 MAX_THREADS = 1024      # per block, every CUDA architecture
 MIN_THREADS = 64        # 32 resident blocks x 64 threads = 2048: a full SM is possible
 MAX_TILE = 32           # outputs per thread in the GEMM register tile
@@ -69,6 +72,9 @@ SM_REGISTERS = 65536    # 32-bit registers per multiprocessor (and per block)
 #: backend's own rule (notes/cuda.md: relaxing register caps for less cost 10-20 points)
 MAX_LOCAL_BYTES = 256
 _MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)
+#: the action's register blocking (outputs per thread along a contracted axis); an rb
+#: that the context normalises to a smaller one (rb = 4 at T = 5 is 3) is a duplicate
+_RB = (1, 2, 3, 4)
 _POW2 = tuple(2 ** i for i in range(11))
 
 
@@ -138,7 +144,7 @@ def ctx_for(spec, params=None, smem_optin=227 * 1024):
     if fam == "action":
         ctx = P.action_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype, smem_optin,
                            params)
-        return None if ctx is None else ("action.cu.j2", ctx)
+        return None if ctx is None else (P.action_template(ctx), ctx)
     if fam == "assembly":
         ctx = P.assembly_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, smem_optin, params)
         return None if ctx is None else ("assembly.cu.j2", ctx)
@@ -197,15 +203,17 @@ def _raw(spec, fam):
                     yield dict(per_block=nb, rows=r, pad=pad), why
     elif fam == "action":
         T = max(spec.nd, spec.nq)
-        tpi = T * T if spec.dim == 3 else T
-        upto = MAX_THREADS // tpi
-        counts = range(1, upto + 1) if upto <= 16 else _nice(upto)
-        for ne in counts:
-            threads = ne * tpi
-            for mb in _MIN_BLOCKS:
-                why = ("threads" if threads < MIN_THREADS and ne < upto else
-                       "resident" if mb * threads > SM_THREADS else None)
-                yield dict(per_block=ne, min_blocks=mb), why
+        for rb in _RB if spec.dim > 1 else (1,):
+            tb = math.ceil(T / rb)                    # threads along the blocked axis
+            tpi = T * tb if spec.dim == 3 else tb
+            upto = MAX_THREADS // tpi
+            counts = range(1, upto + 1) if upto <= 16 else _nice(upto)
+            for ne in counts:
+                threads = ne * tpi
+                for mb in _MIN_BLOCKS:
+                    why = ("threads" if threads < MIN_THREADS and ne < upto else
+                           "resident" if mb * threads > SM_THREADS else None)
+                    yield dict(per_block=ne, min_blocks=mb, rb=rb), why
 
 
 def _register_cap(threads, min_blocks):

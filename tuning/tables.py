@@ -29,8 +29,8 @@ else the nearest entry of the same variant (same op, dimension, transposes,
 shared operands; :func:`.keys.distance`, at most :data:`MAX_DISTANCE` of the family),
 its parameters carried over to the new size (:func:`adapt`: the same
 outputs per thread and threads per block for the GEMM, the same threads per
-block for the action, the same outputs per block for the assembly and
-kernel (9)) and checked against the kernel's constraints; else None, and
+block and register blocking ``rb`` for the action, the same outputs per block for
+the assembly and kernel (9)) and checked against the kernel's constraints; else None, and
 the CUDA backend uses its measured heuristic.
 
 The runtime hook (:func:`install`) hands :func:`runtime_lookup` to
@@ -228,17 +228,21 @@ def adapt(spec, entry_spec, params, smem_optin=227 * 1024):
             return None
         return _first_valid(spec, dict(dim_x=dx, dim_y=dy, per_block=nb), smem_optin)
     if fam == "action":
-        def tpi(s):
+        def tpi(s, rb):                       # threads per item (action_ctx's rule)
             T = max(s.nd, s.nq)
-            return T * T if s.dim == 3 else T
-        t1 = tpi(spec)
+            tb = -(-T // rb)
+            return T * tb if s.dim == 3 else tb
+        rb0 = params.get("rb", OPTIONAL_PARAMS["action"]["rb"])
+        rb = rb0 if spec.dim > 1 else 1       # 1D has no register blocking
+        t1 = tpi(spec, rb)
         if t1 > MAX_THREADS:
             return None
-        ne = max(1, min(round(params["per_block"] * tpi(entry_spec) / t1), MAX_THREADS // t1))
+        ne = max(1, min(round(params["per_block"] * tpi(entry_spec, rb0) / t1),
+                        MAX_THREADS // t1))
         mb = params.get("min_blocks", 0)
         while mb and mb * ne * t1 > SM_THREADS:
             mb -= 1
-        return _first_valid(spec, dict(per_block=ne, min_blocks=mb), smem_optin)
+        return _first_valid(spec, dict(per_block=ne, min_blocks=mb, rb=rb), smem_optin)
     # assembly, kernel (9): the same outputs per block (and the assembly's final-stage form)
     nb = max(1, round(params["per_block"] * _outputs_per_item(entry_spec)
                       / _outputs_per_item(spec)))

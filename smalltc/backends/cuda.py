@@ -9,6 +9,7 @@ GemmSpec           ``gemm.cu.j2`` (8a layout)  ``stc_gemm_nn_f64_m8n8k8``
 ContractSpec 8a/b  ``gemm.cu.j2``              ``stc_contract8b_f64_i3s3j4k4l1``
 ContractSpec 9     ``contract9.cu.j2``         ``stc_contract9_f64_s4n3k1l16``
 ActionSpec         ``action.cu.j2`` (fused)    ``stc_mass_apply_3d_f64_nd3nq4c1``
+ActionSpec rb>1    ``action_rb.cu.j2``         ``stc_mass_apply_3d_f64_nd9nq10c1``
 AssemblySpec       ``assembly.cu.j2`` (fused)  ``stc_mass_assemble_3d_f64_nd3nq4``
 anything too big   ``generic.cu.j2``           ``stc_generic8a_f64`` (run-time sizes)
 =================  ==========================  ===================================
@@ -54,7 +55,7 @@ def _params(spec, info, heuristic):
 
 def _public(ctx):
     keys = ("BLK_M", "BLK_N", "BLK_K", "dim_x", "dim_y", "thr_m", "thr_n", "T",
-            "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad")
+            "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad", "rb")
     return {k: ctx[k] for k in keys if k in ctx}
 
 
@@ -123,7 +124,7 @@ class _Contract9Executor(_KernelExecutor):
 
 class _ActionExecutor(_KernelExecutor):
     def __init__(self, entry, ctx, source, spec):
-        super().__init__("action.cu.j2", entry, ctx, source)
+        super().__init__(P.action_template(ctx), entry, ctx, source)
         self.nbatch = spec.batch * spec.ncomp
 
     def run(self, operands, out, **_):

@@ -47,6 +47,13 @@ def _configs():
                     ctx = P.action_ctx(dim, p + 1, p + 2, ncomp, dt)
                     if ctx is not None:
                         out.append(("action.cu.j2", ctx))
+            # register-blocked variants (action_rb.cu.j2): rb 2 and 4, float32 once
+            for p, rb in ((1, 2), (4, 2), (4, 4), (8, 2), (8, 3)) if dim > 1 else ():
+                for ncomp in (1, 3) if (p, rb) == (4, 2) else (1,):
+                    if dt == "float64" or (p, rb) == (4, 4):
+                        out.append(("action_rb.cu.j2", P.action_ctx(
+                            dim, p + 1, p + 2, ncomp, dt,
+                            params=dict(per_block=2, min_blocks=0, rb=rb))))
             for p in (1, 3, 6) if dim == 3 else (1, 4, 8):
                 ctx = P.assembly_ctx(dim, p + 1, p + 2, dt)
                 if ctx is not None:

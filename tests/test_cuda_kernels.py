@@ -123,6 +123,44 @@ def test_action(dim, p, nq, nc, dt, method):
     assert rel(pl(*args, out=out), ref) < TOL[dt] * (10 if p >= 8 else 1)
 
 
+# register-blocked action (action_rb.cu.j2): rb outputs per thread, forced through the
+# tuning-table hook; (dim, p, nq, ncomp, rb, per_block, min_blocks, dtype)
+ACTION_RB_CASES = [(3, p, nq, 1, rb, 2, 0, "float64") for p in (1, 2, 4, 5, 6, 7, 8)
+                   for nq in (p + 1, p + 2) for rb in (2, 3)]
+ACTION_RB_CASES += [(3, 3, 2, 1, 2, 3, 0, "float64"), (3, 4, 5, 1, 4, 5, 0, "float64"),
+                    (3, 8, 10, 1, 4, 1, 0, "float64"), (3, 5, 6, 1, 2, 7, 4, "float64"),
+                    (3, 2, 4, 3, 2, 4, 0, "float64"), (3, 8, 10, 3, 2, 2, 0, "float32"),
+                    (3, 4, 6, 1, 3, 5, 0, "float32"), (3, 16, 18, 1, 2, 1, 0, "float64")]
+ACTION_RB_CASES += [(2, p, nq, nc, rb, 8, 0, dt) for (p, nq) in ((1, 2), (4, 5), (8, 10))
+                    for rb in (2, 3, 4) for nc in (1, 3) for dt in ("float64", "float32")
+                    if nc == 1 or (rb == 2 and dt == "float64")]
+
+
+@pytest.mark.parametrize("dim,p,nq,nc,rb,per_block,min_blocks,dt", ACTION_RB_CASES)
+def test_action_register_blocked(dim, p, nq, nc, rb, per_block, min_blocks, dt):
+    from smalltc.backends import _cuda_params as P
+    from smalltc.backends import get
+    from smalltc.spec import ActionSpec
+    E = 1003                                   # many groups, a partial last one
+    B1d, D, V = _action_inputs(dim, p, nq, nc, E)
+    ref = R.action_einsum(B1d, D, V, dim)
+    spec = ActionSpec(dim=dim, nq=nq, nd=p + 1, batch=E, dtype=dt, ncomp=nc,
+                      comp_axis=nc > 1)
+    params = dict(per_block=per_block, min_blocks=min_blocks, rb=rb)
+    want = P.action_ctx(dim, p + 1, nq, nc, dt, params=params)
+    before = P.get_table_lookup()
+    P.set_table_lookup(lambda s, cc: dict(params, _source="test"))
+    try:
+        ex = get("cuda").build(spec)
+    finally:
+        P.set_table_lookup(before)
+    assert ex.source == "test" and ex.template == "action_rb.cu.j2"
+    assert ex.params["rb"] == want["rb"] > 1 and ex.threads == want["threads"]
+    out = poisoned(V.shape, dt)
+    ex.run(tuple(dev(a, dt) for a in (B1d, D, V)), out)
+    assert rel(out, ref) < TOL[dt] * (10 if p >= 8 else 1)
+
+
 @pytest.mark.parametrize("method", ["fused", "pairwise"])
 @pytest.mark.parametrize("dim,p,nq,dt", [(d, p, nq, dt) for d in (1, 2, 3)
                                         for (p, nq) in ((1, 2), (2, 4), (3, 5), (6, 8))

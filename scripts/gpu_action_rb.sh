@@ -6,7 +6,10 @@
 #     fused action tests of today's kernel;
 #  2. timing sweep rb = 1 vs 2, 3 for 3D p = 1..8, nq = p+1, p+2, float64
 #     (notes/action_rb_sweep.py: CUDA events, median of 20, >= 256 MB per call).
-# Results under $OUT: info.txt, action_rb_pytest.log, action_rb_sweep.{json,log}.
+#  (step 1 also runs the assembly's rows/pad variants, tests/test_cuda_assembly_rows.py;
+#  step 3: notes/launch_floor.py --profile, where a tiny GEMM call's host time goes)
+# Results under $OUT: info.txt, action_rb_pytest.log, action_rb_sweep.{json,log},
+# launch_floor.txt.
 #   bash scripts/gpu_action_rb.sh
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,9 +19,12 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.lo
  nvidia-smi --query-gpu=name,driver_version --format=csv) > "$OUT/info.txt" 2>&1
 N=""; python3 -c "import xdist" 2>/dev/null && N="-n 12"
 timeout "${T_TEST:-110}" python3 -m pytest -q $N -p no:cacheprovider -m "not slow" \
-  tests/test_cuda_kernels.py -k "register_blocked or (test_action and fused)" \
+  tests/test_cuda_kernels.py tests/test_cuda_assembly_rows.py \
+  -k "register_blocked or (test_action and fused) or variants" \
   > "$OUT/action_rb_pytest.log" 2>&1
 echo "pytest rc=$?"; tail -n 3 "$OUT/action_rb_pytest.log"
 timeout "${T_SWEEP:-130}" python3 notes/action_rb_sweep.py --ps 1-8 --dq 1,2 --dtype float64 \
   --json "$OUT/action_rb_sweep.json" > "$OUT/action_rb_sweep.log" 2>&1
 echo "sweep rc=$?"; grep -E "^==|compiled|bandwidth|wrote|Error" "$OUT/action_rb_sweep.log"
+timeout "${T_FLOOR:-60}" python3 notes/launch_floor.py --n 2 4 --profile > "$OUT/launch_floor.txt" 2>&1
+echo "launch_floor rc=$?"

@@ -258,3 +258,44 @@ def test_templates_reject_missing_parameters():
     import jinja2
     with pytest.raises(jinja2.UndefinedError, match="is undefined"):
         _cpu_codegen.render("action.py.j2", entry="x", signature="void()", dtype="float64")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_tr_block_moves_one_transposed_block(dtype):
+    import numba
+    from smalltc.backends._cpu_simd import block_lanes, tr_block
+
+    @numba.njit
+    def move(dst, dr, dc, src, sr, sc):
+        tr_block(dst, dr, dc, src, sr, sc)
+
+    L = block_lanes(dtype)
+    src = np.random.default_rng(10).standard_normal((40, 50)).astype(dtype)
+    dst = np.zeros((30, 45), dtype)
+    move(dst, 3, 5, src, 7, 11)
+    ref = np.zeros_like(dst)
+    ref[3:3 + L, 5:5 + L] = src[7:7 + L, 11:11 + L].T
+    assert np.array_equal(dst, ref)
+
+
+@pytest.mark.parametrize("rb", [1, 2, 3])
+def test_action_register_blocks(monkeypatch, rb):
+    """Every register-block size (with a remainder block: nd = 3, nq = 4)."""
+    monkeypatch.setattr(_cpu_kernels, "ACTION_RB", rb)
+    rng = np.random.default_rng(11)
+    B1d = rng.standard_normal((4, 3))
+    D, V = rng.standard_normal((21, 4, 4, 4)), rng.standard_normal((21, 2, 3, 3, 3))
+    ex = get("cpu").build(smalltc.plan("action", B1d, D, V, backend="cpu").spec)
+    assert ex.params["rb"] == rb
+    out = poisoned(V.shape, V.dtype)
+    ex.run((B1d, D, V), out)
+    assert rel(out, action_einsum(B1d, D, V, 3)) < 1e-12
+
+
+def test_assembly_row_blocks_with_overlapping_tail():
+    """3D p = 2: rows of 27 entries leave the last W x W block overlapping."""
+    rng = np.random.default_rng(12)
+    B1d, D = rng.standard_normal((4, 3)), rng.standard_normal((21, 4, 4, 4))
+    p = smalltc.plan("assembly", B1d, D, backend="cpu")
+    out = p(B1d, D, out=poisoned(p.out_shape, D.dtype))
+    assert rel(out, assembly_einsum(B1d, D, 3)) < 1e-12

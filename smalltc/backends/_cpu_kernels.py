@@ -37,6 +37,7 @@ MAX_GEMM = 64            # m, n, k of the unrolled/row-blocked GEMM
 MAX_ND, MAX_NQ = 17, 24  # action: p <= 16
 MAX_ASM_ENTRIES = 2 ** 20  # assembly: nd**(2 dim) entries per element
 MAX_CONTRACT = 4096      # contraction: every extent
+ACTION_RB = ACTION_TR = None   # experiments: force the action's forms (None: heuristic)
 SPECIALIZE_CONTRACT = os.environ.get("SMALLTC_CPU_SPECIALIZE_CONTRACT", "") not in ("", "0")
 
 
@@ -146,6 +147,19 @@ def _action_steps(dim, nd, nq):
     return steps, [(b, sz) for b, sz in sizes.items() if sz]
 
 
+def _action_rb(dim, nd, dtype):
+    """Outputs per register block in each action step (notes/cpu.md, version 8).
+
+    3D p = 5..8: 2-3 (each buffer load feeds rb FMAs; 0.53-0.59 -> 0.70-0.79
+    of Pmax at p = 5..8 float64), at a cost of ~2x (rb=2) to ~3x (rb=3) the
+    compile time; 1 elsewhere (p <= 4: no gain; p > 8: rb * nd coefficients
+    no longer fit the 32 zmm registers).
+    """
+    if dim != 3 or not 6 <= nd <= 9:
+        return 1
+    return 3 if dtype == "float64" and nd >= 7 else 2
+
+
 def build_action(spec: ActionSpec):
     dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
     if nd > MAX_ND or nq > MAX_NQ:
@@ -155,10 +169,13 @@ def build_action(spec: ActionSpec):
                        signature=sig)
     W = _lanes(dt)
     steps, buffers = _action_steps(dim, nd, nq)
+    rb = ACTION_RB if ACTION_RB is not None else _action_rb(dim, nd, dt)
+    tr = ACTION_TR if ACTION_TR is not None else True
     entry = f"stc_mass_apply_{dim}d_{_SHORT[dt]}_nd{nd}_nq{nq}"
     sig = _sig(dt, 4, ["int64"] * 4)
-    return _Action(spec, "action.py.j2", entry, {"lanes": W}, True, W=W, steps=steps,
-                   buffers=buffers, nv=nd ** dim, nqd=nq ** dim, signature=sig)
+    return _Action(spec, "action.py.j2", entry, {"lanes": W, "rb": rb, "tr": tr}, True, W=W,
+                   steps=steps, buffers=buffers, nv=nd ** dim, nqd=nq ** dim, rb=rb, tr=tr,
+                   signature=sig)
 
 
 class _Assembly(_Kernel):

@@ -150,14 +150,16 @@ def _action_steps(dim, nd, nq):
 def _action_rb(dim, nd, dtype):
     """Outputs per register block in each action step (notes/cpu.md, version 8).
 
-    3D p = 5..8: 2-3 (each buffer load feeds rb FMAs; 0.53-0.59 -> 0.70-0.79
-    of Pmax at p = 5..8 float64), at a cost of ~2x (rb=2) to ~3x (rb=3) the
-    compile time; 1 elsewhere (p <= 4: no gain; p > 8: rb * nd coefficients
-    no longer fit the 32 zmm registers).
+    3D float64 p = 5..8: 2 (p = 5) or 3 (each buffer load feeds rb FMAs;
+    0.53-0.59 -> 0.70-0.79 of Pmax), at ~2x (rb=2) to ~3x (rb=3) the compile
+    time; 1 elsewhere: p <= 4 gains nothing, p > 8 would need more than the
+    32 zmm registers for rb * nd coefficients, and float32 (16 lanes, twice
+    the code) would compile in ~45 s instead of ~11 s at p = 8 (rb=3 measured
+    0.44 -> 0.77 of Pmax there; set ACTION_RB to try it).
     """
-    if dim != 3 or not 6 <= nd <= 9:
+    if dim != 3 or dtype != "float64" or not 6 <= nd <= 9:
         return 1
-    return 3 if dtype == "float64" and nd >= 7 else 2
+    return 3 if nd >= 7 else 2
 
 
 def build_action(spec: ActionSpec):

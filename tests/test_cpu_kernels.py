@@ -280,13 +280,15 @@ def test_tr_block_moves_one_transposed_block(dtype):
 
 @pytest.mark.parametrize("rb", [1, 2, 3])
 def test_action_register_blocks(monkeypatch, rb):
-    """Every register-block size (with a remainder block: nd = 3, nq = 4)."""
+    """Every register-block size (with a remainder block: nd = 3, nq = 4),
+    with the block transposes (27 entries: the last block overlaps)."""
     monkeypatch.setattr(_cpu_kernels, "ACTION_RB", rb)
+    monkeypatch.setattr(_cpu_kernels, "ACTION_TR", True)
     rng = np.random.default_rng(11)
     B1d = rng.standard_normal((4, 3))
     D, V = rng.standard_normal((21, 4, 4, 4)), rng.standard_normal((21, 2, 3, 3, 3))
     ex = get("cpu").build(smalltc.plan("action", B1d, D, V, backend="cpu").spec)
-    assert ex.params["rb"] == rb
+    assert ex.params["rb"] == rb and ex.params["tr"]
     out = poisoned(V.shape, V.dtype)
     ex.run((B1d, D, V), out)
     assert rel(out, action_einsum(B1d, D, V, 3)) < 1e-12

@@ -172,7 +172,10 @@ def build_action(spec: ActionSpec):
     W = _lanes(dt)
     steps, buffers = _action_steps(dim, nd, nq)
     rb = ACTION_RB if ACTION_RB is not None else _action_rb(dim, nd, dt)
-    tr = ACTION_TR if ACTION_TR is not None else True
+    # block transposes from 64 entries per element (3D p >= 3): below, the
+    # scalar copies measured faster (3D p=1: 0.59 vs 0.50, p=2: 0.62-0.64 vs
+    # 0.44-0.48 of Pmax, best of 10); p=3 0.49 -> 0.53, p=4 0.37 -> 0.47
+    tr = ACTION_TR if ACTION_TR is not None else nd ** dim >= 64
     entry = f"stc_mass_apply_{dim}d_{_SHORT[dt]}_nd{nd}_nq{nq}"
     sig = _sig(dt, 4, ["int64"] * 4)
     return _Action(spec, "action.py.j2", entry, {"lanes": W, "rb": rb, "tr": tr}, True, W=W,

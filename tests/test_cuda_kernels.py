@@ -179,23 +179,28 @@ def test_assembly(dim, p, nq, dt, method):
 
 # ---------------------------------------------------------------- streams, big batches, errors
 def test_non_default_stream():
+    # Every operand is made on the non-blocking stream s, which does not wait for the
+    # default stream: the result is right only if the kernel is ordered on s too. (Operands
+    # made on the default stream would race the launch: a pageable host-to-device copy may
+    # still be in flight when cudaMemcpy returns.)
     E = 20000
     B1d, D, V = _action_inputs(3, 3, 5, 1, E)
-    args = [dev(a, "float64") for a in (B1d, D, V)]
     ref = R.action_einsum(B1d, D, V, 3)
     s = cp().cuda.Stream(non_blocking=True)
-    pl = smalltc.plan("action", *args, backend="cuda")
-    out = poisoned(V.shape, "float64")
     with s:
-        args_s = [a.copy() for a in args]
-    pl(*args_s, out=out, stream=s)
+        args = [dev(a, "float64") for a in (B1d, D, V)]
+        out = poisoned(V.shape, "float64")
+    pl = smalltc.plan("action", *args, backend="cuda")
+    pl(*args, out=out, stream=s)
     s.synchronize()
     assert rel(out, ref) < 1e-12
     A = rng.standard_normal((5000, 8, 8))
     Bm = rng.standard_normal((8, 8))
-    g = smalltc.plan("gemm", dev(A, "float32"), dev(Bm, "float32"), backend="cuda")
-    o = poisoned((5000, 8, 8), "float32")
-    g(dev(A, "float32"), dev(Bm, "float32"), out=o, stream=s)
+    with s:
+        Ad, Bd = dev(A, "float32"), dev(Bm, "float32")
+        o = poisoned((5000, 8, 8), "float32")
+    g = smalltc.plan("gemm", Ad, Bd, backend="cuda")
+    g(Ad, Bd, out=o, stream=s)
     s.synchronize()
     assert rel(o, A @ Bm) < 1e-5
 

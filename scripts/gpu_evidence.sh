@@ -26,7 +26,7 @@ bench() {  # bench NAME TUNING ARGS...
     --out "$W/$name" "$@" > "$W/$name.log" 2>&1
   echo "bench $name rc=$?"; pack
 }
-S="--suite gemm --suite action --suite assembly"
+S=${SUITES:-"--suite gemm --suite action --suite assembly"}
 bench f64-untuned off --dtype float64 $S --no-baselines --no-plot
 bench f64-tuned on --dtype float64 $S
 bench f64-untuned2 off --dtype float64 $S --no-baselines --no-plot

@@ -6,6 +6,7 @@ import pytest
 
 from smalltc.spec import ActionSpec, AssemblySpec, GemmSpec
 from smalltc.tuning.compile import compile_none
+from smalltc.tuning.keys import size_key
 from smalltc.tuning.measure import DryRunDevice, sized
 from smalltc.tuning.search import Search, load_checkpoint
 from smalltc.tuning.space import PARAMS, family, generate
@@ -239,3 +240,71 @@ def test_sizes_without_a_specialised_kernel_are_skipped():
     n = len(generate(SPECS[0]).candidates)
     assert len(dev.timed) == n + 1 + (min(3, n) + 1) * 3     # only the 4x4x4 size was timed
     assert s.results["gemm/nn/m4n4k4"]["winner"] is not None
+
+
+# ---------------------------------------------------------------- timing forms (GEMM beta != 0)
+BETA = sized(GemmSpec(batch=1, m=4, n=4, k=4, dtype=F64, beta_zero=False))
+
+
+class InplaceDevice(DryRunDevice):
+    """Dry run in which every non-heuristic candidate is 20% slower than the heuristic when
+    timed in place (out=C), whatever it does with C apart."""
+
+    def __init__(self, slow_inplace=True):
+        super().__init__(F64)
+        self.slow_inplace, self.forms_seen = slow_inplace, set()
+
+    def time(self, problem, ex, form="separate"):
+        self.forms_seen.add(form)
+        ts = super().time(problem, ex, form="separate")
+        if form == "inplace" and self.slow_inplace and ex.source != "heuristic":
+            h = super().time(problem, self.build(problem.spec, None), form="separate")
+            return [int(t * 1.2) for t in h]
+        return ts
+
+
+def test_winner_never_slower_than_heuristic_in_place():
+    dev = InplaceDevice()
+    s = _search(dev, specs=[BETA])
+    assert s.run() == "done"
+    assert dev.forms_seen == {"separate", "inplace"}
+    r = s.results[size_key(BETA)]
+    # every candidate lost in place: the heuristic is the entry, and that is recorded
+    assert r["kept_heuristic"] and r["winner"]["params"] == r["heuristic"]["params"]
+    assert any(c.get("excluded", "").endswith("inplace") for c in r["candidates"])
+    w, h = r["winner"]["form_times_s"], r["heuristic"]["form_times_s"]
+    assert set(w) == {"separate", "inplace"} and w["inplace"] <= h["inplace"] * 1.01
+
+
+def test_beta_zero_timed_apart_only():
+    dev = InplaceDevice()
+    s = _search(dev, specs=[SPECS[0]])
+    s.run()
+    assert dev.forms_seen == {"separate"}
+
+
+def test_reconfirm_redecides_from_the_checkpoint(tmp_path):
+    ck = str(tmp_path / "ck.json")
+    fast = InplaceDevice(slow_inplace=False)        # first pass: the candidates win in place
+    s = _search(fast, specs=[BETA, SPECS[0]], checkpoint=ck)
+    assert s.run() == "done"
+    key = size_key(BETA)
+    before = s.results[key]
+    assert not before["kept_heuristic"]
+    beta0 = json.dumps(s.results[size_key(SPECS[0])], sort_keys=True)
+    slow = InplaceDevice()                          # now they lose in place
+    s2 = _search(slow, specs=[BETA, SPECS[0]], checkpoint=ck, resume=True)
+    assert s2.reconfirm() == "done"
+    after = s2.results[key]
+    assert after["reconfirmed"] and after["kept_heuristic"]
+    assert after["before_reconfirm"]["winner"] == _label_of(before["winner"]["params"])
+    assert after["space"]["generated"] == before["space"]["generated"]
+    # sizes timed in one form only are left alone, and a second pass skips done sizes
+    assert json.dumps(s2.results[size_key(SPECS[0])], sort_keys=True) == beta0
+    slow.forms_seen.clear()
+    s3 = _search(slow, specs=[BETA, SPECS[0]], checkpoint=ck, resume=True)
+    assert s3.reconfirm() == "done" and not slow.forms_seen
+
+
+def _label_of(params):
+    return " ".join(f"{k}={v}" for k, v in params.items())

@@ -6,6 +6,7 @@ Examples (one H100/H200; each command stops cleanly at its budget and
     smalltc tune --op gemm --dtype float64 --budget-seconds 480 --resume
     smalltc tune --op action --dtype float64 --sizes 3:1-8:p+1,p+2 --resume --plot
     smalltc tune --op assembly --dtype float32 --dry-run --out /tmp/t   # no GPU: made-up times
+    smalltc tune --op gemm --dtype float32 --reconfirm   # re-decide beta != 0 sizes, C apart and in place
 
 Exit status: 0 when every size is done (the table is written), 3 when the
 budget ran out first (the checkpoint holds the work; run again with
@@ -69,6 +70,11 @@ def add_arguments(parser):
     parser.add_argument("--max-local-bytes", type=int, default=MAX_LOCAL_BYTES,
                         help="variants using more local memory (spills) per thread are not "
                              "timed (default %(default)s, the CUDA backend's own limit)")
+    parser.add_argument("--reconfirm", action="store_true",
+                        help="re-decide the finished sizes of the checkpoint in --work that are "
+                             "timed in more than one form (GEMM beta != 0: C apart and in "
+                             "place): the best few and the heuristic re-timed in every form, "
+                             "nothing recompiled; with --resume after a budget stop")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -111,7 +117,11 @@ def run(args, device=None, clock=None) -> int:
     specs = [sized(s, footprint) for s in specs]
     info = device.info()
     ckpt = work / f"sm{info['cc']}-{args.op}-{args.dtype}.checkpoint.json"
-    if ckpt.exists() and not args.resume:
+    if args.reconfirm and not ckpt.exists():
+        return _fail(f"--reconfirm: no checkpoint {ckpt} to re-decide")
+    if args.reconfirm:
+        args.resume = True
+    elif ckpt.exists() and not args.resume:
         return _fail(f"{ckpt} exists: pass --resume to continue it, or delete it to start over")
     kw = dict(compiler=compiler, jobs=args.jobs, budget_s=args.budget_seconds,
               checkpoint=str(ckpt), resume=args.resume, confirm_top=args.confirm_top,
@@ -125,7 +135,13 @@ def run(args, device=None, clock=None) -> int:
     print(f"smalltc tune: {args.op} {args.dtype} on {info['name']} (sm_{info['cc']}), "
           f"{len(specs)} sizes, {len(search.results)} done before, compiler {compiler}, "
           f"{search.jobs} jobs", file=sys.stderr)
-    status = search.run()
+    if args.reconfirm:
+        status = search.reconfirm()
+        if status == "done" and len(search.results) < len(specs):
+            return _fail(f"--reconfirm: {len(specs) - len(search.results)} sizes of {ckpt} are "
+                         f"not tuned yet; finish them with --resume first")
+    else:
+        status = search.run()
     keys = [r for r in search.state["sizes"] if r in search.results]
     _summary(search, keys)
     if status == "done":

@@ -12,7 +12,9 @@ A *device* gives the search what it needs, and nothing else:
   problem (output poisoned with NaN first), against the float64 reference;
 - ``verify_big(problem, ex)``: relative error on sampled items of the timed
   output (after timing: the grid-stride loop at full size);
-- ``time(problem, ex)``: nanoseconds per call, warm-up first, CUDA events;
+- ``time(problem, ex, form="separate")``: nanoseconds per call, warm-up first, CUDA
+  events; ``form="inplace"`` (see :func:`forms`) times a GEMM with ``beta != 0`` as
+  ``out=C``, the in-place update;
 - ``bound(spec)``: :func:`smalltc.roofline.bound` with this device's numbers.
 
 :class:`DryRunDevice` answers the same calls without a GPU, with *made-up*
@@ -34,7 +36,7 @@ from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from .compile import injected
 from .space import PARAMS, ctx_for, family
 
-__all__ = ["GpuDevice", "DryRunDevice", "operands", "per_item_bytes", "sized", "TOL",
+__all__ = ["GpuDevice", "DryRunDevice", "operands", "forms", "per_item_bytes", "sized", "TOL",
            "FOOTPRINT", "GEMM_MIN_BATCH"]
 
 #: SPEC section 5: relative error allowed against the float64 einsum reference
@@ -62,6 +64,19 @@ def operands(spec):
         return [("X", spec.x_shape, not spec.shared_x, False),
                 ("Y", spec.y_shape, not spec.shared_y, False)]
     raise TypeError(f"not a spec: {spec!r}")
+
+
+def forms(spec):
+    """The ways a call of ``spec`` is timed: ``("separate",)``, and for a GEMM with
+    ``beta != 0`` also ``"inplace"`` (``out=C``: C read and written in place).
+
+    A winner must not lose to the heuristic in any form: on the H100, float32
+    m=n=k=3 with ``beta != 0`` ran 1.29x faster than the heuristic with C and
+    the output apart and 0.86x in place (``notes/ab_tables.py``, 2026-11-21).
+    """
+    if isinstance(spec, GemmSpec) and not spec.beta_zero:
+        return ("separate", "inplace")
+    return ("separate",)
 
 
 def _scalars(spec):
@@ -233,9 +248,13 @@ class GpuDevice:
         ref = _reference(spec, host)
         return rel_err(self.cp.asnumpy(problem.out[idx]), ref)
 
-    def time(self, problem, ex) -> list:
+    def time(self, problem, ex, form="separate") -> list:
         from smalltc._timing import time_calls
         spec, ops, out = problem.spec, problem.big, problem.out
+        if form == "inplace":
+            out = ops[2]                 # out=C; beta = 0.5 keeps the values bounded
+        elif form != "separate":
+            raise ValueError(f"unknown timing form {form!r}")
         return time_calls(lambda: self._run(ex.big, spec, ops, out), repeats=self.repeats,
                           warmup=self.warmup, on_gpu=True)
 
@@ -289,15 +308,16 @@ class DryRunDevice:
     def verify_big(self, problem, ex) -> float:
         return 0.0
 
-    def model_seconds(self, spec, params) -> float:
-        """The made-up time: the bound times a factor in [1.05, 3.05) hashed from the params."""
-        label = repr(sorted((params or {}).items()))
+    def model_seconds(self, spec, params, form="separate") -> float:
+        """The made-up time: the bound times a factor in [1.05, 3.05) hashed from the params
+        (and the form, when it is not ``"separate"``)."""
+        label = repr(sorted((params or {}).items())) + ("" if form == "separate" else form)
         penalty = 1.05 + (zlib.crc32(label.encode()) % 1000) / 500.0
         return self.bound(spec).tmin * penalty
 
-    def time(self, problem, ex) -> list:
+    def time(self, problem, ex, form="separate") -> list:
         keys = PARAMS[family(problem.spec)]
-        t = self.model_seconds(problem.spec, {k: ex.params[k] for k in keys})
+        t = self.model_seconds(problem.spec, {k: ex.params[k] for k in keys}, form)
         return [int(t * 1e9 * (1 + 0.001 * (r % 3))) for r in range(self.repeats)]
 
 

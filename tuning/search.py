@@ -27,13 +27,13 @@ import os
 import statistics
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict
 
 from .compile import COMPILERS
 from .keys import size_key
-from .measure import TOL, now_iso
+from .measure import TOL, forms, now_iso
 from .space import MAX_LOCAL_BYTES, PARAMS, family, generate, prune_compiled
 
 __all__ = ["Search", "OutOfBudget", "CHECKPOINT_KIND", "load_checkpoint"]
@@ -216,6 +216,82 @@ class Search:
                 self._pool = None
         return status
 
+    def reconfirm(self, keep=None) -> str:
+        """Re-decide finished sizes from their recorded first-pass timings.
+
+        For each finished size that ``keep(spec)`` accepts (default: the sizes timed in
+        more than one form, :func:`.measure.forms`), the best few candidates and the
+        heuristic are re-timed in every form and the winner chosen again as
+        :meth:`run` chooses it now (never one slower than the heuristic in some form);
+        nothing is recompiled and the rest of the space is not re-timed. Budget and
+        checkpoint as for :meth:`run`; a re-decided size is marked ``reconfirmed`` and
+        skipped when resumed. Returns "done" or "budget".
+        """
+        keep = keep or (lambda spec: len(forms(spec)) > 1)
+        self._t0 = self.clock()
+        run = dict(started=now_iso(), seconds=0.0, sizes_done=[], reconfirm=True)
+        self.state["runs"].append(run)
+        status = "done"
+        try:
+            for spec in self.specs:
+                key = size_key(spec)
+                old = self.results.get(key)
+                if not old or not old.get("winner") or old.get("reconfirmed") or not keep(spec):
+                    continue
+                self._check_budget()
+                self._reconfirm_size(spec, key, old)
+                run["sizes_done"].append(key)
+                run["seconds"] = round(self._elapsed(), 3)
+                self.save()
+        except OutOfBudget:
+            status = "budget"
+            self.log(f"budget of {self.budget_s} s reached after {self._elapsed():.0f} s "
+                     f"(run again with --reconfirm --resume)")
+        finally:
+            run["seconds"] = round(self._elapsed(), 3)
+            run["status"] = status
+            self.save()
+        return status
+
+    def _reconfirm_size(self, spec, key, old):
+        def first_pass(r):
+            r = {k: v for k, v in r.items() if k not in ("excluded", "form_times_s")}
+            if "first_time_s" in r:
+                r["time_s"] = r.pop("first_time_s")
+            return r
+        timed = {r["label"]: first_pass(r) for r in old["candidates"]}
+        heur = first_pass(old["heuristic"])
+        pruned = Counter(old["space"].get("pruned", {}))
+        for r in timed.values():            # _decide counts these again
+            if r["status"] != "ok":
+                pruned[r["status"]] -= 1
+        pruned = +pruned
+        space = generate(spec, self.info["smem_optin"])
+        part = dict(timed=timed, heuristic=heur, compiled=defaultdict(dict))
+        problem = self.device.prepare(spec)
+        try:
+            result = self._decide(spec, key, space, {}, part, problem, pruned)
+        finally:
+            self.device.release(problem)
+        # the space was not compiled again: its counts are the first pass's, plus any
+        # candidate found wrong at full size now
+        result["space"] = dict(old["space"], pruned=result["space"]["pruned"],
+                               wrong=result["space"]["wrong"])
+        for k in ("compile_s", "measure_s", "seconds"):
+            if k in old:
+                result[k] = old[k]
+        result["reconfirmed"] = now_iso()
+        result["before_reconfirm"] = dict(winner=_label(old["winner"]["params"]),
+                                          time_s=old["winner"]["time_s"],
+                                          kept_heuristic=old.get("kept_heuristic", False))
+        self.results[key] = result
+        w, h = result["winner"], result["heuristic"]
+        ft, fh = w.get("form_times_s") or {}, h.get("form_times_s") or {}
+        vs = ", ".join(f"{f} {fh[f] / ft[f]:.3f}x" for f in ft if f in fh and ft[f])
+        was = result["before_reconfirm"]["winner"]
+        self.log(f"{key}: {'kept ' if was == w['label'] else f'{was} -> '}{w['label']}"
+                 f"{' (the heuristic)' if result['kept_heuristic'] else ''}; vs heuristic: {vs}")
+
     def _partial(self, key):
         return self.state["partial"].setdefault(
             key, dict(compiled={}, timed={}, heuristic=None, seconds=0.0))
@@ -353,18 +429,28 @@ class Search:
         finally:
             bar.close()
 
+    def _time_form(self, problem, ex, form):
+        if form == "separate":
+            return self.device.time(problem, ex)
+        return self.device.time(problem, ex, form=form)
+
     def _confirm(self, spec, problem, entries):
-        """Re-time ``entries`` (records with params) interleaved; their median over all rounds."""
+        """Re-time ``entries`` (records with params) interleaved, in every form of
+        :func:`.measure.forms`; ``time_s`` is the median over all rounds of the
+        separate form, ``form_times_s`` the median of each form."""
         exs = [self.device.build(spec, e["params"] if e.get("label") != "heuristic" else None)
                for e in entries]
-        times = [[] for _ in entries]
+        fs = forms(spec)
+        times = [{f: [] for f in fs} for _ in entries]
         for _ in range(self.confirm_rounds):
-            for i, ex in enumerate(exs):
-                times[i].extend(self.device.time(problem, ex))
+            for f in fs:
+                for i, ex in enumerate(exs):
+                    times[i][f].extend(self._time_form(problem, ex, f))
         for e, t in zip(entries, times):
-            e["first_time_s"] = e["time_s"]
-            e["time_s"] = statistics.median(t) * 1e-9
-            e["repeats"] = e.get("repeats", 0) + len(t)
+            e.setdefault("first_time_s", e["time_s"])
+            e["time_s"] = statistics.median(t["separate"]) * 1e-9
+            e["form_times_s"] = {f: statistics.median(v) * 1e-9 for f, v in t.items()}
+            e["repeats"] = e.get("repeats", 0) + sum(len(v) for v in t.values())
         return exs
 
     def _decide(self, spec, key, space, by_label, part, problem, pruned):
@@ -381,6 +467,10 @@ class Search:
             exs = self._confirm(spec, problem, confirmed)
             order = sorted(range(len(top)), key=lambda i: top[i]["time_s"])
             for rank, i in enumerate(order):
+                slower = _slower_forms(top[i], heur)
+                if slower:                # never a table entry that loses in some form
+                    top[i]["excluded"] = "slower than the heuristic " + ", ".join(slower)
+                    continue
                 err = self.device.verify_big(problem, exs[i])
                 top[i]["rel_err_full"] = err
                 if not err <= TOL[spec.dtype]:
@@ -398,7 +488,9 @@ class Search:
             runner_up = next((r for r in ok if r is not winner and r not in top), None)
         b = self.device.bound(spec)
         kept_heuristic = False
-        if winner is not None and heur.get("status") == "ok":
+        if winner is None and heur.get("status") == "ok" and top:   # all lost in some form
+            winner, kept_heuristic = dict(heur, label=_label(heur["params"])), True
+        elif winner is not None and heur.get("status") == "ok":
             if heur["time_s"] <= winner["time_s"] * 1.01:    # not measurably better: keep it
                 kept_heuristic = winner["params"] != heur["params"]
                 if kept_heuristic:
@@ -426,6 +518,13 @@ class Search:
                        bandwidth=b.bandwidth, peak=b.peak, limited_by=b.limited_by),
             fraction_of_pmax=(b.tmin / winner["time_s"]) if winner else None,
             n_ok=n_ok)
+
+
+def _slower_forms(rec, heur, tol=1.01):
+    """Forms (other than the separate one, which decides the order) in which ``rec`` is
+    slower than the heuristic ``heur`` by more than ``tol``."""
+    ft, fh = rec.get("form_times_s") or {}, heur.get("form_times_s") or {}
+    return [f for f in ft if f != "separate" and f in fh and ft[f] > fh[f] * tol]
 
 
 def _label(params):

@@ -162,6 +162,10 @@ def add_results(table: dict, results: dict, op: str, seconds: float) -> dict:
             heuristic=_slim(r.get("heuristic")),
             space={k: sp.get(k) for k in ("generated", "pruned", "compiled", "timed")},
             seconds=r.get("seconds"), device=table["device"].get("name"))
+        if len(w.get("form_times_s") or {}) > 1:      # GEMM beta != 0: C apart and in place (measure.forms)
+            h = r.get("heuristic") or {}
+            table["entries"][key]["form_times_s"] = w["form_times_s"]
+            table["entries"][key]["heuristic_form_times_s"] = h.get("form_times_s")
         n["sizes"] += 1
         n["generated"] += sp.get("generated", 0)
         n["pruned"] += sum(sp.get("pruned", {}).values())

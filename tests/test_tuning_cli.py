@@ -33,9 +33,9 @@ class TickingDevice(DryRunDevice):
         super().__init__(dtype)
         self.clock = clock
 
-    def time(self, problem, ex):
+    def time(self, problem, ex, form="separate"):
         self.clock.t += 1.0
-        return super().time(problem, ex)
+        return super().time(problem, ex, form)
 
 
 def test_dry_run_end_to_end(tmp_path, capsys):

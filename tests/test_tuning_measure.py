@@ -134,6 +134,29 @@ def test_timing_uses_cuda_event_timer(monkeypatch):
     assert info["name"] == "Fake GPU" and info["cupy"] == "0.0-fake" and info["nvrtc"] == "13.0"
 
 
+def test_timing_forms(monkeypatch):
+    """"double" runs an executor built for twice the batch on operands of twice the batch;
+    "inplace" writes the GEMM's C (out=C); anything else is refused."""
+    monkeypatch.setattr(_timing, "time_calls", lambda fn, **kw: (fn(), [1000] * kw["repeats"])[1])
+    spec = M.sized(GemmSpec(batch=1, m=3, n=3, k=3, dtype="float64", beta_zero=False),
+                   footprint=2 ** 16)
+    assert M.forms(spec) == ("separate", "double", "inplace")
+    assert M.forms(GemmSpec(batch=1, m=3, n=3, k=3, dtype="float64")) == ("separate", "double")
+    dev = _device(spec.dtype)
+    prob = dev.prepare(spec)
+    ex = dev.build(spec, None)
+    dev.time(prob, ex, form="double")
+    assert ex.double.spec.batch == 2 * spec.batch
+    (A, B, C), out = prob.double
+    assert A.shape[0] == 2 * spec.batch and out.shape == ex.double.spec.out_shape
+    assert np.allclose(out, A @ B + 0.5 * C)              # it really ran, on those operands
+    C0 = prob.big[2].copy()
+    dev.time(prob, ex, form="inplace")
+    assert not np.array_equal(prob.big[2], C0)            # out=C: C was updated in place
+    with pytest.raises(ValueError, match="form"):
+        dev.time(prob, ex, form="sideways")
+
+
 def test_search_on_the_gpu_device_logic(monkeypatch):
     monkeypatch.setattr(_timing, "time_calls",
                         lambda fn, **kw: (fn(), [1000] * kw["repeats"])[1])

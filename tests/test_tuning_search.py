@@ -7,7 +7,7 @@ import pytest
 from smalltc.spec import ActionSpec, AssemblySpec, GemmSpec
 from smalltc.tuning.compile import compile_none
 from smalltc.tuning.keys import size_key
-from smalltc.tuning.measure import DryRunDevice, sized
+from smalltc.tuning.measure import DryRunDevice, forms, sized
 from smalltc.tuning.search import Search, load_checkpoint
 from smalltc.tuning.space import PARAMS, family, generate
 
@@ -46,13 +46,13 @@ class MockDevice(DryRunDevice):
     def verify_big(self, problem, ex):
         return float("nan") if self._label(ex) in self.wrong_big else 0.0
 
-    def time(self, problem, ex):
+    def time(self, problem, ex, form="separate"):
         self.timed.append(self._label(ex))
         if self.clock is not None:
             self.clock.t += 1.0
         if self.flat:
             return [1000] * self.repeats
-        return super().time(problem, ex)
+        return super().time(problem, ex, form)
 
 
 def _search(dev, specs=SPECS, **kw):
@@ -91,7 +91,7 @@ def test_checkpoint_and_resume_give_the_same_result(tmp_path):
     ck = tmp_path / "ck.json"
     clock = Clock()
     # each timed call costs 1 mock second; stop in the middle of the 3rd size
-    n_first_two = sum(len(generate(s).candidates) + 1 + 4 * 3 for s in SPECS[:2])
+    n_first_two = sum(len(generate(s).candidates) + 1 + 4 * 3 * len(forms(s)) for s in SPECS[:2])
     dev1 = MockDevice(clock)
     first = _search(dev1, checkpoint=str(ck), budget_s=n_first_two + 5, clock=clock)
     assert first.run() == "budget"
@@ -105,10 +105,11 @@ def test_checkpoint_and_resume_give_the_same_result(tmp_path):
     assert second.run() == "done"
     assert _winners(second.results) == _winners(whole.results)
     # what the first run timed is not timed again: the second run times the rest of the
-    # 3rd size, all of the 4th, and the confirmation rounds (3 best + heuristic, 3 rounds)
+    # 3rd size, all of the 4th, and the confirmation rounds (3 best + heuristic, 3 rounds,
+    # in the two forms: the timed batch and twice it)
     rest3 = len(generate(SPECS[2]).candidates) - len(done_before) + (half["heuristic"] is None)
     all4 = len(generate(SPECS[3]).candidates) + 1
-    assert len(dev2.timed) == rest3 + all4 + 2 * (3 + 1) * 3
+    assert len(dev2.timed) == rest3 + all4 + 2 * (3 + 1) * 3 * 2
     state = load_checkpoint(ck)
     assert state["partial"] == {} and len(state["runs"]) == 2
     assert [r["status"] for r in state["runs"]] == ["budget", "done"]
@@ -238,7 +239,7 @@ def test_sizes_without_a_specialised_kernel_are_skipped():
     r = s.results["gemm/nn/m200n200k200"]
     assert r["winner"] is None and r["family"] is None
     n = len(generate(SPECS[0]).candidates)
-    assert len(dev.timed) == n + 1 + (min(3, n) + 1) * 3     # only the 4x4x4 size was timed
+    assert len(dev.timed) == n + 1 + (min(3, n) + 1) * 3 * len(forms(SPECS[0]))  # only 4x4x4 timed
     assert s.results["gemm/nn/m4n4k4"]["winner"] is not None
 
 
@@ -267,20 +268,22 @@ def test_winner_never_slower_than_heuristic_in_place():
     dev = InplaceDevice()
     s = _search(dev, specs=[BETA])
     assert s.run() == "done"
-    assert dev.forms_seen == {"separate", "inplace"}
+    assert dev.forms_seen == {"separate", "double", "inplace"}
     r = s.results[size_key(BETA)]
     # every candidate lost in place: the heuristic is the entry, and that is recorded
     assert r["kept_heuristic"] and r["winner"]["params"] == r["heuristic"]["params"]
     assert any(c.get("excluded", "").endswith("inplace") for c in r["candidates"])
     w, h = r["winner"]["form_times_s"], r["heuristic"]["form_times_s"]
-    assert set(w) == {"separate", "inplace"} and w["inplace"] <= h["inplace"] * 1.01
+    assert set(w) == {"separate", "double", "inplace"} and w["inplace"] <= h["inplace"] * 1.01
 
 
-def test_beta_zero_timed_apart_only():
+def test_beta_zero_not_timed_in_place():
     dev = InplaceDevice()
     s = _search(dev, specs=[SPECS[0]])
     s.run()
-    assert dev.forms_seen == {"separate"}
+    assert dev.forms_seen == {"separate", "double"}
+    w = s.results[size_key(SPECS[0])]["winner"]["form_times_s"]
+    assert set(w) == {"separate", "double"}
 
 
 def test_reconfirm_redecides_from_the_checkpoint(tmp_path):
@@ -292,6 +295,9 @@ def test_reconfirm_redecides_from_the_checkpoint(tmp_path):
     before = s.results[key]
     assert not before["kept_heuristic"]
     beta0 = json.dumps(s.results[size_key(SPECS[0])], sort_keys=True)
+    # a record from before the in-place form: its winner lacks that form's time
+    del s.results[key]["winner"]["form_times_s"]["inplace"]
+    s.save()
     slow = InplaceDevice()                          # now they lose in place
     s2 = _search(slow, specs=[BETA, SPECS[0]], checkpoint=ck, resume=True)
     assert s2.reconfirm() == "done"
@@ -299,7 +305,7 @@ def test_reconfirm_redecides_from_the_checkpoint(tmp_path):
     assert after["reconfirmed"] and after["kept_heuristic"]
     assert after["before_reconfirm"]["winner"] == _label_of(before["winner"]["params"])
     assert after["space"]["generated"] == before["space"]["generated"]
-    # sizes timed in one form only are left alone, and a second pass skips done sizes
+    # sizes timed in every form are left alone, and a second pass skips done sizes
     assert json.dumps(s2.results[size_key(SPECS[0])], sort_keys=True) == beta0
     slow.forms_seen.clear()
     s3 = _search(slow, specs=[BETA, SPECS[0]], checkpoint=ck, resume=True)

@@ -6,7 +6,7 @@ Examples (one H100/H200; each command stops cleanly at its budget and
     smalltc tune --op gemm --dtype float64 --budget-seconds 480 --resume
     smalltc tune --op action --dtype float64 --sizes 3:1-8:p+1,p+2 --resume --plot
     smalltc tune --op assembly --dtype float32 --dry-run --out /tmp/t   # no GPU: made-up times
-    smalltc tune --op gemm --dtype float32 --reconfirm   # re-decide beta != 0 sizes, C apart and in place
+    smalltc tune --op gemm --dtype float32 --reconfirm   # re-time the best few in every form
 
 Exit status: 0 when every size is done (the table is written), 3 when the
 budget ran out first (the checkpoint holds the work; run again with
@@ -71,10 +71,10 @@ def add_arguments(parser):
                         help="variants using more local memory (spills) per thread are not "
                              "timed (default %(default)s, the CUDA backend's own limit)")
     parser.add_argument("--reconfirm", action="store_true",
-                        help="re-decide the finished sizes of the checkpoint in --work that are "
-                             "timed in more than one form (GEMM beta != 0: C apart and in "
-                             "place): the best few and the heuristic re-timed in every form, "
-                             "nothing recompiled; with --resume after a budget stop")
+                        help="re-decide the finished sizes of the checkpoint in --work whose "
+                             "winner was not timed in every form (twice the batch; GEMM beta "
+                             "!= 0 also in place): the best few and the heuristic re-timed in "
+                             "every form, nothing recompiled; run again after a budget stop")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -219,15 +219,17 @@ class Search:
     def reconfirm(self, keep=None) -> str:
         """Re-decide finished sizes from their recorded first-pass timings.
 
-        For each finished size that ``keep(spec)`` accepts (default: the sizes timed in
-        more than one form, :func:`.measure.forms`), the best few candidates and the
+        For each finished size that ``keep(spec, result)`` accepts (default: the sizes
+        whose winner was not timed in every form of :func:`.measure.forms`: results that
+        predate a form), the best few candidates and the
         heuristic are re-timed in every form and the winner chosen again as
         :meth:`run` chooses it now (never one slower than the heuristic in some form);
         nothing is recompiled and the rest of the space is not re-timed. Budget and
         checkpoint as for :meth:`run`; a re-decided size is marked ``reconfirmed`` and
         skipped when resumed. Returns "done" or "budget".
         """
-        keep = keep or (lambda spec: len(forms(spec)) > 1)
+        keep = keep or (lambda spec, result: not set(forms(spec)) <= set(
+            (result["winner"].get("form_times_s") or {})))
         self._t0 = self.clock()
         run = dict(started=now_iso(), seconds=0.0, sizes_done=[], reconfirm=True)
         self.state["runs"].append(run)
@@ -236,7 +238,8 @@ class Search:
             for spec in self.specs:
                 key = size_key(spec)
                 old = self.results.get(key)
-                if not old or not old.get("winner") or old.get("reconfirmed") or not keep(spec):
+                if not old or not old.get("winner") or old.get("reconfirmed") or \
+                        not keep(spec, old):
                     continue
                 self._check_budget()
                 self._reconfirm_size(spec, key, old)

@@ -52,7 +52,7 @@ from .keys import distance, size_key, split_key
 from .space import OPTIONAL_PARAMS, PARAMS, SM_THREADS, MAX_THREADS, ctx_for, family, layout_axes
 
 __all__ = ["SCHEMA", "MAX_DISTANCE", "Table", "table_name", "tables_dir", "load", "validate",
-           "new_table", "add_results", "save", "adapt", "runtime_lookup", "install",
+           "new_table", "add_results", "demote", "save", "adapt", "runtime_lookup", "install",
            "uninstall", "describe", "spec_from_dict", "find_table"]
 
 log = logging.getLogger("smalltc")
@@ -178,6 +178,31 @@ def add_results(table: dict, results: dict, op: str, seconds: float) -> dict:
     table["runs"].append(dict(op=op, seconds=round(seconds, 1), **n, keys=keys))
     table["entries"] = dict(sorted(table["entries"].items()))
     return table
+
+
+def demote(table: dict, key: str, reason: str) -> dict:
+    """Give entry ``key`` the heuristic's own parameters (recorded in the entry), keeping
+    what it had under ``demoted`` with ``reason``: for an entry measured slower than the
+    heuristic after tuning (a table entry that loses is a bug), until it is re-tuned.
+
+    >>> t = {"entries": {"k": {"params": {"per_block": 4}, "time_s": 1.0,
+    ...      "heuristic": {"params": {"per_block": 2}, "time_s": 1.1}}}}
+    >>> demote(t, "k", "slower in the bench")["params"]
+    {'per_block': 2}
+    >>> t["entries"]["k"]["demoted"]["params"], t["entries"]["k"]["kept_heuristic"]
+    ({'per_block': 4}, True)
+    """
+    e = table["entries"][key]
+    h = e.get("heuristic") or {}
+    if not h.get("params"):
+        raise ValueError(f"entry {key!r} records no heuristic parameters to fall back to")
+    e["demoted"] = dict(reason=reason, params=e["params"], time_s=e.get("time_s"),
+                        speedup_vs_heuristic=e.get("speedup_vs_heuristic"))
+    if e.get("fraction_of_pmax") and e.get("time_s") and h.get("time_s"):
+        e["fraction_of_pmax"] = e["fraction_of_pmax"] * e["time_s"] / h["time_s"]
+    e["params"], e["time_s"] = dict(h["params"]), h.get("time_s", e.get("time_s"))
+    e["kept_heuristic"], e["speedup_vs_heuristic"] = True, 1.0
+    return e
 
 
 def save(table: dict, path) -> None:

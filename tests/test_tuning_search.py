@@ -310,6 +310,10 @@ def test_reconfirm_redecides_from_the_checkpoint(tmp_path):
     slow.forms_seen.clear()
     s3 = _search(slow, specs=[BETA, SPECS[0]], checkpoint=ck, resume=True)
     assert s3.reconfirm() == "done" and not slow.forms_seen
+    # a form added after a re-decision: the size is re-decided again, not skipped
+    del s3.results[key]["winner"]["form_times_s"]["double"]
+    assert s3.reconfirm() == "done" and "double" in slow.forms_seen
+    assert "double" in s3.results[key]["winner"]["form_times_s"]
 
 
 def _label_of(params):

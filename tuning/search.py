@@ -188,25 +188,54 @@ class Search:
     # -- the run ---------------------------------------------------------------
     def run(self) -> str:
         """Tune every size not done yet. Returns "done" or "budget" (state saved either way)."""
+        todo = [(spec, size_key(spec)) for spec in self.specs]
+        return self._sweep(((s, k) for s, k in todo if k not in self.results), self._tune_size,
+                           lambda: f"{len(self.results)} of {len(self.specs)} sizes done "
+                                   f"(run again with --resume)")
+
+    def reconfirm(self, keep=None) -> str:
+        """Re-decide finished sizes from their recorded first-pass timings.
+
+        For each finished size that ``keep(spec, result)`` accepts (default: the sizes
+        whose winner was not timed in every form of :func:`.measure.forms`: results that
+        predate a form, including ones re-decided before a form was added), the best few
+        candidates and the heuristic are re-timed in every form and the winner chosen
+        again as :meth:`run` chooses it now (never one slower than the heuristic in some
+        form); nothing is recompiled and the rest of the space is not re-timed. Budget
+        and checkpoint as for :meth:`run`; a resumed reconfirm skips the sizes it has done
+        (they now hold every form). Returns "done" or "budget".
+        """
+        keep = keep or (lambda spec, result: not set(forms(spec)) <= set(
+            (result["winner"].get("form_times_s") or {})))
+
+        def todo():
+            for spec in self.specs:
+                key = size_key(spec)
+                old = self.results.get(key)
+                if old and old.get("winner") and keep(spec, old):
+                    yield spec, key
+        return self._sweep(todo(), lambda spec, key: self._reconfirm_size(
+            spec, key, self.results[key]), lambda: "run again with --reconfirm",
+            reconfirm=True)
+
+    def _sweep(self, todo, do_one, hint, **run_fields):
+        """``do_one(spec, key)`` for each of ``todo`` within the budget, saving after each;
+        the run is recorded in the checkpoint's ``runs``."""
         self._t0 = self.clock()
-        run = dict(started=now_iso(), seconds=0.0, sizes_done=[])
+        run = dict(started=now_iso(), seconds=0.0, sizes_done=[], **run_fields)
         self.state["runs"].append(run)
         status = "done"
         try:
-            for spec in self.specs:
-                key = size_key(spec)
-                if key in self.results:
-                    continue
+            for spec, key in todo:
                 self._check_budget()
-                self._tune_size(spec, key)
+                do_one(spec, key)
                 run["sizes_done"].append(key)
                 run["seconds"] = round(self._elapsed(), 3)
                 self.save()
         except OutOfBudget:
             status = "budget"
             self.log(f"budget of {self.budget_s} s reached after {self._elapsed():.0f} s; "
-                     f"{len(self.results)} of {len(self.specs)} sizes done "
-                     f"(run again with --resume)")
+                     f"{hint()}")
         finally:
             run["seconds"] = round(self._elapsed(), 3)
             run["status"] = status
@@ -214,46 +243,6 @@ class Search:
             if self._pool is not None:
                 self._pool.shutdown(wait=status == "done", cancel_futures=True)
                 self._pool = None
-        return status
-
-    def reconfirm(self, keep=None) -> str:
-        """Re-decide finished sizes from their recorded first-pass timings.
-
-        For each finished size that ``keep(spec, result)`` accepts (default: the sizes
-        whose winner was not timed in every form of :func:`.measure.forms`: results that
-        predate a form), the best few candidates and the
-        heuristic are re-timed in every form and the winner chosen again as
-        :meth:`run` chooses it now (never one slower than the heuristic in some form);
-        nothing is recompiled and the rest of the space is not re-timed. Budget and
-        checkpoint as for :meth:`run`; a re-decided size is marked ``reconfirmed`` and
-        skipped when resumed. Returns "done" or "budget".
-        """
-        keep = keep or (lambda spec, result: not set(forms(spec)) <= set(
-            (result["winner"].get("form_times_s") or {})))
-        self._t0 = self.clock()
-        run = dict(started=now_iso(), seconds=0.0, sizes_done=[], reconfirm=True)
-        self.state["runs"].append(run)
-        status = "done"
-        try:
-            for spec in self.specs:
-                key = size_key(spec)
-                old = self.results.get(key)
-                if not old or not old.get("winner") or old.get("reconfirmed") or \
-                        not keep(spec, old):
-                    continue
-                self._check_budget()
-                self._reconfirm_size(spec, key, old)
-                run["sizes_done"].append(key)
-                run["seconds"] = round(self._elapsed(), 3)
-                self.save()
-        except OutOfBudget:
-            status = "budget"
-            self.log(f"budget of {self.budget_s} s reached after {self._elapsed():.0f} s "
-                     f"(run again with --reconfirm --resume)")
-        finally:
-            run["seconds"] = round(self._elapsed(), 3)
-            run["status"] = status
-            self.save()
         return status
 
     def _reconfirm_size(self, spec, key, old):

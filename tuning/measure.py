@@ -13,8 +13,9 @@ A *device* gives the search what it needs, and nothing else:
 - ``verify_big(problem, ex)``: relative error on sampled items of the timed
   output (after timing: the grid-stride loop at full size);
 - ``time(problem, ex, form="separate")``: nanoseconds per call, warm-up first, CUDA
-  events; ``form="inplace"`` (see :func:`forms`) times a GEMM with ``beta != 0`` as
-  ``out=C``, the in-place update;
+  events; ``form="double"`` (see :func:`forms`) times the same variant built for twice
+  the batch, on operands of twice the batch; ``form="inplace"`` times a GEMM with
+  ``beta != 0`` as ``out=C``, the in-place update;
 - ``bound(spec)``: :func:`smalltc.roofline.bound` with this device's numbers.
 
 :class:`DryRunDevice` answers the same calls without a GPU, with *made-up*

@@ -25,8 +25,7 @@ import cupy as cp
 import numpy as np
 
 import smalltc
-import sys
-import smalltc.plan  # noqa: F401  (the module; smalltc.plan the name is the function)
+from ab_cases import set_tables          # notes/ab_cases.py (this script's folder)
 from smalltc import _timing
 from smalltc.tuning import tables
 
@@ -54,10 +53,7 @@ def graph_time(fn, calls=50, reps=10):
 
 
 def build(on, *ops):
-    from smalltc.backends import _cuda_params
-    _cuda_params.get_table_lookup()     # the default install happens first, not behind us
-    (tables.install if on else tables.uninstall)()
-    sys.modules["smalltc.plan"]._PLANS.clear()
+    set_tables(on)
     return smalltc.plan("gemm", *ops, beta=1.0)
 
 

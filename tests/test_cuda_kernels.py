@@ -73,6 +73,8 @@ CONTRACT_CASES = [("8a", dict(i=9, s=3, j=1, k=4, l=1), False, True),
                   ("8b", dict(i=2, s=3, j=5, k=2, l=3), False, False),
                   ("9", dict(i=3, s=4, j=3, k=1, l=16), True, False),
                   ("9", dict(i=3, s=4, j=3, k=12, l=9), True, False),
+                  ("9", dict(i=5, s=6, j=5, k=25, l=25), True, False),   # K folded into the batch
+                  ("9", dict(i=4, s=5, j=4, k=30, l=20), True, False),   # (step (2c) shapes)
                   ("8a", dict(i=200, s=3, j=1, k=4, l=1), False, True)]   # generic (i > 128)
 
 
@@ -89,6 +91,8 @@ def test_contract(kind, e, sx, sy, dt):
         ref = np.broadcast_to(ref, (batch,) + ref.shape)
     Xd, Yd = dev(X, dt), dev(Y, dt)
     p = smalltc.plan("contract", Xd, Yd, kind=kind, backend="cuda")
+    if kind == "9" and sx and not sy:           # kernel (9) for every size, folded or not
+        assert p.specialized and p.kernel.startswith("stc_contract9"), p.kernel
     out = poisoned(p.out_shape, dt)
     assert rel(p(Xd, Yd, out=out), ref) < TOL[dt]
 

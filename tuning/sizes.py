@@ -22,6 +22,7 @@ Examples
 """
 from __future__ import annotations
 
+from smalltc.backends._cuda_params import fold_k9
 from smalltc.catalogue import steps
 from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from .keys import size_key
@@ -110,8 +111,9 @@ def _pairwise(token, dtype):
     out = []
     for s in _fem(op, rest, dtype):
         for st in steps(op, s.dim):
-            cs = ContractSpec(kind=st.kernel, batch=1, dtype=dtype, shared_x=st.x[0] == "B",
-                              shared_y=st.y[0] == "B", **st.extents(s.nd, s.nq))
+            cs = fold_k9(ContractSpec(kind=st.kernel, batch=1, dtype=dtype,
+                                      shared_x=st.x[0] == "B", shared_y=st.y[0] == "B",
+                                      **st.extents(s.nd, s.nq))).with_batch(1)
             if family(cs) is not None:
                 out.append(cs)
     return out

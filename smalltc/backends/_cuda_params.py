@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["layout_ctx", "contract9_ctx", "generic_ctx", "action_ctx", "action_template",
+__all__ = ["layout_ctx", "contract9_ctx", "fold_k9", "generic_ctx", "action_ctx", "action_template",
            "assembly_ctx", "gemm_extents", "set_table_lookup", "get_table_lookup", "lookup",
            "ITEMSIZE", "SMEM_TARGET"]
 
@@ -145,6 +145,31 @@ def contract9_ctx(S, N, K, L, dtype, smem_optin=227 * 1024, params=None):
         return None
     return dict(kind="9", S=S, N=N, K=K, L=L, dtype=dtype, per_block=nb, threads=THREADS,
                 smem_bytes=smem(nb), unroll=min(8, math.ceil(nb * os_ / THREADS)), min_blocks=0)
+
+
+def fold_k9(spec):
+    """The kernel-(9) spec that runs ``spec``: ``spec`` itself, or with K folded into the batch.
+
+    ``A[b](k,i,l,j)`` needs only the slab ``C[b](k,:,:)``, and k is the slowest
+    index of both C and the output, so element b of K slabs is K consecutive
+    elements of one slab each: the same memory read as ``(batch*K, 1, S, L)``
+    in, ``(batch*K, 1, N, L, N)`` out. When one item's ``K*L`` is past what
+    :func:`contract9_ctx` unrolls (3D assembly step (2c) from p = 4 on: K = L =
+    (p+2)^2), the folded spec keeps the specialised kernel instead of the
+    generic one (notes/cuda_step2c.md). Other specs come back unchanged.
+
+    >>> from smalltc.spec import ContractSpec
+    >>> s = ContractSpec(kind="9", batch=10, i=5, s=6, j=5, k=36, l=36, dtype="float64", shared_x=True)
+    >>> f = fold_k9(s); (f.batch, f.k, f.l)
+    (360, 1, 36)
+    >>> fold_k9(f.with_batch(1)) == f.with_batch(1)
+    True
+    """
+    if (spec.op != "contract" or spec.kind != "9" or not spec.shared_x or spec.shared_y
+            or spec.k == 1 or spec.k * spec.l <= 4 * MAX_UNROLLED):
+        return spec
+    from dataclasses import replace
+    return replace(spec, k=1, batch=spec.batch * spec.k)
 
 
 def generic_ctx(kind, dtype, beta_zero=True):

@@ -154,11 +154,12 @@ def _build_contract(spec, info):
     ys = 0 if spec.shared_y else spec.k * spec.s * spec.l
     dt = _DT[spec.dtype]
     if spec.kind == "9" and spec.shared_x and not spec.shared_y:
-        ctx, src = _params(spec, info, lambda p: P.contract9_ctx(
-            spec.s, spec.i, spec.k, spec.l, spec.dtype, info["smem_optin"], p))
+        f = P.fold_k9(spec)                 # large K*L: K slabs of one element, as K items
+        ctx, src = _params(f, info, lambda p: P.contract9_ctx(
+            f.s, f.i, f.k, f.l, f.dtype, info["smem_optin"], p))
         if ctx is not None:
-            entry = f"stc_contract9_{dt}_s{spec.s}n{spec.i}k{spec.k}l{spec.l}"
-            return _Contract9Executor(entry, ctx, src, spec.batch)
+            entry = f"stc_contract9_{dt}_s{f.s}n{f.i}k{f.k}l{f.l}"
+            return _Contract9Executor(entry, ctx, src, f.batch)
     elif spec.kind in ("8a", "8b"):
         ctx, src = _params(spec, info, lambda p: P.layout_ctx(
             spec.kind, **e, dtype=spec.dtype, shared_x=spec.shared_x, shared_y=spec.shared_y,

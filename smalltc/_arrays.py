@@ -37,9 +37,15 @@ def gpu_available() -> bool:
         return False
 
 
-def is_cupy(x) -> bool:
+@functools.lru_cache(maxsize=None)
+def _cupy_ndarray():
     cp = cupy_or_none()
-    return cp is not None and isinstance(x, cp.ndarray)
+    return None if cp is None else cp.ndarray
+
+
+def is_cupy(x) -> bool:
+    nd = _cupy_ndarray()
+    return nd is not None and isinstance(x, nd)
 
 
 def array_module(*arrays):
@@ -68,6 +74,8 @@ def data_range(a):
         ptr = a.__array_interface__["data"][0]
     if a.size == 0:
         return ptr, ptr
+    if a.flags.c_contiguous:                 # the common case, without a Python loop
+        return ptr, ptr + a.nbytes
     lo = hi = ptr
     for n, st in zip(a.shape, a.strides):
         if st >= 0:

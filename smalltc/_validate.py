@@ -28,8 +28,20 @@ def _as_array(name, x):
         raise TypeError(f"{name} cannot be converted to an array") from err
 
 
+_NAMES = {dt: dt.name for dt in SUPPORTED_DTYPES}   # dtype.name is slow (Python-level)
+
+
 def _dtype(named):
     """Common dtype of ``named`` (dict name -> array); error on mixes."""
+    first = None
+    for a in named.values():                 # the common case: one supported dtype
+        first = a.dtype if first is None else first
+        if a.dtype != first:
+            break
+    else:
+        name = _NAMES.get(first)
+        if name is not None:
+            return name
     dts = {name: np.dtype(a.dtype) for name, a in named.items()}
     for name, dt in dts.items():
         if dt not in SUPPORTED_DTYPES:
@@ -226,9 +238,9 @@ def check_operands(spec_shapes, operands):
 
 def check_out(out, shape, dtype, xp, inputs, allow=()):
     """Validate a user ``out`` array: shape, dtype, module, contiguity, aliasing."""
-    if tuple(out.shape) != tuple(shape):
+    if out.shape != shape and tuple(out.shape) != tuple(shape):
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
-    if np.dtype(out.dtype) != np.dtype(dtype):
+    if out.dtype != dtype and np.dtype(out.dtype) != np.dtype(dtype):
         raise TypeError(f"out has dtype {out.dtype}, expected {dtype}")
     if (xp.__name__ == "cupy") != is_cupy(out):
         raise TypeError(f"out is a {type(out).__module__} array but the operands are "

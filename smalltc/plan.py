@@ -46,6 +46,7 @@ class Plan:
         self.executor = executor
         self._shapes = tuple((n, tuple(sh), np.dtype(dt)) for n, sh, dt in shapes)
         self._is_gemm = isinstance(spec, GemmSpec)
+        self._out_shape, self._dtype = tuple(spec.out_shape), np.dtype(spec.dtype)
         self.fallbacks = tuple(fallbacks)
         self.reshape_inputs = False
 
@@ -77,13 +78,13 @@ class Plan:
         V.check_operands(self._shapes, operands)
         xp = self.xp
         if out is None:
-            out = xp.empty(self.spec.out_shape, dtype=self.spec.dtype)
+            out = xp.empty(self._out_shape, dtype=self._dtype)
         else:
             named = [(name, x) for (name, _, _), x in zip(self._shapes, operands)]
             allow = ()
             if self._is_gemm and not self.spec.beta_zero:
                 allow = (operands[2],)          # out=C: the classic in-place update
-            V.check_out(out, self.spec.out_shape, self.spec.dtype, xp, named, allow)
+            V.check_out(out, self._out_shape, self._dtype, xp, named, allow)
         if out.size == 0:
             return out
         ops = tuple(V.as_contiguous(xp, x) for x in operands)

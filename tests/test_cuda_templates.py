@@ -36,7 +36,7 @@ def _configs():
         out.append(("gemm.cu.j2", P.layout_ctx("8b", 3, 3, 4, 4, 3, dt, False, False)))
         out.append(("gemm.cu.j2", P.layout_ctx("8b", 9, 10, 10, 10, 1, dt, False, True)))
         out.append(("gemm.cu.j2", P.layout_ctx("8a", 10, 9, 1, 1, 81, dt, True, False)))
-        for (s, nn, k, ll) in ((4, 3, 1, 16), (5, 4, 4, 20), (8, 7, 49, 49)):
+        for (s, nn, k, ll) in ((4, 3, 1, 16), (5, 4, 4, 20), (8, 7, 1, 49), (8, 7, 7, 8), (16, 15, 1, 16)):
             out.append(("contract9.cu.j2", P.contract9_ctx(s, nn, k, ll, dt)))
         for kind in ("8a", "8b", "9"):
             for bz in (True, False):

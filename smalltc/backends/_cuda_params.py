@@ -135,16 +135,45 @@ def contract9_ctx(S, N, K, L, dtype, smem_optin=227 * 1024, params=None):
         return None
     ys, os_ = K * S * L, K * N * L * N
     nb = params["per_block"] if params else max(1, min(64, math.ceil(1024 / os_)))
+    sb = bb_stride(S, N, s)
 
     def smem(nb):
-        return s * (_even(N * N * S) + nb * ys)
+        return s * (_even(N * N * sb) + nb * ys)
 
     while params is None and nb > 1 and smem(nb) > SMEM_TARGET:
         nb -= 1
     if smem(nb) > smem_optin:
         return None
-    return dict(kind="9", S=S, N=N, K=K, L=L, dtype=dtype, per_block=nb, threads=THREADS,
+    return dict(kind="9", S=S, N=N, K=K, L=L, SB=sb, dtype=dtype, per_block=nb, threads=THREADS,
                 smem_bytes=smem(nb), unroll=min(8, math.ceil(nb * os_ / THREADS)), min_blocks=0)
+
+
+def bb_stride(S, N, itemsize):
+    """Row stride (in items) of kernel (9)'s ``BB(i, j, :)`` table in shared memory.
+
+    In one load instruction a warp reads row ``(i, j)`` for up to N different j
+    (the output's fastest index). Rows S items apart start on banks S*itemsize/4
+    apart; at S*itemsize = 64 bytes (float64 S = 8, float32 S = 16) or 32 bytes
+    (float32 S = 8) the N rows fall on two or four banks and the loads replay
+    (step (2c) p = 6, float64: 30% of its bound, S = 7 next to it: 89%). The
+    stride is the smallest one from S on whose N rows use distinct banks,
+    stepping by whole 16-byte vectors when S allows 128-bit loads, so they stay.
+
+    >>> bb_stride(8, 7, 8), bb_stride(7, 6, 8), bb_stride(8, 7, 4), bb_stride(6, 5, 8)
+    (10, 7, 12, 6)
+    """
+    vec = 16 if (S * itemsize) % 16 == 0 else itemsize    # bytes one load reads per row
+    step = vec // itemsize
+    words = vec // 4
+    allowed = max(1, math.ceil(N * words / 32))
+    for sb in range(S, S + 8 * step + 1, step):
+        banks = [0] * 32
+        for j in range(N):
+            for w in range(words):
+                banks[(j * sb * itemsize // 4 + w) % 32] += 1
+        if max(banks) <= allowed:
+            return sb
+    return S
 
 
 def fold_k9(spec):

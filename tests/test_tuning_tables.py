@@ -267,3 +267,23 @@ def test_action_rb_is_optional_and_carried(table):
     new["entries"][key]["params"]["rbx"] = 1
     with pytest.raises(ValueError, match="params"):
         T.validate(new)
+
+
+def test_rerun_of_some_sizes_keeps_the_wider_run_record():
+    """Re-tuning a few sizes replaces their entries; the earlier, wider run keeps its
+    record and names those sizes as superseded, a full re-run replaces the record."""
+    t = _table(SPECS)
+    dev = DryRunDevice(F64)
+    s = Search("mixed", F64, [sized(SPECS[-1])], dev, compiler="none", jobs=1,
+               progress=False, log=lambda m: None)
+    assert s.run() == "done"
+    T.add_results(t, s.results, "mixed", 1.0)
+    key = size_key(SPECS[-1])
+    assert [r["sizes"] for r in t["runs"]] == [len(SPECS), 1]
+    assert t["runs"][0]["superseded"] == [key]
+    full = Search("mixed", F64, [sized(x) for x in SPECS], dev, compiler="none", jobs=1,
+                  progress=False, log=lambda m: None)
+    assert full.run() == "done"
+    T.add_results(t, full.results, "mixed", 1.0)
+    assert [r["sizes"] for r in t["runs"]] == [len(SPECS)]
+    assert "superseded" not in t["runs"][0]

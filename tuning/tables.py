@@ -172,9 +172,17 @@ def add_results(table: dict, results: dict, op: str, seconds: float) -> dict:
         for k in ("pruned_before_compile", "compiled", "failed", "wrong", "timed"):
             n[k] += sp.get(k, 0)
     keys = sorted(k for k, r in results.items() if r.get("winner"))
-    # a search run again over the same sizes replaces its record
-    table["runs"] = [r for r in table.get("runs", [])
-                     if r.get("op") != op or not set(r.get("keys", ())) & set(keys)]
+    # a search run again over the same sizes replaces its record; an earlier run that
+    # covered more sizes stays, naming the ones re-decided since under "superseded"
+    runs = []
+    for r in table.get("runs", []):
+        again = set(r.get("keys", ())) & set(keys) if r.get("op") == op else set()
+        if again and again == set(r.get("keys", ())):
+            continue
+        if again:
+            r = dict(r, superseded=sorted(set(r.get("superseded", ())) | again))
+        runs.append(r)
+    table["runs"] = runs
     table["runs"].append(dict(op=op, seconds=round(seconds, 1), **n, keys=keys))
     table["entries"] = dict(sorted(table["entries"].items()))
     return table

@@ -1,8 +1,11 @@
 """One launch per configuration, for Nsight Compute (ncu) to profile.
 
-    ncu -k regex:stc_ --launch-skip 1 --launch-count N ... python notes/cuda_ncu.py
+    ncu --section SpeedOfLight ... python3 notes/cuda_ncu.py [CASE ...]
 
-Each case runs its fused kernel twice (the first launch warms up).
+CASE is ``action:DIM:P:NQ:DTYPE``, ``assembly:DIM:P:NQ:DTYPE`` or
+``contract9:S:N:K:L:DTYPE`` (kernel (9), B shared); without arguments the cases of
+session 1. Each case runs its plan twice (the first launch warms up), with the plan
+the runtime would choose (tuning tables included), on a ~256 MiB batch.
 """
 import sys
 
@@ -10,29 +13,39 @@ import cupy as cp
 
 import smalltc
 
-CASES = [("action", 3, 1, 2, "float64"), ("action", 3, 1, 3, "float64"),
-         ("action", 3, 5, 6, "float64"), ("action", 3, 5, 7, "float64"),
-         ("assembly", 3, 3, 4, "float32"), ("assembly", 3, 3, 4, "float64")]
+DEFAULT = ["action:3:1:2:float64", "action:3:1:3:float64", "action:3:5:6:float64",
+           "action:3:5:7:float64", "assembly:3:3:4:float32", "assembly:3:3:4:float64"]
 FOOT = 256 * 2 ** 20
 
-for op, dim, p, nq, dt in CASES:
-    nd = p + 1
+
+def inputs(case):
+    op, *rest = case.split(":")
+    dt = rest[-1]
     s = cp.dtype(dt).itemsize
+    if op == "contract9":
+        S, N, K, L = map(int, rest[:4])
+        E = FOOT // (s * (K * S * L + K * N * L * N))
+        B = cp.random.standard_normal((S, N)).astype(dt)
+        C = cp.random.standard_normal((E, K, S, L)).astype(dt)
+        return smalltc.plan("contract", B, C, kind="9", backend="cuda"), (B, C)
+    dim, p, nq = map(int, rest[:3])
+    nd = p + 1
     B1d = cp.random.standard_normal((nq, nd)).astype(dt)
     if op == "action":
         E = FOOT // (s * (2 * nd ** dim + nq ** dim))
         D = (cp.random.random((E,) + (nq,) * dim) + .5).astype(dt)
         V = cp.random.standard_normal((E,) + (nd,) * dim).astype(dt)
-        pl = smalltc.plan("action", B1d, D, V, backend="cuda")
-        ops = (B1d, D, V)
-    else:
-        E = FOOT // (s * (nq ** dim + nd ** (2 * dim)))
-        D = (cp.random.random((E,) + (nq,) * dim) + .5).astype(dt)
-        pl = smalltc.plan("assembly", B1d, D, backend="cuda")
-        ops = (B1d, D)
+        return smalltc.plan("action", B1d, D, V, backend="cuda"), (B1d, D, V)
+    E = FOOT // (s * (nq ** dim + nd ** (2 * dim)))
+    D = (cp.random.random((E,) + (nq,) * dim) + .5).astype(dt)
+    return smalltc.plan("assembly", B1d, D, backend="cuda"), (B1d, D)
+
+
+for case in sys.argv[1:] or DEFAULT:
+    pl, ops = inputs(case)
     for _ in range(2):
         pl(*ops)
     cp.cuda.runtime.deviceSynchronize()
-    print(op, dim, p, nq, dt, pl.kernel, pl.params, file=sys.stderr)
-    del ops, D
+    print(case, pl.kernel, pl.params, pl.source, file=sys.stderr)
+    del ops
     cp.get_default_memory_pool().free_all_blocks()

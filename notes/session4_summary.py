@@ -67,6 +67,8 @@ def main(paths):
             b = R.get(f"assembly dim=3 p={p} nq={p + 2} {dt}")
             print(f"| {p} | {pct(a)} | {xs(a)} | {pct(b)} | {xs(b)} |")
         st = [r["s"]["fraction"] for k, r in R.items() if k.startswith("step")]
+        if not st:
+            continue
         low = sorted((r["s"]["fraction"], k) for k, r in R.items() if k.startswith("step"))[:6]
         print(f"\npairwise steps: {len(st)} cases, median {100 * statistics.median(st):.0f}% of "
               f"their bound; lowest: " + "; ".join(f"{k.rsplit(' ', 1)[0]} {100 * f:.0f}%" for f, k in low))

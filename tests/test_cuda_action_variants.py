@@ -37,7 +37,9 @@ def _key_ctx(key):
     return P.action_ctx(dim, nd, nq, ncomp, parts[2], params=params)
 
 
-def test_default_renders_are_byte_identical_to_before_rb():
+def test_default_renders_are_byte_identical_to_before_rb(monkeypatch):
+    # the heuristic's rb = 1 form (the 3D heuristic takes the line form from T = 5 on)
+    monkeypatch.setattr(P, "LINE_FROM_T", 10 ** 6)
     golden = json.loads(GOLDEN.read_text())
     golden.pop("_from")
     assert len(golden) == 624
@@ -82,3 +84,25 @@ def test_heuristic_never_picks_rb():
         for p in range(1, 9):
             for nq in (p + 1, p + 2):
                 assert P.action_ctx(dim, p + 1, nq, 1, "float64")["rb"] == 1
+
+
+# ---------------------------------------------------------------- the line form (3D)
+@pytest.mark.parametrize("nd,nq,want_tt,want_tpi", [(2, 3, 3, 9), (5, 6, 7, 42), (9, 9, 9, 81),
+                                                   (9, 10, 11, 110), (17, 18, 19, 342)])
+def test_line_form_context(nd, nq, want_tt, want_tpi):
+    ctx = P.action_ctx(3, nd, nq, 1, "float64", params=dict(per_block=2, line=1))
+    assert (ctx["TT"], ctx["tpi"], ctx["threads"], ctx["line"]) == (want_tt, want_tpi,
+                                                                   2 * want_tpi, 1)
+    assert P.action_template(ctx) == "action_line.cu.j2"
+    T = max(nd, nq)
+    assert ctx["smem_bytes"] == 8 * (2 * (2 * T * T * want_tt + 1) + 1)
+    src = render("action_line.cu.j2", dict(ctx, entry="stc_line"))
+    assert f"__constant__ real_t stc_cB[{nq * nd}]" in src
+
+
+def test_line_form_is_the_3d_heuristic_from_t5():
+    for nd, nq, line in ((3, 4, 0), (4, 5, 1), (4, 4, 0), (8, 10, 1)):
+        assert P.action_ctx(3, nd, nq, 1, "float64")["line"] == line
+    assert P.action_ctx(2, 8, 10, 1, "float64")["line"] == 0       # 3D only
+    assert P.action_ctx(3, 4, 5, 1, "float64", params=dict(per_block=2))["line"] == 0
+    assert P.action_line_ctx(3, 4, 5, 1, "float64", params=dict(per_block=1000)) is None

@@ -165,6 +165,73 @@ def test_action_register_blocked(dim, p, nq, nc, rb, per_block, min_blocks, dt):
     assert rel(out, ref) < TOL[dt] * (10 if p >= 8 else 1)
 
 
+# the line form of the 3D action (action_line.cu.j2, B1d in the constant bank), forced
+# through the tuning-table hook; (p, nq, ncomp, per_block, min_blocks, dtype)
+ACTION_LINE_CASES = [(p, nq, 1, pb, 0, "float64") for p in (1, 2, 3, 4, 5, 6, 7, 8)
+                     for nq in (p + 1, p + 2) for pb in (1, 3)]
+ACTION_LINE_CASES += [(2, 4, 3, 2, 0, "float64"), (8, 10, 3, 2, 0, "float32"),
+                      (5, 6, 1, 4, 2, "float32"), (3, 2, 1, 5, 0, "float64"),
+                      (16, 18, 1, 1, 0, "float64"), (16, 17, 1, 1, 0, "float32")]
+
+
+def _build_forced(spec, params):
+    from smalltc.backends import _cuda_params as P
+    from smalltc.backends import get
+    before = P.get_table_lookup()
+    P.set_table_lookup(lambda s, cc: dict(params, _source="test"))
+    try:
+        return get("cuda").build(spec)
+    finally:
+        P.set_table_lookup(before)
+
+
+@pytest.mark.parametrize("p,nq,nc,per_block,min_blocks,dt", ACTION_LINE_CASES)
+def test_action_line(p, nq, nc, per_block, min_blocks, dt):
+    from smalltc.spec import ActionSpec
+    E = 1003                                   # many groups, a partial last one
+    B1d, D, V = _action_inputs(3, p, nq, nc, E)
+    ref = R.action_einsum(B1d, D, V, 3)
+    spec = ActionSpec(dim=3, nq=nq, nd=p + 1, batch=E, dtype=dt, ncomp=nc, comp_axis=nc > 1)
+    ex = _build_forced(spec, dict(per_block=per_block, min_blocks=min_blocks, line=1))
+    assert ex.source == "test" and ex.template == "action_line.cu.j2"
+    assert ex.kernel.endswith("_line") and ex.params["line"] == 1
+    out = poisoned(V.shape, dt)
+    ex.run(tuple(dev(a, dt) for a in (B1d, D, V)), out)
+    assert rel(out, ref) < TOL[dt] * (10 if p >= 8 else 1)
+    # a second call with another B1d: the constant bank is refilled
+    B2 = rng.standard_normal(B1d.shape)
+    out2 = poisoned(V.shape, dt)
+    ex.run((dev(B2, dt), dev(D, dt), dev(V, dt)), out2)
+    assert rel(out2, R.action_einsum(B2, D, V, 3)) < TOL[dt] * (10 if p >= 8 else 1)
+
+
+def test_action_line_streams_with_different_b1d():
+    """Two non-blocking streams, each with its own B1d, alternating: the constant-bank copy
+    of one stream must not land while the other's kernel still reads it."""
+    from smalltc.spec import ActionSpec
+    E, p, nq = 60000, 5, 7
+    Bs = [rng.standard_normal((nq, p + 1)) for _ in range(2)]
+    _, D, V = _action_inputs(3, p, nq, 1, E)
+    refs = [R.action_einsum(B, D, V, 3) for B in Bs]
+    spec = ActionSpec(dim=3, nq=nq, nd=p + 1, batch=E, dtype="float64")
+    ex = _build_forced(spec, dict(per_block=2, min_blocks=0, line=1))
+    streams = [cp().cuda.Stream(non_blocking=True) for _ in range(2)]
+    with streams[0]:
+        Dd, Vd = dev(D, "float64"), dev(V, "float64")
+        Bd = [dev(B, "float64") for B in Bs]
+        outs = [[poisoned(V.shape, "float64") for _ in range(3)] for _ in range(2)]
+    streams[0].synchronize()
+    for r in range(3):
+        for i, s in enumerate(streams):
+            with s:
+                ex.run((Bd[i], Dd, Vd), outs[i][r])
+    for s in streams:
+        s.synchronize()
+    for i in range(2):
+        for r in range(3):
+            assert rel(outs[i][r], refs[i]) < 1e-12, (i, r)
+
+
 @pytest.mark.parametrize("method", ["fused", "pairwise"])
 @pytest.mark.parametrize("dim,p,nq,dt", [(d, p, nq, dt) for d in (1, 2, 3)
                                         for (p, nq) in ((1, 2), (2, 4), (3, 5), (6, 8))

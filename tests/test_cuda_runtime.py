@@ -43,9 +43,12 @@ def fake_device(monkeypatch):
 
 
 def test_kernel_per_device_and_geometry(fake_device):
-    spec = ActionSpec(dim=3, nq=5, nd=4, batch=1001, dtype="float64", ncomp=3, comp_axis=True)
-    ctx = P.action_ctx(3, 4, 5, 3, "float64")
-    ex = C._ActionExecutor("stc_mass_apply_3d_f64_nd4nq5c3", ctx, "heuristic", spec)
+    # T = 4: the heuristic's shared-memory form (from T = 5 on it is the line form, whose
+    # constant-bank copy needs a real device)
+    spec = ActionSpec(dim=3, nq=4, nd=3, batch=1001, dtype="float64", ncomp=3, comp_axis=True)
+    ctx = P.action_ctx(3, 3, 4, 3, "float64")
+    assert ctx["line"] == 0
+    ex = C._ActionExecutor("stc_mass_apply_3d_f64_nd3nq4c3", ctx, "heuristic", spec)
     ex.run(("B", "D", "V"), "U")
     fake_device.dev = 1
     ex.run(("B", "D", "V"), "U")

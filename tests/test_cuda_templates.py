@@ -46,7 +46,13 @@ def _configs():
                 for ncomp in (1, 3):
                     ctx = P.action_ctx(dim, p + 1, p + 2, ncomp, dt)
                     if ctx is not None:
-                        out.append(("action.cu.j2", ctx))
+                        out.append((P.action_template(ctx), ctx))
+            # 3D: the line form below T = 5 and the rb = 1 form above (not the heuristic's)
+            for p in (1, 2, 4, 8) if dim == 3 else ():
+                form = dict(line=1) if p < 4 else dict(rb=1, line=0)
+                ctx = P.action_ctx(dim, p + 1, p + 2, 1 + 2 * (p == 2), dt,
+                                   params=dict(per_block=2, min_blocks=0, **form))
+                out.append((P.action_template(ctx), ctx))
             # register-blocked variants (action_rb.cu.j2): rb 2 and 4, float32 once
             for p, rb in ((1, 2), (4, 2), (4, 4), (8, 2), (8, 3)) if dim > 1 else ():
                 for ncomp in (1, 3) if (p, rb) == (4, 2) else (1,):

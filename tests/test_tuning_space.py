@@ -101,17 +101,24 @@ def test_pruning_counts_by_hand():
               for ne in nice if ne * tpi <= 1024 for mb in (0, 1, 2, 3, 4, 5, 6, 8)]
     heur = sp.heuristic
     assert heur["rb"] == 1 and len(combos) == 8 * (12 + 14 + 14 + 16) == 448
-    assert sp.generated == 448 + (heur["per_block"] not in nice)
+    # and the line form (3D): TT*T = 5*4 = 20 threads per element, nice counts up to
+    # 1024/20 = 51 (11 of them), x min_blocks 0, 2, 4
+    line = [(ne, mb) for ne in nice if ne * 20 <= 1024 for mb in (0, 2, 4)]
+    assert len(line) == 33
+    assert sp.generated == 448 + 33 + (heur["per_block"] not in nice)
     threads = [c for c in combos if c[1] * c[3] < 64]         # < 64 threads per block
-    assert sp.pruned["threads"] == len(threads) == 8 * (3 + 5 + 5 + 7)
+    assert sp.pruned["threads"] == len(threads) + 3 * 3 == 8 * (3 + 5 + 5 + 7) + 9
     over = [c for c in combos if c[1] * c[3] >= 64 and c[2] * c[1] * c[3] > 2048]
-    assert sp.pruned["resident"] == len(over)                 # min_blocks * threads > 2048
+    over_line = [ne for ne, mb in line if ne * 20 >= 64 and mb * ne * 20 > 2048]  # 32, 48 at 4
+    assert sp.pruned["resident"] == len(over) + len(over_line) == 60 + 2
     # rb 4 at 256 elements: 256 * (2 * 64 + 1) doubles > 227 KiB (min_blocks 0, 1, 2)
     assert sp.pruned["invalid"] == 3
     kept = {c.params["rb"] for c in sp.candidates}
     assert kept == {1, 2, 4}                                  # every rb 3 is a duplicate of rb 2
     assert all(c.ctx["rb"] == c.params["rb"] and c.ctx["tpi"] == 4 * -(-4 // c.params["rb"])
-               for c in sp.candidates)
+               for c in sp.candidates if not c.params["line"])
+    assert all(c.ctx["tpi"] == 20 and c.ctx["line"] == 1
+               for c in sp.candidates if c.params["line"])
     # 1D: no register blocking; 2D: T threads per element over rb (T = 6: 6, 3, 2, 2)
     assert {c.params["rb"] for c in S.generate(ActionSpec(dim=1, nq=6, nd=5, batch=1,
                                                           dtype=F64)).candidates} == {1}

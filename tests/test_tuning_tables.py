@@ -253,7 +253,7 @@ def test_action_rb_is_optional_and_carried(table):
     params, how, _ = T.Table(old).lookup(spec.with_batch(9))
     assert how == "exact" and params["rb"] == 1
     assert T.adapt(spec, spec, {"per_block": 4, "min_blocks": 2}) == \
-        {"per_block": 4, "min_blocks": 2, "rb": 1}
+        {"per_block": 4, "min_blocks": 2, "rb": 1, "line": 0}
     # an entry with rb: valid; a neighbour gets the same rb and threads per block
     new = copy.deepcopy(table)
     new["entries"][key]["params"] = {"per_block": 4, "min_blocks": 0, "rb": 2}

@@ -21,7 +21,10 @@ family         parameters                  generated
                                            threads per item in 3D); elements per block (all
                                            counts, or 1, 2, 3, 4, 6, 8, 12, ... when
                                            more than 16), ``__launch_bounds__``
-                                           minimum blocks 0, 1, 2, 3, 4, 5, 6, 8
+                                           minimum blocks 0, 1, 2, 3, 4, 5, 6, 8;
+               ``line``                    3D also the line form (``line`` = 1:
+                                           B1d in the constant bank, a thread per
+                                           line), minimum blocks 0, 2, 4
                                            (0 and 1 give the same register cap)
 ``assembly``   ``per_block, rows, pad``    fused assembly: units per block 1, 2, 4, ... 512;
                                            final stage flat (rows 0) or, 3D, the rows
@@ -59,10 +62,11 @@ __all__ = ["Candidate", "Space", "family", "ctx_for", "generate", "prune_compile
 
 #: tuning parameters of each family (the keys of a table entry's ``params``)
 PARAMS = {"layout": ("dim_x", "dim_y", "per_block"), "contract9": ("per_block",),
-          "action": ("per_block", "min_blocks", "rb"), "assembly": ("per_block", "rows", "pad")}
+          "action": ("per_block", "min_blocks", "rb", "line"),
+          "assembly": ("per_block", "rows", "pad")}
 #: parameters added after tables were first written: an entry without one means
 #: this value (the form the earlier tables were tuned with)
-OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}, "action": {"rb": 1}}
+OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}, "action": {"rb": 1, "line": 0}}
 MAX_THREADS = 1024      # per block, every CUDA architecture
 MIN_THREADS = 64        # 32 resident blocks x 64 threads = 2048: a full SM is possible
 MAX_TILE = 32           # outputs per thread in the GEMM register tile
@@ -213,7 +217,16 @@ def _raw(spec, fam):
                 for mb in _MIN_BLOCKS:
                     why = ("threads" if threads < MIN_THREADS and ne < upto else
                            "resident" if mb * threads > SM_THREADS else None)
-                    yield dict(per_block=ne, min_blocks=mb, rb=rb), why
+                    yield dict(per_block=ne, min_blocks=mb, rb=rb, line=0), why
+        if spec.dim == 3:                             # the line form (action_line.cu.j2)
+            tpi = (T | 1) * T
+            upto = MAX_THREADS // tpi
+            for ne in (range(1, upto + 1) if upto <= 16 else _nice(upto)):
+                threads = ne * tpi
+                for mb in (0, 2, 4):
+                    why = ("threads" if threads < MIN_THREADS and ne < upto else
+                           "resident" if mb * threads > SM_THREADS else None)
+                    yield dict(per_block=ne, min_blocks=mb, rb=1, line=1), why
 
 
 def _register_cap(threads, min_blocks):

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["layout_ctx", "contract9_ctx", "fold_k9", "generic_ctx", "action_ctx", "action_template",
+__all__ = ["layout_ctx", "contract9_ctx", "fold_k9", "generic_ctx", "action_ctx", "action_line_ctx",
+           "action_template",
            "assembly_ctx", "gemm_extents", "set_table_lookup", "get_table_lookup", "lookup",
            "ITEMSIZE", "SMEM_TARGET"]
 
@@ -225,11 +226,16 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     An item then has T*TB threads in 3D and TB in 2D, TB = ceil(T / rb);
     ``rb`` is normalised to ceil(T / TB), the fewest outputs per thread
     that TB threads need (rb = 4 at T = 5 is rb = 3). 1D has no rb > 1.
-    The heuristic (no params) always takes rb = 1: the variant is not yet
-    measured on a GPU (notes/cuda.md).
+    The heuristic (no params) takes rb = 1.
+
+    ``line`` = 1 (3D only; the heuristic's choice from T = 5 on): the *line* form,
+    ``action_line.cu.j2`` (:func:`action_line_ctx`).
     """
     s = ITEMSIZE[dtype]
     T = max(nd, nq)
+    line = (params.get("line", 0) if params else int(dim == 3 and T >= LINE_FROM_T))
+    if line:
+        return action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin, params)
     rb = params.get("rb", 1) if params else 1
     if rb < 1 or (dim == 1 and rb > 1):
         return None
@@ -254,11 +260,57 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     if smem(ne) > smem_optin or tpi * ne > 1024:
         return None
     return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, tpi=tpi, per_block=ne,
-                threads=tpi * ne, smem_bytes=smem(ne), min_blocks=min_blocks, rb=rb, tb=tb)
+                threads=tpi * ne, smem_bytes=smem(ne), min_blocks=min_blocks, rb=rb, tb=tb,
+                line=0)
+
+
+#: the 3D action's heuristic takes the line form from this T = max(nd, nq) on: on an H100
+#: it ran 1.13-1.46x the *tuned* register-blocked kernels at p = 5..8, float64, and lost
+#: at p = 1 (0.77-0.86); notes/cuda.md, "Session 4"
+LINE_FROM_T = 5
+
+
+def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
+    """Context of ``action_line.cu.j2``, the 3D action's *line* form, or None.
+
+    Every step is done by whole 1D lines (a thread loads a line into registers and
+    computes every output along the contracted axis) with B1d in the constant bank,
+    so an FMA takes its B operand from there: about nd FMAs per shared-memory load
+    instead of one. An item has TT*T threads (TT: T rounded up to odd, the line
+    stride: conflict-free banks) and two T*T*TT buffers. ``params``: ``per_block``
+    and ``min_blocks``; the heuristic fills ~160 threads.
+
+    >>> c = action_line_ctx(3, 8, 9, 1, "float64")
+    >>> c["T"], c["TT"], c["tpi"], c["per_block"], c["line"]
+    (9, 9, 81, 2, 1)
+    >>> action_line_ctx(2, 8, 9, 1, "float64") is None        # 3D only
+    True
+    """
+    if dim != 3:
+        return None
+    s = ITEMSIZE[dtype]
+    T = max(nd, nq)
+    TT = T | 1
+    tpi = TT * T
+    buf = T * T * TT
+    istr = 2 * buf + 1                       # odd: items start on different banks
+    ne = max(1, round(160 / tpi))
+    min_blocks = 0
+    if params:
+        ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
+    smem = s * (ne * istr + 1)
+    if ne < 1 or smem > smem_optin or tpi * ne > 1024:
+        return None
+    return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, TT=TT, istr=istr,
+                tpi=tpi, per_block=ne, threads=tpi * ne, smem_bytes=smem,
+                min_blocks=min_blocks, rb=1, tb=T, line=1)
 
 
 def action_template(ctx):
-    """The template of an action context: ``action_rb.cu.j2`` for rb > 1."""
+    """The template of an action context: ``action_rb.cu.j2`` for rb > 1,
+    ``action_line.cu.j2`` for the line form."""
+    if ctx.get("line"):
+        return "action_line.cu.j2"
     return "action.cu.j2" if ctx["rb"] == 1 else "action_rb.cu.j2"
 
 

@@ -17,8 +17,8 @@ import threading
 
 import jinja2
 
-__all__ = ["SmalltcCompileError", "render", "get_kernel", "clear_cache", "launch", "device_info",
-           "CTYPES", "NVRTC_OPTIONS"]
+__all__ = ["SmalltcCompileError", "render", "get_kernel", "get_global", "clear_cache", "launch",
+           "device_info", "CTYPES", "NVRTC_OPTIONS"]
 
 CTYPES = {"float64": "double", "float32": "float"}
 NVRTC_OPTIONS = ("-std=c++17",)
@@ -102,6 +102,7 @@ def device_info(device_id: int):
 
 
 _CACHE: dict = {}
+_MODULES: dict = {}
 _LOCK = threading.Lock()
 
 
@@ -109,6 +110,7 @@ def clear_cache():
     """Forget the in-process compiled kernels (CuPy's disk cache keeps them)."""
     with _LOCK:
         _CACHE.clear()
+        _MODULES.clear()
 
 
 def get_kernel(template: str, entry: str, ctx: dict, smem_bytes: int = 0):
@@ -128,6 +130,7 @@ def get_kernel(template: str, entry: str, ctx: dict, smem_bytes: int = 0):
         try:
             mod = cupy.RawModule(code=source, options=NVRTC_OPTIONS)
             kern = mod.get_function(entry)
+            _MODULES[key] = mod
             if smem_bytes > _SMEM_DEFAULT:
                 kern.max_dynamic_shared_size_bytes = smem_bytes
         except cupy.cuda.compiler.CompileException as err:
@@ -135,6 +138,16 @@ def get_kernel(template: str, entry: str, ctx: dict, smem_bytes: int = 0):
                                       if hasattr(err, "get_message") else str(err)) from err
         _CACHE[key] = kern
     return kern
+
+
+def get_global(template: str, entry: str, ctx: dict, smem_bytes: int, name: str):
+    """Device pointer (a CuPy ``MemoryPointer``) of the ``__constant__``/``__device__``
+    variable ``name`` in the module of kernel ``entry``, on the current device."""
+    import cupy
+    get_kernel(template, entry, ctx, smem_bytes)
+    dev = cupy.cuda.runtime.getDevice()
+    key = (template, entry, _freeze(ctx), dev, device_info(dev)["cc"])
+    return _MODULES[key].get_global(name)
 
 
 def launch(kern, ngroups: int, threads: int, args: tuple, smem_bytes: int = 0,

@@ -29,7 +29,7 @@ from .._arrays import cupy_or_none, gpu_available
 from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from . import _cuda_params as P
 from . import register
-from ._cuda_runtime import SmalltcCompileError, device_info, get_kernel, launch
+from ._cuda_runtime import SmalltcCompileError, device_info, get_global, get_kernel, launch
 from .base import Backend, Executor, Unsupported
 
 __all__ = ["CudaBackend", "SmalltcCompileError"]
@@ -55,7 +55,7 @@ def _params(spec, info, heuristic):
 
 def _public(ctx):
     keys = ("BLK_M", "BLK_N", "BLK_K", "dim_x", "dim_y", "thr_m", "thr_n", "T",
-            "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad", "rb")
+            "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad", "rb", "line")
     return {k: ctx[k] for k in keys if k in ctx}
 
 
@@ -123,13 +123,37 @@ class _Contract9Executor(_KernelExecutor):
 
 
 class _ActionExecutor(_KernelExecutor):
+    """The fused action. The line form reads B1d from its module's constant bank
+    (``stc_cB``): each call first copies B1d there on the current stream, after the
+    previous launch of this kernel on any other stream has finished (an event), so
+    calls on several streams with different B1d do not race."""
+
     def __init__(self, entry, ctx, source, spec):
         super().__init__(P.action_template(ctx), entry, ctx, source)
         self.nbatch = spec.batch * spec.ncomp
+        self._line = bool(ctx.get("line"))
+        self._const = {}                     # device id -> (stc_cB pointer, event, last stream)
 
     def run(self, operands, out, **_):
         B1d, D, V = operands
-        self._launch(self.nbatch, (B1d, D, V, out))
+        if not self._line:
+            self._launch(self.nbatch, (B1d, D, V, out))
+            return
+        cp = cupy_or_none()
+        dev = cp.cuda.runtime.getDevice()
+        state = self._const.get(dev)
+        if state is None:
+            ptr = get_global(self.template, self.kernel, self.ctx, self.smem, "stc_cB")
+            state = self._const[dev] = [ptr, cp.cuda.Event(disable_timing=True), None]
+        ptr, event, last = state
+        stream = cp.cuda.get_current_stream()
+        if last is not None and last != stream.ptr and not stream.is_capturing():
+            stream.wait_event(event)
+        cp.cuda.runtime.memcpyAsync(ptr.ptr, B1d.data.ptr, B1d.nbytes,
+                                    cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+        self._launch(self.nbatch, (D, V, out))
+        event.record(stream)
+        state[2] = stream.ptr
 
 
 class _AssemblyExecutor(_KernelExecutor):
@@ -231,7 +255,8 @@ class CudaBackend(Backend):
                 spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype, info["smem_optin"], p))
             if ctx is None:
                 return _GenericAction(self, spec, "an element does not fit in shared memory")
-            entry = (f"stc_mass_apply_{spec.dim}d_{dt}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}")
+            entry = (f"stc_mass_apply_{spec.dim}d_{dt}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}"
+                     f"{'_line' if ctx.get('line') else ''}")
             ex = _ActionExecutor(entry, ctx, src, spec)
             # the heuristic's register cap (min_blocks) must not spill: local memory
             # traffic cost up to 2x (notes/cuda.md, ncu of nd6nq6); relax it until none

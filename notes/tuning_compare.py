@@ -17,7 +17,7 @@ import argparse
 import json
 import math
 
-KEYS = ("dim_x", "dim_y", "per_block", "min_blocks", "rb", "rows", "pad")
+KEYS = ("dim_x", "dim_y", "per_block", "min_blocks", "rb", "line", "rows", "pad")
 
 
 def cases(path):

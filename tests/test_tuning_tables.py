@@ -287,3 +287,17 @@ def test_rerun_of_some_sizes_keeps_the_wider_run_record():
     T.add_results(t, full.results, "mixed", 1.0)
     assert [r["sizes"] for r in t["runs"]] == [len(SPECS)]
     assert "superseded" not in t["runs"][0]
+
+
+def test_nearest_carries_the_action_line_form():
+    """A 3D entry of the line form reaches its neighbours (other ncomp, nq) as the line
+    form with the same threads per block; a 2D neighbour gets the shared-memory form."""
+    e = ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64)
+    params = {"per_block": 3, "min_blocks": 4, "rb": 1, "line": 1}
+    three = T.adapt(ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64, ncomp=3, comp_axis=True),
+                    e, params)
+    assert three == params
+    wider = T.adapt(ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype=F64), e, params)
+    assert wider["line"] == 1 and wider["per_block"] == 2          # 243 threads / 110 per item
+    flat = T.adapt(ActionSpec(dim=2, nq=9, nd=9, batch=1, dtype=F64), e, params)
+    assert flat["line"] == 0 and flat["rb"] == 1

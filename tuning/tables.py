@@ -265,21 +265,27 @@ def adapt(spec, entry_spec, params, smem_optin=227 * 1024):
             return None
         return _first_valid(spec, dict(dim_x=dx, dim_y=dy, per_block=nb), smem_optin)
     if fam == "action":
-        def tpi(s, rb):                       # threads per item (action_ctx's rule)
+        line0 = bool(params.get("line", 0)) and entry_spec.dim == 3
+        line = line0 and spec.dim == 3        # the line form is 3D only
+
+        def tpi(s, rb, line):                 # threads per item (action_ctx's rules)
             T = max(s.nd, s.nq)
+            if line:
+                return (T | 1) * T
             tb = -(-T // rb)
             return T * tb if s.dim == 3 else tb
-        rb0 = params.get("rb", OPTIONAL_PARAMS["action"]["rb"])
+        rb0 = 1 if line0 else params.get("rb", OPTIONAL_PARAMS["action"]["rb"])
         rb = rb0 if spec.dim > 1 else 1       # 1D has no register blocking
-        t1 = tpi(spec, rb)
+        t1 = tpi(spec, rb, line)
         if t1 > MAX_THREADS:
             return None
-        ne = max(1, min(round(params["per_block"] * tpi(entry_spec, rb0) / t1),
+        ne = max(1, min(round(params["per_block"] * tpi(entry_spec, rb0, line0) / t1),
                         MAX_THREADS // t1))
         mb = params.get("min_blocks", 0)
         while mb and mb * ne * t1 > SM_THREADS:
             mb -= 1
-        return _first_valid(spec, dict(per_block=ne, min_blocks=mb, rb=rb), smem_optin)
+        return _first_valid(spec, dict(per_block=ne, min_blocks=mb, rb=rb, line=int(line)),
+                            smem_optin)
     # assembly, kernel (9): the same outputs per block (and the assembly's final-stage form)
     nb = max(1, round(params["per_block"] * _outputs_per_item(entry_spec)
                       / _outputs_per_item(spec)))

@@ -130,6 +130,12 @@ class ActionSpec(_Spec):
     comp_axis: bool = False
     op = "action"
 
+    def __post_init__(self):
+        # V is (batch, ncomp, nd, ...) for ncomp > 1; without the axis its shape would
+        # hold a third of the items the kernels process (the tuner made such specs once)
+        if self.ncomp > 1 and not self.comp_axis:
+            raise ValueError(f"ncomp={self.ncomp} needs comp_axis=True (V has a component axis)")
+
     @property
     def b_shape(self):
         return (self.nq, self.nd)

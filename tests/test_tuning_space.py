@@ -19,7 +19,7 @@ CASES = [
     ContractSpec(kind="9", batch=1, i=3, s=4, j=3, k=4, l=16, dtype=F64, shared_x=True),
     ActionSpec(dim=3, nq=4, nd=3, batch=1, dtype=F64),
     ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype=F64),
-    ActionSpec(dim=2, nq=6, nd=5, batch=1, dtype=F32, ncomp=3),
+    ActionSpec(dim=2, nq=6, nd=5, batch=1, dtype=F32, ncomp=3, comp_axis=True),
     AssemblySpec(dim=3, nq=4, nd=3, batch=1, dtype=F64),
     AssemblySpec(dim=3, nq=8, nd=7, batch=1, dtype=F64),
 ]
@@ -160,7 +160,7 @@ def test_prune_compiled(res, threads, limit, why):
      "gemm/nt+sa+beta/m8n8k8"),
     (ContractSpec(kind="8b", batch=1, i=3, s=3, j=4, k=4, l=3, dtype=F64, shared_y=True),
      "contract8b+sy/i3s3j4k4l3"),
-    (ActionSpec(dim=2, nq=5, nd=4, batch=9, dtype=F32, ncomp=3), "action/2d/nd4nq5c3"),
+    (ActionSpec(dim=2, nq=5, nd=4, batch=9, dtype=F32, ncomp=3, comp_axis=True), "action/2d/nd4nq5c3"),
     (AssemblySpec(dim=3, nq=5, nd=4, batch=9, dtype=F32), "assembly/3d/nd4nq5"),
 ])
 def test_size_keys(spec, key):

@@ -116,7 +116,8 @@ def test_exact_lookup(table):
     (GemmSpec(batch=7, m=5, n=5, k=5, dtype=F64), "gemm/nn/m4n4k4"),
     (GemmSpec(batch=7, m=8, n=8, k=12, dtype=F64), "gemm/nn/m8n8k8"),
     (ActionSpec(dim=3, nq=6, nd=4, batch=7, dtype=F64), "action/3d/nd4nq5c1"),
-    (ActionSpec(dim=3, nq=5, nd=4, batch=7, dtype=F64, ncomp=3), "action/3d/nd4nq5c1"),
+    (ActionSpec(dim=3, nq=5, nd=4, batch=7, dtype=F64, ncomp=3, comp_axis=True),
+     "action/3d/nd4nq5c1"),
     (AssemblySpec(dim=3, nq=5, nd=3, batch=7, dtype=F64), "assembly/3d/nd3nq4"),
     (ContractSpec(kind="9", batch=7, i=3, s=4, j=3, k=4, l=20, dtype=F64, shared_x=True),
      "contract9+sx/i3s4j3k4l16"),
@@ -301,3 +302,13 @@ def test_nearest_carries_the_action_line_form():
     assert wider["line"] == 1 and wider["per_block"] == 2          # 243 threads / 110 per item
     flat = T.adapt(ActionSpec(dim=2, nq=9, nd=9, batch=1, dtype=F64), e, params)
     assert flat["line"] == 0 and flat["rb"] == 1
+
+
+def test_tuner_action_sizes_with_components_have_the_component_axis():
+    """`--sizes 3:4:5:c3` once made ActionSpec(ncomp=3) without the component axis: its V
+    held a third of the items the kernel processes (an illegal address on the H100)."""
+    from smalltc.tuning.sizes import parse
+    (spec,) = parse("action", ["3:4:5:c3"], F64)
+    assert spec.comp_axis and spec.v_shape == (1, 3, 5, 5, 5)
+    with pytest.raises(ValueError, match="comp_axis"):
+        ActionSpec(dim=3, nq=5, nd=4, batch=1, dtype=F64, ncomp=3)

@@ -98,7 +98,7 @@ def _fem(op, token, dtype):
                     raise ValueError(f"{op} size {token!r}: nq {q!r} must be N or p+K")
                 if op == "action":
                     out.append(ActionSpec(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype,
-                                          ncomp=ncomp))
+                                          ncomp=ncomp, comp_axis=ncomp > 1))
                 else:
                     out.append(AssemblySpec(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype))
     return out

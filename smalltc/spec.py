@@ -132,7 +132,7 @@ class ActionSpec(_Spec):
 
     def __post_init__(self):
         # V is (batch, ncomp, nd, ...) for ncomp > 1; without the axis its shape would
-        # hold a third of the items the kernels process (the tuner made such specs once)
+        # hold 1/ncomp of the items the kernels process (the tuner made such specs once)
         if self.ncomp > 1 and not self.comp_axis:
             raise ValueError(f"ncomp={self.ncomp} needs comp_axis=True (V has a component axis)")
 

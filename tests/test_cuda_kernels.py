@@ -230,6 +230,21 @@ def test_action_line_streams_with_different_b1d():
     for i in range(2):
         for r in range(3):
             assert rel(outs[i][r], refs[i]) < 1e-12, (i, r)
+    # two executors of one kernel (plans for two batch counts share its module and so its
+    # constant bank): the ordering is per module, not per executor
+    half = _build_forced(spec.with_batch(E // 2), dict(per_block=2, min_blocks=0, line=1))
+    assert half.kernel == ex.kernel
+    with streams[0]:
+        o_full, o_half = poisoned(V.shape, "float64"), poisoned((E // 2,) + V.shape[1:], "float64")
+    streams[0].synchronize()
+    for r in range(3):
+        with streams[0]:
+            ex.run((Bd[0], Dd, Vd), o_full)
+        with streams[1]:
+            half.run((Bd[1], Dd[:E // 2], Vd[:E // 2]), o_half)
+    for s in streams:
+        s.synchronize()
+    assert rel(o_full, refs[0]) < 1e-12 and rel(o_half, refs[1][:E // 2]) < 1e-12
 
 
 @pytest.mark.parametrize("method", ["fused", "pairwise"])

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["layout_ctx", "contract9_ctx", "fold_k9", "generic_ctx", "action_ctx", "action_line_ctx",
-           "action_template",
-           "assembly_ctx", "gemm_extents", "set_table_lookup", "get_table_lookup", "lookup",
-           "ITEMSIZE", "SMEM_TARGET"]
+__all__ = ["layout_ctx", "contract9_ctx", "fold_k9", "bb_stride", "generic_ctx", "action_ctx",
+           "action_line_ctx", "action_template", "assembly_ctx", "gemm_extents",
+           "set_table_lookup", "get_table_lookup", "lookup", "ITEMSIZE", "SMEM_TARGET"]
 
 ITEMSIZE = {"float64": 8, "float32": 4}
 #: shared memory a block aims to stay under (several blocks per multiprocessor)
@@ -189,7 +188,8 @@ def fold_k9(spec):
     generic one (notes/cuda_step2c.md). Other specs come back unchanged.
 
     >>> from smalltc.spec import ContractSpec
-    >>> s = ContractSpec(kind="9", batch=10, i=5, s=6, j=5, k=36, l=36, dtype="float64", shared_x=True)
+    >>> s = ContractSpec(kind="9", batch=10, i=5, s=6, j=5, k=36, l=36, dtype="float64",
+    ...                  shared_x=True)
     >>> f = fold_k9(s); (f.batch, f.k, f.l)
     (360, 1, 36)
     >>> fold_k9(f.with_batch(1)) == f.with_batch(1)

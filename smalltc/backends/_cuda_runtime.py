@@ -103,6 +103,7 @@ def device_info(device_id: int):
 
 _CACHE: dict = {}
 _MODULES: dict = {}
+_GLOBALS: dict = {}
 _LOCK = threading.Lock()
 
 
@@ -111,6 +112,7 @@ def clear_cache():
     with _LOCK:
         _CACHE.clear()
         _MODULES.clear()
+        _GLOBALS.clear()
 
 
 def get_kernel(template: str, entry: str, ctx: dict, smem_bytes: int = 0):
@@ -140,14 +142,22 @@ def get_kernel(template: str, entry: str, ctx: dict, smem_bytes: int = 0):
     return kern
 
 
-def get_global(template: str, entry: str, ctx: dict, smem_bytes: int, name: str):
-    """Device pointer (a CuPy ``MemoryPointer``) of the ``__constant__``/``__device__``
-    variable ``name`` in the module of kernel ``entry``, on the current device."""
+def get_global(template: str, entry: str, ctx: dict, smem_bytes: int, name: str) -> list:
+    """The ``__constant__``/``__device__`` variable ``name`` of kernel ``entry``'s module on
+    the current device, as a slot ``[pointer, event, stream]`` shared by every caller of
+    that module: ``pointer`` is a CuPy ``MemoryPointer``; ``event`` and ``stream`` (None
+    at first) are for the caller to record the last launch that read the variable, so
+    two executors of one module (plans of one kernel for two batch counts) order their
+    writes to it too."""
     import cupy
     get_kernel(template, entry, ctx, smem_bytes)
     dev = cupy.cuda.runtime.getDevice()
     key = (template, entry, _freeze(ctx), dev, device_info(dev)["cc"])
-    return _MODULES[key].get_global(name)
+    with _LOCK:
+        slot = _GLOBALS.get(key + (name,))
+        if slot is None:
+            slot = _GLOBALS[key + (name,)] = [_MODULES[key].get_global(name), None, None]
+    return slot
 
 
 def launch(kern, ngroups: int, threads: int, args: tuple, smem_bytes: int = 0,

@@ -126,13 +126,14 @@ class _ActionExecutor(_KernelExecutor):
     """The fused action. The line form reads B1d from its module's constant bank
     (``stc_cB``): each call first copies B1d there on the current stream, after the
     previous launch of this kernel on any other stream has finished (an event), so
-    calls on several streams with different B1d do not race."""
+    calls on several streams with different B1d do not race. (Inside a CUDA-graph
+    capture that wait is left out: the graph orders its own nodes.)"""
 
     def __init__(self, entry, ctx, source, spec):
         super().__init__(P.action_template(ctx), entry, ctx, source)
         self.nbatch = spec.batch * spec.ncomp
         self._line = bool(ctx.get("line"))
-        self._const = {}                     # device id -> (stc_cB pointer, event, last stream)
+        self._slots = {}                     # device id -> get_global's shared slot of stc_cB
 
     def run(self, operands, out, **_):
         B1d, D, V = operands
@@ -140,12 +141,16 @@ class _ActionExecutor(_KernelExecutor):
             self._launch(self.nbatch, (B1d, D, V, out))
             return
         cp = cupy_or_none()
+        # one slot per module and device: [stc_cB pointer, event after the last launch,
+        # that launch's stream], shared with every other executor of this kernel
         dev = cp.cuda.runtime.getDevice()
-        state = self._const.get(dev)
-        if state is None:
-            ptr = get_global(self.template, self.kernel, self.ctx, self.smem, "stc_cB")
-            state = self._const[dev] = [ptr, cp.cuda.Event(disable_timing=True), None]
-        ptr, event, last = state
+        slot = self._slots.get(dev)
+        if slot is None:
+            slot = self._slots[dev] = get_global(self.template, self.kernel, self.ctx,
+                                                 self.smem, "stc_cB")
+        if slot[1] is None:
+            slot[1] = cp.cuda.Event(disable_timing=True)
+        ptr, event, last = slot
         stream = cp.cuda.get_current_stream()
         if last is not None and last != stream.ptr and not stream.is_capturing():
             stream.wait_event(event)
@@ -153,7 +158,7 @@ class _ActionExecutor(_KernelExecutor):
                                     cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
         self._launch(self.nbatch, (D, V, out))
         event.record(stream)
-        state[2] = stream.ptr
+        slot[2] = stream.ptr
 
 
 class _AssemblyExecutor(_KernelExecutor):

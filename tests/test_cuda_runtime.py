@@ -137,3 +137,58 @@ def test_backend_registered_without_touching_a_device():
     assert be.name == "cuda" and be.priority == 10 and be.array_modules == ("cupy",)
     assert not be.available() and "no CUDA device" in be.describe()
     assert "cuda" not in [b.name for b in backends.candidates("cupy")]
+
+
+def test_line_form_orders_its_constant_bank_per_module(fake_device, monkeypatch):
+    """The line form copies B1d into its module's constant bank before each launch. A launch
+    on another stream than the module's previous one first waits for that launch (an event),
+    across executors of one kernel too; on the same stream nothing waits (stream order)."""
+    log = fake_device.launched
+    slots = {}
+
+    def get_global(template, entry, ctx, smem, name):
+        key = (template, entry, tuple(sorted(ctx.items())), fake_device.dev, name)
+        return slots.setdefault(key, [types.SimpleNamespace(ptr=1000), None, None])
+
+    class Event:
+        def __init__(self, **_):
+            self.recorded_on = None
+
+        def record(self, stream):
+            self.recorded_on = stream.ptr
+            log.append(("record", stream.ptr))
+
+    class Stream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def is_capturing(self):
+            return False
+
+        def wait_event(self, event):
+            log.append(("wait", self.ptr, event.recorded_on))
+
+    current = [Stream(7)]
+    rt = types.SimpleNamespace(getDevice=lambda: fake_device.dev, memcpyDeviceToDevice=3,
+                               memcpyAsync=lambda dst, src, n, kind, s: log.append(
+                                   ("copy", dst, src, n, s)))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        runtime=rt, Event=Event, get_current_stream=lambda: current[0]))
+    monkeypatch.setattr(C, "cupy_or_none", lambda: fake)
+    monkeypatch.setattr(C, "get_global", get_global)
+    B = types.SimpleNamespace(data=types.SimpleNamespace(ptr=55), nbytes=8 * 30)
+    ctx = P.action_ctx(3, 5, 6, 1, "float64")
+    assert ctx["line"] == 1
+    spec = ActionSpec(dim=3, nq=6, nd=5, batch=100, dtype="float64")
+    a = C._ActionExecutor("stc_line", ctx, "heuristic", spec)
+    b = C._ActionExecutor("stc_line", ctx, "heuristic", spec.with_batch(50))
+    a.run((B, "D", "V"), "U")                 # stream 7
+    a.run((B, "D", "V"), "U")                 # stream 7 again: no wait
+    current[0] = Stream(9)
+    b.run((B, "D", "V"), "U")                 # another executor, stream 9: waits for 7
+    kinds = [e[0] if isinstance(e[0], str) else "launch" for e in log]
+    assert kinds == ["copy", "launch", "record", "copy", "launch", "record",
+                     "wait", "copy", "launch", "record"]
+    assert log[6] == ("wait", 9, 7)
+    assert log[0] == ("copy", 1000, 55, 240, 7) and log[7] == ("copy", 1000, 55, 240, 9)
+    assert log[1][3][:3] == ("D", "V", "U")     # no B1d argument: it is in the constant bank

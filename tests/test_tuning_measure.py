@@ -190,3 +190,65 @@ def test_no_table_means_the_heuristic_even_on_first_use(monkeypatch):
     with injected(None, spec):
         assert P.lookup(spec, "90") is None          # the shipped sm90 tables stay out
     assert P.get_table_lookup() is not None            # and are in effect afterwards
+
+
+def test_small_form(monkeypatch):
+    """A GEMM timed at >= 200,000 matrices is also timed at 100,000 (in place for beta != 0)
+    by replaying a captured CUDA graph; without graph capture, by the event timer."""
+    monkeypatch.setattr(_timing, "time_calls", lambda fn, **kw: (fn(), [1000] * kw["repeats"])[1])
+    spec = M.sized(GemmSpec(batch=1, m=2, n=2, k=2, dtype="float64", beta_zero=False),
+                   footprint=2 ** 25)                 # 128 bytes a matrix: 262,144 of them
+    assert spec.batch > 2 * M.GEMM_MIN_BATCH and M.small_batch(spec) == M.GEMM_MIN_BATCH
+    assert M.forms(spec) == ("separate", "double", "small", "inplace")
+    big32 = M.sized(GemmSpec(batch=1, m=32, n=32, k=32, dtype="float64"))
+    assert big32.batch == M.GEMM_MIN_BATCH and "small" not in M.forms(big32)
+    assert "small" not in M.forms(M.sized(ActionSpec(dim=3, nq=5, nd=4, batch=1,
+                                                     dtype="float64")))
+    dev = _device(spec.dtype)
+    prob = dev.prepare(spec)
+    ex = dev.build(spec, None)
+    A, B, C = prob.big
+    C0 = C.copy()
+    t = dev.time(prob, ex, form="small")              # FakeCupy: no streams, no graphs
+    assert t == [1000] * 20 and dev.graph_fallbacks == 1
+    assert ex.small.spec.batch == M.GEMM_MIN_BATCH
+    n = M.GEMM_MIN_BATCH
+    assert np.allclose(C[:n], A[:n] @ B[:n] + 0.5 * C0[:n])   # in place, on the first n
+    assert np.array_equal(C[n:], C0[n:])                      # the rest untouched
+    with pytest.raises(ValueError, match="small"):
+        dev.time(dev.prepare(big32), dev.build(big32, None), form="small")
+
+    # with graph capture: ns per call = event time of one replay / calls captured
+    class Stream:
+        def __init__(self, **_):
+            self.captured = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def synchronize(self):
+            pass
+
+        def begin_capture(self):
+            self.capturing = True
+
+        def end_capture(self):
+            return types.SimpleNamespace(launch=lambda s: None)
+
+    class Event:
+        def record(self, s):
+            pass
+
+        def synchronize(self):
+            pass
+
+    graph_cupy = types.SimpleNamespace(**vars(FakeCupy))
+    graph_cupy.cuda = types.SimpleNamespace(**vars(FakeCupy.cuda), Stream=Stream, Event=Event,
+                                            get_elapsed_time=lambda e0, e1: 0.25)   # ms
+    dev.cp = graph_cupy
+    ex2 = dev.build(spec, None)
+    t = dev.time(prob, ex2, form="small")
+    assert t == [int(0.25e6 / 50)] * 20 and dev.graph_fallbacks == 1

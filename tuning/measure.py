@@ -15,7 +15,9 @@ A *device* gives the search what it needs, and nothing else:
 - ``time(problem, ex, form="separate")``: nanoseconds per call, warm-up first, CUDA
   events; ``form="double"`` (see :func:`forms`) times the same variant built for twice
   the batch, on operands of twice the batch; ``form="inplace"`` times a GEMM with
-  ``beta != 0`` as ``out=C``, the in-place update;
+  ``beta != 0`` as ``out=C``, the in-place update; ``form="small"`` times a large
+  GEMM batch's variant at 100,000 matrices (the paper's setting), replayed from a
+  captured CUDA graph: the device's time, which the host's launch cost hides there;
 - ``bound(spec)``: :func:`smalltc.roofline.bound` with this device's numbers.
 
 :class:`DryRunDevice` answers the same calls without a GPU, with *made-up*
@@ -37,8 +39,8 @@ from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from .compile import injected
 from .space import PARAMS, ctx_for, family
 
-__all__ = ["GpuDevice", "DryRunDevice", "operands", "forms", "per_item_bytes", "sized", "TOL",
-           "FOOTPRINT", "GEMM_MIN_BATCH"]
+__all__ = ["GpuDevice", "DryRunDevice", "operands", "forms", "small_batch", "per_item_bytes",
+           "sized", "TOL", "FOOTPRINT", "GEMM_MIN_BATCH"]
 
 #: SPEC section 5: relative error allowed against the float64 einsum reference
 TOL = {"float64": 1e-12, "float32": 1e-5}
@@ -78,11 +80,23 @@ def forms(spec):
       heuristic at 256 MB ran 0.76x in the bench at 537 MB (2026-11-21);
     - ``"inplace"``, GEMM with ``beta != 0`` only: ``out=C``. Float32 m=n=k=3 ran
       1.29x faster than the heuristic with C apart and 0.86x in place
-      (``notes/ab_tables.py``, H100, 2026-11-21).
+      (``notes/ab_tables.py``, H100, 2026-11-21);
+    - ``"small"``, GEMM timed at 2 x 100,000 matrices or more: 100,000 of them (in
+      place for beta != 0), device time from a CUDA graph. On the H100 the float64
+      beta != 0 entries n = 2 and 4, 1.02x the heuristic at 4M matrices, were 0.75x
+      and 0.84x at 100,000 (notes/ab_tables.py, session 4).
     """
+    f = ("separate", "double") + (("small",) if small_batch(spec) else ())
     if isinstance(spec, GemmSpec) and not spec.beta_zero:
-        return ("separate", "double", "inplace")
-    return ("separate", "double")
+        return f + ("inplace",)
+    return f
+
+
+def small_batch(spec):
+    """The batch of the ``"small"`` form of ``spec``, or None when it has none."""
+    if isinstance(spec, GemmSpec) and spec.batch >= 2 * GEMM_MIN_BATCH:
+        return GEMM_MIN_BATCH
+    return None
 
 
 def _scalars(spec):
@@ -160,6 +174,7 @@ class _Built:
 
     def __init__(self, big, check, cand=None):
         self.big, self.check, self.cand, self.double = big, check, cand, None
+        self.small = None
         self.params, self.source = big.params, big.source
         self.kernel = getattr(big, "kernel", "?")
 
@@ -275,10 +290,52 @@ class GpuDevice:
                 with injected(ex.cand, spec):
                     ex.double = self.backend.build(spec)
             (ops, out), run = problem.double, ex.double
+        elif form == "small":
+            n = small_batch(spec)
+            if n is None:
+                raise ValueError(f"{spec} has no 'small' timing form")
+            full, spec = spec, spec.with_batch(n)
+            ops = [a[:n] if batched else a
+                   for (_, _, batched, _), a in zip(operands(full), ops)]
+            out = ops[2] if isinstance(spec, GemmSpec) and not spec.beta_zero else out[:n]
+            if ex.small is None:
+                with injected(ex.cand, spec):
+                    ex.small = self.backend.build(spec)
+            return self._graph_times(lambda: self._run(ex.small, spec, ops, out))
         elif form != "separate":
             raise ValueError(f"unknown timing form {form!r}")
         return time_calls(lambda: self._run(run, spec, ops, out), repeats=self.repeats,
                           warmup=self.warmup, on_gpu=True)
+
+    def _graph_times(self, fn, calls=50):
+        """Nanoseconds per call of ``fn``, ``repeats`` samples, each a replay of a captured
+        CUDA graph of ``calls`` calls: the device's time. Where capture fails, the event
+        timer (``graph_fallbacks`` counts it)."""
+        from smalltc._timing import time_calls
+        cp = self.cp
+        try:
+            s = cp.cuda.Stream(non_blocking=True)
+            with s:
+                fn()
+                s.synchronize()
+                s.begin_capture()
+                for _ in range(calls):
+                    fn()
+                g = s.end_capture()
+                for _ in range(self.warmup):
+                    g.launch(s)
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                out = []
+                for _ in range(self.repeats):
+                    e0.record(s)
+                    g.launch(s)
+                    e1.record(s)
+                    e1.synchronize()
+                    out.append(int(cp.cuda.get_elapsed_time(e0, e1) * 1e6 / calls))
+            return out
+        except Exception:                     # no graph capture here: the host-bound timer
+            self.graph_fallbacks = getattr(self, "graph_fallbacks", 0) + 1
+            return time_calls(fn, repeats=self.repeats, warmup=self.warmup, on_gpu=True)
 
 
 class _DryExecutor:
@@ -335,6 +392,8 @@ class DryRunDevice:
         (and the form, when it is ``"inplace"``); ``"double"`` takes twice the time."""
         if form == "double":
             return 2.0 * self.model_seconds(spec, params)
+        if form == "small":                   # its own ordering, scaled to its batch
+            spec = spec.with_batch(small_batch(spec))
         label = repr(sorted((params or {}).items())) + ("" if form == "separate" else form)
         penalty = 1.05 + (zlib.crc32(label.encode()) % 1000) / 500.0
         return self.bound(spec).tmin * penalty

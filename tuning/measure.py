@@ -333,8 +333,12 @@ class GpuDevice:
                     e1.synchronize()
                     out.append(int(cp.cuda.get_elapsed_time(e0, e1) * 1e6 / calls))
             return out
-        except Exception:                     # no graph capture here: the host-bound timer
+        except Exception as err:              # no graph capture here: the host-bound timer
             self.graph_fallbacks = getattr(self, "graph_fallbacks", 0) + 1
+            if self.graph_fallbacks == 1:
+                import sys
+                print(f"smalltc tune: the 'small' form times with CUDA events, not a graph "
+                      f"({type(err).__name__}: {err})", file=sys.stderr)
             return time_calls(fn, repeats=self.repeats, warmup=self.warmup, on_gpu=True)
 
 

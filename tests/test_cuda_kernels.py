@@ -185,16 +185,22 @@ def _build_forced(spec, params):
         P.set_table_lookup(before)
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("p,nq,nc,per_block,min_blocks,dt", ACTION_LINE_CASES)
-def test_action_line(p, nq, nc, per_block, min_blocks, dt):
+def test_action_line(p, nq, nc, per_block, min_blocks, dt, prefetch):
     from smalltc.spec import ActionSpec
     E = 1003                                   # many groups, a partial last one
     B1d, D, V = _action_inputs(3, p, nq, nc, E)
     ref = R.action_einsum(B1d, D, V, 3)
     spec = ActionSpec(dim=3, nq=nq, nd=p + 1, batch=E, dtype=dt, ncomp=nc, comp_axis=nc > 1)
-    ex = _build_forced(spec, dict(per_block=per_block, min_blocks=min_blocks, line=1))
+    ex = _build_forced(spec, dict(per_block=per_block, min_blocks=min_blocks, line=1,
+                                  prefetch=prefetch))
     assert ex.source == "test" and ex.template == "action_line.cu.j2"
     assert ex.kernel.endswith("_line") and ex.params["line"] == 1
+    assert ex.params["prefetch"] == prefetch and (ex.max_blocks is None) == (not prefetch)
+    if prefetch:
+        ex.max_blocks = 7                    # each block loops over many groups: the prefetch
+                                             # of the next group's V and D is exercised
     out = poisoned(V.shape, dt)
     ex.run(tuple(dev(a, dt) for a in (B1d, D, V)), out)
     assert rel(out, ref) < TOL[dt] * (10 if p >= 8 else 1)

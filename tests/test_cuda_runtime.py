@@ -192,3 +192,26 @@ def test_line_form_orders_its_constant_bank_per_module(fake_device, monkeypatch)
     assert log[6] == ("wait", 9, 7)
     assert log[0] == ("copy", 1000, 55, 240, 7) and log[7] == ("copy", 1000, 55, 240, 9)
     assert log[1][3][:3] == ("D", "V", "U")     # no B1d argument: it is in the constant bank
+
+
+def test_prefetch_form_caps_the_grid(fake_device, monkeypatch):
+    """The line form's prefetch variant overlaps a group's loads with the previous group's
+    steps only if blocks loop over groups: its grid is capped at resident blocks."""
+    launched = []
+    monkeypatch.setattr(C, "launch", lambda kern, ngroups, threads, args, smem, max_blocks=None:
+                        launched.append((ngroups, threads, max_blocks)))
+    monkeypatch.setattr(C, "_device", lambda: (0, dict(sms=132, smem_optin=227 * 1024, cc="90")))
+    spec = ActionSpec(dim=3, nq=9, nd=9, batch=100000, dtype="float64")
+    ctx = P.action_ctx(3, 9, 9, 1, "float64", params=dict(per_block=3, line=1, prefetch=1))
+    ex = C._ActionExecutor("stc_x", ctx, "table", spec)
+    assert ex.max_blocks is None                     # set by the backend's build
+    before = P.get_table_lookup()
+    P.set_table_lookup(lambda s, cc: dict(per_block=3, min_blocks=0, line=1, prefetch=1,
+                                          _source="test"))
+    try:
+        ex = C.CudaBackend().build(spec)
+    finally:
+        P.set_table_lookup(before)
+    assert ex.max_blocks == 132 * (2048 // 243)
+    ex._launch(spec.batch, ("D", "V", "U"))
+    assert launched[-1] == (math.ceil(100000 / 3), 243, 132 * 8)

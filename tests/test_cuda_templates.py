@@ -49,7 +49,7 @@ def _configs():
                         out.append((P.action_template(ctx), ctx))
             # 3D: the line form below T = 5 and the rb = 1 form above (not the heuristic's)
             for p in (1, 2, 4, 8) if dim == 3 else ():
-                form = dict(line=1) if p < 4 else dict(rb=1, line=0)
+                form = dict(line=1, prefetch=int(p == 2)) if p < 4 else dict(rb=1, line=0)
                 ctx = P.action_ctx(dim, p + 1, p + 2, 1 + 2 * (p == 2), dt,
                                    params=dict(per_block=2, min_blocks=0, **form))
                 out.append((P.action_template(ctx), ctx))

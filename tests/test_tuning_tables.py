@@ -254,7 +254,7 @@ def test_action_rb_is_optional_and_carried(table):
     params, how, _ = T.Table(old).lookup(spec.with_batch(9))
     assert how == "exact" and params["rb"] == 1
     assert T.adapt(spec, spec, {"per_block": 4, "min_blocks": 2}) == \
-        {"per_block": 4, "min_blocks": 2, "rb": 1, "line": 0}
+        {"per_block": 4, "min_blocks": 2, "rb": 1, "line": 0, "prefetch": 0}
     # an entry with rb: valid; a neighbour gets the same rb and threads per block
     new = copy.deepcopy(table)
     new["entries"][key]["params"] = {"per_block": 4, "min_blocks": 0, "rb": 2}
@@ -294,14 +294,15 @@ def test_nearest_carries_the_action_line_form():
     """A 3D entry of the line form reaches its neighbours (other ncomp, nq) as the line
     form with the same threads per block; a 2D neighbour gets the shared-memory form."""
     e = ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64)
-    params = {"per_block": 3, "min_blocks": 4, "rb": 1, "line": 1}
+    params = {"per_block": 3, "min_blocks": 4, "rb": 1, "line": 1, "prefetch": 1}
     three = T.adapt(ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64, ncomp=3, comp_axis=True),
                     e, params)
     assert three == params
     wider = T.adapt(ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype=F64), e, params)
     assert wider["line"] == 1 and wider["per_block"] == 2          # 243 threads / 110 per item
+    assert wider["prefetch"] == 1
     flat = T.adapt(ActionSpec(dim=2, nq=9, nd=9, batch=1, dtype=F64), e, params)
-    assert flat["line"] == 0 and flat["rb"] == 1
+    assert flat["line"] == 0 and flat["rb"] == 1 and flat["prefetch"] == 0
 
 
 def test_tuner_action_sizes_with_components_have_the_component_axis():

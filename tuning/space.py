@@ -22,9 +22,11 @@ family         parameters                  generated
                                            counts, or 1, 2, 3, 4, 6, 8, 12, ... when
                                            more than 16), ``__launch_bounds__``
                                            minimum blocks 0, 1, 2, 3, 4, 5, 6, 8;
-               ``line``                    3D also the line form (``line`` = 1:
+               ``line, prefetch``          3D also the line form (``line`` = 1:
                                            B1d in the constant bank, a thread per
-                                           line), minimum blocks 0, 2, 4
+                                           line), minimum blocks 0, 2, 4, with and
+                                           without ``prefetch`` (the next group's
+                                           V and D loaded during the steps)
                                            (0 and 1 give the same register cap)
 ``assembly``   ``per_block, rows, pad``    fused assembly: units per block 1, 2, 4, ... 512;
                                            final stage flat (rows 0) or, 3D, the rows
@@ -62,11 +64,12 @@ __all__ = ["Candidate", "Space", "family", "ctx_for", "generate", "prune_compile
 
 #: tuning parameters of each family (the keys of a table entry's ``params``)
 PARAMS = {"layout": ("dim_x", "dim_y", "per_block"), "contract9": ("per_block",),
-          "action": ("per_block", "min_blocks", "rb", "line"),
+          "action": ("per_block", "min_blocks", "rb", "line", "prefetch"),
           "assembly": ("per_block", "rows", "pad")}
 #: parameters added after tables were first written: an entry without one means
 #: this value (the form the earlier tables were tuned with)
-OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}, "action": {"rb": 1, "line": 0}}
+OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}, "action": {"rb": 1, "line": 0,
+                                                                          "prefetch": 0}}
 MAX_THREADS = 1024      # per block, every CUDA architecture
 MIN_THREADS = 64        # 32 resident blocks x 64 threads = 2048: a full SM is possible
 MAX_TILE = 32           # outputs per thread in the GEMM register tile
@@ -217,7 +220,7 @@ def _raw(spec, fam):
                 for mb in _MIN_BLOCKS:
                     why = ("threads" if threads < MIN_THREADS and ne < upto else
                            "resident" if mb * threads > SM_THREADS else None)
-                    yield dict(per_block=ne, min_blocks=mb, rb=rb, line=0), why
+                    yield dict(per_block=ne, min_blocks=mb, rb=rb, line=0, prefetch=0), why
         if spec.dim == 3:                             # the line form (action_line.cu.j2)
             tpi = (T | 1) * T
             upto = MAX_THREADS // tpi
@@ -226,7 +229,8 @@ def _raw(spec, fam):
                 for mb in (0, 2, 4):
                     why = ("threads" if threads < MIN_THREADS and ne < upto else
                            "resident" if mb * threads > SM_THREADS else None)
-                    yield dict(per_block=ne, min_blocks=mb, rb=1, line=1), why
+                    for pf in (0, 1):
+                        yield dict(per_block=ne, min_blocks=mb, rb=1, line=1, prefetch=pf), why
 
 
 def _register_cap(threads, min_blocks):

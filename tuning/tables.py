@@ -284,8 +284,9 @@ def adapt(spec, entry_spec, params, smem_optin=227 * 1024):
         mb = params.get("min_blocks", 0)
         while mb and mb * ne * t1 > SM_THREADS:
             mb -= 1
-        return _first_valid(spec, dict(per_block=ne, min_blocks=mb, rb=rb, line=int(line)),
-                            smem_optin)
+        pf = int(bool(params.get("prefetch", 0))) if line else 0
+        return _first_valid(spec, dict(per_block=ne, min_blocks=mb, rb=rb, line=int(line),
+                                       prefetch=pf), smem_optin)
     # assembly, kernel (9): the same outputs per block (and the assembly's final-stage form)
     nb = max(1, round(params["per_block"] * _outputs_per_item(entry_spec)
                       / _outputs_per_item(spec)))

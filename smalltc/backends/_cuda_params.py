@@ -261,7 +261,7 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
         return None
     return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, tpi=tpi, per_block=ne,
                 threads=tpi * ne, smem_bytes=smem(ne), min_blocks=min_blocks, rb=rb, tb=tb,
-                line=0)
+                line=0, prefetch=0)
 
 
 #: the 3D action's heuristic takes the line form from this T = max(nd, nq) on: on an H100
@@ -277,8 +277,10 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     computes every output along the contracted axis) with B1d in the constant bank,
     so an FMA takes its B operand from there: about nd FMAs per shared-memory load
     instead of one. An item has TT*T threads (TT: T rounded up to odd, the line
-    stride: conflict-free banks) and two T*T*TT buffers. ``params``: ``per_block``
-    and ``min_blocks``; the heuristic fills ~160 threads.
+    stride: conflict-free banks) and two T*T*TT buffers. ``params``: ``per_block``,
+    ``min_blocks`` and ``prefetch`` (1: the next group's V and D are loaded into
+    registers during the current group's steps; not yet measured on a GPU, so the
+    heuristic keeps 0); the heuristic fills ~160 threads.
 
     >>> c = action_line_ctx(3, 8, 9, 1, "float64")
     >>> c["T"], c["TT"], c["tpi"], c["per_block"], c["line"]
@@ -295,15 +297,16 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     buf = T * T * TT
     istr = 2 * buf + 1                       # odd: items start on different banks
     ne = max(1, round(160 / tpi))
-    min_blocks = 0
+    min_blocks, prefetch = 0, 0
     if params:
         ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
+        prefetch = int(bool(params.get("prefetch", 0)))
     smem = s * (ne * istr + 1)
     if ne < 1 or smem > smem_optin or tpi * ne > 1024:
         return None
     return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, TT=TT, istr=istr,
                 tpi=tpi, per_block=ne, threads=tpi * ne, smem_bytes=smem,
-                min_blocks=min_blocks, rb=1, tb=T, line=1)
+                min_blocks=min_blocks, rb=1, tb=T, line=1, prefetch=prefetch)
 
 
 def action_template(ctx):

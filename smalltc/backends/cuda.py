@@ -55,7 +55,8 @@ def _params(spec, info, heuristic):
 
 def _public(ctx):
     keys = ("BLK_M", "BLK_N", "BLK_K", "dim_x", "dim_y", "thr_m", "thr_n", "T",
-            "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad", "rb", "line")
+            "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad", "rb", "line",
+            "prefetch")
     return {k: ctx[k] for k in keys if k in ctx}
 
 
@@ -82,11 +83,19 @@ class _KernelExecutor(Executor):
             fn = self._fns[dev] = get_kernel(self.template, self.kernel, self.ctx, self.smem)
         return fn
 
+    #: grid cap (None: a block per group); a kernel that overlaps one group's loads with
+    #: the previous group's work needs blocks that loop over several groups
+    max_blocks = None
+
     def _launch(self, nitems, args, ngroups=None):
         if ngroups is None:
             ngroups = math.ceil(nitems / self.per_block)
-        launch(self._kernel_here(), ngroups, self.threads, args + (np.int64(nitems),),
-               self.smem)
+        if self.max_blocks is None:
+            launch(self._kernel_here(), ngroups, self.threads, args + (np.int64(nitems),),
+                   self.smem)
+        else:
+            launch(self._kernel_here(), ngroups, self.threads, args + (np.int64(nitems),),
+                   self.smem, max_blocks=self.max_blocks)
 
     def _scal(self, v):
         return self.np_dtype.type(v)
@@ -263,6 +272,8 @@ class CudaBackend(Backend):
             entry = (f"stc_mass_apply_{spec.dim}d_{dt}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}"
                      f"{'_line' if ctx.get('line') else ''}")
             ex = _ActionExecutor(entry, ctx, src, spec)
+            if ctx.get("prefetch"):             # resident blocks loop over the groups
+                ex.max_blocks = info["sms"] * max(1, 2048 // ctx["threads"])
             # the heuristic's register cap (min_blocks) must not spill: local memory
             # traffic cost up to 2x (notes/cuda.md, ncu of nd6nq6); relax it until none
             while src == "heuristic" and ex.local_bytes > 256 and ctx["min_blocks"] > 0:

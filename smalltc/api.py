@@ -116,10 +116,31 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     array([[ 8., 10.],
            [12., 14.]])
     """
+    # Fast path for repeated calls (small GEMMs are host-bound): operands of a kind,
+    # shape and dtype already validated map straight to their plan, whose call re-checks
+    # shapes, dtypes, scalars and out; anything else takes the full path.
+    try:
+        key = (type(A), A.shape, A.dtype, type(B), B.shape, B.dtype,
+               None if C is None else (type(C), C.shape, C.dtype),
+               bool(trans_a), bool(trans_b), beta == 0, backend)
+        hit = _GEMM_PLANS.get(key)
+    except (AttributeError, TypeError):       # not arrays, or an unhashable argument
+        key, hit = None, None
+    if hit is not None:
+        return hit(A, B, None if beta == 0 else C, out=out, stream=stream, alpha=alpha,
+                   beta=beta)
     spec, xp, ops = V.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
                                 trans_b=trans_b)
-    return build_plan(spec, xp, backend, "auto")(*ops, out=out, stream=stream,
-                                                 alpha=alpha, beta=beta)
+    p = build_plan(spec, xp, backend, "auto")
+    if key is not None and ops[0] is A and ops[1] is B and (ops[2] is None or ops[2] is C):
+        if len(_GEMM_PLANS) >= 256:
+            _GEMM_PLANS.clear()
+        _GEMM_PLANS[key] = p
+    return p(*ops, out=out, stream=stream, alpha=alpha, beta=beta)
+
+
+#: batched_gemm's fast path: (operand kinds, shapes, dtypes, flags) -> validated plan
+_GEMM_PLANS: dict = {}
 
 
 def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None):

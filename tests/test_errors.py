@@ -147,3 +147,25 @@ def test_mixing_numpy_and_cupy():
         pytest.skip("needs a CUDA device")
     with pytest.raises(TypeError, match=r"mix NumPy and CuPy arrays"):
         smalltc.batched_contract(cp.asarray(B1d), D3, V3)
+
+
+def test_batched_gemm_repeat_calls_stay_checked():
+    """batched_gemm's fast path (a validated operand signature maps to its plan) still
+    checks what varies between calls: out, scalars, and a new signature in full."""
+    import numpy as np
+    import smalltc
+    rng = np.random.default_rng(3)
+    A, B, C = (rng.standard_normal((5, 3, 3)) for _ in range(3))
+    for _ in range(2):                                   # the second call takes the fast path
+        assert np.allclose(smalltc.batched_gemm(A, B, C, beta=0.5), A @ B + 0.5 * C)
+    with pytest.raises(ValueError, match="out has shape"):
+        smalltc.batched_gemm(A, B, C, beta=0.5, out=np.empty((5, 3, 4)))
+    with pytest.raises(ValueError, match="finite"):
+        smalltc.batched_gemm(A, B, C, beta=float("inf"))
+    with pytest.raises(ValueError, match="needs C"):
+        smalltc.batched_gemm(A, B, beta=0.5)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        smalltc.batched_gemm(A, rng.standard_normal((5, 4, 3)))
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        smalltc.batched_gemm(A, B.astype(np.float32))
+    assert np.allclose(smalltc.batched_gemm([[1.0, 2.0]], [[[3.0], [4.0]]]), [[[11.0]]])

@@ -21,13 +21,13 @@ family         parameters                  generated
                                            threads per item in 3D); elements per block (all
                                            counts, or 1, 2, 3, 4, 6, 8, 12, ... when
                                            more than 16), ``__launch_bounds__``
-                                           minimum blocks 0, 1, 2, 3, 4, 5, 6, 8;
+                                           minimum blocks 0, 1, 2, 3, 4, 5, 6, 8
+                                           (0 and 1 give the same register cap);
                ``line, prefetch``          3D also the line form (``line`` = 1:
                                            B1d in the constant bank, a thread per
                                            line), minimum blocks 0, 2, 4, with and
                                            without ``prefetch`` (the next group's
                                            V and D loaded during the steps)
-                                           (0 and 1 give the same register cap)
 ``assembly``   ``per_block, rows, pad``    fused assembly: units per block 1, 2, 4, ... 512;
                                            final stage flat (rows 0) or, 3D, the rows
                                            form with nd^3 * rows threads (rows 1, 2, 4, ...);

@@ -31,25 +31,7 @@ from smalltc.tuning import tables
 
 def graph_time(fn, calls=50, reps=10):
     """Device time per call of ``fn`` replayed from a captured CUDA graph (s)."""
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        fn()
-        s.synchronize()
-        s.begin_capture()
-        for _ in range(calls):
-            fn()
-        g = s.end_capture()
-        g.launch(s)
-        s.synchronize()
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        ts = []
-        for _ in range(reps):
-            e0.record(s)
-            g.launch(s)
-            e1.record(s)
-            e1.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / calls)
-    return statistics.median(ts)
+    return statistics.median(_timing.graph_times(fn, repeats=reps, warmup=1, calls=calls)) * 1e-9
 
 
 def build(on, *ops):

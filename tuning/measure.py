@@ -311,28 +311,10 @@ class GpuDevice:
         """Nanoseconds per call of ``fn``, ``repeats`` samples, each a replay of a captured
         CUDA graph of ``calls`` calls: the device's time. Where capture fails, the event
         timer (``graph_fallbacks`` counts it)."""
-        from smalltc._timing import time_calls
-        cp = self.cp
+        from smalltc._timing import graph_times, time_calls
         try:
-            s = cp.cuda.Stream(non_blocking=True)
-            with s:
-                fn()
-                s.synchronize()
-                s.begin_capture()
-                for _ in range(calls):
-                    fn()
-                g = s.end_capture()
-                for _ in range(self.warmup):
-                    g.launch(s)
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                out = []
-                for _ in range(self.repeats):
-                    e0.record(s)
-                    g.launch(s)
-                    e1.record(s)
-                    e1.synchronize()
-                    out.append(int(cp.cuda.get_elapsed_time(e0, e1) * 1e6 / calls))
-            return out
+            return graph_times(fn, repeats=self.repeats, warmup=self.warmup, calls=calls,
+                               cp=self.cp)
         except Exception as err:              # no graph capture here: the host-bound timer
             self.graph_fallbacks = getattr(self, "graph_fallbacks", 0) + 1
             if self.graph_fallbacks == 1:

@@ -34,7 +34,7 @@ def fake_device(monkeypatch):
         state.compiled.append((state.dev, template, entry))
         return _FakeKernel(state.dev)
 
-    def launch(kern, ngroups, threads, args, smem):
+    def launch(kern, ngroups, threads, args, smem, max_blocks=None):
         state.launched.append((kern.dev, ngroups, threads, args, smem))
 
     monkeypatch.setattr(C, "get_kernel", get_kernel)

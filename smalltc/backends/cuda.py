@@ -90,12 +90,8 @@ class _KernelExecutor(Executor):
     def _launch(self, nitems, args, ngroups=None):
         if ngroups is None:
             ngroups = math.ceil(nitems / self.per_block)
-        if self.max_blocks is None:
-            launch(self._kernel_here(), ngroups, self.threads, args + (np.int64(nitems),),
-                   self.smem)
-        else:
-            launch(self._kernel_here(), ngroups, self.threads, args + (np.int64(nitems),),
-                   self.smem, max_blocks=self.max_blocks)
+        launch(self._kernel_here(), ngroups, self.threads, args + (np.int64(nitems),),
+               self.smem, max_blocks=self.max_blocks)
 
     def _scal(self, v):
         return self.np_dtype.type(v)

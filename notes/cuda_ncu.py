@@ -4,7 +4,8 @@
 
 CASE is ``action:DIM:P:NQ:DTYPE``, ``assembly:DIM:P:NQ:DTYPE`` or
 ``contract9:S:N:K:L:DTYPE`` (kernel (9), B shared); without arguments the cases of
-session 1. Each case runs its plan twice (the first launch warms up), with the plan
+session 1. A suffix ``@k=v,k=v`` forces those kernel parameters (as a tuning table
+would give them), e.g. ``action:3:8:9:float64@line=1,per_block=2,min_blocks=0,prefetch=1``. Each case runs its plan twice (the first launch warms up), with the plan
 the runtime would choose (tuning tables included), on a ~256 MiB batch.
 """
 import sys
@@ -18,7 +19,21 @@ DEFAULT = ["action:3:1:2:float64", "action:3:1:3:float64", "action:3:5:6:float64
 FOOT = 256 * 2 ** 20
 
 
+def force(params):
+    """Make the next plan take ``params`` (a table's answer) for every spec."""
+    from smalltc.backends import _cuda_params as P
+    global DEFAULT_LOOKUP
+    if DEFAULT_LOOKUP is None:
+        DEFAULT_LOOKUP = [P.get_table_lookup()]      # the shipped tables
+    P.set_table_lookup(DEFAULT_LOOKUP[0] if params is None else (lambda spec, cc: dict(params)))
+
+
+DEFAULT_LOOKUP = None
+
+
 def inputs(case):
+    case, _, forced = case.partition("@")
+    force({k: int(v) for k, v in (kv.split("=") for kv in forced.split(","))} if forced else None)
     op, *rest = case.split(":")
     dt = rest[-1]
     s = cp.dtype(dt).itemsize

@@ -160,6 +160,14 @@ def get_global(template: str, entry: str, ctx: dict, smem_bytes: int, name: str)
     return slot
 
 
+def resident_blocks(kern, threads: int, smem_bytes: int) -> int:
+    """Blocks of ``kern`` that fit on one SM at once (registers, shared memory and
+    threads: the driver's occupancy calculator), at least 1."""
+    import cupy
+    return max(1, int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+        kern.kernel.ptr, int(threads), int(smem_bytes))))
+
+
 def launch(kern, ngroups: int, threads: int, args: tuple, smem_bytes: int = 0,
            max_blocks: int | None = None):
     """Launch on the current CuPy stream; the kernels stride over groups past the grid."""

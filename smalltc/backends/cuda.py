@@ -29,7 +29,8 @@ from .._arrays import cupy_or_none, gpu_available
 from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from . import _cuda_params as P
 from . import register
-from ._cuda_runtime import SmalltcCompileError, device_info, get_global, get_kernel, launch
+from ._cuda_runtime import (SmalltcCompileError, device_info, get_global, get_kernel, launch,
+                            resident_blocks)
 from .base import Backend, Executor, Unsupported
 
 __all__ = ["CudaBackend", "SmalltcCompileError"]
@@ -269,7 +270,8 @@ class CudaBackend(Backend):
                      f"{'_line' if ctx.get('line') else ''}")
             ex = _ActionExecutor(entry, ctx, src, spec)
             if ctx.get("prefetch"):             # resident blocks loop over the groups
-                ex.max_blocks = info["sms"] * max(1, 2048 // ctx["threads"])
+                ex.max_blocks = info["sms"] * resident_blocks(ex._kernel_here(), ctx["threads"],
+                                                              ctx["smem_bytes"])
             # the heuristic's register cap (min_blocks) must not spill: local memory
             # traffic cost up to 2x (notes/cuda.md, ncu of nd6nq6); relax it until none
             while src == "heuristic" and ex.local_bytes > 256 and ctx["min_blocks"] > 0:

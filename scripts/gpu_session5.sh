@@ -1,44 +1,37 @@
 #!/usr/bin/env bash
-# The next device session's runbook, one call per PHASE (kind nvidia-h100-x1: the
-# checkpoints are H100 timings), each with carry=["build/tune"]. Prepare here first:
-#   mkdir -p build/tune/tables && cp tuning/tables/*.json build/tune/tables/ &&
+# Session 5's device calls, one per PHASE (kind nvidia-h100-x1: the checkpoints are H100
+# timings), each with carry=["build/tune"]. Prepare here first (fresh action searches):
+#   rm -rf build/tune && mkdir -p build/tune/tables && cp tuning/tables/*.json build/tune/tables/ &&
 #   for f in results/gpu-nvidia-h100-80gb-hbm3/tuning/checkpoints/sm90-gemm-*.gz; do
 #     gunzip -c $f > build/tune/$(basename ${f%.gz}); done
-# and after each call: tar xzf <files_at>/s5-$PHASE.tgz tune.tgz -O | tar xz  (restores build/tune)
-#   PHASE=1: GPU tests of what session 4 left unrun (the line form across executors, its
-#            prefetch variant, the tuner's small form), the GEMM --reconfirm with the small
-#            form (float64, float32), ncu of the line kernels.
-#   PHASE=2 / 3: the action search from scratch, float64 / float32: 2D and 3D p = 1..8 and
-#            the 3D ncomp = 3 sizes (the space now has the line form's prefetch variant).
-#            Run again with the same PHASE if it says "budget".
+# and after each call: tar xzf <files_at>/s5-$PHASE.tgz ./tune.tgz -O | tar xz  (restores build/tune)
+#   PHASE=T: the whole test suite on the GPU (the line form's prefetch forms 1 and 2, now
+#            the 3D heuristic's), then the float64 action search from scratch, 3D first.
+#   PHASE=2 / 3: the action search, float64 / float32 (resumes): 3D, 2D p = 1..8, and the
+#            3D ncomp = 3 sizes. Run again with the same PHASE if it says "budget".
 #   PHASE=4: copy build/tune/tables to tuning/tables, then the tuned/untuned evidence.
 # Everything comes back in $OUT/s5-$PHASE.tgz (build/tune inside it as tune.tgz).
 set -u
 OUT=${OUT:-/tmp/out}; W=/tmp/s5; mkdir -p "$OUT" "$W" build/tune/tables
 export PYTHONUNBUFFERED=1
+T0=$(date +%s)
 pack() { tar czf "$W/tune.tgz" build/tune; tar czf "$OUT/s5-$PHASE.tgz" -C "$W" . ; }
+left() { echo $(( ${LIMIT:-570} - $(date +%s) + T0 )); }
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$W/install.log" 2>&1 || { cat "$W/install.log"; exit 1; }
 for f in tuning/tables/*.json; do [ -e "build/tune/tables/${f##*/}" ] || cp "$f" build/tune/tables/; done
-action() {  # action DTYPE
-  python3 -m smalltc.cli tune --op action --dtype "$1" --sizes "2:1-8:p+1,p+2" "3:1-8:p+1,p+2" \
-    "3:1-8:p+1,p+2:c3" --work build/tune --out build/tune/tables --resume --budget-seconds 530 \
-    --no-progress --plot 2>&1 | tee -a "$W/tune_action_$1.log" | grep -E "^action/3d|sizes;|table:|rror|budget"
+action() {  # action DTYPE: the search, within what is left of this call
+  local b=$(( $(left) - 25 ))
+  [ "$b" -gt 30 ] || { echo "no time left for the $1 search"; return; }
+  python3 -m smalltc.cli tune --op action --dtype "$1" --sizes "3:1-8:p+1,p+2" "2:1-8:p+1,p+2" \
+    "3:1-8:p+1,p+2:c3" --work build/tune --out build/tune/tables --resume --budget-seconds "$b" \
+    --no-progress --plot 2>&1 | tee -a "$W/tune_action_$1.log" | grep -E "^action/|sizes;|table:|rror|budget"
 }
 case "$PHASE" in
-1)
-  timeout 150 python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda_kernels.py \
-    tests/test_tuning_gpu.py tests/test_tuning_measure.py -k "line or tuning or small" \
-    > "$W/pytest.log" 2>&1; echo "pytest rc=$?"; tail -n 2 "$W/pytest.log"; pack
-  for dt in float64 float32; do
-    timeout 200 python3 -m smalltc.cli tune --op gemm --dtype $dt --work build/tune \
-      --out build/tune/tables --reconfirm --budget-seconds 180 --no-progress 2>&1 \
-      | tee "$W/reconfirm_gemm_$dt.log" | grep -E "m[2-8]n[2-8]k[2-8] |sizes;|table:|rror|small"
-    pack
-  done
-  timeout 120 ncu -k regex:_line --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    python3 notes/cuda_ncu.py action:3:5:6:float64 action:3:6:7:float64 action:3:8:9:float64 \
-    > "$W/ncu_line.txt" 2> "$W/ncu_line_cases.txt"; echo "ncu rc=$?" ;;
+T)
+  (python3 -m smalltc.cli info; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv) > "$W/info.txt" 2>&1
+  timeout 230 python3 -m pytest -q -n 12 -p no:cacheprovider tests > "$W/pytest_gpu_full.log" 2>&1
+  echo "pytest rc=$?"; tail -n 2 "$W/pytest_gpu_full.log"; pack
+  action float64 ;;
 2) action float64 ;;
 3) action float32 ;;
 4)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _validate as V
-from .backends import Unsupported, candidates
+from .backends import Unsupported, _cuda_params, candidates
 from .pairwise import PairwiseExecutor
 from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
@@ -23,6 +23,14 @@ _METHODS = ("auto", "fused", "pairwise")
 _PLANS: OrderedDict = OrderedDict()
 _MAX_PLANS = 256
 _WARNED: set = set()
+
+
+def clear_plans():
+    """Forget the cached plans (a new tuning-table lookup chooses kernels afresh)."""
+    _PLANS.clear()
+
+
+_cuda_params.on_table_change(clear_plans)
 
 
 class Plan:

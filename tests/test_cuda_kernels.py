@@ -185,7 +185,7 @@ def _build_forced(spec, params):
         P.set_table_lookup(before)
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("p,nq,nc,per_block,min_blocks,dt", ACTION_LINE_CASES)
 def test_action_line(p, nq, nc, per_block, min_blocks, dt, prefetch):
     from smalltc.spec import ActionSpec

@@ -47,11 +47,15 @@ def _configs():
                     ctx = P.action_ctx(dim, p + 1, p + 2, ncomp, dt)
                     if ctx is not None:
                         out.append((P.action_template(ctx), ctx))
-            # 3D: the line form below T = 5 and the rb = 1 form above (not the heuristic's)
-            for p in (1, 2, 4, 8) if dim == 3 else ():
-                form = dict(line=1, prefetch=int(p == 2)) if p < 4 else dict(rb=1, line=0)
-                ctx = P.action_ctx(dim, p + 1, p + 2, 1 + 2 * (p == 2), dt,
-                                   params=dict(per_block=2, min_blocks=0, **form))
+            # 3D: the line form below T = 5 with each prefetch form (0: none, 1: registers,
+            # 2: cp.async) and the rb = 1 form above (neither is the heuristic's choice)
+            for p, pf, nc in ((1, 0, 1), (1, 2, 3), (2, 1, 3), (4, 2, 1)) if dim == 3 else ():
+                ctx = P.action_ctx(dim, p + 1, p + 2, nc, dt, params=dict(
+                    per_block=2, min_blocks=0, line=1, prefetch=pf))
+                out.append((P.action_template(ctx), ctx))
+            for p in (4, 8) if dim == 3 else ():
+                ctx = P.action_ctx(dim, p + 1, p + 2, 1, dt,
+                                   params=dict(per_block=2, min_blocks=0, rb=1, line=0))
                 out.append((P.action_template(ctx), ctx))
             # register-blocked variants (action_rb.cu.j2): rb 2 and 4, float32 once
             for p, rb in ((1, 2), (4, 2), (4, 4), (8, 2), (8, 3)) if dim > 1 else ():

@@ -102,15 +102,16 @@ def test_pruning_counts_by_hand():
     heur = sp.heuristic
     assert heur["rb"] == 1 and len(combos) == 8 * (12 + 14 + 14 + 16) == 448
     # and the line form (3D): TT*T = 5*4 = 20 threads per element, nice counts up to
-    # 1024/20 = 51 (11 of them), x min_blocks 0, 2, 4, x prefetch 0, 1
-    line = [(ne, mb, pf) for ne in nice if ne * 20 <= 1024 for mb in (0, 2, 4) for pf in (0, 1)]
-    assert len(line) == 66
-    assert sp.generated == 448 + 66 + (heur["per_block"] not in nice)
+    # 1024/20 = 51 (11 of them), x min_blocks 0, 2, 4, x prefetch 0, 1, 2
+    line = [(ne, mb, pf) for ne in nice if ne * 20 <= 1024 for mb in (0, 2, 4)
+            for pf in (0, 1, 2)]
+    assert len(line) == 99
+    assert sp.generated == 448 + 99 + (heur["per_block"] not in nice)
     threads = [c for c in combos if c[1] * c[3] < 64]         # < 64 threads per block
-    assert sp.pruned["threads"] == len(threads) + 3 * 3 * 2 == 8 * (3 + 5 + 5 + 7) + 18
+    assert sp.pruned["threads"] == len(threads) + 3 * 3 * 3 == 8 * (3 + 5 + 5 + 7) + 27
     over = [c for c in combos if c[1] * c[3] >= 64 and c[2] * c[1] * c[3] > 2048]
     over_line = [ne for ne, mb, _ in line if ne * 20 >= 64 and mb * ne * 20 > 2048]  # 32, 48
-    assert sp.pruned["resident"] == len(over) + len(over_line) == 60 + 4
+    assert sp.pruned["resident"] == len(over) + len(over_line) == 60 + 6
     # rb 4 at 256 elements: 256 * (2 * 64 + 1) doubles > 227 KiB (min_blocks 0, 1, 2)
     assert sp.pruned["invalid"] == 3
     kept = {c.params["rb"] for c in sp.candidates}

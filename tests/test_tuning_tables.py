@@ -313,3 +313,24 @@ def test_tuner_action_sizes_with_components_have_the_component_axis():
     assert spec.comp_axis and spec.v_shape == (1, 3, 5, 5, 5)
     with pytest.raises(ValueError, match="comp_axis"):
         ActionSpec(dim=3, nq=5, nd=4, batch=1, dtype=F64, ncomp=3)
+
+
+def test_a_new_lookup_drops_cached_plans():
+    """A plan cached under one tuning-table lookup must not outlive it: installing
+    another lookup (a new table, the tuner's candidate, SMALLTC_TUNING off) empties the
+    plan caches, so the next plan asks the new lookup."""
+    import numpy as np
+    import smalltc
+    from smalltc import api
+    from smalltc.backends import _cuda_params as P
+    from smalltc.plan import _PLANS
+    A = np.ones((3, 2, 2))
+    smalltc.plan("gemm", A, A, backend="reference")
+    smalltc.batched_gemm(A, A, backend="reference")
+    assert _PLANS and api._GEMM_PLANS
+    before = P.get_table_lookup()
+    try:
+        P.set_table_lookup(lambda spec, cc: None)
+        assert not _PLANS and not api._GEMM_PLANS
+    finally:
+        P.set_table_lookup(before)

@@ -25,9 +25,10 @@ family         parameters                  generated
                                            (0 and 1 give the same register cap);
                ``line, prefetch``          3D also the line form (``line`` = 1:
                                            B1d in the constant bank, a thread per
-                                           line), minimum blocks 0, 2, 4, with and
-                                           without ``prefetch`` (the next group's
-                                           V and D loaded during the steps)
+                                           line), minimum blocks 0, 2, 4, ``prefetch``
+                                           0, 1, 2 (none; the next group's V and D
+                                           loaded into registers during the steps;
+                                           V by cp.async into a third buffer)
 ``assembly``   ``per_block, rows, pad``    fused assembly: units per block 1, 2, 4, ... 512;
                                            final stage flat (rows 0) or, 3D, the rows
                                            form with nd^3 * rows threads (rows 1, 2, 4, ...);
@@ -229,7 +230,7 @@ def _raw(spec, fam):
                 for mb in (0, 2, 4):
                     why = ("threads" if threads < MIN_THREADS and ne < upto else
                            "resident" if mb * threads > SM_THREADS else None)
-                    for pf in (0, 1):
+                    for pf in (0, 1, 2):
                         yield dict(per_block=ne, min_blocks=mb, rb=1, line=1, prefetch=pf), why
 
 

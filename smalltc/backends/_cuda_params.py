@@ -16,7 +16,7 @@ import math
 
 __all__ = ["layout_ctx", "contract9_ctx", "fold_k9", "bb_stride", "generic_ctx", "action_ctx",
            "action_line_ctx", "action_template", "assembly_ctx", "gemm_extents",
-           "set_table_lookup", "get_table_lookup", "lookup", "ITEMSIZE", "SMEM_TARGET"]
+           "set_table_lookup", "get_table_lookup", "on_table_change", "lookup", "ITEMSIZE", "SMEM_TARGET"]
 
 ITEMSIZE = {"float64": 8, "float32": 4}
 #: shared memory a block aims to stay under (several blocks per multiprocessor)
@@ -58,9 +58,24 @@ def get_table_lookup():
 
 
 def set_table_lookup(fn):
-    """Install ``fn(spec, cc) -> dict | None`` (the autotuner's table); None removes it."""
+    """Install ``fn(spec, cc) -> dict | None`` (the autotuner's table); None removes it.
+
+    A change drops the cached plans (:func:`on_table_change`): a plan built before it
+    holds the kernel the old lookup chose.
+    """
     global _LOOKUP
-    _LOOKUP = fn
+    if fn is not _LOOKUP:
+        _LOOKUP = fn
+        for hook in _ON_CHANGE:
+            hook()
+
+
+_ON_CHANGE = []
+
+
+def on_table_change(hook):
+    """Call ``hook()`` whenever :func:`set_table_lookup` installs another lookup."""
+    _ON_CHANGE.append(hook)
 
 
 def lookup(spec, cc):
@@ -269,6 +284,11 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
 #: at p = 1 (0.77-0.86); notes/cuda.md, "Session 4"
 LINE_FROM_T = 5
 
+#: the line form's default ``prefetch``: 1 (V and D of the next group in registers) ran
+#: 1.18-1.49x the plain line form (0) at the heuristic's own per_block, on an H100 at 3D
+#: p = 4..8, nq = p+1, float64 (notes/cuda.md, "Session 5")
+LINE_PREFETCH = 1
+
 
 def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     """Context of ``action_line.cu.j2``, the 3D action's *line* form, or None.
@@ -278,13 +298,16 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     so an FMA takes its B operand from there: about nd FMAs per shared-memory load
     instead of one. An item has TT*T threads (TT: T rounded up to odd, the line
     stride: conflict-free banks) and two T*T*TT buffers. ``params``: ``per_block``,
-    ``min_blocks`` and ``prefetch`` (1: the next group's V and D are loaded into
-    registers during the current group's steps; not yet measured on a GPU, so the
-    heuristic keeps 0); the heuristic fills ~160 threads.
+    ``min_blocks`` and ``prefetch``: 1, the next group's V and D are loaded into
+    registers during the current group's steps (blocks loop over groups); 2, the
+    same with V copied straight into a third shared buffer by ``cp.async``; 0, no
+    overlap. The heuristic fills ~160 threads, prefetch :data:`LINE_PREFETCH`.
 
     >>> c = action_line_ctx(3, 8, 9, 1, "float64")
-    >>> c["T"], c["TT"], c["tpi"], c["per_block"], c["line"]
-    (9, 9, 81, 2, 1)
+    >>> c["T"], c["TT"], c["tpi"], c["per_block"], c["line"], c["prefetch"]
+    (9, 9, 81, 2, 1, 1)
+    >>> c["istr"], action_line_ctx(3, 8, 9, 1, "float64", params=dict(per_block=2, prefetch=2))["istr"]
+    (1459, 2187)
     >>> action_line_ctx(2, 8, 9, 1, "float64") is None        # 3D only
     True
     """
@@ -295,12 +318,15 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     TT = T | 1
     tpi = TT * T
     buf = T * T * TT
-    istr = 2 * buf + 1                       # odd: items start on different banks
     ne = max(1, round(160 / tpi))
-    min_blocks, prefetch = 0, 0
+    min_blocks, prefetch = 0, LINE_PREFETCH
     if params:
         ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
-        prefetch = int(bool(params.get("prefetch", 0)))
+        prefetch = params.get("prefetch", 0)
+    if prefetch not in (0, 1, 2):
+        return None
+    nbuf = 3 if prefetch == 2 else 2         # the cp.async form stages V in a third buffer
+    istr = nbuf * buf + 1 - (nbuf * buf) % 2     # odd: items start on different banks
     smem = s * (ne * istr + 1)
     if ne < 1 or smem > smem_optin or tpi * ne > 1024:
         return None

@@ -32,6 +32,19 @@ T)
   timeout 230 python3 -m pytest -q -n 12 -p no:cacheprovider tests > "$W/pytest_gpu_full.log" 2>&1
   echo "pytest rc=$?"; tail -n 2 "$W/pytest_gpu_full.log"; pack
   action float64 ;;
+L)
+  # after the line template's address-math change: its GPU tests, ncu of the prefetch
+  # forms at nd = nq = 9, then the float64 search (3D sizes dropped from the checkpoint)
+  timeout 100 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_cuda_kernels.py \
+    tests/test_cuda_runtime.py -k "line or prefetch or stream" > "$W/pytest_line.log" 2>&1
+  echo "pytest rc=$?"; tail -n 2 "$W/pytest_line.log"; pack
+  F="line=1,min_blocks=0"
+  timeout 90 ncu -k regex:_line --launch-skip 1 --launch-count 1 --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+    --section InstructionStats --section MemoryWorkloadAnalysis python3 notes/cuda_ncu.py \
+    "action:3:8:9:float64@$F,per_block=2,prefetch=1" > "$W/ncu_pf1.txt" 2> "$W/ncu_cases.txt"
+  echo "ncu rc=$?"; grep -E "Duration|DRAM Through|Issue Slots|Registers Per|Achieved Occ" "$W/ncu_pf1.txt"
+  action float64 ;;
 2) action float64 ;;
 3) action float32 ;;
 4)

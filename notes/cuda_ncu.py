@@ -2,8 +2,9 @@
 
     ncu --section SpeedOfLight ... python3 notes/cuda_ncu.py [CASE ...]
 
-CASE is ``action:DIM:P:NQ:DTYPE``, ``assembly:DIM:P:NQ:DTYPE`` or
-``contract9:S:N:K:L:DTYPE`` (kernel (9), B shared); without arguments the cases of
+CASE is ``action:DIM:P:NQ:DTYPE``, ``assembly:DIM:P:NQ:DTYPE``,
+``contract9:S:N:K:L:DTYPE`` (kernel (9), B shared) or ``gemm:N:DTYPE`` (square,
+beta = 1, C updated in place); without arguments the cases of
 session 1. A suffix ``@k=v,k=v`` forces those kernel parameters (as a tuning table
 would give them), e.g. ``action:3:8:9:float64@line=1,per_block=2,min_blocks=0,prefetch=1``. Each case runs its plan twice (the first launch warms up), with the plan
 the runtime would choose (tuning tables included), on a ~256 MiB batch.
@@ -37,6 +38,12 @@ def inputs(case):
     op, *rest = case.split(":")
     dt = rest[-1]
     s = cp.dtype(dt).itemsize
+    if op == "gemm":
+        n = int(rest[0])
+        E = FOOT // (s * 4 * n * n)
+        A, B, C = (cp.random.standard_normal((E, n, n)).astype(dt) for _ in range(3))
+        pl = smalltc.plan("gemm", A, B, C, beta=1.0, backend="cuda")
+        return (lambda A, B, C: pl(A, B, C, out=C, beta=1.0)), (A, B, C), pl
     if op == "contract9":
         S, N, K, L = map(int, rest[:4])
         E = FOOT // (s * (K * S * L + K * N * L * N))
@@ -57,9 +64,10 @@ def inputs(case):
 
 
 for case in sys.argv[1:] or DEFAULT:
-    pl, ops = inputs(case)
+    call, ops, *plan = inputs(case)
+    pl = plan[0] if plan else call
     for _ in range(2):
-        pl(*ops)
+        call(*ops)
     cp.cuda.runtime.deviceSynchronize()
     print(case, pl.kernel, pl.params, pl.source, file=sys.stderr)
     del ops

@@ -15,7 +15,7 @@ timeout 100 python3 notes/ab_cases.py --dtype float64 --rounds 5 --json "$W/ab_f
 timeout 60 python3 notes/ab_cases.py --dtype float32 --rounds 5 --json "$W/ab_f32.json" \
   --case "gemm m=2 n=2 k=2 beta=1 batch_class=paper" --case "step (4a) dim=3 p=3 nq=5" \
   --case "gemm m=5 n=16 k=4 shared_a beta=0 batch_class=paper" 2>&1 | tee "$W/ab_f32.log" | cut -c1-220; pack
-timeout 240 ncu --launch-skip 1 --launch-count 1 -k regex:stc_ --section SpeedOfLight --section Occupancy \
+timeout 240 ncu -k regex:stc_ --section SpeedOfLight --section Occupancy \
   --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
   --section InstructionStats --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
   python3 notes/cuda_ncu.py gemm:20:float64 gemm:27:float64 gemm:32:float64 action:3:8:10:float64 \

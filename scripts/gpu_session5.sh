@@ -9,6 +9,7 @@
 #            the 3D heuristic's), then the float64 action search from scratch, 3D first.
 #   PHASE=2 / 3: the action search, float64 / float32 (resumes): 3D, 2D p = 1..8, and the
 #            3D ncomp = 3 sizes. Run again with the same PHASE if it says "budget".
+#   PHASE=G: the layout kernel's cp.async form: GPU tests, GEMM m*n >= 64 re-searched.
 #   PHASE=4: copy build/tune/tables to tuning/tables, then the tuned/untuned evidence.
 # Everything comes back in $OUT/s5-$PHASE.tgz (build/tune inside it as tune.tgz).
 set -u
@@ -45,6 +46,19 @@ L)
     "action:3:8:9:float64@$F,per_block=2,prefetch=1" > "$W/ncu_pf1.txt" 2> "$W/ncu_cases.txt"
   echo "ncu rc=$?"; grep -E "Duration|DRAM Through|Issue Slots|Registers Per|Achieved Occ" "$W/ncu_pf1.txt"
   action float64 ;;
+G)
+  # the layout kernel's cp.async form: its GPU tests, then the square GEMM sizes with
+  # m * n >= 64 re-searched (dropped from the checkpoints), float64 then float32
+  timeout 120 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_cuda_kernels.py \
+    tests/test_cuda_runtime.py tests/test_tuning_gpu.py -k "gemm or contract or prefetch or tuning" \
+    > "$W/pytest_gemm.log" 2>&1; echo "pytest rc=$?"; tail -n 2 "$W/pytest_gemm.log"; pack
+  for dt in float64 float32; do
+    [ "$dt" = float64 ] && b=$(( ($(left) - 20) / 2 )) || b=$(( $(left) - 20 ))
+    python3 -m smalltc.cli tune --op gemm --dtype $dt --work build/tune --out build/tune/tables \
+      --resume --budget-seconds "$b" --no-progress 2>&1 | tee -a "$W/tune_gemm_$dt.log" \
+      | grep -E "^gemm/|sizes;|table:|rror|budget" | cut -c1-160
+    pack
+  done ;;
 2) action float64 ;;
 3) action float32 ;;
 4)

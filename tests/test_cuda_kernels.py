@@ -355,3 +355,37 @@ def test_backend_describes_device():
     be = backends.get("cuda")
     assert be.available() and "sm_" in be.describe()
     assert backends.candidates("cupy")[0].name == "cuda"
+
+
+# ---------------------------------------------------------------- layout prefetch form
+LAYOUT_PREFETCH_CASES = [(m, n, k, sa, sb, bz, dt)
+                         for (m, n, k, sa, sb) in ((8, 8, 8, False, False), (20, 20, 20, False, False),
+                                                   (32, 32, 32, False, False), (9, 9, 9, True, False),
+                                                   (7, 33, 9, False, True))
+                         for bz in (True, False) for dt in ("float64", "float32")]
+
+
+@pytest.mark.parametrize("m,n,k,sa,sb,bz,dt", LAYOUT_PREFETCH_CASES)
+def test_gemm_prefetch(m, n, k, sa, sb, bz, dt):
+    """The layout kernel's cp.async form (prefetch = 1): blocks loop over groups, each
+    group's operands copied in while the previous group computes; a partial last group."""
+    from smalltc.backends import _cuda_params as P
+    from smalltc.spec import GemmSpec
+    batch = 1003
+    spec = GemmSpec(batch=batch, m=m, n=n, k=k, dtype=dt, shared_a=sa, shared_b=sb,
+                    beta_zero=bz)
+    heur = P.layout_ctx("8a", **P.gemm_extents(spec), dtype=dt, shared_x=sa, shared_y=sb,
+                        beta_zero=bz)
+    params = dict(dim_x=heur["dim_x"], dim_y=heur["dim_y"], per_block=3, prefetch=1)
+    ex = _build_forced(spec, params)
+    assert ex.params["prefetch"] == 1 and ex.max_blocks is not None
+    A = rng.standard_normal((m, k) if sa else (batch, m, k))
+    B = rng.standard_normal((k, n) if sb else (batch, k, n))
+    C = rng.standard_normal((batch, m, n))
+    beta = 0.0 if bz else -0.75
+    ref = 1.5 * np.matmul(A, B) + beta * C
+    for cap in (ex.max_blocks, 7):           # the occupancy cap, and many groups per block
+        ex.max_blocks = cap
+        out = poisoned((batch, m, n), dt)
+        ex.run((dev(A, dt), dev(B, dt), dev(C, dt)), out, alpha=1.5, beta=beta)
+        assert rel(out, ref) < TOL[dt]

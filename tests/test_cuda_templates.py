@@ -32,6 +32,14 @@ def _configs():
                     ctx = P.layout_ctx("8a", **spec_e, K=1, L=n, dtype=dt, shared_x=False,
                                        shared_y=sb, beta_zero=bz)
                     out.append(("gemm.cu.j2", ctx))
+        # the cp.async form (prefetch = 1): both operands per item, and one shared
+        for n, sx, sy, bz in ((16, False, False, False), (9, False, True, True), (8, True, False, False)):
+            out.append(("gemm.cu.j2", P.layout_ctx("8a", n, n, 1, 1, n, dt, sx, sy, beta_zero=bz,
+                                                   params=dict(dim_x=n // 2, dim_y=n, per_block=2,
+                                                               prefetch=1))))
+        out.append(("gemm.cu.j2", P.layout_ctx("8b", 3, 3, 4, 4, 3, dt, False, False,
+                                               params=dict(dim_x=12, dim_y=6, per_block=2,
+                                                           prefetch=1))))
         # pairwise steps (4b), (4e) are 8b; (1a)-(2c) are 9
         out.append(("gemm.cu.j2", P.layout_ctx("8b", 3, 3, 4, 4, 3, dt, False, False)))
         out.append(("gemm.cu.j2", P.layout_ctx("8b", 9, 10, 10, 10, 1, dt, False, True)))

@@ -34,17 +34,20 @@ def _expected_layout(spec):
     _, fast, slow = S.layout_axes(spec)
     gen = tile = thr = 0
     heur = S.heuristic_params(spec)
-    combos = [(dx, dy, nb) for dx in _covers(fast) for dy in _covers(slow)
-              for nb in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]
-    for dx, dy, nb in combos:
+    # prefetch 0 and 1 from 64 outputs per item on, 0 only below
+    combos = [(dx, dy, nb, pf) for dx in _covers(fast) for dy in _covers(slow)
+              for nb in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+              for pf in ((0, 1) if fast * slow >= 64 else (0,))]
+    for dx, dy, nb, pf in combos:
         gen += 1
-        if dict(dim_x=dx, dim_y=dy, per_block=nb) == heur:
+        if dict(dim_x=dx, dim_y=dy, per_block=nb, prefetch=pf) == heur:
             continue
         if math.ceil(fast / dx) * math.ceil(slow / dy) > 32:
             tile += 1
         elif not 64 <= dx * dy * nb <= 1024:
             thr += 1
-    return gen + (heur not in [dict(dim_x=a, dim_y=b, per_block=c) for a, b, c in combos]), tile, thr
+    dicts = [dict(dim_x=a, dim_y=b, per_block=c, prefetch=d) for a, b, c, d in combos]
+    return gen + (heur not in dicts), tile, thr
 
 
 @pytest.mark.parametrize("spec", CASES, ids=str)

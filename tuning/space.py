@@ -13,7 +13,9 @@ family         parameters                  generated
                                            outputs-per-thread count ``t`` along an
                                            axis of extent ``e``, the fewest threads
                                            ``ceil(e / t)`` that cover it; items per
-                                           block 1, 2, 4, ... 1024
+                                           block 1, 2, 4, ... 1024; ``prefetch`` 0, 1
+                                           (from 64 outputs per item: the next
+                                           group's operands copied by cp.async)
 ``contract9``  ``per_block``               kernel (9): items per block 1, 2, 4, ... 512
 ``action``     ``per_block, min_blocks,``  fused action: register blocking ``rb`` 1, 2,
                ``rb``                      3, 4 (2D/3D; outputs per thread along the
@@ -64,13 +66,17 @@ __all__ = ["Candidate", "Space", "family", "ctx_for", "generate", "prune_compile
            "PARAMS", "OPTIONAL_PARAMS", "MAX_LOCAL_BYTES", "MAX_THREADS", "MIN_THREADS", "MAX_TILE", "SM_THREADS", "SM_REGISTERS"]
 
 #: tuning parameters of each family (the keys of a table entry's ``params``)
-PARAMS = {"layout": ("dim_x", "dim_y", "per_block"), "contract9": ("per_block",),
+PARAMS = {"layout": ("dim_x", "dim_y", "per_block", "prefetch"), "contract9": ("per_block",),
           "action": ("per_block", "min_blocks", "rb", "line", "prefetch"),
           "assembly": ("per_block", "rows", "pad")}
 #: parameters added after tables were first written: an entry without one means
 #: this value (the form the earlier tables were tuned with)
 OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}, "action": {"rb": 1, "line": 0,
-                                                                          "prefetch": 0}}
+                                                                          "prefetch": 0},
+                   "layout": {"prefetch": 0}}
+#: the layout family's prefetch form is searched from this many outputs per item on
+#: (below, an item's arithmetic is too short to hide the next group's loads behind)
+PREFETCH_FROM_MN = 64
 MAX_THREADS = 1024      # per block, every CUDA architecture
 MIN_THREADS = 64        # 32 resident blocks x 64 threads = 2048: a full SM is possible
 MAX_TILE = 32           # outputs per thread in the GEMM register tile
@@ -193,7 +199,8 @@ def _raw(spec, fam):
                     threads = dx * dy * nb
                     why = ("tile" if tile > MAX_TILE else
                            "threads" if not MIN_THREADS <= threads <= MAX_THREADS else None)
-                    yield dict(dim_x=dx, dim_y=dy, per_block=nb), why
+                    for pf in (0, 1) if fast * slow >= PREFETCH_FROM_MN else (0,):
+                        yield dict(dim_x=dx, dim_y=dy, per_block=nb, prefetch=pf), why
     elif fam == "contract9":
         for nb in _POW2[:10]:
             yield dict(per_block=nb), None

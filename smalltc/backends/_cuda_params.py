@@ -105,6 +105,15 @@ def layout_ctx(kind, I, S, J, K, L, dtype, shared_x, shared_y, beta_zero=True,
     8x8, 8 above 24x24); threads per item cover the output in a DIM_X x DIM_Y
     grid whose x axis runs along the output's contiguous index; items per
     block fill 256 threads, within the shared-memory target.
+
+    ``params`` (a tuning table's answer): ``dim_x``, ``dim_y``, ``per_block`` and
+    ``prefetch`` (1: the per-item operands double-buffered, the next group's copied
+    by cp.async while this group computes; blocks loop over groups).
+
+    >>> c = layout_ctx("8a", 32, 32, 1, 1, 32, "float64", False, False, beta_zero=False,
+    ...                params=dict(dim_x=16, dim_y=8, per_block=1, prefetch=1))
+    >>> c["prefetch"], c["smem_bytes"]          # two sets of A and B: 4 * 32 * 32 * 8 bytes
+    (1, 32768)
     """
     s = ITEMSIZE[dtype]
     M, N = I * J, K * L
@@ -126,10 +135,14 @@ def layout_ctx(kind, I, S, J, K, L, dtype, shared_x, shared_y, beta_zero=True,
     else:
         dim_x, dim_y, nb = params["dim_x"], params["dim_y"], params["per_block"]
         thr_fast, thr_slow = math.ceil(fast / dim_x), math.ceil(slow / dim_y)
+    prefetch = int(params.get("prefetch", 0)) if params else 0
+    if prefetch not in (0, 1) or (prefetch and shared_x and shared_y):
+        return None
     xs, ys = I * S * J, K * S * L
+    nbuf = 2 if prefetch else 1              # cp.async double buffer of the per-item operands
 
     def smem(nb):
-        return s * (_even(xs if shared_x else nb * xs) + (ys if shared_y else nb * ys))
+        return s * (_even(xs if shared_x else nbuf * nb * xs) + (ys if shared_y else nbuf * nb * ys))
 
     if params is None:
         while nb > 1 and smem(nb) > SMEM_TARGET:
@@ -140,7 +153,7 @@ def layout_ctx(kind, I, S, J, K, L, dtype, shared_x, shared_y, beta_zero=True,
     return dict(kind=kind, I=I, S=S, J=J, K=K, L=L, dtype=dtype, shared_x=bool(shared_x),
                 shared_y=bool(shared_y), beta_zero=bool(beta_zero), dim_x=dim_x, dim_y=dim_y,
                 thr_m=thr_m, thr_n=thr_n, per_block=nb, threads=dim_x * dim_y * nb,
-                smem_bytes=smem(nb), BLK_M=M, BLK_N=N, BLK_K=S, min_blocks=0)
+                smem_bytes=smem(nb), BLK_M=M, BLK_N=N, BLK_K=S, min_blocks=0, prefetch=prefetch)
 
 
 def contract9_ctx(S, N, K, L, dtype, smem_optin=227 * 1024, params=None):

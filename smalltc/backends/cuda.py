@@ -177,6 +177,14 @@ class _AssemblyExecutor(_KernelExecutor):
         self._launch(self.nunits, (B1d, D, out))
 
 
+def _cap_grid(ex, info):
+    """A prefetching kernel overlaps a group's loads with the previous group's work only
+    if its blocks loop over groups: its grid is capped at the blocks resident at once."""
+    if ex.ctx.get("prefetch"):
+        ex.max_blocks = info["sms"] * resident_blocks(ex._kernel_here(), ex.threads, ex.smem)
+    return ex
+
+
 def _generic(kind, dtype, beta_zero, nbatch, ext, strides):
     ctx = P.generic_ctx(kind, dtype, beta_zero)
     entry = f"stc_generic{kind}_{_DT[dtype]}{'' if beta_zero else '_beta'}"
@@ -203,7 +211,7 @@ def _build_contract(spec, info):
             sh = ("_sx" if spec.shared_x else "") + ("_sy" if spec.shared_y else "")
             entry = (f"stc_contract{spec.kind}_{dt}_i{spec.i}s{spec.s}j{spec.j}"
                      f"k{spec.k}l{spec.l}{sh}")
-            return _LayoutExecutor("gemm.cu.j2", entry, ctx, src, spec.batch)
+            return _cap_grid(_LayoutExecutor("gemm.cu.j2", entry, ctx, src, spec.batch), info)
     return _generic(spec.kind, spec.dtype, True, spec.batch, e, (xs, ys))
 
 
@@ -217,7 +225,7 @@ def _build_gemm(spec, info):
         sh = ("_sa" if spec.shared_a else "") + ("_sb" if spec.shared_b else "")
         entry = (f"stc_gemm_{t}_{_DT[spec.dtype]}_m{spec.m}n{spec.n}k{spec.k}{sh}"
                  f"{'' if spec.beta_zero else '_beta'}")
-        return _LayoutExecutor("gemm.cu.j2", entry, ctx, src, spec.batch)
+        return _cap_grid(_LayoutExecutor("gemm.cu.j2", entry, ctx, src, spec.batch), info)
     strides = (0 if spec.shared_a else spec.m * spec.k, 0 if spec.shared_b else spec.k * spec.n)
     return _generic("8a", spec.dtype, spec.beta_zero, spec.batch, e, strides)
 
@@ -268,15 +276,12 @@ class CudaBackend(Backend):
                 return _GenericAction(self, spec, "an element does not fit in shared memory")
             entry = (f"stc_mass_apply_{spec.dim}d_{dt}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}"
                      f"{'_line' if ctx.get('line') else ''}")
-            ex = _ActionExecutor(entry, ctx, src, spec)
-            if ctx.get("prefetch"):             # resident blocks loop over the groups
-                ex.max_blocks = info["sms"] * resident_blocks(ex._kernel_here(), ctx["threads"],
-                                                              ctx["smem_bytes"])
+            ex = _cap_grid(_ActionExecutor(entry, ctx, src, spec), info)
             # the heuristic's register cap (min_blocks) must not spill: local memory
             # traffic cost up to 2x (notes/cuda.md, ncu of nd6nq6); relax it until none
             while src == "heuristic" and ex.local_bytes > 256 and ctx["min_blocks"] > 0:
                 ctx = dict(ctx, min_blocks=ctx["min_blocks"] - 1)
-                ex = _ActionExecutor(entry, ctx, src, spec)
+                ex = _cap_grid(_ActionExecutor(entry, ctx, src, spec), info)
             return ex
         if isinstance(spec, AssemblySpec):
             ctx, src = _params(spec, info, lambda p: P.assembly_ctx(

@@ -14,6 +14,7 @@ CASES = [
     GemmSpec(batch=1, m=2, n=2, k=2, dtype=F64),
     GemmSpec(batch=1, m=8, n=8, k=8, dtype=F64),
     GemmSpec(batch=1, m=32, n=32, k=32, dtype=F64),
+    GemmSpec(batch=1, m=12, n=12, k=12, dtype=F64, beta_zero=False),   # with the prefetch form
     GemmSpec(batch=1, m=3, n=5, k=7, dtype=F32, trans_a=True, shared_b=True, beta_zero=False),
     ContractSpec(kind="8b", batch=1, i=3, s=3, j=4, k=4, l=3, dtype=F64, shared_y=True),
     ContractSpec(kind="9", batch=1, i=3, s=4, j=3, k=4, l=16, dtype=F64, shared_x=True),
@@ -34,10 +35,11 @@ def _expected_layout(spec):
     _, fast, slow = S.layout_axes(spec)
     gen = tile = thr = 0
     heur = S.heuristic_params(spec)
-    # prefetch 0 and 1 from 64 outputs per item on, 0 only below
+    # prefetch 0 and 1 for a GEMM with beta != 0 from 64 outputs per item on, else 0
+    pfs = (0, 1) if (fast * slow >= 64 and isinstance(spec, GemmSpec)
+                     and not spec.beta_zero) else (0,)
     combos = [(dx, dy, nb, pf) for dx in _covers(fast) for dy in _covers(slow)
-              for nb in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-              for pf in ((0, 1) if fast * slow >= 64 else (0,))]
+              for nb in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) for pf in pfs]
     for dx, dy, nb, pf in combos:
         gen += 1
         if dict(dim_x=dx, dim_y=dy, per_block=nb, prefetch=pf) == heur:

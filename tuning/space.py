@@ -14,8 +14,9 @@ family         parameters                  generated
                                            axis of extent ``e``, the fewest threads
                                            ``ceil(e / t)`` that cover it; items per
                                            block 1, 2, 4, ... 1024; ``prefetch`` 0, 1
-                                           (from 64 outputs per item: the next
-                                           group's operands copied by cp.async)
+                                           (GEMM with beta != 0 from 64 outputs per
+                                           item: the next group's operands copied
+                                           by cp.async)
 ``contract9``  ``per_block``               kernel (9): items per block 1, 2, 4, ... 512
 ``action``     ``per_block, min_blocks,``  fused action: register blocking ``rb`` 1, 2,
                ``rb``                      3, 4 (2D/3D; outputs per thread along the
@@ -75,7 +76,10 @@ OPTIONAL_PARAMS = {"assembly": {"rows": 0, "pad": 0}, "action": {"rb": 1, "line"
                                                                           "prefetch": 0},
                    "layout": {"prefetch": 0}}
 #: the layout family's prefetch form is searched from this many outputs per item on
-#: (below, an item's arithmetic is too short to hide the next group's loads behind)
+#: (below, an item's arithmetic is too short to hide the next group's loads behind),
+#: and only where C is read (beta != 0): with beta = 0 its best variant ran 2-10% slower
+#: than the best plain one at every square GEMM n = 8..23, float64 and float32, on an
+#: H100 (session 5, results/gpu-nvidia-h100-80gb-hbm3/session5/)
 PREFETCH_FROM_MN = 64
 MAX_THREADS = 1024      # per block, every CUDA architecture
 MIN_THREADS = 64        # 32 resident blocks x 64 threads = 2048: a full SM is possible
@@ -175,6 +179,11 @@ def layout_axes(spec):
     return (kind, N, M) if kind == "8a" else (kind, M, N)
 
 
+def _prefetch_searched(spec, outputs):
+    """Whether the layout family's prefetch form is in ``spec``'s space."""
+    return outputs >= PREFETCH_FROM_MN and isinstance(spec, GemmSpec) and not spec.beta_zero
+
+
 def _covers(extent):
     """For each outputs-per-thread count t, the fewest threads ceil(extent / t)."""
     return sorted({math.ceil(extent / t) for t in range(1, extent + 1)})
@@ -199,7 +208,7 @@ def _raw(spec, fam):
                     threads = dx * dy * nb
                     why = ("tile" if tile > MAX_TILE else
                            "threads" if not MIN_THREADS <= threads <= MAX_THREADS else None)
-                    for pf in (0, 1) if fast * slow >= PREFETCH_FROM_MN else (0,):
+                    for pf in (0, 1) if _prefetch_searched(spec, fast * slow) else (0,):
                         yield dict(dim_x=dx, dim_y=dy, per_block=nb, prefetch=pf), why
     elif fam == "contract9":
         for nb in _POW2[:10]:

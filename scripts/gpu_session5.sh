@@ -9,7 +9,10 @@
 #            the 3D heuristic's), then the float64 action search from scratch, 3D first.
 #   PHASE=2 / 3: the action search, float64 / float32 (resumes): 3D, 2D p = 1..8, and the
 #            3D ncomp = 3 sizes. Run again with the same PHASE if it says "budget".
-#   PHASE=G: the layout kernel's cp.async form: GPU tests, GEMM m*n >= 64 re-searched.
+#   PHASE=L: after a line-template change: its GPU tests, ncu, the float64 action search.
+#   PHASE=G: the layout kernel's cp.async form: GPU tests, then the GEMM sizes missing from
+#            the checkpoints searched (drop them first: scripts/drop_sizes.py; session 6:
+#            --prefix gemm/nn+beta/ --min-mn 64, see notes/tuning.md).
 #   PHASE=4: copy build/tune/tables to tuning/tables, then the tuned/untuned evidence.
 # Everything comes back in $OUT/s5-$PHASE.tgz (build/tune inside it as tune.tgz).
 set -u

@@ -11,6 +11,9 @@ kernels, the device time per call from CUDA events around the same loop:
   (no checks);
 - ``plan``: ``plan(A, B, out=C)``: the checked call;
 - ``api``: ``smalltc.batched_gemm(A, B, out=C)``: spec and plan lookup too;
+- ``plan_beta1``: ``plan(A, B, C, out=D, beta=1)``: the bench's GEMM call;
+- ``api_beta1``: ``smalltc.batched_gemm(A, B, C, beta=1, out=D)``;
+- ``api_alloc``: ``smalltc.batched_gemm(A, B)``: the result allocated per call;
 - ``cupy_matmul``: ``cupy.matmul(A, B, out=C)`` (cuBLAS);
 - the bytes' own time at the measured copy bandwidth.
 
@@ -65,19 +68,26 @@ def main():
         A = cp.asarray(rng.random((args.batch, n, n)))
         B = cp.asarray(rng.random((args.batch, n, n)))
         C = cp.empty_like(A)
+        D = cp.asarray(rng.random((args.batch, n, n)))
         pl = smalltc.plan("gemm", A, B)
+        pl1 = smalltc.plan("gemm", A, B, D, beta=1.0)
         ex = pl.executor
         row = {
             "executor": per_call(lambda: ex.run((A, B, None), C)),
             "plan": per_call(lambda: pl(A, B, out=C)),
             "api": per_call(lambda: smalltc.batched_gemm(A, B, out=C)),
+            "plan_beta1": per_call(lambda: pl1(A, B, D, out=C, beta=1.0)),
+            "api_beta1": per_call(lambda: smalltc.batched_gemm(A, B, D, beta=1.0, out=C)),
+            "api_alloc": per_call(lambda: smalltc.batched_gemm(A, B)),
             "cupy_matmul": per_call(lambda: cp.matmul(A, B, out=C)),
             "bytes_us": 3 * A.nbytes / bw * 1e6,
+            "bytes_beta1_us": 4 * A.nbytes / bw * 1e6,
             "plan_repr": repr(pl),
         }
         res[f"n{n}"] = row
         if args.profile and n == args.n[0]:
             for name, fn in (("plan", lambda: pl(A, B, out=C)),
+                             ("plan_beta1", lambda: pl1(A, B, D, out=C, beta=1.0)),
                              ("api", lambda: smalltc.batched_gemm(A, B, out=C))):
                 prof = cProfile.Profile()
                 prof.enable()

@@ -9,7 +9,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["cupy_or_none", "gpu_available", "array_module", "is_cupy",
+__all__ = ["cupy_or_none", "gpu_available", "array_module", "is_cupy", "c_contiguous",
            "data_range", "overlaps", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -66,16 +66,27 @@ def array_module(*arrays):
     return np
 
 
+def c_contiguous(a) -> bool:
+    """Is ``a`` C-contiguous? (CuPy's ``flags`` builds an object per access; its
+    ``_c_contiguous`` attribute is the same answer without it.)"""
+    if type(a) is np.ndarray:
+        return a.flags.c_contiguous
+    c = getattr(a, "_c_contiguous", None)
+    return a.flags.c_contiguous if c is None else c
+
+
 def data_range(a):
     """``(lo, hi)`` byte addresses spanned by array ``a`` (hi exclusive)."""
     if is_cupy(a):
         ptr = a.data.ptr
+        if a._c_contiguous:                  # the common case, first: no flags object
+            return ptr, ptr + a.nbytes
     else:
         ptr = a.__array_interface__["data"][0]
+        if a.flags.c_contiguous:
+            return ptr, ptr + a.nbytes
     if a.size == 0:
         return ptr, ptr
-    if a.flags.c_contiguous:                 # the common case, without a Python loop
-        return ptr, ptr + a.nbytes
     lo = hi = ptr
     for n, st in zip(a.shape, a.strides):
         if st >= 0:

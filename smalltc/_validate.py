@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ._arrays import SUPPORTED_DTYPES, array_module, is_cupy, overlaps
+from ._arrays import SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_cupy
 from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec",
@@ -237,24 +237,41 @@ def check_operands(spec_shapes, operands):
 
 
 def check_out(out, shape, dtype, xp, inputs, allow=()):
-    """Validate a user ``out`` array: shape, dtype, module, contiguity, aliasing."""
+    """Validate a user ``out`` array: shape, dtype, module, contiguity, aliasing.
+
+    ``inputs``: ``(name, array or None)`` pairs that ``out`` must not overlap,
+    except those in ``allow`` (by identity). Called on every call with ``out=``,
+    so the common case (C-contiguous arrays) costs a few attribute reads.
+    """
     if out.shape != shape and tuple(out.shape) != tuple(shape):
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
     if out.dtype != dtype and np.dtype(out.dtype) != np.dtype(dtype):
         raise TypeError(f"out has dtype {out.dtype}, expected {dtype}")
-    if (xp.__name__ == "cupy") != is_cupy(out):
+    on_gpu = is_cupy(out)
+    if (xp.__name__ == "cupy") != on_gpu:
         raise TypeError(f"out is a {type(out).__module__} array but the operands are "
                         f"{xp.__name__} arrays")
-    if not out.flags.c_contiguous:
+    if not c_contiguous(out):
         raise ValueError("out must be C-contiguous")
+    if out.size == 0:
+        return out
+    if on_gpu:
+        lo, hi = data_range(out)
     for name, x in inputs:
-        if x is not None and not any(x is a for a in allow) and overlaps(out, x):
+        if x is None or x.size == 0 or any(x is a for a in allow):
+            continue
+        if on_gpu:                               # operands are all CuPy (checked at plan)
+            xlo, xhi = data_range(x)
+            hit = xlo < hi and lo < xhi
+        else:
+            hit = np.may_share_memory(out, x)    # bounds check, in C
+        if hit:
             raise ValueError(f"out overlaps the input {name}; pass a separate buffer")
     return out
 
 
 def as_contiguous(xp, x):
     """``x`` itself when C-contiguous, else a contiguous copy (same answer)."""
-    if x is None or x.flags.c_contiguous:
+    if x is None or c_contiguous(x):
         return x
     return xp.ascontiguousarray(x)

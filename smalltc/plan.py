@@ -11,6 +11,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _validate as V
+from ._arrays import c_contiguous
 from .backends import Unsupported, _cuda_params, candidates
 from .pairwise import PairwiseExecutor
 from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
@@ -53,6 +54,8 @@ class Plan:
         self.spec, self.xp, self.backend, self.method = spec, xp, backend, method
         self.executor = executor
         self._shapes = tuple((n, tuple(sh), np.dtype(dt)) for n, sh, dt in shapes)
+        self._names = tuple(n for n, _, _ in self._shapes)
+        self._on_gpu = xp.__name__ == "cupy"
         self._is_gemm = isinstance(spec, GemmSpec)
         self._out_shape, self._dtype = tuple(spec.out_shape), np.dtype(spec.dtype)
         self.fallbacks = tuple(fallbacks)
@@ -76,40 +79,45 @@ class Plan:
                 f"  specialized={self.specialized}{fb}>")
 
     def __call__(self, *operands, out=None, stream=None, alpha=1.0, beta=0.0):
+        # Every line here runs on every call: a small GEMM's kernel lasts a few
+        # microseconds, so the checks are kept to attribute reads and comparisons.
         if self._is_gemm:
-            operands = (tuple(operands) + (None,))[:3]
+            operands = (operands + (None,))[:3]
             if self.spec.beta_zero:
                 operands = operands[:2] + (None,)      # C is not read when beta == 0
         elif self.reshape_inputs:
             operands = tuple(V.reshape_like(name, x, shape)
                              for (name, shape, _), x in zip(self._shapes, operands))
         V.check_operands(self._shapes, operands)
-        xp = self.xp
         if out is None:
-            out = xp.empty(self._out_shape, dtype=self._dtype)
+            out = self.xp.empty(self._out_shape, dtype=self._dtype)
         else:
-            named = [(name, x) for (name, _, _), x in zip(self._shapes, operands)]
             allow = ()
             if self._is_gemm and not self.spec.beta_zero:
                 allow = (operands[2],)          # out=C: the classic in-place update
-            V.check_out(out, self._out_shape, self._dtype, xp, named, allow)
-        if out.size == 0:
-            return out
-        ops = tuple(V.as_contiguous(xp, x) for x in operands)
-        scalars = {}
+            V.check_out(out, self._out_shape, self._dtype, self.xp,
+                        zip(self._names, operands), allow)
+        for x in operands:
+            if x is not None and not c_contiguous(x):
+                operands = tuple(V.as_contiguous(self.xp, x) for x in operands)
+                break
         if self._is_gemm:
-            scalars = dict(alpha=V.check_scalar("alpha", alpha),
-                           beta=V.check_scalar("beta", beta))
-            if (scalars["beta"] == 0.0) != self.spec.beta_zero:
+            a, b = V.check_scalar("alpha", alpha), V.check_scalar("beta", beta)
+            if (b == 0.0) != self.spec.beta_zero:
                 raise ValueError(f"this plan was built for beta{'==' if self.spec.beta_zero else '!='}0,"
                                  f" got beta={beta}")
+            scalars = dict(alpha=a, beta=b)
+        else:
+            scalars = {}
+        if out.size == 0:
+            return out
         if stream is not None:
-            if xp.__name__ != "cupy":
+            if not self._on_gpu:
                 raise TypeError("stream= is for CuPy arrays; NumPy work runs on the host")
             with stream:
-                self.executor.run(ops, out, **scalars)
+                self.executor.run(operands, out, **scalars)
         else:
-            self.executor.run(ops, out, **scalars)
+            self.executor.run(operands, out, **scalars)
         return out
 
 

@@ -72,6 +72,7 @@ class _KernelExecutor(Executor):
         self.per_block = ctx["per_block"]
         self.np_dtype = np.dtype(ctx["dtype"])
         self._fns = {}                       # device id -> compiled kernel
+        self._geoms = {}                     # (items, groups) -> (groups, items as int64)
         attrs = self._kernel_here().attributes
         self.local_bytes = attrs.get("local_size_bytes", 0)
         self.params.update(registers=attrs.get("num_regs"), local_bytes=self.local_bytes)
@@ -89,9 +90,12 @@ class _KernelExecutor(Executor):
     max_blocks = None
 
     def _launch(self, nitems, args, ngroups=None):
-        if ngroups is None:
-            ngroups = math.ceil(nitems / self.per_block)
-        launch(self._kernel_here(), ngroups, self.threads, args + (np.int64(nitems),),
+        geom = self._geoms.get((nitems, ngroups))
+        if geom is None:                     # once per batch count: ceil, int64 box
+            geom = self._geoms[(nitems, ngroups)] = (
+                math.ceil(nitems / self.per_block) if ngroups is None else ngroups,
+                np.int64(nitems))
+        launch(self._kernel_here(), geom[0], self.threads, args + (geom[1],),
                self.smem, max_blocks=self.max_blocks)
 
     def _scal(self, v):

@@ -3,7 +3,7 @@
     ncu --section SpeedOfLight ... python3 notes/cuda_ncu.py [CASE ...]
 
 CASE is ``action:DIM:P:NQ:DTYPE``, ``assembly:DIM:P:NQ:DTYPE``,
-``contract9:S:N:K:L:DTYPE`` (kernel (9), B shared) or ``gemm:N:DTYPE`` (square,
+``contract9:S:N:K:L:DTYPE`` (kernel (9), B shared) or ``gemm:N[:BATCH]:DTYPE`` (square,
 beta = 1, C updated in place); without arguments the cases of
 session 1. A suffix ``@k=v,k=v`` forces those kernel parameters (as a tuning table
 would give them), e.g. ``action:3:8:9:float64@line=1,per_block=2,min_blocks=0,prefetch=1``. Each case runs its plan twice (the first launch warms up), with the plan
@@ -38,9 +38,9 @@ def inputs(case):
     op, *rest = case.split(":")
     dt = rest[-1]
     s = cp.dtype(dt).itemsize
-    if op == "gemm":
+    if op == "gemm":          # gemm:N:DTYPE, or gemm:N:BATCH:DTYPE (the bench's 100,000)
         n = int(rest[0])
-        E = FOOT // (s * 4 * n * n)
+        E = int(rest[1]) if len(rest) > 2 else FOOT // (s * 4 * n * n)
         A, B, C = (cp.random.standard_normal((E, n, n)).astype(dt) for _ in range(3))
         pl = smalltc.plan("gemm", A, B, C, beta=1.0, backend="cuda")
         return (lambda A, B, C: pl(A, B, C, out=C, beta=1.0)), (A, B, C), pl

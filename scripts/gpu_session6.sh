@@ -56,7 +56,7 @@ F)
   for n in ${NCU_N:-13 18 19 21 24 28 30}; do
     timeout 40 ncu -k regex:stc_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-      python3 notes/cuda_ncu.py "gemm:$n:float64" > "$W/ncu_gemm_n$n.txt" 2>&1
+      python3 notes/cuda_ncu.py "gemm:$n:100000:float64" > "$W/ncu_gemm_n$n.txt" 2>&1
     echo "ncu n=$n rc=$?"
   done
   pack ;;

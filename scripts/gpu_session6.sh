@@ -10,6 +10,8 @@
 #   PHASE=A: the plan-call path (host cost of a small GEMM): its GPU tests, the launch
 #            floor with a profile, the GEMM bench (float64); then the GEMM search with
 #            beta != 0 and the layout kernel's cp.async form, float64 (resumes).
+#   PHASE=B: driver launch against RawKernel (notes/launch_direct.py), then the GEMM
+#            search (resumes): float64, then float32.
 #   PHASE=G: the GEMM search again (resumes): float64, then float32.
 #   PHASE=F: copy build/tune/tables to tuning/tables; the whole test suite on the GPU; ncu
 #            of the GEMM sizes under 90% not yet profiled; `smalltc bench` float64 and float32.
@@ -41,6 +43,11 @@ A)
   timeout 90 python3 -m smalltc.cli bench --no-progress --dtype float64 --suite gemm \
     --out "$W/bench-gemm-float64" > "$W/bench-gemm-float64.log" 2>&1; echo "bench rc=$?"; pack
   gemm float64 $(( $(left) - 20 )) ;;
+B)
+  timeout 60 python3 notes/launch_direct.py > "$W/launch_direct.json" 2>&1; echo "launch_direct rc=$?"
+  cat "$W/launch_direct.json"; pack
+  gemm float64 $(( ($(left) - 20) / 3 ))
+  gemm float32 $(( $(left) - 20 )) ;;
 G)
   gemm float64 $(( ($(left) - 20) * 2 / 3 ))
   gemm float32 $(( $(left) - 20 )) ;;

@@ -14,6 +14,8 @@ kernels, the device time per call from CUDA events around the same loop:
 - ``plan_beta1``: ``plan(A, B, C, out=D, beta=1)``: the bench's GEMM call;
 - ``api_beta1``: ``smalltc.batched_gemm(A, B, C, beta=1, out=D)``;
 - ``api_alloc``: ``smalltc.batched_gemm(A, B)``: the result allocated per call;
+- ``*_rawkernel``: the same with every launch through ``cupy.RawKernel.__call__``
+  (``SMALLTC_DIRECT_LAUNCH=0``'s path; plans built afresh), in the same process;
 - ``cupy_matmul``: ``cupy.matmul(A, B, out=C)`` (cuBLAS);
 - the bytes' own time at the measured copy bandwidth.
 
@@ -34,6 +36,9 @@ import numpy as np
 
 import smalltc
 import smalltc.roofline
+from smalltc import api
+from smalltc.backends import _cuda_runtime as RT
+from smalltc.plan import clear_plans
 
 
 def per_call(fn, n=2000, warm=50):
@@ -69,10 +74,22 @@ def main():
         B = cp.asarray(rng.random((args.batch, n, n)))
         C = cp.empty_like(A)
         D = cp.asarray(rng.random((args.batch, n, n)))
+        RT.DIRECT_LAUNCH = False
+        clear_plans()
+        api._GEMM_PLANS.clear()
+        raw = smalltc.plan("gemm", A, B, D, beta=1.0)
+        raw_rows = {
+            "plan_beta1_rawkernel": per_call(lambda: raw(A, B, D, out=C, beta=1.0)),
+            "api_beta1_rawkernel": per_call(lambda: smalltc.batched_gemm(A, B, D, beta=1.0, out=C)),
+        }
+        RT.DIRECT_LAUNCH = True
+        clear_plans()
+        api._GEMM_PLANS.clear()
         pl = smalltc.plan("gemm", A, B)
         pl1 = smalltc.plan("gemm", A, B, D, beta=1.0)
         ex = pl.executor
-        row = {
+        row = dict(raw_rows)
+        row.update({
             "executor": per_call(lambda: ex.run((A, B, None), C)),
             "plan": per_call(lambda: pl(A, B, out=C)),
             "api": per_call(lambda: smalltc.batched_gemm(A, B, out=C)),
@@ -83,7 +100,7 @@ def main():
             "bytes_us": 3 * A.nbytes / bw * 1e6,
             "bytes_beta1_us": 4 * A.nbytes / bw * 1e6,
             "plan_repr": repr(pl),
-        }
+        })
         res[f"n{n}"] = row
         if args.profile and n == args.n[0]:
             for name, fn in (("plan", lambda: pl(A, B, out=C)),

@@ -12,6 +12,8 @@
 #            beta != 0 and the layout kernel's cp.async form, float64 (resumes).
 #   PHASE=B: driver launch against RawKernel (notes/launch_direct.py), then the GEMM
 #            search (resumes): float64, then float32.
+#   PHASE=C: after the driver launch and the plan's fast path: the whole test suite, the
+#            launch floor, the GEMM bench; then the GEMM searches (resume).
 #   PHASE=G: the GEMM search again (resumes): float64, then float32.
 #   PHASE=F: copy build/tune/tables to tuning/tables; the whole test suite on the GPU; ncu
 #            of the GEMM sizes under 90% not yet profiled; `smalltc bench` float64 and float32.
@@ -46,6 +48,15 @@ A)
 B)
   timeout 60 python3 notes/launch_direct.py > "$W/launch_direct.json" 2>&1; echo "launch_direct rc=$?"
   cat "$W/launch_direct.json"; pack
+  gemm float64 $(( ($(left) - 20) / 3 ))
+  gemm float32 $(( $(left) - 20 )) ;;
+C)
+  timeout 250 python3 -m pytest -q -n 12 -p no:cacheprovider tests > "$W/pytest_gpu_full.log" 2>&1
+  echo "pytest rc=$?"; tail -n 1 "$W/pytest_gpu_full.log"; grep -E "^FAILED|^ERROR" "$W/pytest_gpu_full.log" | head; pack
+  timeout 90 python3 notes/launch_floor.py --n 2 3 4 5 8 --profile > "$W/launch_floor.txt" 2>&1
+  echo "launch_floor rc=$?"; head -c 1500 "$W/launch_floor.txt"; pack
+  timeout 90 python3 -m smalltc.cli bench --no-progress --dtype float64 --suite gemm \
+    --out "$W/bench-gemm-float64" > "$W/bench-gemm-float64.log" 2>&1; echo "bench rc=$?"; pack
   gemm float64 $(( ($(left) - 20) / 3 ))
   gemm float32 $(( $(left) - 20 )) ;;
 G)

@@ -54,6 +54,8 @@ def _dtype(named):
 
 
 def check_scalar(name, value):
+    if isinstance(value, (str, bytes)):          # float("2") would take it
+        raise TypeError(f"{name} must be a real number, got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError) as err:

@@ -6,6 +6,7 @@ fetch from a small in-process cache) a :class:`Plan` and call it.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = ["Plan", "plan", "build_plan"]
 log = logging.getLogger("smalltc")
 
 _METHODS = ("auto", "fused", "pairwise")
+_REAL = (float, int, np.float64, np.float32)     # scalars the fast path takes as they are
 _PLANS: OrderedDict = OrderedDict()
 _MAX_PLANS = 256
 _WARNED: set = set()
@@ -60,6 +62,11 @@ class Plan:
         self._out_shape, self._dtype = tuple(spec.out_shape), np.dtype(spec.dtype)
         self.fallbacks = tuple(fallbacks)
         self.reshape_inputs = False
+        # the CuPy fast path's constants (see _call_fast)
+        self._nd = xp.ndarray if self._on_gpu else None
+        self._beta_zero = self._is_gemm and spec.beta_zero
+        self._fast_ok = self._on_gpu and math.prod(self._out_shape) > 0 and all(
+            math.prod(sh) > 0 for _, sh, _ in self._shapes)
 
     kernel = property(lambda self: self.executor.kernel)
     params = property(lambda self: dict(self.executor.params))
@@ -78,13 +85,67 @@ class Plan:
                 f"  params: {params} (source: {self.source})\n"
                 f"  specialized={self.specialized}{fb}>")
 
+    def _call_fast(self, ops, out, alpha, beta):
+        """The call for CuPy operands that are all as planned (exact type, shape, dtype,
+        C-contiguous, ``out`` apart from the inputs, finite scalars): the same checks
+        as the general path, as plain comparisons, and no conversions. Returns None,
+        having done nothing, for anything else; the general path then converts what
+        it may and raises the error that names the operand."""
+        nd = self._nd
+        if self._is_gemm:
+            if len(ops) == 2:
+                ops += (None,)
+            elif len(ops) != 3:
+                return None
+            if self._beta_zero:
+                ops = (ops[0], ops[1], None)           # C is not read when beta == 0
+            elif ops[2] is None:
+                return None
+        elif len(ops) != len(self._shapes) or self.reshape_inputs:
+            return None
+        for x, (_, shape, dtype) in zip(ops, self._shapes):
+            if x is not None and (type(x) is not nd or not x._c_contiguous
+                                  or x.shape != shape or x.dtype != dtype):
+                return None
+        if out is None:
+            out = self.xp.empty(self._out_shape, dtype=self._dtype)
+        else:
+            if (type(out) is not nd or not out._c_contiguous or out.shape != self._out_shape
+                    or out.dtype != self._dtype):
+                return None
+            lo = out.data.ptr
+            hi = lo + out.nbytes
+            allow = ops[2] if self._is_gemm else None     # out=C: the in-place update
+            for x in ops:
+                if x is not None and x is not allow:
+                    p = x.data.ptr
+                    if p < hi and lo < p + x.nbytes:
+                        return None
+        if self._is_gemm:
+            if type(alpha) not in _REAL or type(beta) not in _REAL:
+                return None
+            a, b = float(alpha), float(beta)
+            if a - a != 0.0 or b - b != 0.0 or (b == 0.0) != self._beta_zero:
+                return None                             # inf or nan; the other beta
+            self.executor.run(ops, out, alpha=a, beta=b)
+        else:
+            self.executor.run(ops, out)
+        return out
+
     def __call__(self, *operands, out=None, stream=None, alpha=1.0, beta=0.0):
-        # Every line here runs on every call: a small GEMM's kernel lasts a few
-        # microseconds, so the checks are kept to attribute reads and comparisons.
+        # A small GEMM's kernel lasts a few microseconds, so the usual call (CuPy
+        # operands as planned) takes the fast path: comparisons, no conversions.
+        if self._fast_ok and stream is None:
+            res = self._call_fast(operands, out, alpha, beta)
+            if res is not None:
+                return res
         if self._is_gemm:
             operands = (operands + (None,))[:3]
             if self.spec.beta_zero:
                 operands = operands[:2] + (None,)      # C is not read when beta == 0
+            elif operands[2] is None:
+                raise ValueError("C is missing: this plan was built for beta != 0, which "
+                                 "reads C (pass C, or out=C for the in-place update)")
         elif self.reshape_inputs:
             operands = tuple(V.reshape_like(name, x, shape)
                              for (name, shape, _), x in zip(self._shapes, operands))

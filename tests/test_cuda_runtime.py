@@ -39,6 +39,7 @@ def fake_device(monkeypatch):
 
     monkeypatch.setattr(C, "get_kernel", get_kernel)
     monkeypatch.setattr(C, "launch", launch)
+    monkeypatch.setattr(C, "direct_launcher", lambda *a, **k: None)   # RawKernel path
     return state
 
 

@@ -29,13 +29,14 @@ from .._arrays import cupy_or_none, gpu_available
 from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from . import _cuda_params as P
 from . import register
-from ._cuda_runtime import (SmalltcCompileError, device_info, get_global, get_kernel, launch,
-                            resident_blocks)
+from ._cuda_runtime import (SmalltcCompileError, device_info, direct_launcher, get_global,
+                            get_kernel, launch, resident_blocks)
 from .base import Backend, Executor, Unsupported
 
 __all__ = ["CudaBackend", "SmalltcCompileError"]
 
 _DT = {"float64": "f64", "float32": "f32"}
+_SCALAR_FMT = {"float64": "d", "float32": "f"}      # struct formats of the kernel scalars
 
 
 def _device():
@@ -73,6 +74,7 @@ class _KernelExecutor(Executor):
         self.np_dtype = np.dtype(ctx["dtype"])
         self._fns = {}                       # device id -> compiled kernel
         self._geoms = {}                     # (items, groups) -> (groups, items as int64)
+        self._launchers = {}                 # (device, items, grid cap) -> Launcher or None
         attrs = self._kernel_here().attributes
         self.local_bytes = attrs.get("local_size_bytes", 0)
         self.params.update(registers=attrs.get("num_regs"), local_bytes=self.local_bytes)
@@ -88,6 +90,17 @@ class _KernelExecutor(Executor):
     #: grid cap (None: a block per group); a kernel that overlaps one group's loads with
     #: the previous group's work needs blocks that loop over several groups
     max_blocks = None
+
+    def _direct(self, fmt, nitems):
+        """This kernel's :class:`Launcher` over ``nitems`` items on the current device
+        (built on first use), or None: launch through ``RawKernel`` (``_launch``)."""
+        key = (cupy_or_none().cuda.runtime.getDevice(), nitems, self.max_blocks)
+        d = self._launchers.get(key, False)
+        if d is False:
+            d = self._launchers[key] = direct_launcher(
+                self._kernel_here(), fmt, math.ceil(nitems / self.per_block), self.threads,
+                self.smem, self.max_blocks)
+        return d
 
     def _launch(self, nitems, args, ngroups=None):
         geom = self._geoms.get((nitems, ngroups))
@@ -112,6 +125,15 @@ class _LayoutExecutor(_KernelExecutor):
     def run(self, operands, out, alpha=1.0, beta=0.0):
         X, Y = operands[0], operands[1]
         C = operands[2] if len(operands) > 2 and operands[2] is not None else out
+        if self._ext is None:
+            s = _SCALAR_FMT[self.ctx["dtype"]]
+            d = self._direct("PPPP" + s + s + "q", self.nbatch)
+            if d is not None:
+                try:
+                    d(X.data.ptr, Y.data.ptr, out.data.ptr, C.data.ptr, alpha, beta, self.nbatch)
+                    return
+                except OverflowError:            # a float32 alpha/beta beyond float32:
+                    pass                         # RawKernel's conversion gives inf, as NumPy
         args = (X, Y, out, C, self._scal(alpha), self._scal(beta))
         if self._ext is None:
             self._launch(self.nbatch, args)
@@ -129,7 +151,11 @@ class _Contract9Executor(_KernelExecutor):
 
     def run(self, operands, out, **_):
         X, Y = operands
-        self._launch(self.nbatch, (X, Y, out))
+        d = self._direct("PPPq", self.nbatch)
+        if d is not None:
+            d(X.data.ptr, Y.data.ptr, out.data.ptr, self.nbatch)
+        else:
+            self._launch(self.nbatch, (X, Y, out))
 
 
 class _ActionExecutor(_KernelExecutor):
@@ -148,7 +174,11 @@ class _ActionExecutor(_KernelExecutor):
     def run(self, operands, out, **_):
         B1d, D, V = operands
         if not self._line:
-            self._launch(self.nbatch, (B1d, D, V, out))
+            d = self._direct("PPPPq", self.nbatch)
+            if d is not None:
+                d(B1d.data.ptr, D.data.ptr, V.data.ptr, out.data.ptr, self.nbatch)
+            else:
+                self._launch(self.nbatch, (B1d, D, V, out))
             return
         cp = cupy_or_none()
         # one slot per module and device: [stc_cB pointer, event after the last launch,
@@ -166,7 +196,11 @@ class _ActionExecutor(_KernelExecutor):
             stream.wait_event(event)
         cp.cuda.runtime.memcpyAsync(ptr.ptr, B1d.data.ptr, B1d.nbytes,
                                     cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
-        self._launch(self.nbatch, (D, V, out))
+        d = self._direct("PPPq", self.nbatch)
+        if d is not None:
+            d(D.data.ptr, V.data.ptr, out.data.ptr, self.nbatch)
+        else:
+            self._launch(self.nbatch, (D, V, out))
         event.record(stream)
         slot[2] = stream.ptr
 
@@ -178,7 +212,11 @@ class _AssemblyExecutor(_KernelExecutor):
 
     def run(self, operands, out, **_):
         B1d, D = operands
-        self._launch(self.nunits, (B1d, D, out))
+        d = self._direct("PPPq", self.nunits)
+        if d is not None:
+            d(B1d.data.ptr, D.data.ptr, out.data.ptr, self.nunits)
+        else:
+            self._launch(self.nunits, (B1d, D, out))
 
 
 def _cap_grid(ex, info):

@@ -15,8 +15,9 @@
 #   PHASE=C: after the driver launch and the plan's fast path: the whole test suite, the
 #            launch floor, the GEMM bench; then the GEMM searches (resume).
 #   PHASE=G: the GEMM search again (resumes): float64, then float32.
-#   PHASE=F: copy build/tune/tables to tuning/tables; the whole test suite on the GPU; ncu
-#            of the GEMM sizes under 90% not yet profiled; `smalltc bench` float64 and float32.
+#   PHASE=F: the last float32 GEMM size; build/tune/tables copied to tuning/tables; the
+#            GEMM/tuning GPU tests with them; `smalltc bench` float64 and float32; ncu of the
+#            GEMM sizes under 90% not profiled before (100,000 matrices, as the bench).
 # Everything comes back in $OUT/s6-$PHASE.tgz (build/tune inside it as tune.tgz).
 set -u
 OUT=${OUT:-/tmp/out}; W=/tmp/s6; mkdir -p "$OUT" "$W" build/tune/tables
@@ -63,18 +64,21 @@ G)
   gemm float64 $(( ($(left) - 20) * 2 / 3 ))
   gemm float32 $(( $(left) - 20 )) ;;
 F)
+  gemm float32 60
   cp build/tune/tables/*.json tuning/tables/
-  timeout 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests > "$W/pytest_gpu_full.log" 2>&1
-  echo "pytest rc=$?"; tail -n 1 "$W/pytest_gpu_full.log"; grep -E "^FAILED|^ERROR" "$W/pytest_gpu_full.log" | head; pack
+  timeout 120 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_operations.py tests/test_plan_calls.py \
+    tests/test_cuda_kernels.py tests/test_tuning_gpu.py -k "gemm or tuning or prefetch" > "$W/pytest_tables.log" 2>&1
+  echo "pytest rc=$?"; tail -n 1 "$W/pytest_tables.log"; grep -E "^FAILED|^ERROR" "$W/pytest_tables.log" | head; pack
   for dt in float64 float32; do
-    timeout 110 python3 -m smalltc.cli bench --no-progress --dtype $dt --suite gemm --suite action \
+    timeout 115 python3 -m smalltc.cli bench --no-progress --dtype $dt --suite gemm --suite action \
       --suite assembly --suite pairwise --out "$W/bench-$dt" > "$W/bench-$dt.log" 2>&1
     echo "bench $dt rc=$?"; pack
   done
-  for n in ${NCU_N:-13 18 19 21 24 28 30}; do
-    timeout 40 ncu -k regex:stc_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+  for n in ${NCU_N:-4 5 21 24 28 30}; do
+    [ "$(left)" -gt 40 ] || break
+    timeout 35 ncu -k regex:stc_gemm --launch-skip 1 --launch-count 1 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-      python3 notes/cuda_ncu.py "gemm:$n:100000:float64" > "$W/ncu_gemm_n$n.txt" 2>&1
+      --section LaunchStats python3 notes/cuda_ncu.py "gemm:$n:100000:float64" > "$W/ncu_gemm_n$n.txt" 2>&1
     echo "ncu n=$n rc=$?"
   done
   pack ;;

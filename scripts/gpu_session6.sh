@@ -18,6 +18,7 @@
 #   PHASE=F: the last float32 GEMM size; build/tune/tables copied to tuning/tables; the
 #            GEMM/tuning GPU tests with them; `smalltc bench` float64 and float32; ncu of the
 #            GEMM sizes under 90% not profiled before (100,000 matrices, as the bench).
+#   PHASE=V: the committed tables: GEMM GPU tests and the GEMM bench, float64 and float32.
 # Everything comes back in $OUT/s6-$PHASE.tgz (build/tune inside it as tune.tgz).
 set -u
 OUT=${OUT:-/tmp/out}; W=/tmp/s6; mkdir -p "$OUT" "$W" build/tune/tables
@@ -82,5 +83,15 @@ F)
     echo "ncu n=$n rc=$?"
   done
   pack ;;
+V)
+  # the committed tables (the float64 n = 2, 4 beta != 0 entries demoted again, as in
+  # session 4): their GPU tests and the GEMM bench, float64 and float32
+  timeout 100 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_plan_calls.py tests/test_operations.py \
+    tests/test_tuning_gpu.py -k "gemm or tuning or calls" > "$W/pytest_v.log" 2>&1
+  echo "pytest rc=$?"; tail -n 1 "$W/pytest_v.log"; grep -E "^FAILED|^ERROR" "$W/pytest_v.log" | head; pack
+  for dt in float64 float32; do
+    timeout 150 python3 -m smalltc.cli bench --no-progress --dtype $dt --suite gemm \
+      --out "$W/bench-gemm-$dt" > "$W/bench-gemm-$dt.log" 2>&1; echo "bench $dt rc=$?"; pack
+  done ;;
 esac
 pack

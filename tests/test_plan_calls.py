@@ -147,3 +147,37 @@ def test_launcher_packs_parameters(monkeypatch):
                         p=0xDEADBEEF, a=1.5, q=-(2 ** 40), d=2.25)
     assert struct.calcsize("Pfqd") == 32
     assert RT.direct_launcher(Kern(), "Pq", 0, 128, 0) is None      # nothing to launch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xp_name", [p for p in array_modules() if p.id == "cupy"])
+def test_calls_captured_in_a_cuda_graph(xp_name):
+    """The recipe for calls shorter than their launch: capture plan calls on a stream
+    into a CUDA graph and replay it; each replay reads the arrays' current contents."""
+    cp = xp_of(xp_name)
+    A, B, C = (cp.asarray(rng.standard_normal((1000, 3, 3))) for _ in range(3))
+    B1d, D, V = (cp.asarray(x) for x in (rng.random((4, 3)), rng.random((50, 4, 4, 4)),
+                                         rng.random((50, 3, 3, 3))))
+    g = smalltc.plan("gemm", A, B, C, beta=1.0)
+    a = smalltc.plan("action", B1d, D, V)
+    out, U = _poisoned(cp, (1000, 3, 3)), _poisoned(cp, (50, 3, 3, 3))
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        g(A, B, C, out=out, beta=1.0)                    # warm (compiles) before capturing
+        a(B1d, D, V, out=U)
+        s.synchronize()
+        s.begin_capture()
+        g(A, B, C, out=out, beta=1.0)
+        a(B1d, D, V, out=U)
+        graph = s.end_capture()
+    for _ in range(2):
+        with s:                                          # the same stream as the replay
+            A += 1.0                                     # new contents, same buffers
+            V *= 2.0
+            out.fill(np.nan)
+            U.fill(np.nan)
+            graph.launch(s)
+        s.synchronize()
+        hA, hB, hC = (to_numpy(x) for x in (A, B, C))
+        assert rel_err(out, hA @ hB + hC) < 1e-12
+        assert rel_err(U, oracle.action(to_numpy(B1d), to_numpy(D), to_numpy(V))) < 1e-12

@@ -102,6 +102,15 @@ class _KernelExecutor(Executor):
                 self.smem, self.max_blocks)
         return d
 
+    def _run_arrays(self, nitems, arrays):
+        """Launch over ``nitems`` items with the kernel's array parameters ``arrays``
+        (then the item count): through the driver where it can, else RawKernel."""
+        d = self._direct("P" * len(arrays) + "q", nitems)
+        if d is None:
+            self._launch(nitems, arrays)
+        else:
+            d(*[a.data.ptr for a in arrays], nitems)
+
     def _launch(self, nitems, args, ngroups=None):
         geom = self._geoms.get((nitems, ngroups))
         if geom is None:                     # once per batch count: ceil, int64 box
@@ -121,13 +130,14 @@ class _LayoutExecutor(_KernelExecutor):
     def __init__(self, template, entry, ctx, source, nbatch, generic_ext=None, strides=None):
         super().__init__(template, entry, ctx, source, specialized=generic_ext is None)
         self.nbatch, self._ext, self._strides = nbatch, generic_ext, strides
+        s = _SCALAR_FMT[ctx["dtype"]]
+        self._fmt = "PPPP" + s + s + "q"     # X, Y, Out, C, alpha, beta, nbatch
 
     def run(self, operands, out, alpha=1.0, beta=0.0):
         X, Y = operands[0], operands[1]
         C = operands[2] if len(operands) > 2 and operands[2] is not None else out
         if self._ext is None:
-            s = _SCALAR_FMT[self.ctx["dtype"]]
-            d = self._direct("PPPP" + s + s + "q", self.nbatch)
+            d = self._direct(self._fmt, self.nbatch)
             if d is not None:
                 try:
                     d(X.data.ptr, Y.data.ptr, out.data.ptr, C.data.ptr, alpha, beta, self.nbatch)
@@ -151,11 +161,7 @@ class _Contract9Executor(_KernelExecutor):
 
     def run(self, operands, out, **_):
         X, Y = operands
-        d = self._direct("PPPq", self.nbatch)
-        if d is not None:
-            d(X.data.ptr, Y.data.ptr, out.data.ptr, self.nbatch)
-        else:
-            self._launch(self.nbatch, (X, Y, out))
+        self._run_arrays(self.nbatch, (X, Y, out))
 
 
 class _ActionExecutor(_KernelExecutor):
@@ -174,11 +180,7 @@ class _ActionExecutor(_KernelExecutor):
     def run(self, operands, out, **_):
         B1d, D, V = operands
         if not self._line:
-            d = self._direct("PPPPq", self.nbatch)
-            if d is not None:
-                d(B1d.data.ptr, D.data.ptr, V.data.ptr, out.data.ptr, self.nbatch)
-            else:
-                self._launch(self.nbatch, (B1d, D, V, out))
+            self._run_arrays(self.nbatch, (B1d, D, V, out))
             return
         cp = cupy_or_none()
         # one slot per module and device: [stc_cB pointer, event after the last launch,
@@ -196,11 +198,7 @@ class _ActionExecutor(_KernelExecutor):
             stream.wait_event(event)
         cp.cuda.runtime.memcpyAsync(ptr.ptr, B1d.data.ptr, B1d.nbytes,
                                     cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
-        d = self._direct("PPPq", self.nbatch)
-        if d is not None:
-            d(D.data.ptr, V.data.ptr, out.data.ptr, self.nbatch)
-        else:
-            self._launch(self.nbatch, (D, V, out))
+        self._run_arrays(self.nbatch, (D, V, out))
         event.record(stream)
         slot[2] = stream.ptr
 
@@ -212,11 +210,7 @@ class _AssemblyExecutor(_KernelExecutor):
 
     def run(self, operands, out, **_):
         B1d, D = operands
-        d = self._direct("PPPq", self.nunits)
-        if d is not None:
-            d(B1d.data.ptr, D.data.ptr, out.data.ptr, self.nunits)
-        else:
-            self._launch(self.nunits, (B1d, D, out))
+        self._run_arrays(self.nunits, (B1d, D, out))
 
 
 def _cap_grid(ex, info):

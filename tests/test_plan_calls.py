@@ -71,8 +71,9 @@ def test_calls_that_leave_the_fast_path(xp_name):
         pl(x, xp.asarray(B))
     if xp_name == "cupy":
         s = xp.cuda.Stream(non_blocking=True)
-        out = _poisoned(xp, (40, 4, 4))
-        pl(xp.asarray(A), xp.asarray(B), out=out, stream=s)
+        dA, dB, out = xp.asarray(A), xp.asarray(B), _poisoned(xp, (40, 4, 4))
+        xp.cuda.Device().synchronize()       # s does not wait for the null stream's fill
+        pl(dA, dB, out=out, stream=s)
         s.synchronize()
         assert rel_err(out, A @ B) < 1e-12
 

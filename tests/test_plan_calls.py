@@ -162,6 +162,7 @@ def test_calls_captured_in_a_cuda_graph(xp_name):
     g = smalltc.plan("gemm", A, B, C, beta=1.0)
     a = smalltc.plan("action", B1d, D, V)
     out, U = _poisoned(cp, (1000, 3, 3)), _poisoned(cp, (50, 3, 3, 3))
+    cp.cuda.Device().synchronize()       # s does not wait for the null stream's copies
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         g(A, B, C, out=out, beta=1.0)                    # warm (compiles) before capturing

@@ -1,17 +1,43 @@
 """Frozen, hashable descriptions of one batched operation (a "spec").
 
 A spec holds everything that determines the computation except the data:
-sizes, dtype, which operands are shared by the whole batch. Every cache in
-smalltc is keyed on ``spec.kernel_key()`` (the spec without the batch
-count, so one compiled kernel serves any number of elements) plus the device
-and the tuning parameters.
+sizes, dtype, which operands are shared by the whole batch. It also answers
+what every consumer asks of an operation, so none of them needs to know
+which kind of spec it holds:
+
+==================  =========================================================
+``spec.op``         "gemm", "contract", "action" or "assembly"
+``spec.inputs``     the operands a call takes, in order (:class:`Operand`:
+                    name, shape, whether it carries the batch axis)
+``spec.out_shape``  the result's shape
+``spec.items``      the batch count (elements, matrices)
+``spec.size_key``   the name of the size in a tuning table
+                    (``"action/3d/nd4nq5c1"``; no batch count, no dtype)
+``spec.sizes()``    the sizes the roofline formulas take
+``str(spec)``       a readable one-liner (``mass_apply_3d p=3 nq=5 E=10 float64``)
+==================  =========================================================
+
+Every cache in smalltc is keyed on ``spec.kernel_key()`` (the spec without
+the batch count, so one compiled kernel serves any number of elements) plus
+the device and the tuning parameters.
+
+Examples
+--------
+>>> s = ActionSpec(dim=3, nq=5, nd=4, batch=10, dtype="float64")
+>>> [(o.name, o.shape) for o in s.inputs]
+[('B1d', (5, 4)), ('D', (10, 5, 5, 5)), ('V', (10, 4, 4, 4))]
+>>> s.size_key, s.items, str(s)
+('action/3d/nd4nq5c1', 10, 'mass_apply_3d p=3 nq=5 E=10 float64')
+>>> GemmSpec(batch=3, m=2, n=2, k=2, dtype="float32", beta_zero=False).size_key
+'gemm/nn+beta/m2n2k2'
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
-__all__ = ["GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
-           "CONTRACT_KINDS"]
+__all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
+           "CONTRACT_KINDS", "SPEC_TYPES", "spec_from_dict"]
 
 #: kernels (8a), (8b), (9) of SPEC section 3: output axis order per kind.
 CONTRACT_KINDS = {
@@ -19,6 +45,17 @@ CONTRACT_KINDS = {
     "8b": "A[i,k,l,j] = sum_s X[i,s,j] Y[k,s,l]",
     "9": "A[k,i,l,j] = sum_s B[s,i] B[s,j] C[k,s,l]",
 }
+
+
+class Operand(NamedTuple):
+    """One input of an operation: its name in messages, its shape, whether it has the
+    batch axis (False: one array shared by the whole batch), and whether its values are
+    positive by nature (``D = w * rho * |J|``: tests and measurements draw it so)."""
+
+    name: str
+    shape: tuple
+    batched: bool
+    positive: bool = False
 
 
 class _Spec:
@@ -33,13 +70,23 @@ class _Spec:
     def with_batch(self, batch: int):
         return replace(self, batch=batch)
 
+    @property
+    def items(self) -> int:
+        """The batch count: elements for the FEM operations, matrices for the GEMM."""
+        return self.batch
+
+    def as_dict(self) -> dict:
+        """``op`` and the fields: what a tuning table stores (:func:`spec_from_dict`)."""
+        return dict(op=self.op, **{f.name: getattr(self, f.name) for f in fields(self)})
+
 
 @dataclass(frozen=True)
 class GemmSpec(_Spec):
     """``C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]`` for ``b < batch``.
 
     ``op(A)`` is ``m x k``, ``op(B)`` is ``k x n``. A shared operand (2D
-    array) has batch stride 0. ``beta_zero`` means C is not read.
+    array) has batch stride 0. ``beta_zero`` means C is not read (and is not
+    among the inputs).
     """
 
     batch: int
@@ -67,6 +114,23 @@ class GemmSpec(_Spec):
     @property
     def out_shape(self):
         return (self.batch, self.m, self.n)
+
+    @property
+    def inputs(self):
+        ops = (Operand("A", self.a_shape, not self.shared_a),
+               Operand("B", self.b_shape, not self.shared_b))
+        return ops if self.beta_zero else ops + (Operand("C", self.out_shape, True),)
+
+    @property
+    def size_key(self):
+        t = ("t" if self.trans_a else "n") + ("t" if self.trans_b else "n")
+        flags = (("+sa" if self.shared_a else "") + ("+sb" if self.shared_b else "")
+                 + ("" if self.beta_zero else "+beta"))
+        return f"gemm/{t}{flags}/m{self.m}n{self.n}k{self.k}"
+
+    def sizes(self):
+        return dict(m=self.m, n=self.n, k=self.k, batch=self.batch, shared_a=self.shared_a,
+                    shared_b=self.shared_b, beta_zero=self.beta_zero)
 
     def __str__(self):
         t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
@@ -112,6 +176,20 @@ class ContractSpec(_Spec):
         core = {"8a": (i, j, k, l), "8b": (i, k, l, j), "9": (k, i, l, j)}[self.kind]
         return (self.batch,) + core
 
+    @property
+    def inputs(self):
+        return (Operand("X", self.x_shape, not self.shared_x),
+                Operand("Y", self.y_shape, not self.shared_y))
+
+    @property
+    def size_key(self):
+        flags = ("+sx" if self.shared_x else "") + ("+sy" if self.shared_y else "")
+        return f"contract{self.kind}{flags}/i{self.i}s{self.s}j{self.j}k{self.k}l{self.l}"
+
+    def sizes(self):
+        return dict(kind=self.kind, i=self.i, s=self.s, j=self.j, k=self.k, l=self.l,
+                    batch=self.batch, shared_x=self.shared_x, shared_y=self.shared_y)
+
     def __str__(self):
         return (f"contract ({self.kind}) i={self.i} s={self.s} j={self.j} k={self.k} "
                 f"l={self.l} batch={self.batch} {self.dtype}")
@@ -152,8 +230,20 @@ class ActionSpec(_Spec):
     out_shape = v_shape
 
     @property
+    def inputs(self):
+        return (Operand("B1d", self.b_shape, False), Operand("D", self.d_shape, True, True),
+                Operand("V", self.v_shape, True))
+
+    @property
     def p(self):
         return self.nd - 1
+
+    @property
+    def size_key(self):
+        return f"action/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}"
+
+    def sizes(self):
+        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp)
 
     def __str__(self):
         comp = f" ncomp={self.ncomp}" if self.comp_axis else ""
@@ -186,8 +276,37 @@ class AssemblySpec(_Spec):
         return (self.batch, n, n)
 
     @property
+    def inputs(self):
+        return (Operand("B1d", self.b_shape, False), Operand("D", self.d_shape, True, True))
+
+    @property
     def p(self):
         return self.nd - 1
 
+    @property
+    def size_key(self):
+        return f"assembly/{self.dim}d/nd{self.nd}nq{self.nq}"
+
+    def sizes(self):
+        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch)
+
     def __str__(self):
         return f"mass_assemble_{self.dim}d p={self.p} nq={self.nq} E={self.batch} {self.dtype}"
+
+
+#: op name -> spec class
+SPEC_TYPES = {c.op: c for c in (GemmSpec, ContractSpec, ActionSpec, AssemblySpec)}
+
+
+def spec_from_dict(d: dict):
+    """The spec of ``d`` (``op`` and the fields, as :meth:`as_dict` writes them).
+
+    >>> s = AssemblySpec(dim=2, nq=3, nd=2, batch=5, dtype="float32")
+    >>> spec_from_dict(s.as_dict()) == s
+    True
+    """
+    d = dict(d)
+    op = d.pop("op", None)
+    if op not in SPEC_TYPES:
+        raise ValueError(f"not a spec: op {op!r} (expected one of {sorted(SPEC_TYPES)})")
+    return SPEC_TYPES[op](**d)

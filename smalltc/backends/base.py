@@ -32,7 +32,11 @@ class Executor:
         False when a generic (run-time sized) path runs instead of a kernel
         specialised for these sizes.
     source : str
-        Where ``params`` came from ("heuristic", "table", "exact", ...).
+        Where ``params`` came from: "heuristic", "table-exact", "table-nearest"
+        (a tuning table's entry for this size or a nearby one), "params" (passed
+        to ``build``), "generic" or "fixed" (nothing to choose).
+    table : str or None
+        The tuning table that answered (its file name), when one did.
     compile_s : float
         Seconds spent compiling when this executor was built (0 when the
         kernel came from a cache or nothing is compiled).
@@ -43,6 +47,7 @@ class Executor:
     params: dict = {}
     specialized = True
     source = "fixed"
+    table = None
 
     def run(self, operands, out, **scalars):  # pragma: no cover - interface
         raise NotImplementedError
@@ -53,17 +58,23 @@ class Backend:
 
     ``array_modules`` names the array libraries it accepts ("numpy",
     "cupy"); ``priority`` orders the ``backend="auto"`` choice (higher first).
+
+    ``build(spec, params=None)`` returns the executor of ``spec``: with
+    ``params`` None the backend chooses (a tuning table's entry where one
+    answers, else its measured heuristic); with a dict, those tuning
+    parameters (the names of the spec's kernel family); parameters that do
+    not fit the spec raise ``ValueError`` naming them. The pairwise method is the plan's business
+    (:mod:`smalltc.pairwise`), not the backend's.
     """
 
     name = "?"
     array_modules: tuple = ()
     priority = 0
-    methods = ("fused",)
 
     def available(self) -> bool:
         return True
 
-    def build(self, spec, method="fused") -> Executor:  # pragma: no cover - interface
+    def build(self, spec, params=None) -> Executor:  # pragma: no cover - interface
         raise NotImplementedError
 
     def describe(self) -> str:

@@ -1,0 +1,269 @@
+"""Tuning tables, read side: find the shipped lookup tables and answer a spec from them.
+
+A table is versioned JSON written by ``smalltc tune`` (:mod:`smalltc.tuning`,
+which imports this module; this module never imports the tuner). One file
+per target and dtype, in the folders :func:`table_dirs` lists:
+
+- ``sm90-nvidia-h200-float64.json``: tuned on that device model;
+- ``sm90-float64.json``: the architecture's table (tuned on one of its
+  devices, named in the file), used by every device of that architecture.
+
+For one spec the device's own table answers first, then the architecture's,
+then the backend's measured heuristic (:func:`lookup` returns None). Within a
+table: the entry of the spec's exact size key (``spec.size_key``), else the
+nearest entry of the same variant (:func:`distance`, at most the family's
+``max_distance``), its parameters carried over to the new size by the family
+(``family.adapt``), which also rejects what no longer fits.
+
+Schema 1::
+
+    {"schema": 1, "arch": "sm90", "dtype": "float64",
+     "device": {"name": "NVIDIA H100 80GB HBM3", "cc": "90", "sms": 132, "smem_optin": 232448},
+     "versions": {...}, "date": "2026-11-21T16:00:00Z", "bandwidth": 3.3e12, "peak": 6.0e13,
+     "runs": [...],
+     "entries": {"gemm/nn/m8n8k8": {"op": "gemm", "family": "layout", "spec": {...},
+                                    "params": {"dim_x": 8, ...}, "time_s": 1.2e-4,
+                                    "fraction_of_pmax": 0.82, "runner_up": {...}, ...}}}
+
+A *family* (a kernel family of a backend, e.g. :mod:`smalltc.backends.cuda.action`)
+gives the reader: ``name``, ``params`` (its parameter names), ``optional``
+(parameters an older entry may lack, with the value that means), ``max_distance``
+and ``adapt(spec, entry_spec, params, device) -> params | None``.
+
+Environment: ``SMALLTC_TUNING=off`` ignores every table; ``SMALLTC_TUNING_TABLES``
+(folders, ``os.pathsep``-separated) is searched before the shipped folder. Both are
+read when a table is first looked up (tables are cached per folder list).
+
+Examples
+--------
+>>> distance("gemm/nn/m8n8k8", "gemm/nn/m16n8k8")      # a factor 2 in one extent
+1.0
+>>> round(distance("action/3d/nd4nq5c1", "action/3d/nd4nq6c1"), 3)   # log2(6/5)
+0.263
+>>> distance("action/3d/nd4nq5c1", "action/2d/nd4nq5c1")
+inf
+>>> table_names("sm90", "NVIDIA H200", "float64")
+['sm90-nvidia-h200-float64.json', 'sm90-float64.json']
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import math
+import os
+import pathlib
+import re
+from typing import NamedTuple
+
+from .spec import spec_from_dict
+
+__all__ = ["SCHEMA", "Table", "Hit", "enabled", "table_dirs", "shipped_dir", "table_names",
+           "device_slug", "load", "validate", "tables_for", "lookup", "split_key",
+           "distance"]
+
+log = logging.getLogger("smalltc")
+
+SCHEMA = 1
+_TOP = ("schema", "arch", "dtype", "device", "versions", "date", "entries")
+_ENTRY = ("op", "spec", "params", "time_s", "fraction_of_pmax", "runner_up")
+_NUM = re.compile(r"([a-z]+)(\d+)")
+
+
+class Hit(NamedTuple):
+    """A table's answer for one spec."""
+
+    params: dict
+    match: str            # "exact" or "nearest"
+    entry: str            # the entry's size key
+    table: str            # the table's file name
+
+    @property
+    def source(self) -> str:
+        return f"table-{self.match}"
+
+
+# ----------------------------------------------------------------------------
+# size keys
+
+def split_key(key: str):
+    """``(variant, {name: number})`` of a size key such as ``"gemm/nn+beta/m8n8k8"``."""
+    variant, _, nums = key.rpartition("/")
+    found = dict((n, int(v)) for n, v in _NUM.findall(nums))
+    if not variant or not found or "".join(f"{n}{v}" for n, v in found.items()) != nums:
+        raise ValueError(f"not a size key: {key!r}")
+    return variant, found
+
+
+def distance(a: str, b: str) -> float:
+    """``sum |log2 x - log2 y|`` over the numbers of two keys of one variant, else inf."""
+    va, na = split_key(a)
+    vb, nb = split_key(b)
+    if va != vb or na.keys() != nb.keys():
+        return math.inf
+    return sum(abs(math.log2(max(na[k], 1)) - math.log2(max(nb[k], 1))) for k in na)
+
+
+# ----------------------------------------------------------------------------
+# files
+
+def enabled() -> bool:
+    """False when ``SMALLTC_TUNING`` says off (0, off, no, false)."""
+    return os.environ.get("SMALLTC_TUNING", "on").lower() not in ("0", "off", "no", "false")
+
+
+def shipped_dir() -> pathlib.Path:
+    """The tables shipped with the package (``smalltc/tuning/tables``), found without
+    importing the tuner."""
+    spec = importlib.util.find_spec("smalltc.tuning")
+    if spec is not None and spec.submodule_search_locations:
+        return pathlib.Path(next(iter(spec.submodule_search_locations))) / "tables"
+    return pathlib.Path(__file__).resolve().parents[1] / "tuning" / "tables"
+
+
+def table_dirs() -> list:
+    """``$SMALLTC_TUNING_TABLES`` folders first, then the shipped one."""
+    extra = os.environ.get("SMALLTC_TUNING_TABLES", "")
+    return [pathlib.Path(d) for d in extra.split(os.pathsep) if d] + [shipped_dir()]
+
+
+def device_slug(name: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` -> ``"nvidia-h100-80gb-hbm3"``."""
+    return re.sub(r"[^0-9a-z]+", "-", str(name).lower()).strip("-")
+
+
+def table_names(arch: str, device_name: str | None, dtype: str) -> list:
+    """File names to look for, best first: the device model's, then the architecture's."""
+    names = [f"{arch}-{device_slug(device_name)}-{dtype}.json"] if device_name else []
+    return names + [f"{arch}-{dtype}.json"]
+
+
+def validate(table: dict, where="table", family_of=None) -> dict:
+    """Raise ValueError naming what is wrong with ``table``; return it when it is fine.
+
+    ``family_of(spec)``: the family that tunes a spec (None: none); with it, each
+    entry's parameter names are checked against that family's.
+    """
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: not a JSON object")
+    if table.get("schema") != SCHEMA:
+        raise ValueError(f"{where}: schema {table.get('schema')!r}, this smalltc reads "
+                         f"schema {SCHEMA}")
+    missing = [k for k in _TOP if k not in table]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    if table["dtype"] not in ("float32", "float64"):
+        raise ValueError(f"{where}: dtype {table['dtype']!r}")
+    if table["arch"].startswith("sm") and table["arch"] != f"sm{table['device'].get('cc')}":
+        raise ValueError(f"{where}: arch {table['arch']!r} but device cc "
+                         f"{table['device'].get('cc')!r}")
+    for key, e in table["entries"].items():
+        split_key(key)
+        miss = [k for k in _ENTRY if k not in e]
+        if miss:
+            raise ValueError(f"{where}: entry {key!r} lacks {', '.join(miss)}")
+        spec = spec_from_dict(e["spec"])
+        if spec.size_key != key:
+            raise ValueError(f"{where}: entry {key!r} holds the spec of {spec.size_key!r}")
+        if spec.dtype != table["dtype"]:
+            raise ValueError(f"{where}: entry {key!r} is {spec.dtype}, the table "
+                             f"{table['dtype']}")
+        if family_of is not None:
+            fam = family_of(spec)
+            names = set(fam.params) if fam else set()
+            need = names - set(getattr(fam, "optional", {}))
+            if fam is None or not need <= set(e["params"]) <= names:
+                raise ValueError(f"{where}: entry {key!r} params {sorted(e['params'])}, "
+                                 f"expected {sorted(names) if fam else 'none'}")
+        if not (isinstance(e["time_s"], (int, float)) and e["time_s"] > 0):
+            raise ValueError(f"{where}: entry {key!r} time_s {e['time_s']!r}")
+    return table
+
+
+def load(path, family_of=None) -> dict:
+    """The table at ``path``, validated (:func:`validate`)."""
+    with open(path, encoding="utf-8") as f:
+        return validate(json.load(f), str(path), family_of)
+
+
+# ----------------------------------------------------------------------------
+# lookup
+
+class Table:
+    """A loaded table with exact and nearest lookup.
+
+    Examples
+    --------
+    >>> from smalltc.spec import GemmSpec
+    >>> t = Table(dict(schema=1, arch="sm90", dtype="float64", device={}, entries={}))
+    >>> t.lookup(GemmSpec(batch=1, m=4, n=4, k=4, dtype="float64"), family=None) is None
+    True
+    """
+
+    def __init__(self, data: dict, path=None):
+        self.data, self.path = data, path
+        self.name = pathlib.Path(path).name if path else "table"
+        self.entries = data["entries"]
+        self.device = dict(data.get("device") or {})
+
+    def lookup(self, spec, family, max_distance=None):
+        """A :class:`Hit` for ``spec`` (tuned by ``family``), or None."""
+        if family is None or spec.dtype != self.data["dtype"]:
+            return None
+        if max_distance is None:
+            max_distance = family.max_distance
+        key = spec.size_key
+        e = self.entries.get(key)
+        if e is not None:
+            p = family.adapt(spec, spec_from_dict(e["spec"]), e["params"], self.device)
+            if p is not None:
+                return Hit(p, "exact", key, self.name)
+        near = sorted((distance(key, k), k) for k in self.entries if k != key)
+        for d, k in near:
+            if d > max_distance:
+                break
+            e = self.entries[k]
+            p = family.adapt(spec, spec_from_dict(e["spec"]), e["params"], self.device)
+            if p is not None:
+                return Hit(p, "nearest", k, self.name)
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _load_table(path: str, mtime_ns: int):
+    """The table at ``path`` as of ``mtime_ns`` (a table rewritten by a tuner is read again)."""
+    try:
+        data = load(path)
+    except (OSError, ValueError) as err:
+        log.warning("smalltc: ignoring tuning table %s: %s", path, err)
+        return None
+    if data.get("dry_run"):
+        log.warning("smalltc: ignoring tuning table %s: written by a dry run", path)
+        return None
+    return Table(data, path)
+
+
+def tables_for(arch: str, device_name: str | None, dtype: str) -> list:
+    """The tables that answer for a device, best first (none when tuning is off)."""
+    if not enabled():
+        return []
+    found = []
+    for name in table_names(arch, device_name, dtype):
+        for d in table_dirs():
+            p = d / name
+            if p.is_file():
+                t = _load_table(str(p), p.stat().st_mtime_ns)
+                if t is not None:
+                    found.append(t)
+                break                        # an earlier folder shadows the later ones
+    return found
+
+
+def lookup(spec, family, arch: str, device_name: str | None = None):
+    """The first :class:`Hit` for ``spec`` among :func:`tables_for`, or None."""
+    for t in tables_for(arch, device_name, spec.dtype):
+        hit = t.lookup(spec, family)
+        if hit is not None:
+            return hit
+    return None

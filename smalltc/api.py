@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from . import _validate as V
-from .backends import _cuda_params
 from .plan import build_plan
 
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract"]
@@ -143,7 +142,6 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
 #: batched_gemm's fast path: (operand kinds, shapes, dtypes, flags) -> validated plan;
 #: emptied with the plan cache when another tuning-table lookup is installed
 _GEMM_PLANS: dict = {}
-_cuda_params.on_table_change(_GEMM_PLANS.clear)
 
 
 def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None):

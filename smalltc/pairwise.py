@@ -29,7 +29,7 @@ class PairwiseExecutor(Executor):
             ext = st.extents(nd, nq)
             cs = ContractSpec(kind=st.kernel, batch=nbatch, dtype=spec.dtype,
                               shared_x=st.x[0] == "B", shared_y=st.y[0] == "B", **ext)
-            self._subs.append((st, cs, backend.build(cs, "fused")))
+            self._subs.append((st, cs, backend.build(cs)))
         self.kernel = "pairwise " + " ".join(
             f"{st.label}:{ex.kernel}" for st, _, ex in self._subs)
         self.specialized = all(ex.specialized for _, _, ex in self._subs)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _validate as V
 from ._arrays import c_contiguous
-from .backends import Unsupported, _cuda_params, candidates
+from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
 from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
@@ -33,7 +33,6 @@ def clear_plans():
     _PLANS.clear()
 
 
-_cuda_params.on_table_change(clear_plans)
 
 
 class Plan:
@@ -217,7 +216,7 @@ def build_plan(spec, xp, backend="auto", method="auto"):
             if m == "pairwise":
                 ex = PairwiseExecutor(be, spec)
             else:
-                ex = be.build(spec, m)
+                ex = be.build(spec)
         except Unsupported as err:
             fallbacks.append(f"{be.name}: {err}")
             _warn_once((spec.kernel_key(), be.name),

@@ -20,8 +20,9 @@ import threading
 
 import jinja2
 
-__all__ = ["SmalltcCompileError", "render", "get_kernel", "get_global", "clear_cache", "launch",
-           "Launcher", "direct_launcher", "device_info", "CTYPES", "NVRTC_OPTIONS"]
+__all__ = ["SmalltcCompileError", "render", "template_names", "get_kernel", "get_global",
+           "clear_cache", "launch", "resident_blocks", "Launcher", "direct_launcher",
+           "device_info", "current_device", "current_device_id", "CTYPES", "NVRTC_OPTIONS"]
 
 CTYPES = {"float64": "double", "float32": "float"}
 NVRTC_OPTIONS = ("-std=c++17",)
@@ -52,7 +53,7 @@ def _template_root():
     try:
         return importlib.resources.files("smalltc.templates") / "cuda"
     except ModuleNotFoundError:   # a checkout on sys.path, not pip-installed
-        return pathlib.Path(__file__).resolve().parents[2] / "templates" / "cuda"
+        return pathlib.Path(__file__).resolve().parents[3] / "templates" / "cuda"
 
 
 def _load_template(name):
@@ -102,6 +103,18 @@ def device_info(device_id: int):
     cc = f"{props['major']}{props['minor']}"
     return dict(name=name, cc=cc, sms=props["multiProcessorCount"],
                 smem_optin=props.get("sharedMemPerBlockOptin", _SMEM_DEFAULT))
+
+
+def current_device_id() -> int:
+    """CuPy's current device."""
+    from ..._arrays import cupy_or_none
+    return cupy_or_none().cuda.runtime.getDevice()
+
+
+def current_device():
+    """``(device id, device_info)`` of CuPy's current device."""
+    dev = current_device_id()
+    return dev, device_info(dev)
 
 
 _CACHE: dict = {}

@@ -1,0 +1,136 @@
+"""The CUDA backend: size-specialised Jinja2 kernels compiled through CuPy (NVRTC).
+
+Walk from a spec to its kernel: :meth:`CudaBackend.build` asks the kernel
+families in :data:`FAMILIES` which one claims the spec; :func:`choose` takes
+that family's parameters (a tuning table's, else its measured heuristic) and
+its rendering context; the family's executor compiles the kernel on the
+current device and launches it on the current CuPy stream.
+
+===============  ===============================  =========================================
+family           module                           templates
+===============  ===============================  =========================================
+``layout``       :mod:`.layout`                   ``gemm.cu.j2`` (GEMM, kernels 8a/8b),
+                                                  ``generic.cu.j2`` (run-time sizes)
+``contract9``    :mod:`.contract9`                ``contract9.cu.j2`` (kernel 9)
+``action``       :mod:`.action`                   ``action.cu.j2``, ``action_rb.cu.j2``,
+                                                  ``action_line.cu.j2``
+``assembly``     :mod:`.assembly`                 ``assembly.cu.j2``
+===============  ===============================  =========================================
+
+What no family fits runs a generic path and says so (``specialized=False``):
+the generic layout kernel for a GEMM or contraction, the pairwise steps on
+this backend's kernels for an action or assembly. :mod:`.runtime` renders,
+compiles, caches and launches. Importing this package touches no device.
+
+Examples
+--------
+>>> from smalltc.backends.cuda import choose, family_of
+>>> from smalltc.spec import ActionSpec
+>>> spec = ActionSpec(dim=3, nq=7, nd=6, batch=1000, dtype="float64")
+>>> family_of(spec).name
+'action'
+>>> c = choose(spec, dict(name=None, cc="0", sms=132, smem_optin=232448))
+>>> c.template, c.entry, c.source
+('action_line.cu.j2', 'stc_mass_apply_3d_f64_nd6nq7c1_line', 'heuristic')
+"""
+from __future__ import annotations
+
+from ... import tables
+from ..._arrays import gpu_available
+from .. import register
+from ..base import Backend, Executor, Unsupported
+from . import runtime as RT
+from .action import ACTION
+from .assembly import ASSEMBLY
+from .contract9 import CONTRACT9
+from .family import Choice
+from .layout import LAYOUT, generic_executor
+from .runtime import SmalltcCompileError
+
+__all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "family_of", "choose"]
+
+#: the kernel families, in the order they are asked
+FAMILIES = (LAYOUT, CONTRACT9, ACTION, ASSEMBLY)
+
+
+def family_of(spec):
+    """The family whose specialised kernel runs ``spec``, or None (only a generic path)."""
+    for fam in FAMILIES:
+        if fam.claims(spec):
+            return fam
+    return None
+
+
+def choose(spec, device, params=None):
+    """What :meth:`CudaBackend.build` builds for ``spec`` on ``device`` (a
+    :func:`.runtime.device_info` dict), decided without compiling: a :class:`.family.Choice`,
+    or None when only a generic path runs it.
+
+    ``params`` None: the device's tuning tables (:mod:`smalltc.tables`), else the
+    family's heuristic; a dict: those parameters, ``ValueError`` when they do not fit.
+    """
+    fam = family_of(spec)
+    if fam is None:
+        return None
+    t = fam.tuned_spec(spec)
+    ctx, source, table = None, "params", None
+    if params is not None:
+        ctx = fam.context(t, dict(params), device)
+        if ctx is None:
+            raise ValueError(f"params {params} do not fit {t} on this device "
+                             f"({fam.name} family; parameters {', '.join(fam.params)})")
+    else:
+        hit = tables.lookup(t, fam, f"sm{device['cc']}", device.get("name"))
+        if hit is not None:
+            ctx, source, table = fam.context(t, hit.params, device), hit.source, hit.table
+        if ctx is None:
+            ctx, source, table = fam.context(t, None, device), "heuristic", None
+        if ctx is None:
+            return None
+    return Choice(fam, t, fam.template(ctx), fam.entry(t, ctx), ctx, source, table)
+
+
+class _PairwiseFallback(Executor):
+    """The generic path of the action/assembly: the pairwise steps on this backend's kernels."""
+
+    def __init__(self, backend, spec, why):
+        from ...pairwise import PairwiseExecutor
+        self._inner = PairwiseExecutor(backend, spec)
+        self.kernel = f"{self._inner.kernel} (no fused kernel: {why})"
+        self.params, self.specialized, self.source = {}, False, "generic"
+
+    def run(self, operands, out, **scalars):
+        self._inner.run(operands, out, **scalars)
+
+
+class CudaBackend(Backend):
+    """NVIDIA GPUs through CuPy: fused action and assembly, layout-reading GEMM."""
+
+    name = "cuda"
+    array_modules = ("cupy",)
+    priority = 10
+
+    def available(self) -> bool:
+        return gpu_available()
+
+    def describe(self) -> str:
+        if not gpu_available():
+            return "cuda: no CUDA device (CuPy device query failed)"
+        dev, info = RT.current_device()
+        return f"cuda: device {dev} {info['name']} (sm_{info['cc']}, {info['sms']} SMs)"
+
+    def build(self, spec, params=None) -> Executor:
+        _, device = RT.current_device()
+        choice = choose(spec, device, params)
+        if choice is not None:
+            return choice.family.executor(choice, device)
+        if spec.op in ("gemm", "contract"):
+            return generic_executor(spec, device)
+        if spec.op in ("action", "assembly"):
+            return _PairwiseFallback(self, spec, "an element does not fit in shared memory"
+                                     if spec.op == "action" else
+                                     "a unit does not fit in shared memory")
+        raise Unsupported(f"cuda backend has no kernel for {spec}")
+
+
+register(CudaBackend())

@@ -1,0 +1,296 @@
+"""The fused-action family: ``U_e = B^T D_e B V_e`` for every element in one kernel.
+
+Three forms of one design (a batch item is an (element, component) pair; all
+steps (3a)-(4f) run on an item staged in shared memory, D applied between the
+halves):
+
+=====================  =========================  ===================================
+form                   template                   entry point (example)
+=====================  =========================  ===================================
+shared-memory (rb=1)   ``action.cu.j2``           ``stc_mass_apply_3d_f64_nd3nq4c1``
+register-blocked rb>1  ``action_rb.cu.j2``        ``stc_mass_apply_3d_f64_nd9nq10c1``
+line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_apply_3d_f64_nd6nq7c1_line``
+=====================  =========================  ===================================
+
+- shared-memory form: T = max(nd, nq); an item gets T*T threads in 3D, T in 2D
+  and 1D, and two T^dim buffers, about one shared load per FMA.
+- ``rb`` > 1: each thread computes ``rb`` outputs along the contracted axis of
+  the x and y steps (T*ceil(T/rb) threads per item in 3D).
+- line form (3D only): every step by whole 1D lines, a thread per line, B1d in
+  the constant bank (``stc_cB``, copied there before each launch), about nd
+  FMAs per shared load; ``prefetch`` 1 loads the next group's V and D into
+  registers during the current group's steps, 2 copies V by ``cp.async``.
+
+The heuristic, measured on an H100 (float64, notes/cuda.md): the line form from
+T = :data:`LINE_FROM_T` on with ``prefetch`` :data:`LINE_PREFETCH`; below, the
+shared-memory form with ~128 threads per block (T <= 4) and, from T = 5, a
+register cap for ~768 resident threads per SM; it never picks ``rb`` > 1.
+Tuning parameters: ``per_block, min_blocks, rb, line, prefetch``.
+"""
+from __future__ import annotations
+
+import math
+
+from ..._arrays import cupy_or_none
+from . import runtime as RT
+from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_LOCAL_BYTES, MAX_THREADS, MIN_THREADS,
+                     SM_THREADS, SMEM_TARGET, THREADS, Family, KernelExecutor, even)
+
+__all__ = ["ACTION", "ActionFamily", "action_ctx", "action_line_ctx", "LINE_FROM_T",
+           "LINE_PREFETCH"]
+
+#: the 3D heuristic takes the line form from this T = max(nd, nq) on: on an H100 it ran
+#: 1.13-1.46x the *tuned* register-blocked kernels at p = 5..8, float64, and lost at
+#: p = 1 (0.77-0.86); notes/cuda.md, "Session 4"
+LINE_FROM_T = 5
+#: the line form's default ``prefetch``: 1 (V and D of the next group in registers) ran
+#: 1.18-1.49x the plain line form (0) at the heuristic's own per_block, on an H100 at 3D
+#: p = 4..8, nq = p+1, float64 (notes/cuda.md, "Session 5")
+LINE_PREFETCH = 1
+#: ``__launch_bounds__`` minimum blocks searched (0 and 1 give the same register cap)
+_MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)
+#: register blocking searched; an rb that the context normalises to a smaller one
+#: (rb = 4 at T = 5 is 3) is a duplicate
+_RB = (1, 2, 3, 4)
+
+
+def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
+    """Context of ``action.cu.j2`` (``action_rb.cu.j2`` when ``rb > 1``), or None when
+    one item does not fit in shared memory.
+
+    T = max(nd, nq); an item gets T*T threads in 3D, T in 2D and 1D, and two
+    T^dim buffers; items per block fill 256 threads within the target.
+
+    ``params`` (a tuning table's answer): ``per_block``, ``min_blocks`` and
+    ``rb``, the outputs each thread computes along the contracted axis of
+    the x and y steps (register blocking; missing means 1). An item then has
+    T*TB threads in 3D and TB in 2D, TB = ceil(T / rb); ``rb`` is normalised
+    to ceil(T / TB), the fewest outputs per thread that TB threads need (rb = 4
+    at T = 5 is rb = 3). 1D has no rb > 1. The heuristic (no params) takes rb = 1.
+
+    ``line`` = 1 (3D only; the heuristic's choice from T = :data:`LINE_FROM_T` on):
+    the line form, :func:`action_line_ctx`.
+
+    >>> c = action_ctx(3, 3, 4, 1, "float64")
+    >>> c["T"], c["tpi"], c["per_block"], c["line"]
+    (4, 16, 8, 0)
+    """
+    s = ITEMSIZE[dtype]
+    T = max(nd, nq)
+    line = (params.get("line", 0) if params else int(dim == 3 and T >= LINE_FROM_T))
+    if line:
+        return action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin, params)
+    rb = params.get("rb", 1) if params else 1
+    if rb < 1 or (dim == 1 and rb > 1):
+        return None
+    tb = math.ceil(T / rb)
+    rb = math.ceil(T / tb)
+    tpi = T * tb if dim == 3 else tb
+    # measured on H100, 3D float64 (notes/cuda.md, sweep 1): T <= 4 best at ~128 threads;
+    # from T = 5 on, a register cap (min_blocks) for ~768 resident threads per SM;
+    # from T = 8 on, ~128 threads per block as well.
+    ne = max(1, (THREADS // 2 if T <= 4 or T >= 8 else THREADS) // tpi)
+    min_blocks = 0 if T <= 4 else min(6, math.ceil(768 / (ne * tpi)))
+    if params:
+        ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
+
+    def smem(ne):
+        return s * (even(nq * nd) + ne * (2 * T ** dim + 1))
+
+    while params is None and ne > 1 and smem(ne) > SMEM_TARGET:
+        ne -= 1
+    if smem(ne) > smem_optin or tpi * ne > 1024:
+        return None
+    return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, tpi=tpi, per_block=ne,
+                threads=tpi * ne, smem_bytes=smem(ne), min_blocks=min_blocks, rb=rb, tb=tb,
+                line=0, prefetch=0)
+
+
+def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
+    """Context of ``action_line.cu.j2``, the 3D action's *line* form, or None.
+
+    Every step is done by whole 1D lines (a thread loads a line into registers and
+    computes every output along the contracted axis) with B1d in the constant bank,
+    so an FMA takes its B operand from there: about nd FMAs per shared-memory load
+    instead of one. An item has TT*T threads (TT: T rounded up to odd, the line
+    stride: conflict-free banks) and two T*T*TT buffers. ``params``: ``per_block``,
+    ``min_blocks`` and ``prefetch``: 1, the next group's V and D are loaded into
+    registers during the current group's steps (blocks loop over groups); 2, the
+    same with V copied straight into a third shared buffer by ``cp.async``; 0, no
+    overlap. The heuristic fills ~160 threads, prefetch :data:`LINE_PREFETCH`.
+
+    >>> c = action_line_ctx(3, 8, 9, 1, "float64")
+    >>> c["T"], c["TT"], c["tpi"], c["per_block"], c["line"], c["prefetch"]
+    (9, 9, 81, 2, 1, 1)
+    >>> c["istr"], action_line_ctx(3, 8, 9, 1, "float64", params=dict(per_block=2, prefetch=2))["istr"]
+    (1459, 2187)
+    >>> action_line_ctx(2, 8, 9, 1, "float64") is None        # 3D only
+    True
+    """
+    if dim != 3:
+        return None
+    s = ITEMSIZE[dtype]
+    T = max(nd, nq)
+    TT = T | 1
+    tpi = TT * T
+    buf = T * T * TT
+    ne = max(1, round(160 / tpi))
+    min_blocks, prefetch = 0, LINE_PREFETCH
+    if params:
+        ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
+        prefetch = params.get("prefetch", 0)
+    if prefetch not in (0, 1, 2):
+        return None
+    nbuf = 3 if prefetch == 2 else 2         # the cp.async form stages V in a third buffer
+    istr = nbuf * buf + 1 - (nbuf * buf) % 2     # odd: items start on different banks
+    smem = s * (ne * istr + 1)
+    if ne < 1 or smem > smem_optin or tpi * ne > 1024:
+        return None
+    return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, TT=TT, istr=istr,
+                tpi=tpi, per_block=ne, threads=tpi * ne, smem_bytes=smem,
+                min_blocks=min_blocks, rb=1, tb=T, line=1, prefetch=prefetch)
+
+
+def _threads_per_item(spec, rb, line):
+    T = max(spec.nd, spec.nq)
+    if line:
+        return (T | 1) * T
+    tb = -(-T // rb)
+    return T * tb if spec.dim == 3 else tb
+
+
+def _counts(upto):
+    """Items per block searched: all up to 16, else 1, 2, 3, 4, 6, 8, 12, 16, ..."""
+    if upto <= 16:
+        return range(1, upto + 1)
+    vals = {1}
+    for p in (2 ** i for i in range(11)):
+        vals.update(v for v in (p, 3 * p // 2 if p >= 2 else p) if v <= upto)
+    return sorted(vals)
+
+
+class ActionFamily(Family):
+    """The fused action; see the module docstring."""
+
+    name = "action"
+    templates = ("action.cu.j2", "action_rb.cu.j2", "action_line.cu.j2")
+    params = ("per_block", "min_blocks", "rb", "line", "prefetch")
+    optional = {"rb": 1, "line": 0, "prefetch": 0}
+    #: the ncomp=3 entries carried from the ncomp=1 ones (distance 1.58) won on the H100
+    max_distance = 2.0
+
+    def claims(self, spec):
+        return spec.op == "action"
+
+    def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        return action_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype,
+                          device["smem_optin"], params)
+
+    def template(self, ctx):
+        if ctx.get("line"):
+            return "action_line.cu.j2"
+        return "action.cu.j2" if ctx["rb"] == 1 else "action_rb.cu.j2"
+
+    def entry(self, spec, ctx):
+        return (f"stc_mass_apply_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
+                f"c{spec.ncomp}{'_line' if ctx.get('line') else ''}")
+
+    def executor(self, choice, device):
+        """The executor; the heuristic's register cap (``min_blocks``) must not spill:
+        local-memory traffic cost up to 2x (notes/cuda.md, ncu of nd6nq6), so it is
+        relaxed until the kernel uses at most :data:`MAX_LOCAL_BYTES` of local memory."""
+        ex = ActionExecutor(choice, device)
+        while (choice.source == "heuristic" and ex.local_bytes > MAX_LOCAL_BYTES
+               and choice.ctx["min_blocks"] > 0):
+            choice = choice._replace(ctx=dict(choice.ctx, min_blocks=choice.ctx["min_blocks"] - 1))
+            ex = ActionExecutor(choice, device)
+        return ex
+
+    def space(self, spec):
+        """The shared-memory form with ``rb`` 1..4 (1 in 1D), every items-per-block count
+        that fits (or 1, 2, 3, 4, 6, 8, 12, ... above 16), min_blocks 0..8; in 3D also
+        the line form with min_blocks 0, 2, 4 and prefetch 0, 1, 2. Pruned: ``threads``
+        (under 64 per block where more items would fit), ``resident`` (min_blocks x
+        threads over the SM's 2048)."""
+        T = max(spec.nd, spec.nq)
+        for rb in _RB if spec.dim > 1 else (1,):
+            tpi = _threads_per_item(spec, rb, False)
+            upto = MAX_THREADS // tpi
+            for ne in _counts(upto):
+                threads = ne * tpi
+                for mb in _MIN_BLOCKS:
+                    why = ("threads" if threads < MIN_THREADS and ne < upto else
+                           "resident" if mb * threads > SM_THREADS else None)
+                    yield dict(per_block=ne, min_blocks=mb, rb=rb, line=0, prefetch=0), why
+        if spec.dim == 3:
+            tpi = (T | 1) * T
+            upto = MAX_THREADS // tpi
+            for ne in _counts(upto):
+                threads = ne * tpi
+                for mb in (0, 2, 4):
+                    why = ("threads" if threads < MIN_THREADS and ne < upto else
+                           "resident" if mb * threads > SM_THREADS else None)
+                    for pf in (0, 1, 2):
+                        yield dict(per_block=ne, min_blocks=mb, rb=1, line=1, prefetch=pf), why
+
+    def carry(self, spec, entry_spec, params, device):
+        """The same threads per block, register blocking and form (the line form in 3D
+        only), the register cap lowered until it can be met."""
+        line0 = bool(params.get("line", 0)) and entry_spec.dim == 3
+        line = line0 and spec.dim == 3
+        rb0 = 1 if line0 else params.get("rb", self.optional["rb"])
+        rb = rb0 if spec.dim > 1 else 1       # 1D has no register blocking
+        t1 = _threads_per_item(spec, rb, line)
+        if t1 > MAX_THREADS:
+            return None
+        ne = max(1, min(round(params["per_block"] * _threads_per_item(entry_spec, rb0, line0)
+                              / t1), MAX_THREADS // t1))
+        mb = params.get("min_blocks", 0)
+        while mb and mb * ne * t1 > SM_THREADS:
+            mb -= 1
+        pf = int(bool(params.get("prefetch", 0))) if line else 0
+        return self.first_valid(spec, dict(per_block=ne, min_blocks=mb, rb=rb, line=int(line),
+                                           prefetch=pf), device)
+
+
+ACTION = ActionFamily()
+
+
+class ActionExecutor(KernelExecutor):
+    """The fused action. The line form reads B1d from its module's constant bank
+    (``stc_cB``): each call first copies B1d there on the current stream, after the
+    previous launch of this kernel on any other stream has finished (an event), so
+    calls on several streams with different B1d do not race. (Inside a CUDA-graph
+    capture that wait is left out: the graph orders its own nodes.)"""
+
+    def __init__(self, choice, device):
+        super().__init__(choice, device)
+        spec = choice.spec
+        self.nbatch = spec.batch * spec.ncomp
+        self._line = bool(self.ctx.get("line"))
+        self._slots = {}                     # device id -> get_global's shared slot of stc_cB
+
+    def run(self, operands, out, **_):
+        B1d, D, V = operands
+        if not self._line:
+            self._run_arrays(self.nbatch, (B1d, D, V, out))
+            return
+        cp = cupy_or_none()
+        # one slot per module and device: [stc_cB pointer, event after the last launch,
+        # that launch's stream], shared with every other executor of this kernel
+        dev = cp.cuda.runtime.getDevice()
+        slot = self._slots.get(dev)
+        if slot is None:
+            slot = self._slots[dev] = RT.get_global(self.template, self.kernel, self.ctx,
+                                                    self.smem, "stc_cB")
+        if slot[1] is None:
+            slot[1] = cp.cuda.Event(disable_timing=True)
+        ptr, event, last = slot
+        stream = cp.cuda.get_current_stream()
+        if last is not None and last != stream.ptr and not stream.is_capturing():
+            stream.wait_event(event)
+        cp.cuda.runtime.memcpyAsync(ptr.ptr, B1d.data.ptr, B1d.nbytes,
+                                    cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+        self._run_arrays(self.nbatch, (D, V, out))
+        event.record(stream)
+        slot[2] = stream.ptr

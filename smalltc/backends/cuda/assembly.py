@@ -1,0 +1,138 @@
+"""The fused-assembly family: element mass matrices ``M_e = B^T D_e B`` in one kernel.
+
+``assembly.cu.j2`` runs steps (1a)-(2c) for a *unit*, (element, i1) in 2D/3D
+and an element in 1D, with the products ``BB(i,j,k) = B(k,i) B(k,j)`` formed
+once per block in shared memory and the intermediate ``A1``/``A2`` per unit.
+
+=================  ==========================  ===================================
+spec               template                    entry point (example)
+=================  ==========================  ===================================
+AssemblySpec       ``assembly.cu.j2``          ``stc_mass_assemble_3d_f64_nd3nq4``
+=================  ==========================  ===================================
+
+Final stage: *flat* (``rows`` = 0, 256 threads, any thread any output) or, in
+3D, the *rows* form (``nd^3 * rows`` threads; thread (i3, j2, j3) keeps
+``BB(i3, j3, :)`` in registers, one shared load per FMA instead of two).
+``pad`` = 1 spaces the rows of BB and A2 an odd stride apart when nq is even.
+The heuristic: flat, ~2048 outputs per block, no pad. Tuning parameters:
+``per_block, rows, pad``.
+"""
+from __future__ import annotations
+
+import math
+
+from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_THREADS, MIN_THREADS, POW2,
+                     SMEM_TARGET, THREADS, Family, KernelExecutor, even)
+
+__all__ = ["ASSEMBLY", "AssemblyFamily", "assembly_ctx"]
+
+
+def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
+    """Context of ``assembly.cu.j2``, or None when one unit does not fit.
+
+    A unit is (element, i1) in 2D/3D and an element in 1D; units per block
+    aim at ~2048 outputs per block of 256 threads.
+
+    ``params``: ``per_block`` (units per block) and, 3D only, ``rows``: 0 (or
+    absent) for the flat final stage (every thread any output, 256 threads),
+    R >= 1 for the *rows* form: ``nd^3 * R`` threads, thread (i3, j2, j3)
+    keeps ``BB(i3, j3, :)`` in registers and walks R-strided rows (unit, i2,
+    j1), one shared load per FMA instead of two; ``pad`` = 1: rows of BB and
+    A2 an odd stride (nq + 1) apart when nq is even, against bank conflicts.
+
+    >>> c = assembly_ctx(3, 3, 4, "float64")
+    >>> c["out_u"], c["per_block"], c["threads"], c["rows"]
+    (243, 9, 256, 0)
+    """
+    s = ITEMSIZE[dtype]
+    out_u = nd ** (2 * dim - 1) if dim > 1 else nd * nd
+    a1u = nd * nq ** (dim - 1) if dim > 1 else 0
+    nu = params["per_block"] if params else max(1, min(64, math.ceil(2048 / out_u)))
+    rows = int((params or {}).get("rows", 0) or 0)
+    # pad: BB and A2 rows nq + 1 apart when nq is even (odd stride: no bank conflicts
+    # between the rows that the lanes of a warp read); nothing to do for odd nq
+    pad = int(bool((params or {}).get("pad", 0)) and nq % 2 == 0)
+    nqp = nq + pad
+    a2u = nd ** 3 * nqp if dim == 3 else 0
+    bb = even(nd * nd * nqp)
+    threads = THREADS
+    if rows:
+        threads = nd ** 3 * rows
+        if dim != 3 or rows < 0 or threads > 1024:
+            return None
+
+    def smem(nu):
+        return s * (bb + nu * (a1u + a2u))
+
+    while params is None and nu > 1 and smem(nu) > SMEM_TARGET:
+        nu -= 1
+    if smem(nu) > smem_optin:
+        return None
+    return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, out_u=out_u, bb_pad=bb, per_block=nu,
+                threads=threads, smem_bytes=smem(nu), unroll=4, min_blocks=0, rows=rows,
+                pad=pad, nqp=nqp, nqs="NQP" if pad else "NQ", a2s="A2P" if pad else "A2U")
+
+
+def _outputs_per_unit(spec):
+    return spec.nd ** (2 * spec.dim - 1) if spec.dim > 1 else spec.nd ** 2
+
+
+class AssemblyFamily(Family):
+    """The fused assembly; see the module docstring."""
+
+    name = "assembly"
+    templates = ("assembly.cu.j2",)
+    params = ("per_block", "rows", "pad")
+    optional = {"rows": 0, "pad": 0}
+    max_distance = 2.0
+
+    def claims(self, spec):
+        return spec.op == "assembly"
+
+    def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        return assembly_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, device["smem_optin"],
+                            params)
+
+    def entry(self, spec, ctx):
+        return f"stc_mass_assemble_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
+
+    def executor(self, choice, device):
+        return AssemblyExecutor(choice, device)
+
+    def space(self, spec):
+        """Units per block 1, 2, 4, ... 512; the flat final stage (rows 0) and, in 3D,
+        the rows form with ``nd^3 * rows`` threads (rows 1, 2, 4, ... within 1024);
+        ``pad`` 0, 1 for even nq. Pruned: ``threads`` (a rows form under 64 threads)."""
+        rows = [0] + ([r for r in POW2 if spec.nd ** 3 * r <= MAX_THREADS]
+                      if spec.dim == 3 else [])
+        pads = (0, 1) if spec.nq % 2 == 0 else (0,)     # odd nq: rows are odd already
+        for r in rows:
+            threads = spec.nd ** 3 * r if r else THREADS
+            for pad in pads:
+                for nb in POW2[:10]:
+                    why = "threads" if r and threads < MIN_THREADS else None
+                    yield dict(per_block=nb, rows=r, pad=pad), why
+
+    def carry(self, spec, entry_spec, params, device):
+        """The same outputs per block, final-stage form and pad (the flat form where the
+        rows form no longer fits)."""
+        nb = max(1, round(params["per_block"] * _outputs_per_unit(entry_spec)
+                          / _outputs_per_unit(spec)))
+        extra = {k: params.get(k, v) for k, v in self.optional.items()}
+        if extra.get("rows") and (spec.dim != 3 or spec.nd ** 3 * extra["rows"] > MAX_THREADS):
+            extra["rows"] = 0
+        return self.first_valid(spec, dict(per_block=nb, **extra), device)
+
+
+ASSEMBLY = AssemblyFamily()
+
+
+class AssemblyExecutor(KernelExecutor):
+    def __init__(self, choice, device):
+        super().__init__(choice, device)
+        spec = choice.spec
+        self.nunits = spec.batch * (spec.nd if spec.dim > 1 else 1)
+
+    def run(self, operands, out, **_):
+        B1d, D = operands
+        self._run_arrays(self.nunits, (B1d, D, out))

@@ -57,14 +57,12 @@ def _gpus():
 
 
 def _tables():
-    """The tuning tables the CUDA backend would read: file, device, date, entries per op."""
+    """The tuning tables the CUDA backend would read: file, device, date, entries per op,
+    and which device of this machine reads it (its own model's table, or its
+    architecture's)."""
     import collections
-    import os
-    try:
-        from smalltc.tuning import tables as T
-        dirs = T._dirs()
-    except Exception:
-        return []
+    from . import tables as T
+    dirs = T.table_dirs()
     out, seen = [], set()
     for d in dirs:
         for path in sorted(d.glob("*.json")) if d.is_dir() else []:
@@ -74,6 +72,7 @@ def _tables():
             row = {"file": path.name, "folder": str(d)}
             try:
                 data = T.load(path)
+                row["arch"] = data.get("arch")
                 ops = collections.Counter(k.split("/")[0].split("+")[0] for k in data["entries"])
                 row.update(device=data["device"].get("name"), date=data.get("date"),
                            dtype=data["dtype"], entries=dict(sorted(ops.items())),
@@ -81,7 +80,7 @@ def _tables():
             except Exception as err:               # a broken table is ignored at run time
                 row["error"] = str(err)
             out.append(row)
-    if os.environ.get("SMALLTC_TUNING", "on").lower() in ("0", "off", "no", "false"):
+    if not T.enabled():
         for row in out:
             row["disabled"] = "SMALLTC_TUNING=off"
     return out
@@ -97,6 +96,11 @@ def collect() -> dict:
         be[name] = {"available": bool(b.available()), "arrays": list(b.array_modules),
                     "detail": b.describe()}
     gpus, gpu_note = _gpus()
+    tables = _tables()
+    from .tables import table_names
+    for row in tables:                   # which GPU here reads it: its model's, its arch's
+        row["used_by"] = [g["id"] for g in gpus if "dtype" in row and row["file"] in table_names(
+            "sm" + g["cc"].replace(".", ""), g["name"], row["dtype"])]
     vers = {"python": platform.python_version(), "numpy": np.__version__}
     for mod in ("numba", "jinja2", "cupy"):
         try:
@@ -104,7 +108,7 @@ def collect() -> dict:
         except Exception:
             pass
     return {"version": smalltc.__version__, "versions": vers, "backends": be,
-            "cpu": _cpu(), "gpus": gpus, "gpu_note": gpu_note, "tuning_tables": _tables()}
+            "cpu": _cpu(), "gpus": gpus, "gpu_note": gpu_note, "tuning_tables": tables}
 
 
 def add_arguments(parser):
@@ -140,6 +144,9 @@ def run(args) -> int:
             continue
         ents = ", ".join(f"{op} {n}" for op, n in t["entries"].items())
         note = "  [dry run: never used]" if t["dry_run"] else ""
+        if info["gpus"] and not t["dry_run"]:
+            note += (f"  [read by GPU {', '.join(map(str, t['used_by']))}]" if t["used_by"]
+                     else "  [not for the GPUs here]")
         note += f"  [{t['disabled']}]" if t.get("disabled") else ""
         print(f"  {t['file']:20s} {t['device']}, {t['date']}: {ents}{note}")
     return 0

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from smalltc._arrays import cupy_or_none, gpu_available
-from smalltc.backends import _cuda_params as P
-from smalltc.backends._cuda_runtime import render
+from smalltc.backends.cuda.assembly import assembly_ctx
+from smalltc.backends.cuda.family import THREADS
+from smalltc.backends.cuda.runtime import render
 from smalltc.backends.reference import assembly_einsum
 from smalltc.spec import AssemblySpec
 
@@ -21,15 +22,15 @@ MARK = "final stage, rows form"
 
 
 def test_rows_form_only_when_asked():
-    flat = P.assembly_ctx(3, 4, 5, "float64")
-    assert flat["rows"] == 0 and flat["threads"] == P.THREADS
+    flat = assembly_ctx(3, 4, 5, "float64")
+    assert flat["rows"] == 0 and flat["threads"] == THREADS
     assert MARK not in render("assembly.cu.j2", dict(flat, entry="k"))
-    rows = P.assembly_ctx(3, 4, 5, "float64", params=dict(per_block=3, rows=2))
+    rows = assembly_ctx(3, 4, 5, "float64", params=dict(per_block=3, rows=2))
     assert rows["threads"] == 4 ** 3 * 2 and rows["per_block"] == 3
     assert MARK in render("assembly.cu.j2", dict(rows, entry="k"))
-    assert P.assembly_ctx(2, 4, 5, "float64", params=dict(per_block=3, rows=2)) is None
-    assert P.assembly_ctx(1, 4, 5, "float64", params=dict(per_block=3, rows=1)) is None
-    assert P.assembly_ctx(3, 7, 8, "float64", params=dict(per_block=1, rows=3)) is None  # 1029 threads
+    assert assembly_ctx(2, 4, 5, "float64", params=dict(per_block=3, rows=2)) is None
+    assert assembly_ctx(1, 4, 5, "float64", params=dict(per_block=3, rows=1)) is None
+    assert assembly_ctx(3, 7, 8, "float64", params=dict(per_block=1, rows=3)) is None  # 1029 threads
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on the PATH")
@@ -38,7 +39,7 @@ def test_rows_form_only_when_asked():
     (3, 5, 6, 1, 1, "float32"), (3, 7, 8, 0, 1, "float64"), (2, 3, 4, 0, 1, "float64"),
     (1, 3, 4, 0, 1, "float32")])
 def test_variants_compile(tmp_path, dim, nd, nq, rows, pad, dt):
-    ctx = P.assembly_ctx(dim, nd, nq, dt, params=dict(per_block=2, rows=rows, pad=pad))
+    ctx = assembly_ctx(dim, nd, nq, dt, params=dict(per_block=2, rows=rows, pad=pad))
     assert ctx["pad"] == pad and ctx["nqp"] == nq + pad
     src = tmp_path / "k.cu"
     src.write_text(render("assembly.cu.j2", dict(ctx, entry="k")))
@@ -63,15 +64,9 @@ def test_variants_on_gpu(dim, nd, nq, per_block, rows, pad, dt):
     B1d, D = rng.standard_normal((nq, nd)), rng.random((E,) + (nq,) * dim) + 0.5
     ref = assembly_einsum(B1d, D, dim)
     spec = AssemblySpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dt)
-    before = P.get_table_lookup()
-    P.set_table_lookup(lambda s, cc: dict(per_block=per_block, rows=rows, pad=pad,
-                                          _source="test"))
-    try:
-        ex = get("cuda").build(spec)
-    finally:
-        P.set_table_lookup(before)
-    assert ex.params["rows"] == rows and ex.params["pad"] == pad and ex.source == "test"
-    assert ex.threads == (nd ** 3 * rows if rows else P.THREADS)
+    ex = get("cuda").build(spec, params=dict(per_block=per_block, rows=rows, pad=pad))
+    assert ex.params["rows"] == rows and ex.params["pad"] == pad and ex.source == "params"
+    assert ex.threads == (nd ** 3 * rows if rows else THREADS)
     out = cp.full((E, nd ** dim, nd ** dim), np.nan, dtype=dt)
     ex.run((cp.asarray(B1d.astype(dt)), cp.asarray(D.astype(dt))), out)
     got = cp.asnumpy(out).astype(np.float64)

@@ -142,8 +142,7 @@ ACTION_RB_CASES += [(2, p, nq, nc, rb, 8, 0, dt) for (p, nq) in ((1, 2), (4, 5),
 
 @pytest.mark.parametrize("dim,p,nq,nc,rb,per_block,min_blocks,dt", ACTION_RB_CASES)
 def test_action_register_blocked(dim, p, nq, nc, rb, per_block, min_blocks, dt):
-    from smalltc.backends import _cuda_params as P
-    from smalltc.backends import get
+    from smalltc.backends.cuda.action import action_ctx
     from smalltc.spec import ActionSpec
     E = 1003                                   # many groups, a partial last one
     B1d, D, V = _action_inputs(dim, p, nq, nc, E)
@@ -151,22 +150,17 @@ def test_action_register_blocked(dim, p, nq, nc, rb, per_block, min_blocks, dt):
     spec = ActionSpec(dim=dim, nq=nq, nd=p + 1, batch=E, dtype=dt, ncomp=nc,
                       comp_axis=nc > 1)
     params = dict(per_block=per_block, min_blocks=min_blocks, rb=rb)
-    want = P.action_ctx(dim, p + 1, nq, nc, dt, params=params)
-    before = P.get_table_lookup()
-    P.set_table_lookup(lambda s, cc: dict(params, _source="test"))
-    try:
-        ex = get("cuda").build(spec)
-    finally:
-        P.set_table_lookup(before)
-    assert ex.source == "test" and ex.template == "action_rb.cu.j2"
+    want = action_ctx(dim, p + 1, nq, nc, dt, params=params)
+    ex = _build_forced(spec, params)
+    assert ex.source == "params" and ex.template == "action_rb.cu.j2"
     assert ex.params["rb"] == want["rb"] > 1 and ex.threads == want["threads"]
     out = poisoned(V.shape, dt)
     ex.run(tuple(dev(a, dt) for a in (B1d, D, V)), out)
     assert rel(out, ref) < TOL[dt] * (10 if p >= 8 else 1)
 
 
-# the line form of the 3D action (action_line.cu.j2, B1d in the constant bank), forced
-# through the tuning-table hook; (p, nq, ncomp, per_block, min_blocks, dtype)
+# the line form of the 3D action (action_line.cu.j2, B1d in the constant bank), chosen
+# by passing its parameters; (p, nq, ncomp, per_block, min_blocks, dtype)
 ACTION_LINE_CASES = [(p, nq, 1, pb, 0, "float64") for p in (1, 2, 3, 4, 5, 6, 7, 8)
                      for nq in (p + 1, p + 2) for pb in (1, 3)]
 ACTION_LINE_CASES += [(2, 4, 3, 2, 0, "float64"), (8, 10, 3, 2, 0, "float32"),
@@ -175,14 +169,9 @@ ACTION_LINE_CASES += [(2, 4, 3, 2, 0, "float64"), (8, 10, 3, 2, 0, "float32"),
 
 
 def _build_forced(spec, params):
-    from smalltc.backends import _cuda_params as P
+    """The CUDA executor of ``spec`` with these tuning parameters (not the table's)."""
     from smalltc.backends import get
-    before = P.get_table_lookup()
-    P.set_table_lookup(lambda s, cc: dict(params, _source="test"))
-    try:
-        return get("cuda").build(spec)
-    finally:
-        P.set_table_lookup(before)
+    return get("cuda").build(spec, params=params)
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 2])
@@ -195,7 +184,7 @@ def test_action_line(p, nq, nc, per_block, min_blocks, dt, prefetch):
     spec = ActionSpec(dim=3, nq=nq, nd=p + 1, batch=E, dtype=dt, ncomp=nc, comp_axis=nc > 1)
     ex = _build_forced(spec, dict(per_block=per_block, min_blocks=min_blocks, line=1,
                                   prefetch=prefetch))
-    assert ex.source == "test" and ex.template == "action_line.cu.j2"
+    assert ex.source == "params" and ex.template == "action_line.cu.j2"
     assert ex.kernel.endswith("_line") and ex.params["line"] == 1
     assert ex.params["prefetch"] == prefetch and (ex.max_blocks is None) == (not prefetch)
     if prefetch:
@@ -342,9 +331,9 @@ def test_gemm_batch_past_2_31_elements():
 
 
 def test_compile_error_carries_source():
-    from smalltc.backends import _cuda_params as P
-    from smalltc.backends._cuda_runtime import SmalltcCompileError, get_kernel
-    ctx = dict(P.layout_ctx("8a", 4, 4, 1, 1, 4, "float64", False, False), threads=7)
+    from smalltc.backends.cuda.layout import layout_ctx
+    from smalltc.backends.cuda.runtime import SmalltcCompileError, get_kernel
+    ctx = dict(layout_ctx("8a", 4, 4, 1, 1, 4, "float64", False, False), threads=7)
     with pytest.raises(SmalltcCompileError, match="static assertion|static_assert") as info:
         get_kernel("gemm.cu.j2", "stc_broken", ctx)
     assert 'extern "C"' in info.value.source and "-std=c++17" in info.value.options
@@ -369,13 +358,12 @@ LAYOUT_PREFETCH_CASES = [(m, n, k, sa, sb, bz, dt)
 def test_gemm_prefetch(m, n, k, sa, sb, bz, dt):
     """The layout kernel's cp.async form (prefetch = 1): blocks loop over groups, each
     group's operands copied in while the previous group computes; a partial last group."""
-    from smalltc.backends import _cuda_params as P
+    from smalltc.backends.cuda.layout import LAYOUT
     from smalltc.spec import GemmSpec
     batch = 1003
     spec = GemmSpec(batch=batch, m=m, n=n, k=k, dtype=dt, shared_a=sa, shared_b=sb,
                     beta_zero=bz)
-    heur = P.layout_ctx("8a", **P.gemm_extents(spec), dtype=dt, shared_x=sa, shared_y=sb,
-                        beta_zero=bz)
+    heur = LAYOUT.context(spec)
     params = dict(dim_x=heur["dim_x"], dim_y=heur["dim_y"], per_block=3, prefetch=1)
     ex = _build_forced(spec, params)
     assert ex.params["prefetch"] == 1 and ex.max_blocks is not None

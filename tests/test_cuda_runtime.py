@@ -1,7 +1,9 @@
 """CUDA backend logic that needs no GPU: heuristics, launch geometry, per-device kernels.
 
-The device is faked: ``get_kernel`` and ``launch`` are replaced by recorders and
-the current device id is a settable number, so these run in CI.
+The device is faked in :mod:`smalltc.backends.cuda.runtime`, the one place the
+families reach it through: ``get_kernel`` and ``launch`` are recorders and the
+current device id is a settable number, so these run in CI. Variants are
+chosen by passing parameters to ``build``.
 """
 import math
 import types
@@ -11,10 +13,15 @@ import pytest
 
 from smalltc import backends
 from smalltc._arrays import gpu_available
-from smalltc.backends import _cuda_params as P
-from smalltc.backends import _cuda_runtime as RT
-from smalltc.backends import cuda as C
+from smalltc.backends.cuda import CudaBackend, choose
+from smalltc.backends.cuda import action as A
+from smalltc.backends.cuda import runtime as RT
+from smalltc.backends.cuda.action import action_ctx
+from smalltc.backends.cuda.assembly import assembly_ctx
+from smalltc.backends.cuda.layout import layout_ctx
 from smalltc.spec import ActionSpec, GemmSpec
+
+DEVICE = dict(name="Fake GPU", cc="90", sms=132, smem_optin=227 * 1024)
 
 
 class _FakeKernel:
@@ -26,9 +33,6 @@ class _FakeKernel:
 @pytest.fixture
 def fake_device(monkeypatch):
     state = types.SimpleNamespace(dev=0, compiled=[], launched=[])
-    runtime = types.SimpleNamespace(getDevice=lambda: state.dev)
-    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
-    monkeypatch.setattr(C, "cupy_or_none", lambda: fake_cupy)
 
     def get_kernel(template, entry, ctx, smem):
         state.compiled.append((state.dev, template, entry))
@@ -37,9 +41,13 @@ def fake_device(monkeypatch):
     def launch(kern, ngroups, threads, args, smem, max_blocks=None):
         state.launched.append((kern.dev, ngroups, threads, args, smem))
 
-    monkeypatch.setattr(C, "get_kernel", get_kernel)
-    monkeypatch.setattr(C, "launch", launch)
-    monkeypatch.setattr(C, "direct_launcher", lambda *a, **k: None)   # RawKernel path
+    monkeypatch.setattr(RT, "current_device_id", lambda: state.dev)
+    monkeypatch.setattr(RT, "current_device", lambda: (state.dev, DEVICE))
+    monkeypatch.setattr(RT, "get_kernel", get_kernel)
+    monkeypatch.setattr(RT, "launch", launch)
+    monkeypatch.setattr(RT, "direct_launcher", lambda *a, **k: None)   # RawKernel path
+    monkeypatch.setattr(RT, "resident_blocks", lambda kern, threads, smem: 4)
+    monkeypatch.setenv("SMALLTC_TUNING", "off")
     return state
 
 
@@ -47,9 +55,10 @@ def test_kernel_per_device_and_geometry(fake_device):
     # T = 4: the heuristic's shared-memory form (from T = 5 on it is the line form, whose
     # constant-bank copy needs a real device)
     spec = ActionSpec(dim=3, nq=4, nd=3, batch=1001, dtype="float64", ncomp=3, comp_axis=True)
-    ctx = P.action_ctx(3, 3, 4, 3, "float64")
+    ctx = action_ctx(3, 3, 4, 3, "float64")
     assert ctx["line"] == 0
-    ex = C._ActionExecutor("stc_mass_apply_3d_f64_nd3nq4c3", ctx, "heuristic", spec)
+    ex = CudaBackend().build(spec)
+    assert ex.kernel == "stc_mass_apply_3d_f64_nd3nq4c3" and ex.ctx == ctx
     ex.run(("B", "D", "V"), "U")
     fake_device.dev = 1
     ex.run(("B", "D", "V"), "U")
@@ -66,7 +75,7 @@ def test_kernel_per_device_and_geometry(fake_device):
 
 def test_gemm_scalars_take_the_kernel_dtype(fake_device):
     spec = GemmSpec(batch=7, m=4, n=4, k=4, dtype="float32")
-    ex = C._build_gemm(spec, dict(smem_optin=227 * 1024, cc="90"))
+    ex = CudaBackend().build(spec)
     ex.run(("A", "B", None), "OUT", alpha=2.0, beta=0.0)
     args = fake_device.launched[-1][3]
     assert args[:4] == ("A", "B", "OUT", "OUT")       # C is not read: out stands in
@@ -77,8 +86,9 @@ def test_gemm_scalars_take_the_kernel_dtype(fake_device):
 def test_generic_gemm_for_large_extents(fake_device):
     spec = GemmSpec(batch=3, m=200, n=5, k=7, dtype="float64", shared_b=True,
                     beta_zero=False)
-    ex = C._build_gemm(spec, dict(smem_optin=227 * 1024, cc="90"))
+    ex = CudaBackend().build(spec)
     assert not ex.specialized and ex.kernel == "stc_generic8a_f64_beta"
+    assert ex.source == "generic"
     ex.run(("A", "B", "C"), "OUT", alpha=1.0, beta=0.5)
     _, ngroups, threads, args, _ = fake_device.launched[-1]
     assert args[6:11] == (200, 7, 1, 1, 5)            # I S J K L of op(A) op(B)
@@ -86,21 +96,44 @@ def test_generic_gemm_for_large_extents(fake_device):
     assert ngroups == math.ceil(3 * 200 * 5 / threads)
 
 
-def test_table_lookup_overrides_heuristic(fake_device):
+def test_params_override_the_heuristic(fake_device):
     spec = GemmSpec(batch=7, m=8, n=8, k=8, dtype="float64")
-    P.set_table_lookup(lambda s, cc: dict(dim_x=8, dim_y=2, per_block=3))
-    try:
-        ex = C._build_gemm(spec, dict(smem_optin=227 * 1024, cc="90"))
-    finally:
-        P.set_table_lookup(None)
-    assert ex.source == "table"
-    P.set_table_lookup(lambda s, cc: dict(dim_x=8, dim_y=8, per_block=1, _source="table-nearest"))
-    try:
-        assert C._build_gemm(spec, dict(smem_optin=227 * 1024, cc="90")).source == "table-nearest"
-    finally:
-        P.set_table_lookup(None)
+    ex = CudaBackend().build(spec, params=dict(dim_x=8, dim_y=2, per_block=3))
+    assert ex.source == "params" and ex.table is None
     assert (ex.params["dim_x"], ex.params["dim_y"], ex.params["per_block"]) == (8, 2, 3)
     assert ex.params["thr_m"] == 4 and ex.params["threads"] == 48
+    assert CudaBackend().build(spec, params="heuristic").source == "heuristic"
+    with pytest.raises(ValueError, match=r"params .* do not fit gemm_nn m=8.*layout family"):
+        CudaBackend().build(spec, params=dict(dim_x=64, dim_y=64, per_block=1))
+
+
+def test_table_answers_before_the_heuristic(fake_device, monkeypatch, tmp_path):
+    """A table of this device model answers first, then the architecture's, then the
+    heuristic; the executor says which answered."""
+    import json
+    spec = GemmSpec(batch=7, m=8, n=8, k=8, dtype="float64")
+
+    def table(name, params):
+        entry = dict(op="gemm", family="layout", spec=spec.with_batch(100).as_dict(),
+                     params=params, time_s=1e-4, fraction_of_pmax=0.9, runner_up=None)
+        data = dict(schema=1, arch="sm90", dtype="float64", device=dict(DEVICE, name="x"),
+                    versions={}, date="2026-11-23T00:00:00Z", entries={spec.size_key: entry})
+        (tmp_path / name).write_text(json.dumps(data))
+
+    monkeypatch.setenv("SMALLTC_TUNING", "on")
+    monkeypatch.setenv("SMALLTC_TUNING_TABLES", str(tmp_path))
+    monkeypatch.setattr("smalltc.tables.shipped_dir", lambda: tmp_path / "none")
+    assert CudaBackend().build(spec).source == "heuristic"
+    table("sm90-float64.json", dict(dim_x=8, dim_y=2, per_block=3))
+    ex = CudaBackend().build(spec)
+    assert (ex.source, ex.table, ex.params["per_block"]) == ("table-exact", "sm90-float64.json", 3)
+    table("sm90-fake-gpu-float64.json", dict(dim_x=8, dim_y=4, per_block=2))
+    ex = CudaBackend().build(spec)
+    assert (ex.table, ex.params["per_block"]) == ("sm90-fake-gpu-float64.json", 2)
+    near = CudaBackend().build(GemmSpec(batch=7, m=8, n=8, k=9, dtype="float64"))
+    assert near.source == "table-nearest" and near.table == "sm90-fake-gpu-float64.json"
+    monkeypatch.setenv("SMALLTC_TUNING", "off")
+    assert CudaBackend().build(spec).source == "heuristic"
 
 
 def test_grid_is_capped_and_strided():
@@ -119,15 +152,15 @@ def test_grid_is_capped_and_strided():
 def test_heuristic_contexts_are_launchable(dim, dtype):
     for p in range(1, 17):
         for nq in (p + 1, p + 2, p + 3):
-            ctx = P.action_ctx(dim, p + 1, nq, 1, dtype)
+            ctx = action_ctx(dim, p + 1, nq, 1, dtype)
             if ctx is not None:
                 assert ctx["threads"] == ctx["tpi"] * ctx["per_block"] <= 1024
                 assert ctx["smem_bytes"] <= 227 * 1024
-            a = P.assembly_ctx(dim, p + 1, nq, dtype)
+            a = assembly_ctx(dim, p + 1, nq, dtype)
             if a is not None:
                 assert a["smem_bytes"] <= 227 * 1024
     for n in range(1, 70):
-        g = P.layout_ctx("8a", n, n, 1, 1, n, dtype, False, False)
+        g = layout_ctx("8a", n, n, 1, 1, n, dtype, False, False)
         assert g["threads"] == g["dim_x"] * g["dim_y"] * g["per_block"] <= 1024
         assert g["dim_x"] * g["thr_n"] >= n and g["dim_y"] * g["thr_m"] >= n
 
@@ -175,14 +208,14 @@ def test_line_form_orders_its_constant_bank_per_module(fake_device, monkeypatch)
                                    ("copy", dst, src, n, s)))
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
         runtime=rt, Event=Event, get_current_stream=lambda: current[0]))
-    monkeypatch.setattr(C, "cupy_or_none", lambda: fake)
-    monkeypatch.setattr(C, "get_global", get_global)
+    monkeypatch.setattr(A, "cupy_or_none", lambda: fake)
+    monkeypatch.setattr(RT, "get_global", get_global)
     B = types.SimpleNamespace(data=types.SimpleNamespace(ptr=55), nbytes=8 * 30)
-    ctx = P.action_ctx(3, 5, 6, 1, "float64")
-    assert ctx["line"] == 1
     spec = ActionSpec(dim=3, nq=6, nd=5, batch=100, dtype="float64")
-    a = C._ActionExecutor("stc_line", ctx, "heuristic", spec)
-    b = C._ActionExecutor("stc_line", ctx, "heuristic", spec.with_batch(50))
+    params = dict(per_block=1, line=1, prefetch=0)        # no prefetch: no grid cap
+    a = CudaBackend().build(spec, params=params)
+    b = CudaBackend().build(spec.with_batch(50), params=params)
+    assert a.ctx["line"] == 1 and a.kernel == "stc_mass_apply_3d_f64_nd5nq6c1_line"
     a.run((B, "D", "V"), "U")                 # stream 7
     a.run((B, "D", "V"), "U")                 # stream 7 again: no wait
     current[0] = Stream(9)
@@ -199,22 +232,23 @@ def test_prefetch_form_caps_the_grid(fake_device, monkeypatch):
     """The line form's prefetch variant overlaps a group's loads with the previous group's
     steps only if blocks loop over groups: its grid is capped at resident blocks."""
     launched = []
-    monkeypatch.setattr(C, "launch", lambda kern, ngroups, threads, args, smem, max_blocks=None:
+    monkeypatch.setattr(RT, "launch", lambda kern, ngroups, threads, args, smem, max_blocks=None:
                         launched.append((ngroups, threads, max_blocks)))
-    monkeypatch.setattr(C, "_device", lambda: (0, dict(sms=132, smem_optin=227 * 1024, cc="90")))
     # the driver's occupancy calculator, here: 5 blocks of 243 threads fit on an SM
-    monkeypatch.setattr(C, "resident_blocks", lambda kern, threads, smem: 5)
+    monkeypatch.setattr(RT, "resident_blocks", lambda kern, threads, smem: 5)
     spec = ActionSpec(dim=3, nq=9, nd=9, batch=100000, dtype="float64")
-    ctx = P.action_ctx(3, 9, 9, 1, "float64", params=dict(per_block=3, line=1, prefetch=1))
-    ex = C._ActionExecutor("stc_x", ctx, "table", spec)
-    assert ex.max_blocks is None                     # set by the backend's build
-    before = P.get_table_lookup()
-    P.set_table_lookup(lambda s, cc: dict(per_block=3, min_blocks=0, line=1, prefetch=1,
-                                          _source="test"))
-    try:
-        ex = C.CudaBackend().build(spec)
-    finally:
-        P.set_table_lookup(before)
+    plain = CudaBackend().build(spec, params=dict(per_block=3, line=1, prefetch=0))
+    assert plain.max_blocks is None
+    ex = CudaBackend().build(spec, params=dict(per_block=3, min_blocks=0, line=1, prefetch=1))
     assert ex.max_blocks == 132 * 5
     ex._launch(spec.batch, ("D", "V", "U"))
     assert launched[-1] == (math.ceil(100000 / 3), 243, 132 * 5)
+
+
+def test_choose_needs_no_device():
+    """What build would compile, decided from sizes and a device dict alone."""
+    spec = ActionSpec(dim=3, nq=4, nd=3, batch=10, dtype="float32")
+    c = choose(spec, DEVICE, params="heuristic")
+    assert (c.template, c.entry, c.source, c.family.name) == (
+        "action.cu.j2", "stc_mass_apply_3d_f32_nd3nq4c1", "heuristic", "action")
+    assert choose(spec, dict(DEVICE, smem_optin=64), params="heuristic") is None

@@ -14,8 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import jinja2
 import pytest
 
-from smalltc.backends import _cuda_params as P
-from smalltc.backends._cuda_runtime import SmalltcCompileError, render, template_names
+from smalltc.backends.cuda.action import ACTION, action_ctx
+from smalltc.backends.cuda.assembly import assembly_ctx
+from smalltc.backends.cuda.contract9 import contract9_ctx
+from smalltc.backends.cuda.layout import generic_ctx, layout_ctx
+from smalltc.backends.cuda.runtime import SmalltcCompileError, render, template_names
 
 NVCC = shutil.which("nvcc")
 ARCHS = ("sm_80", "sm_90")
@@ -29,51 +32,51 @@ def _configs():
             for ta in (False, True):
                 spec_e = dict(I=1, S=n, J=n) if ta else dict(I=n, S=n, J=1)
                 for sb, bz in ((False, True), (True, False)):
-                    ctx = P.layout_ctx("8a", **spec_e, K=1, L=n, dtype=dt, shared_x=False,
+                    ctx = layout_ctx("8a", **spec_e, K=1, L=n, dtype=dt, shared_x=False,
                                        shared_y=sb, beta_zero=bz)
                     out.append(("gemm.cu.j2", ctx))
         # the cp.async form (prefetch = 1): both operands per item, and one shared
         for n, sx, sy, bz in ((16, False, False, False), (9, False, True, True), (8, True, False, False)):
-            out.append(("gemm.cu.j2", P.layout_ctx("8a", n, n, 1, 1, n, dt, sx, sy, beta_zero=bz,
+            out.append(("gemm.cu.j2", layout_ctx("8a", n, n, 1, 1, n, dt, sx, sy, beta_zero=bz,
                                                    params=dict(dim_x=n // 2, dim_y=n, per_block=2,
                                                                prefetch=1))))
-        out.append(("gemm.cu.j2", P.layout_ctx("8b", 3, 3, 4, 4, 3, dt, False, False,
+        out.append(("gemm.cu.j2", layout_ctx("8b", 3, 3, 4, 4, 3, dt, False, False,
                                                params=dict(dim_x=12, dim_y=6, per_block=2,
                                                            prefetch=1))))
         # pairwise steps (4b), (4e) are 8b; (1a)-(2c) are 9
-        out.append(("gemm.cu.j2", P.layout_ctx("8b", 3, 3, 4, 4, 3, dt, False, False)))
-        out.append(("gemm.cu.j2", P.layout_ctx("8b", 9, 10, 10, 10, 1, dt, False, True)))
-        out.append(("gemm.cu.j2", P.layout_ctx("8a", 10, 9, 1, 1, 81, dt, True, False)))
+        out.append(("gemm.cu.j2", layout_ctx("8b", 3, 3, 4, 4, 3, dt, False, False)))
+        out.append(("gemm.cu.j2", layout_ctx("8b", 9, 10, 10, 10, 1, dt, False, True)))
+        out.append(("gemm.cu.j2", layout_ctx("8a", 10, 9, 1, 1, 81, dt, True, False)))
         for (s, nn, k, ll) in ((4, 3, 1, 16), (5, 4, 4, 20), (8, 7, 1, 49), (8, 7, 7, 8), (16, 15, 1, 16)):
-            out.append(("contract9.cu.j2", P.contract9_ctx(s, nn, k, ll, dt)))
+            out.append(("contract9.cu.j2", contract9_ctx(s, nn, k, ll, dt)))
         for kind in ("8a", "8b", "9"):
             for bz in (True, False):
-                out.append(("generic.cu.j2", P.generic_ctx(kind, dt, bz)))
+                out.append(("generic.cu.j2", generic_ctx(kind, dt, bz)))
         for dim in (1, 2, 3):
             for p in (1, 2, 4, 8, 16):
                 for ncomp in (1, 3):
-                    ctx = P.action_ctx(dim, p + 1, p + 2, ncomp, dt)
+                    ctx = action_ctx(dim, p + 1, p + 2, ncomp, dt)
                     if ctx is not None:
-                        out.append((P.action_template(ctx), ctx))
+                        out.append((ACTION.template(ctx), ctx))
             # 3D: the line form below T = 5 with each prefetch form (0: none, 1: registers,
             # 2: cp.async) and the rb = 1 form above (neither is the heuristic's choice)
             for p, pf, nc in ((1, 0, 1), (1, 2, 3), (2, 1, 3), (4, 2, 1)) if dim == 3 else ():
-                ctx = P.action_ctx(dim, p + 1, p + 2, nc, dt, params=dict(
+                ctx = action_ctx(dim, p + 1, p + 2, nc, dt, params=dict(
                     per_block=2, min_blocks=0, line=1, prefetch=pf))
-                out.append((P.action_template(ctx), ctx))
+                out.append((ACTION.template(ctx), ctx))
             for p in (4, 8) if dim == 3 else ():
-                ctx = P.action_ctx(dim, p + 1, p + 2, 1, dt,
+                ctx = action_ctx(dim, p + 1, p + 2, 1, dt,
                                    params=dict(per_block=2, min_blocks=0, rb=1, line=0))
-                out.append((P.action_template(ctx), ctx))
+                out.append((ACTION.template(ctx), ctx))
             # register-blocked variants (action_rb.cu.j2): rb 2 and 4, float32 once
             for p, rb in ((1, 2), (4, 2), (4, 4), (8, 2), (8, 3)) if dim > 1 else ():
                 for ncomp in (1, 3) if (p, rb) == (4, 2) else (1,):
                     if dt == "float64" or (p, rb) == (4, 4):
-                        out.append(("action_rb.cu.j2", P.action_ctx(
+                        out.append(("action_rb.cu.j2", action_ctx(
                             dim, p + 1, p + 2, ncomp, dt,
                             params=dict(per_block=2, min_blocks=0, rb=rb))))
             for p in (1, 3, 6) if dim == 3 else (1, 4, 8):
-                ctx = P.assembly_ctx(dim, p + 1, p + 2, dt)
+                ctx = assembly_ctx(dim, p + 1, p + 2, dt)
                 if ctx is not None:
                     out.append(("assembly.cu.j2", ctx))
     return [(t, f"stc_test_{t.split('.')[0]}_{i}", c) for i, (t, c) in enumerate(out)
@@ -98,7 +101,7 @@ def test_renders_with_constants(template, entry, ctx):
 
 
 def test_missing_parameter_is_an_error():
-    ctx = dict(P.action_ctx(3, 3, 4, 1, "float64"), entry="stc_x")
+    ctx = dict(action_ctx(3, 3, 4, 1, "float64"), entry="stc_x")
     del ctx["nq"]
     with pytest.raises(jinja2.UndefinedError, match="nq"):
         render("action.cu.j2", ctx)

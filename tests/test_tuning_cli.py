@@ -98,7 +98,8 @@ def test_argument_errors(argv, match, capsys, tmp_path):
 
 
 def test_dry_run_never_writes_into_the_package(capsys, tmp_path):
-    rc = cli.run(_args("--op", "gemm", "--dry-run", "--out", str(T.tables_dir()),
+    from smalltc.tables import shipped_dir
+    rc = cli.run(_args("--op", "gemm", "--dry-run", "--out", str(shipped_dir()),
                        "--work", str(tmp_path)))
     assert rc == 2 and "package" in capsys.readouterr().err
 
@@ -111,7 +112,7 @@ def test_dry_run_results_are_not_mixed_with_measured(tmp_path, capsys):
     assert cli.run(_args(*common, "--resume"), device=_Measured("float64", clock),
                    clock=clock) == 2                     # the checkpoint is a dry run's
     assert "from a dry run" in capsys.readouterr().err
-    measured = ("--work", str(tmp_path / "w2"))
+    measured = ("--work", str(tmp_path / "w2"), "--arch-table")   # the same file as the dry run's
     with pytest.raises(SystemExit, match="dry-run"):      # the table is a dry run's
         cli.run(_args(*common, *measured), device=_Measured("float64", clock), clock=clock)
 

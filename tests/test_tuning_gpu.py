@@ -32,7 +32,7 @@ def tuned(tmp_path_factory):
                    checkpoint=str(work / f"{dtype}.json"), confirm_rounds=1)
         assert s.run() == "done"
         t = T.add_results(T.new_table(dev.info(), dtype), s.results, "mixed", 1.0)
-        T.save(t, work / T.table_name(dev.info()["cc"], dtype))
+        T.save(t, work / T.table_name(dev.info(), dtype))        # this device model's
         out[dtype] = (s, t)
     return work, out
 
@@ -50,29 +50,21 @@ def test_search_on_gpu(tuned):
 
 
 def test_plan_uses_the_table(tuned, monkeypatch):
+    """A table of this device model in $SMALLTC_TUNING_TABLES answers a new plan: exactly
+    for its own size, by the nearest entry for a neighbour; the plan says which table."""
     import cupy as cp
     import smalltc
-    from smalltc.plan import _PLANS
-    from smalltc.backends import _cuda_params as P
     from smalltc.tuning import tables as T
     work, out = tuned
     monkeypatch.setenv("SMALLTC_TUNING_TABLES", str(work))
-    T._table_for.cache_clear()
-    before = getattr(P, "_LOOKUP", None)
-    _PLANS.clear()
-    try:
-        T.install()
-        A = cp.random.random((100, 8, 8))
-        B = cp.random.random((100, 8, 8))
-        p = smalltc.plan("gemm", A, B)
-        assert p.source == "table-exact"
-        entry = out["float64"][1]["entries"]["gemm/nn/m8n8k8"]["params"]
-        assert {k: p.params[k] for k in entry} == entry
-        np.testing.assert_allclose(cp.asnumpy(p(A, B)), cp.asnumpy(A @ B), rtol=1e-12)
-        A9, B9 = cp.random.random((100, 9, 9)), cp.random.random((100, 9, 9))
-        assert smalltc.plan("gemm", A9, B9).source == "table-nearest"
-    finally:
-        T.uninstall()
-        P.set_table_lookup(before)
-        _PLANS.clear()
-        T._table_for.cache_clear()
+    A = cp.random.random((100, 8, 8))
+    B = cp.random.random((100, 8, 8))
+    p = smalltc.plan("gemm", A, B)
+    assert p.source == "table-exact"
+    name = T.table_name(out["float64"][1]["device"], "float64")
+    assert p.executor.table == name and name in repr(p)
+    entry = out["float64"][1]["entries"]["gemm/nn/m8n8k8"]["params"]
+    assert {k: p.params[k] for k in entry} == entry
+    np.testing.assert_allclose(cp.asnumpy(p(A, B)), cp.asnumpy(A @ B), rtol=1e-12)
+    A9, B9 = cp.random.random((100, 9, 9)), cp.random.random((100, 9, 9))
+    assert smalltc.plan("gemm", A9, B9).source == "table-nearest"

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 from smalltc import _timing
-from smalltc.backends import _cuda_params as P
 from smalltc.backends import get
+from smalltc.backends.cuda import family_of
 from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from smalltc.tuning import measure as M
 from smalltc.tuning.search import Search
-from smalltc.tuning.space import PARAMS, ctx_for, family
 
 
 class _Rng:
@@ -38,13 +37,14 @@ FakeCupy = types.SimpleNamespace(
 
 
 class _Ex:
-    """The reference result, through the params the 'table' gave (as the CUDA backend would)."""
+    """The reference result, through the params it was built with (as the CUDA backend's
+    ``build(spec, params)``: "heuristic" or a dict)."""
 
-    def __init__(self, spec, how):
-        table = P.lookup(spec, "90")
-        self.source = "table" if table is not None else "heuristic"
-        ctx = ctx_for(spec, table)[1]
-        self.params = dict(M._public(ctx), registers=32, local_bytes=0)
+    def __init__(self, spec, how, params):
+        fam = family_of(spec)
+        self.source = "heuristic" if params == "heuristic" else "params"
+        ctx = fam.context(spec, None if params == "heuristic" else params)
+        self.params = dict(fam.public(ctx), registers=32, local_bytes=0)
         self.spec, self.how = spec, how
         self._ref = get("reference").build(spec)
 
@@ -61,8 +61,9 @@ class FakeBackend:
     def __init__(self, how=None):
         self.how = how
 
-    def build(self, spec):
-        return _Ex(spec, self.how)
+    def build(self, spec, params=None):
+        assert params is not None, "the tuner never lets the tables choose"
+        return _Ex(spec, self.how, params)
 
 
 def _device(dtype="float64", how=None):
@@ -87,10 +88,9 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
 def test_prepare_and_verify(spec):
-    before = P.get_table_lookup()                          # the shipped tables, if any
     dev = _device(spec.dtype)
     prob = dev.prepare(spec)
-    for (name, shape, _, positive), a in zip(M.operands(spec), prob.big):
+    for (name, shape, _, positive), a in zip(spec.inputs, prob.big):
         assert a.shape == shape and a.dtype == np.dtype(spec.dtype)
         assert np.all(a != 0) and (not positive or a.min() >= 0.5)
     assert prob.check_out.shape[0] >= 3 and prob.samples[0] == 0 and prob.samples[-1] == 36
@@ -98,10 +98,9 @@ def test_prepare_and_verify(spec):
     assert ex.source == "heuristic"
     assert dev.verify(prob, ex) <= M.TOL[spec.dtype]
     assert dev.verify_big(prob, ex) <= M.TOL[spec.dtype]
-    params = {k: ex.params[k] for k in PARAMS[family(spec)]}
+    params = {k: ex.params[k] for k in family_of(spec).params}
     built = dev.build(spec, params)
-    assert built.source == "table" and built.check.spec.batch == prob.check_out.shape[0]
-    assert P.get_table_lookup() is before                  # the injection is undone
+    assert built.source == "params" and built.check.spec.batch == prob.check_out.shape[0]
 
 
 @pytest.mark.parametrize("spec", SPECS[:1] + SPECS[3:4], ids=str)
@@ -178,18 +177,6 @@ def test_sized_footprint():
     assert M.sized(GemmSpec(batch=1, m=2, n=2, k=2, dtype="float64"), 1000).batch == 100_000
     shared = GemmSpec(batch=1, m=4, n=4, k=4, dtype="float64", shared_b=True)
     assert M.per_item_bytes(shared) == 8 * (16 + 16)          # B counts once, not per item
-
-
-def test_no_table_means_the_heuristic_even_on_first_use(monkeypatch):
-    """``injected(None)`` is the heuristic, also when nothing consulted the tables before."""
-    from smalltc.backends import _cuda_params as P
-    from smalltc.tuning.compile import injected
-    spec = SPECS[0]
-    monkeypatch.setattr(P, "_DEFAULT_INSTALLED", False)
-    monkeypatch.setattr(P, "_LOOKUP", None)
-    with injected(None, spec):
-        assert P.lookup(spec, "90") is None          # the shipped sm90 tables stay out
-    assert P.get_table_lookup() is not None            # and are in effect afterwards
 
 
 def test_small_form(monkeypatch):

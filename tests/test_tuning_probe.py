@@ -7,10 +7,13 @@ import types
 
 import pytest
 
-from smalltc.backends._cuda_runtime import render
+from smalltc.backends.cuda import choose
+from smalltc.backends.cuda import runtime as RT
+from smalltc.backends.cuda.family import DEFAULT_DEVICE
+from smalltc.backends.cuda.runtime import render
 from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from smalltc.tuning import compile as C
-from smalltc.tuning.space import ctx_for, generate, prune_compiled
+from smalltc.tuning.space import generate, prune_compiled
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on the PATH")
@@ -41,7 +44,8 @@ def test_parse_ptxas():
 @needs_nvcc
 def test_nvcc_probe_of_a_rendered_kernel():
     spec = ActionSpec(dim=3, nq=4, nd=3, batch=1, dtype="float64")
-    template, ctx = ctx_for(spec)
+    c = choose(spec, DEFAULT_DEVICE, "heuristic")
+    template, ctx = c.template, c.ctx
     res = C.nvcc_resources(render(template, dict(ctx, entry="stc_probe")), "stc_probe", "sm_90")
     assert 16 <= res["registers"] <= 255
     assert res["spill_stores"] == 0 and res["local_bytes"] == 0
@@ -78,13 +82,10 @@ class _FakeKernel:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    from smalltc.backends import cuda as CB
     seen = []
-    runtime = types.SimpleNamespace(getDevice=lambda: 0)
-    monkeypatch.setattr(CB, "cupy_or_none",
-                        lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
-    monkeypatch.setattr(CB, "_device", lambda: (0, dict(name="Fake H100", cc="90", sms=132,
-                                                        smem_optin=227 * 1024)))
+    monkeypatch.setattr(RT, "current_device_id", lambda: 0)
+    monkeypatch.setattr(RT, "current_device", lambda: (0, dict(name="Fake H100", cc="90", sms=132,
+                                                               smem_optin=227 * 1024)))
 
     def get_kernel(template, entry, ctx, smem):
         seen.append((template, entry, ctx))
@@ -93,9 +94,9 @@ def fake_cuda(monkeypatch):
         res = C.nvcc_resources(render(template, dict(ctx, entry=entry)), entry, "sm_90")
         return _FakeKernel({"num_regs": res["registers"], "local_size_bytes": res["local_bytes"]})
 
-    monkeypatch.setattr(CB, "get_kernel", get_kernel)
+    monkeypatch.setattr(RT, "get_kernel", get_kernel)
     # the prefetch forms cap the grid with the driver's occupancy calculator
-    monkeypatch.setattr(CB, "resident_blocks", lambda kern, threads, smem: 4)
+    monkeypatch.setattr(RT, "resident_blocks", lambda kern, threads, smem: 4)
     return seen
 
 
@@ -112,8 +113,6 @@ CUDA_CASES = [
 
 @pytest.mark.parametrize("spec", CUDA_CASES, ids=str)
 def test_compile_cuda_renders_what_the_space_predicts(fake_cuda, spec):
-    from smalltc.backends import _cuda_params as P
-    before = P.get_table_lookup()                  # the shipped tables, if any
     cands = generate(spec).candidates
     for c in (cands[0], cands[-1]):                # the heuristic's choice and another
         fake_cuda.clear()
@@ -121,11 +120,10 @@ def test_compile_cuda_renders_what_the_space_predicts(fake_cuda, spec):
         assert res["ok"], res
         assert res["registers"] > 0 and res["local_bytes"] >= 0
         (template, entry, ctx), = fake_cuda
-        assert (template, ctx) == (c.template, c.ctx)   # space.ctx_for mirrors the backend
-    assert P.get_table_lookup() is before           # the injection is undone
+        assert (template, ctx) == (c.template, c.ctx)   # the space renders as the backend
 
 
 def test_compile_cuda_reports_a_rejected_variant(fake_cuda):
     spec = AssemblySpec(dim=3, nq=4, nd=3, batch=9, dtype="float64")
     res = C.compile_cuda(spec, dict(per_block=100000))
-    assert res["ok"] is False and "did not take" in res["error"]
+    assert res["ok"] is False and "do not fit" in res["error"]

@@ -6,10 +6,14 @@ import pytest
 
 from smalltc.spec import ActionSpec, AssemblySpec, GemmSpec
 from smalltc.tuning.compile import compile_none
-from smalltc.tuning.keys import size_key
 from smalltc.tuning.measure import DryRunDevice, forms, sized
 from smalltc.tuning.search import Search, load_checkpoint
-from smalltc.tuning.space import PARAMS, family, generate
+from smalltc.backends.cuda import family_of
+from smalltc.tuning.space import generate
+
+
+def size_key(spec):
+    return spec.size_key
 
 F64 = "float64"
 SPECS = [sized(s) for s in (GemmSpec(batch=1, m=4, n=4, k=4, dtype=F64),
@@ -38,7 +42,7 @@ class MockDevice(DryRunDevice):
 
     @staticmethod
     def _label(ex):
-        return tuple(sorted((k, ex.params[k]) for k in PARAMS[family(ex.spec)]))
+        return tuple(sorted((k, ex.params[k]) for k in family_of(ex.spec).params))
 
     def verify(self, problem, ex):
         return 1.0 if self._label(ex) in self.wrong else 0.0

@@ -3,11 +3,18 @@ import math
 
 import pytest
 
-from smalltc.backends import _cuda_params as P
+from smalltc import tables as K
+from smalltc.backends.cuda import choose, family_of
+from smalltc.backends.cuda.family import DEFAULT_DEVICE
+from smalltc.backends.cuda.layout import LAYOUT
 from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
-from smalltc.tuning import keys as K
 from smalltc.tuning import sizes as Z
 from smalltc.tuning import space as S
+
+
+def family(spec):
+    fam = family_of(spec)
+    return None if fam is None else fam.name
 
 F64, F32 = "float64", "float32"
 CASES = [
@@ -32,9 +39,9 @@ def _covers(e):
 
 def _expected_layout(spec):
     """Brute force, independent of space.py: (generated, pruned by tile, pruned by threads)."""
-    _, fast, slow = S.layout_axes(spec)
+    _, fast, slow = LAYOUT.axes(spec)
     gen = tile = thr = 0
-    heur = S.heuristic_params(spec)
+    heur = LAYOUT.heuristic_params(spec)
     # prefetch 0 and 1 for a GEMM with beta != 0 from 64 outputs per item on, else 0
     pfs = (0, 1) if (fast * slow >= 64 and isinstance(spec, GemmSpec)
                      and not spec.beta_zero) else (0,)
@@ -60,19 +67,19 @@ def test_space_invariants(spec):
     assert sp.candidates[0].params == sp.heuristic       # the heuristic's choice is timed too
     seen = set()
     for c in sp.candidates:
-        assert set(c.params) == set(S.PARAMS[sp.family])
+        assert set(c.params) == set(sp.family.params)
         assert c.ctx["threads"] <= 1024 and c.ctx["smem_bytes"] <= 227 * 1024
-        assert S.ctx_for(spec, c.params) is not None      # the backend accepts every one
+        assert choose(spec, DEFAULT_DEVICE, c.params).ctx == c.ctx   # the backend's own
         fp = S._fingerprint(c.ctx)
         assert fp not in seen                             # no kernel compiled twice
         seen.add(fp)
-        if c.params != sp.heuristic and sp.family in ("layout", "action"):
-            assert c.ctx["threads"] >= 64 or sp.family == "action"
-        if sp.family == "action":
+        if c.params != sp.heuristic and sp.family.name in ("layout", "action"):
+            assert c.ctx["threads"] >= 64 or sp.family.name == "action"
+        if sp.family.name == "action":
             assert c.params["min_blocks"] * c.ctx["threads"] <= 2048
 
 
-@pytest.mark.parametrize("spec", [c for c in CASES if S.family(c) == "layout"], ids=str)
+@pytest.mark.parametrize("spec", [c for c in CASES if family(c) == "layout"], ids=str)
 def test_layout_pruning_counts(spec):
     gen, tile, thr = _expected_layout(spec)
     sp = S.generate(spec)
@@ -134,14 +141,14 @@ def test_pruning_counts_by_hand():
 
 def test_smaller_shared_memory_prunes_more():
     spec = GemmSpec(batch=1, m=16, n=16, k=16, dtype=F64)
-    big, small = S.generate(spec), S.generate(spec, smem_optin=16 * 1024)
+    big, small = S.generate(spec), S.generate(spec, dict(DEFAULT_DEVICE, smem_optin=16 * 1024))
     assert small.pruned["invalid"] > big.pruned["invalid"]
     assert all(c.ctx["smem_bytes"] <= 16 * 1024 for c in small.candidates)
 
 
 def test_generic_only_sizes_have_no_space():
     big = GemmSpec(batch=1, m=200, n=200, k=200, dtype=F64)
-    assert S.family(big) == "layout" and S.generate(big).candidates == []
+    assert family(big) == "layout" and S.generate(big).candidates == []
     nine = ContractSpec(kind="9", batch=1, i=3, s=4, j=3, k=4, l=16, dtype=F64)   # B not shared
     sp = S.generate(nine)
     assert sp.family is None and sp.generated == 0
@@ -170,7 +177,7 @@ def test_prune_compiled(res, threads, limit, why):
     (AssemblySpec(dim=3, nq=5, nd=4, batch=9, dtype=F32), "assembly/3d/nd4nq5"),
 ])
 def test_size_keys(spec, key):
-    assert K.size_key(spec) == key
+    assert spec.size_key == key
     variant, nums = K.split_key(key)
     assert key == f"{variant}/" + "".join(f"{k}{v}" for k, v in nums.items())
 
@@ -194,7 +201,7 @@ def test_sizes_language():
     assert g[-1].trans_a and not g[-1].trans_b and g[-1].shared_b and not g[-1].beta_zero
     pw = Z.parse("pairwise", ["action:3:2:p+2", "assembly:3:2:p+2"], F64)
     assert {s.kind for s in pw} == {"8a", "8b", "9"}
-    assert all(S.family(s) is not None for s in pw)
+    assert all(family(s) is not None for s in pw)
     gemm = Z.parse("gemm", None, F64)     # default: square n = 2..32, beta == 0 and != 0
     assert len(gemm) == 62 and sum(s.beta_zero for s in gemm) == 31
 
@@ -215,7 +222,8 @@ def test_sizes_errors(op, tokens, match):
         Z.parse(op, tokens, F64)
 
 
-def test_heuristic_matches_backend_context():
-    # ctx_for(None) is what the CUDA backend renders without a table
+def test_heuristic_comes_first_as_the_backend_renders_it():
+    # the space's first candidate is what the CUDA backend renders without a table
     spec = ActionSpec(dim=3, nq=6, nd=5, batch=1, dtype=F64)
-    assert S.ctx_for(spec)[1] == P.action_ctx(3, 5, 6, 1, F64, 227 * 1024, None)
+    first = S.generate(spec).candidates[0]
+    assert first.ctx == choose(spec, DEFAULT_DEVICE, "heuristic").ctx

@@ -1,22 +1,45 @@
-"""Tuning tables: write/load round trip, schema checks, exact and nearest lookup, runtime hook.
+"""Tuning tables: write/load round trip, schema checks, exact and nearest lookup, the
+runtime's order (device model, architecture, heuristic).
 
 Tables here are built from dry-run searches (made-up times) in a temporary
 folder; nothing is written into the package's tables.
 """
 import copy
 import json
+import subprocess
+import sys
 
 import pytest
 
-from smalltc.backends import _cuda_params as P
-from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc import tables as core
+from smalltc.backends.cuda import choose, family_of
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec, spec_from_dict
 from smalltc.tuning import tables as T
-from smalltc.tuning.keys import size_key
 from smalltc.tuning.measure import DryRunDevice, sized
 from smalltc.tuning.search import Search
-from smalltc.tuning.space import ctx_for
 
 F64 = "float64"
+H100 = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=227 * 1024)
+
+
+def size_key(spec):
+    return spec.size_key
+
+
+def ctx_for(spec, params):
+    """The kernel family's context of ``spec`` with ``params`` (None: does not fit)."""
+    return family_of(spec).context(spec, params)
+
+
+def adapt(spec, entry_spec, params):
+    return family_of(spec).adapt(spec, entry_spec, params)
+
+
+def lookup(table, spec):
+    """``(params, match, key)`` of a table for ``spec``, or None."""
+    fam = family_of(spec)
+    hit = core.Table(table).lookup(fam.tuned_spec(spec), fam)
+    return None if hit is None else (hit.params, hit.match, hit.entry)
 
 
 def _table(specs, dtype=F64, dry_run=False):
@@ -35,20 +58,13 @@ SPECS = [GemmSpec(batch=1, m=n, n=n, k=n, dtype=F64) for n in (4, 8, 16)] + [
     ContractSpec(kind="9", batch=1, i=3, s=4, j=3, k=4, l=16, dtype=F64, shared_x=True)]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_table_cache():
-    """Tables a test read from its own folder are not left cached for the next test."""
-    yield
-    T._table_for.cache_clear()
-
-
 @pytest.fixture(scope="module")
 def table():
     return _table(SPECS)
 
 
 def test_round_trip(tmp_path, table):
-    path = tmp_path / T.table_name("90", F64)
+    path = tmp_path / T.table_name(H100, F64, arch=True)
     T.save(table, path)
     back = T.load(path)
     assert back == json.loads(json.dumps(table))
@@ -60,7 +76,7 @@ def test_round_trip(tmp_path, table):
     for key, e in back["entries"].items():
         assert e["time_s"] > 0 and 0 < e["fraction_of_pmax"] <= 1
         assert e["runner_up"] is None or e["runner_up"]["time_s"] >= e["time_s"] * 0.99
-        assert ctx_for(T.spec_from_dict(e["spec"]), e["params"]) is not None
+        assert ctx_for(spec_from_dict(e["spec"]), e["params"]) is not None
     run = back["runs"][-1]
     assert run["op"] == "mixed" and run["sizes"] == len(SPECS)
     assert run["generated"] == run["pruned"] + run["timed"]
@@ -104,9 +120,8 @@ def test_schema_errors(table, how, match, tmp_path):
 
 
 def test_exact_lookup(table):
-    t = T.Table(table)
     for spec in SPECS:
-        params, how, key = t.lookup(spec.with_batch(12345))
+        params, how, key = lookup(table, spec.with_batch(12345))
         assert how == "exact" and key == size_key(spec)
         assert params == table["entries"][key]["params"]
 
@@ -123,7 +138,7 @@ def test_exact_lookup(table):
      "contract9+sx/i3s4j3k4l16"),
 ])
 def test_nearest_lookup(table, spec, entry):
-    params, how, key = T.Table(table).lookup(spec)
+    params, how, key = lookup(table, spec)
     assert (how, key) == ("nearest", entry)
     assert ctx_for(spec, params) is not None           # carried over, and still valid
 
@@ -139,16 +154,16 @@ def test_nearest_lookup(table, spec, entry):
     AssemblySpec(dim=2, nq=4, nd=3, batch=7, dtype=F64),
 ])
 def test_no_entry_is_none(table, spec):
-    assert T.Table(table).lookup(spec) is None
+    assert lookup(table, spec) is None
 
 
 def test_adapt_keeps_layout_shape():
     e = GemmSpec(batch=1, m=8, n=8, k=8, dtype=F64)
     # 2 outputs per thread along n, 4 along m, 128 threads per block
-    p = T.adapt(GemmSpec(batch=1, m=16, n=16, k=16, dtype=F64), e,
+    p = adapt(GemmSpec(batch=1, m=16, n=16, k=16, dtype=F64), e,
                 dict(dim_x=4, dim_y=2, per_block=16))
     assert p == dict(dim_x=8, dim_y=4, per_block=4)
-    a = T.adapt(ActionSpec(dim=3, nq=6, nd=5, batch=1, dtype=F64),
+    a = adapt(ActionSpec(dim=3, nq=6, nd=5, batch=1, dtype=F64),
                 ActionSpec(dim=3, nq=5, nd=4, batch=1, dtype=F64),
                 dict(per_block=8, min_blocks=8))     # 200 threads -> 36 per element
     assert a["per_block"] == round(8 * 25 / 36) and a["min_blocks"] * 36 * a["per_block"] <= 2048
@@ -157,76 +172,73 @@ def test_adapt_keeps_layout_shape():
 def _use_dir(monkeypatch, path):
     """Read tables from ``path`` only: the shipped tables are hidden from the test."""
     monkeypatch.setenv("SMALLTC_TUNING_TABLES", str(path))
-    monkeypatch.setattr(T, "tables_dir", lambda: path / "no-shipped-tables")
-    T._table_for.cache_clear()
+    monkeypatch.setattr(core, "shipped_dir", lambda: path / "no-shipped-tables")
 
 
-def test_runtime_lookup_and_hook(tmp_path, monkeypatch, table):
-    T.save(table, tmp_path / T.table_name("90", F64))
+def test_runtime_lookup_order(tmp_path, monkeypatch, table):
+    """The device model's table answers first, the architecture's next, then the heuristic."""
     _use_dir(monkeypatch, tmp_path)
     exact = GemmSpec(batch=3, m=8, n=8, k=8, dtype=F64)
     near = GemmSpec(batch=3, m=9, n=9, k=9, dtype=F64)
-    before = getattr(P, "_LOOKUP", None)
-    try:
-        T.install()
-        hit = P.lookup(exact, "90")
-        assert hit["_source"] == "table-exact" and hit["_entry"] == "gemm/nn/m8n8k8"
-        assert {k: v for k, v in hit.items() if not k.startswith("_")} == \
-            table["entries"]["gemm/nn/m8n8k8"]["params"]
-        assert P.lookup(near, "90")["_source"] == "table-nearest"
-        # the context functions ignore the "_" keys: the answer can be handed over as is
-        assert ctx_for(exact, hit) == ctx_for(exact, table["entries"]["gemm/nn/m8n8k8"]["params"])
-        assert P.lookup(exact, "80") is None                      # no sm80 table
-        assert P.lookup(GemmSpec(batch=3, m=8, n=8, k=8, dtype="float32"), "90") is None
-        d = T.describe(near, "90")
-        assert d["match"] == "nearest" and d["entry"] == "gemm/nn/m8n8k8"
-        monkeypatch.setenv("SMALLTC_TUNING", "off")
-        assert P.lookup(exact, "90") is None
-    finally:
-        T.uninstall()
-        P.set_table_lookup(before)
-    assert getattr(P, "_LOOKUP", None) is before
-
-
-def test_no_table_means_heuristic(tmp_path, monkeypatch):
-    _use_dir(monkeypatch, tmp_path)
-    spec = GemmSpec(batch=3, m=8, n=8, k=8, dtype=F64)
-    assert T.runtime_lookup(spec, "1") is None                  # no table for a cc 1 device
-    assert T.describe(spec, "1") == dict(match=None, entry=None, params=None, table=None)
+    assert choose(exact, H100).source == "heuristic"
+    T.save(table, tmp_path / T.table_name(H100, F64, arch=True))
+    c = choose(exact, H100)
+    assert (c.source, c.table) == ("table-exact", "sm90-float64.json")
+    assert c.ctx == ctx_for(exact, table["entries"]["gemm/nn/m8n8k8"]["params"])
+    assert choose(near, H100).source == "table-nearest"
+    assert choose(exact, dict(H100, cc="80")).source == "heuristic"        # no sm80 table
+    assert choose(GemmSpec(batch=3, m=8, n=8, k=8, dtype="float32"), H100).source == "heuristic"
+    own = copy.deepcopy(table)
+    own["entries"]["gemm/nn/m8n8k8"]["params"] = dict(dim_x=8, dim_y=2, per_block=3,
+                                                      prefetch=0)
+    T.save(own, tmp_path / T.table_name(H100, F64))
+    assert T.table_name(H100, F64) == "sm90-nvidia-h100-80gb-hbm3-float64.json"
+    c = choose(exact, H100)
+    assert c.table == "sm90-nvidia-h100-80gb-hbm3-float64.json" and c.ctx["per_block"] == 3
+    other = choose(exact, dict(H100, name="NVIDIA H200"))        # same arch, no own table
+    assert other.table == "sm90-float64.json"
+    assert choose(near, H100).table == "sm90-nvidia-h100-80gb-hbm3-float64.json"
+    monkeypatch.setenv("SMALLTC_TUNING", "off")
+    assert choose(exact, H100).source == "heuristic"
+    assert core.lookup(exact, family_of(exact), "sm90", H100["name"]) is None
 
 
 def test_dry_run_table_is_never_used(tmp_path, monkeypatch, caplog):
     t = _table(SPECS[:1], dry_run=True)
-    T.save(t, tmp_path / T.table_name("90", F64))
+    T.save(t, tmp_path / T.table_name(H100, F64, arch=True))
     _use_dir(monkeypatch, tmp_path)
-    assert T.runtime_lookup(SPECS[0], "90") is None
+    assert choose(SPECS[0], H100).source == "heuristic"
     assert "dry run" in caplog.text
 
 
 def test_broken_table_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog):
-    (tmp_path / T.table_name("90", F64)).write_text('{"schema": 99}')
+    (tmp_path / T.table_name(H100, F64, arch=True)).write_text('{"schema": 99}')
     _use_dir(monkeypatch, tmp_path)
-    assert T.runtime_lookup(SPECS[0], "90") is None
+    assert choose(SPECS[0], H100).source == "heuristic"
     assert "schema 99" in caplog.text
 
 
 def test_shipped_tables_are_valid():
     # tables in the package are only ever written by a GPU run; whatever is there must load
-    for path in sorted(T.tables_dir().glob("*.json")):
+    names = []
+    for path in sorted(core.shipped_dir().glob("*.json")):
         t = T.load(path)
+        names.append(path.name)
         assert not t.get("dry_run"), f"{path} is a dry-run table"
-        assert path.name == T.table_name(t["device"]["cc"], t["dtype"])
+        assert path.name in (T.table_name(t["device"], t["dtype"]),
+                             T.table_name(t["device"], t["dtype"], arch=True))
+    assert {"sm90-float64.json", "sm90-float32.json"} <= set(names)
 
 
 def test_info_lists_tables(tmp_path, monkeypatch, table):
     from smalltc import info
-    T.save(table, tmp_path / T.table_name("90", F64))
-    (tmp_path / T.table_name("90", "float32")).write_text("{not json")
+    T.save(table, tmp_path / T.table_name(H100, F64, arch=True))
+    (tmp_path / T.table_name(H100, "float32", arch=True)).write_text("{not json")
     _use_dir(monkeypatch, tmp_path)
     rows = {r["file"]: r for r in info._tables()}
-    good = rows[T.table_name("90", F64)]
+    good = rows["sm90-float64.json"]
     assert good["dtype"] == F64 and sum(good["entries"].values()) == len(table["entries"])
-    assert "error" in rows[T.table_name("90", "float32")]     # listed, and why it is ignored
+    assert "error" in rows["sm90-float32.json"]     # listed, and why it is ignored
     monkeypatch.setenv("SMALLTC_TUNING", "off")
     assert all(r.get("disabled") for r in info._tables())
 
@@ -234,14 +246,14 @@ def test_info_lists_tables(tmp_path, monkeypatch, table):
 def test_assembly_rows_is_optional_and_carried():
     old = AssemblySpec(dim=3, nq=5, nd=4, batch=1, dtype=F64)
     # an entry written before the rows form existed: valid, and means the flat form
-    assert T.adapt(old, old, {"per_block": 4}) == {"per_block": 4, "rows": 0, "pad": 0}
+    assert adapt(old, old, {"per_block": 4}) == {"per_block": 4, "rows": 0, "pad": 0}
     # a rows-form entry carries its form to a neighbour ...
     near = AssemblySpec(dim=3, nq=6, nd=5, batch=1, dtype=F64)
-    p = T.adapt(near, old, {"per_block": 4, "rows": 4})
-    assert p["rows"] == 4 and ctx_for(near, p)[1]["threads"] == 5 ** 3 * 4
+    p = adapt(near, old, {"per_block": 4, "rows": 4})
+    assert p["rows"] == 4 and ctx_for(near, p)["threads"] == 5 ** 3 * 4
     # ... unless its threads would not fit a block (8^3 * 4 > 1024): then the flat form
     big = AssemblySpec(dim=3, nq=9, nd=8, batch=1, dtype=F64)
-    assert T.adapt(big, old, {"per_block": 4, "rows": 4})["rows"] == 0
+    assert adapt(big, old, {"per_block": 4, "rows": 4})["rows"] == 0
 
 
 def test_action_rb_is_optional_and_carried(table):
@@ -251,18 +263,18 @@ def test_action_rb_is_optional_and_carried(table):
     old = copy.deepcopy(table)
     old["entries"][key]["params"].pop("rb", None)
     T.validate(old)
-    params, how, _ = T.Table(old).lookup(spec.with_batch(9))
+    params, how, _ = lookup(old, spec.with_batch(9))
     assert how == "exact" and params["rb"] == 1
-    assert T.adapt(spec, spec, {"per_block": 4, "min_blocks": 2}) == \
+    assert adapt(spec, spec, {"per_block": 4, "min_blocks": 2}) == \
         {"per_block": 4, "min_blocks": 2, "rb": 1, "line": 0, "prefetch": 0}
     # an entry with rb: valid; a neighbour gets the same rb and threads per block
     new = copy.deepcopy(table)
     new["entries"][key]["params"] = {"per_block": 4, "min_blocks": 0, "rb": 2}
     T.validate(new)
     near = ActionSpec(dim=3, nq=6, nd=4, batch=7, dtype=F64)
-    params, how, _ = T.Table(new).lookup(near)
+    params, how, _ = lookup(new, near)
     assert how == "nearest" and params["rb"] == 2
-    ctx = ctx_for(near, params)[1]        # T 5 -> 6: 15 -> 18 threads per element
+    ctx = ctx_for(near, params)           # T 5 -> 6: 15 -> 18 threads per element
     assert (ctx["tpi"], ctx["per_block"]) == (18, 3)
     # anything else in params is still an error
     new["entries"][key]["params"]["rbx"] = 1
@@ -295,13 +307,13 @@ def test_nearest_carries_the_action_line_form():
     form with the same threads per block; a 2D neighbour gets the shared-memory form."""
     e = ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64)
     params = {"per_block": 3, "min_blocks": 4, "rb": 1, "line": 1, "prefetch": 1}
-    three = T.adapt(ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64, ncomp=3, comp_axis=True),
+    three = adapt(ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64, ncomp=3, comp_axis=True),
                     e, params)
     assert three == params
-    wider = T.adapt(ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype=F64), e, params)
+    wider = adapt(ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype=F64), e, params)
     assert wider["line"] == 1 and wider["per_block"] == 2          # 243 threads / 110 per item
     assert wider["prefetch"] == 1
-    flat = T.adapt(ActionSpec(dim=2, nq=9, nd=9, batch=1, dtype=F64), e, params)
+    flat = adapt(ActionSpec(dim=2, nq=9, nd=9, batch=1, dtype=F64), e, params)
     assert flat["line"] == 0 and flat["rb"] == 1 and flat["prefetch"] == 0
 
 
@@ -315,22 +327,16 @@ def test_tuner_action_sizes_with_components_have_the_component_axis():
         ActionSpec(dim=3, nq=5, nd=4, batch=1, dtype=F64, ncomp=3)
 
 
-def test_a_new_lookup_drops_cached_plans():
-    """A plan cached under one tuning-table lookup must not outlive it: installing
-    another lookup (a new table, the tuner's candidate, SMALLTC_TUNING off) empties the
-    plan caches, so the next plan asks the new lookup."""
-    import numpy as np
-    import smalltc
-    from smalltc import api
-    from smalltc.backends import _cuda_params as P
-    from smalltc.plan import _PLANS
-    A = np.ones((3, 2, 2))
-    smalltc.plan("gemm", A, A, backend="reference")
-    smalltc.batched_gemm(A, A, backend="reference")
-    assert _PLANS and api._GEMM_PLANS
-    before = P.get_table_lookup()
-    try:
-        P.set_table_lookup(lambda spec, cc: None)
-        assert not _PLANS and not api._GEMM_PLANS
-    finally:
-        P.set_table_lookup(before)
+def test_the_core_never_imports_the_tuner():
+    """Reading tables, choosing and building kernels is the core's; only ``smalltc tune``
+    imports :mod:`smalltc.tuning` (which imports the core)."""
+    code = ("import sys, smalltc, smalltc.tables, smalltc.info, smalltc.backends.cuda\n"
+            "from smalltc.backends.cuda import choose\n"
+            "from smalltc.spec import ActionSpec\n"
+            "choose(ActionSpec(dim=3, nq=5, nd=4, batch=9, dtype='float64'),\n"
+            "       dict(name='x', cc='90', sms=1, smem_optin=232448))\n"
+            "smalltc.info.collect()\n"
+            "print(sorted(m for m in sys.modules if m.startswith('smalltc.tuning')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

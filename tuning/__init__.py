@@ -1,4 +1,9 @@
-"""Autotuner and per-GPU lookup tables (``smalltc tune``), after seed 002 section 6.3.
+"""Autotuner: search kernel variants on this GPU and write its lookup table (``smalltc tune``).
+
+After seed 002 section 6.3. The tuner imports the core and never the reverse:
+the CUDA kernel families (:mod:`smalltc.backends.cuda`) own their parameters,
+search space and table adaptation; the core reads the tables
+(:mod:`smalltc.tables`); this package searches and writes them.
 
 Walk from the command to a table entry:
 
@@ -6,24 +11,19 @@ Walk from the command to a table entry:
 module            job
 ================  ==========================================================
 :mod:`.sizes`     ``--sizes`` tokens -> specs
-:mod:`.space`     spec -> the kernel variants worth compiling (pruned by
-                  threads, shared memory, register tile, duplicates)
+:mod:`.space`     spec -> the kernel variants worth compiling (each family's
+                  raw space, pruned by its rules and duplicate kernels)
 :mod:`.compile`   variant -> compiled kernel and its registers/spills (NVRTC
                   through the CUDA backend on a GPU; nvcc + ptxas without)
 :mod:`.measure`   variant -> verified against float64 einsum, timed (CUDA
                   events, median of >= 20, >= 256 MB)
 :mod:`.search`    all of it per size, with checkpoints, resume, time budget
-:mod:`.tables`    results -> ``tables/sm90-float64.json``; runtime lookup
-                  (exact size, nearest size, else the heuristic)
+:mod:`.tables`    results -> ``tables/sm90-<device>-float64.json``
 :mod:`.plot`      one size's search as a picture
 :mod:`.cli`       ``smalltc tune``
 ================  ==========================================================
 
-Runtime use: :func:`install` hands :func:`runtime_lookup` to the CUDA
-backend (``_cuda_params.set_table_lookup``); :func:`describe` says what the
-lookup finds for a spec. Set ``SMALLTC_TUNING=off`` to run on the heuristic
-alone, ``SMALLTC_TUNING_TABLES=DIR`` to read tables from ``DIR`` first.
+The shipped tables live in this package's ``tables/`` folder (package data);
+``SMALLTC_TUNING=off`` runs on the heuristics alone, ``SMALLTC_TUNING_TABLES=DIR``
+reads tables from ``DIR`` first (:mod:`smalltc.tables`).
 """
-from .tables import Table, describe, install, load, runtime_lookup, uninstall
-
-__all__ = ["Table", "describe", "install", "load", "runtime_lookup", "uninstall"]

@@ -19,6 +19,8 @@ import re
 import shutil
 import sys
 
+from smalltc.tables import shipped_dir
+
 from . import tables as T
 from .measure import FOOTPRINT, DryRunDevice, GpuDevice, sized
 from .search import Search
@@ -46,6 +48,10 @@ def add_arguments(parser):
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where the table goes (default: the package's tuning/tables; "
                              "for --dry-run: --work)")
+    parser.add_argument("--arch-table", action="store_true",
+                        help="write the architecture's table (sm90-float64.json, read by every "
+                             "device of it after its own) instead of this device model's "
+                             "(sm90-<device>-float64.json, the default)")
     parser.add_argument("--work", default="smalltc-tune", metavar="DIR",
                         help="checkpoints and plots (default: ./smalltc-tune)")
     parser.add_argument("--resume", action="store_true",
@@ -94,8 +100,9 @@ def run(args, device=None, clock=None) -> int:
     if args.footprint_mb < 256 and not args.dry_run and device is None:
         return _fail(f"--footprint-mb {args.footprint_mb}: SPEC section 5 asks for >= 256 MB")
     work = pathlib.Path(args.work)
-    out = pathlib.Path(args.out) if args.out else (work if args.dry_run else T.tables_dir())
-    if args.dry_run and out.resolve() == T.tables_dir():
+    shipped = shipped_dir().resolve()
+    out = pathlib.Path(args.out) if args.out else (work if args.dry_run else shipped)
+    if args.dry_run and out.resolve() == shipped:
         return _fail("a --dry-run table never goes into the package's tables (made-up times)")
     try:
         specs = parse(args.op, args.sizes, args.dtype)
@@ -145,7 +152,8 @@ def run(args, device=None, clock=None) -> int:
     keys = [r for r in search.state["sizes"] if r in search.results]
     _summary(search, keys)
     if status == "done":
-        path = out / T.table_name(info["cc"], args.dtype)
+        dry = bool(getattr(device, "dry_run", False))       # made-up times: no device model
+        path = out / T.table_name(info, args.dtype, arch=args.arch_table or dry)
         table = _load_or_new(path, info, args.dtype, bool(getattr(device, "dry_run", False)))
         results = {k: search.results[k] for k in keys}
         seconds = sum(r.get("seconds", 0) for r in search.state["runs"])

@@ -3,12 +3,12 @@
 Two compilers, both plain functions of picklable arguments so that
 :class:`concurrent.futures.ProcessPoolExecutor` can run them on every core:
 
-- :func:`compile_cuda` (on a GPU machine): installs the candidate's
-  parameters as the CUDA backend's table answer and builds the executor
-  exactly as the runtime will (``smalltc.backends.get("cuda").build``), so
-  NVRTC runs through the backend's own runtime and CuPy's disk cache holds
-  the kernel when the parent process builds it again to time it. Returns the
-  compiled kernel's attributes (``num_regs``, ``local_size_bytes``).
+- :func:`compile_cuda` (on a GPU machine): builds the executor with the
+  candidate's parameters exactly as the runtime does
+  (``smalltc.backends.get("cuda").build(spec, params=...)``), so NVRTC runs
+  through the backend's own runtime and CuPy's disk cache holds the kernel
+  when the parent process builds it again to time it. Returns the compiled
+  kernel's attributes (``num_regs``, ``local_size_bytes``).
 - :func:`compile_nvcc` (no GPU needed): renders the candidate's template
   and runs ``nvcc -arch=sm_XX -cubin -Xptxas -v``; registers, spills and
   stack come from ptxas' report (:func:`parse_ptxas`).
@@ -19,7 +19,6 @@ Both return a dict: ``ok``, ``registers``, ``local_bytes``,
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -27,10 +26,8 @@ import subprocess
 import tempfile
 import time
 
-from smalltc.backends import _cuda_params as P
-
 __all__ = ["compile_cuda", "compile_nvcc", "compile_none", "parse_ptxas", "nvcc_resources",
-           "injected", "COMPILERS"]
+           "COMPILERS"]
 
 _PTXAS_FN = re.compile(r"Compiling entry function '(\w+)'")
 _PTXAS_USED = re.compile(r"Used (\d+) registers")
@@ -101,41 +98,23 @@ def nvcc_resources(source: str, entry: str, arch: str = "sm_90", nvcc: str | Non
     return found
 
 
-@contextlib.contextmanager
-def injected(params, spec=None):
-    """Make the CUDA backend's table answer ``params`` (None: no table at all).
-
-    With ``spec``, only specs of its kernel (any batch count) get the answer;
-    others (e.g. the steps of a pairwise fallback) get none. Restores the
-    lookup installed before (the runtime tables, when installed).
-    """
-    before = P.get_table_lookup()
-    key = None if spec is None else spec.kernel_key()
-
-    def answer(s, cc):
-        return dict(params) if key is None or s.kernel_key() == key else None
-
-    P.set_table_lookup(None if params is None else answer)
-    try:
-        yield
-    finally:
-        P.set_table_lookup(before)
-
-
 def _entry(spec):
     return "stc_tune_" + re.sub(r"[^0-9a-zA-Z]+", "_", str(spec.op))
 
 
 def compile_nvcc(spec, params, arch="sm_90", smem_optin=227 * 1024):
     """Worker: render the candidate and compile it with nvcc; its resources (no GPU)."""
-    from smalltc.backends._cuda_runtime import render
-    from .space import ctx_for
+    from smalltc.backends.cuda import family_of
+    from smalltc.backends.cuda.family import DEFAULT_DEVICE
+    from smalltc.backends.cuda.runtime import render
     t0 = time.perf_counter()
-    found = ctx_for(spec, params, smem_optin)
-    if found is None:
-        return dict(ok=False, error="the context function rejects these parameters",
+    fam = family_of(spec)
+    ctx = None if fam is None else fam.context(spec, params,
+                                               dict(DEFAULT_DEVICE, smem_optin=smem_optin))
+    if ctx is None:
+        return dict(ok=False, error="the family's context rejects these parameters",
                     seconds=time.perf_counter() - t0)
-    template, ctx = found
+    template = fam.template(ctx)
     entry = _entry(spec)
     try:
         res = nvcc_resources(render(template, dict(ctx, entry=entry)), entry, arch)
@@ -153,13 +132,9 @@ def compile_cuda(spec, params, arch=None, smem_optin=None):
     from smalltc.backends import get
     t0 = time.perf_counter()
     try:
-        with injected(params, spec):
-            ex = get("cuda").build(spec)
-    except Exception as err:     # SmalltcCompileError and friends: never timed
+        ex = get("cuda").build(spec, params="heuristic" if params is None else params)
+    except Exception as err:     # SmalltcCompileError, unfitting params: never timed
         return dict(ok=False, error=str(err)[:2000], seconds=time.perf_counter() - t0)
-    if params is not None and not str(ex.source).startswith("table"):
-        return dict(ok=False, error=f"the backend did not take the parameters "
-                    f"(source {ex.source!r})", seconds=time.perf_counter() - t0)
     p = ex.params
     return dict(ok=True, registers=p.get("registers"), local_bytes=p.get("local_bytes", 0),
                 seconds=time.perf_counter() - t0)

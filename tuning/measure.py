@@ -35,11 +35,10 @@ import zlib
 import numpy as np
 
 from smalltc import roofline
-from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
-from .compile import injected
-from .space import PARAMS, ctx_for, family
+from smalltc.backends.cuda import family_of
+from smalltc.backends.cuda.family import DEFAULT_DEVICE
 
-__all__ = ["GpuDevice", "DryRunDevice", "operands", "forms", "small_batch", "per_item_bytes",
+__all__ = ["GpuDevice", "DryRunDevice", "forms", "small_batch", "per_item_bytes",
            "sized", "TOL", "FOOTPRINT", "GEMM_MIN_BATCH"]
 
 #: SPEC section 5: relative error allowed against the float64 einsum reference
@@ -48,25 +47,6 @@ FOOTPRINT = 256 * 2 ** 20       # bytes read + written by one timed call (above 
 GEMM_MIN_BATCH = 100_000        # the paper's setting
 _CHECK_BYTES = 32 * 2 ** 20     # float64 bytes of the check problem, at most
 _CHECK_ITEMS = 2 * 1024 + 3     # check items, at most: several groups and a partial one
-
-
-def operands(spec):
-    """``(name, shape, batched, positive)`` of each input of ``spec``, in call order."""
-    if isinstance(spec, ActionSpec):
-        return [("B1d", spec.b_shape, False, False), ("D", spec.d_shape, True, True),
-                ("V", spec.v_shape, True, False)]
-    if isinstance(spec, AssemblySpec):
-        return [("B1d", spec.b_shape, False, False), ("D", spec.d_shape, True, True)]
-    if isinstance(spec, GemmSpec):
-        ops = [("A", spec.a_shape, not spec.shared_a, False),
-               ("B", spec.b_shape, not spec.shared_b, False)]
-        if not spec.beta_zero:
-            ops.append(("C", spec.out_shape, True, False))
-        return ops
-    if isinstance(spec, ContractSpec):
-        return [("X", spec.x_shape, not spec.shared_x, False),
-                ("Y", spec.y_shape, not spec.shared_y, False)]
-    raise TypeError(f"not a spec: {spec!r}")
 
 
 def forms(spec):
@@ -87,20 +67,20 @@ def forms(spec):
       and 0.84x at 100,000 (notes/ab_tables.py, session 4).
     """
     f = ("separate", "double") + (("small",) if small_batch(spec) else ())
-    if isinstance(spec, GemmSpec) and not spec.beta_zero:
+    if spec.op == "gemm" and not spec.beta_zero:
         return f + ("inplace",)
     return f
 
 
 def small_batch(spec):
     """The batch of the ``"small"`` form of ``spec``, or None when it has none."""
-    if isinstance(spec, GemmSpec) and spec.batch >= 2 * GEMM_MIN_BATCH:
+    if spec.op == "gemm" and spec.batch >= 2 * GEMM_MIN_BATCH:
         return GEMM_MIN_BATCH
     return None
 
 
 def _scalars(spec):
-    if isinstance(spec, GemmSpec):
+    if spec.op == "gemm":
         return dict(alpha=1.0, beta=0.0 if spec.beta_zero else 0.5)
     return {}
 
@@ -113,7 +93,7 @@ def per_item_bytes(spec) -> int:
 def sized(spec, footprint=FOOTPRINT):
     """``spec`` with the batch count whose call moves ``footprint`` bytes (GEMM: >= 100,000)."""
     n = math.ceil(footprint / per_item_bytes(spec))
-    if isinstance(spec, GemmSpec):
+    if spec.op == "gemm":
         n = max(n, GEMM_MIN_BATCH)
     return spec.with_batch(int(n))
 
@@ -128,7 +108,7 @@ def _random_host(spec, batch, seed):
     rng = np.random.default_rng(seed)
     s = spec.with_batch(batch)
     out = []
-    for name, shape, _, positive in operands(s):
+    for name, shape, _, positive in s.inputs:
         a = rng.random(shape) + 0.5 if positive else rng.standard_normal(shape)
         out.append(a)
     return out
@@ -140,7 +120,7 @@ def _reference(spec, host64):
     s64 = dataclasses.replace(spec, dtype="float64")
     ex = get("reference").build(s64)
     out = np.empty(s64.out_shape)
-    ops = list(host64) + ([None] if isinstance(spec, GemmSpec) and spec.beta_zero else [])
+    ops = list(host64) + ([None] if spec.op == "gemm" and spec.beta_zero else [])
     ex.run(tuple(ops), out, **_scalars(spec))
     return out
 
@@ -150,12 +130,6 @@ def rel_err(out, ref) -> float:
     denom = float(np.linalg.norm(ref))
     err = float(np.linalg.norm(out - ref)) / (denom if denom else 1.0)
     return err if math.isfinite(err) else math.inf
-
-
-def _public(ctx):
-    """The parameters an executor of ``ctx`` reports (the CUDA backend's own selection)."""
-    from smalltc.backends.cuda import _public as public
-    return public(ctx)
 
 
 class _Problem:
@@ -188,7 +162,7 @@ class GpuDevice:
     def __init__(self, dtype, repeats=20, warmup=3, footprint=FOOTPRINT):
         import cupy
         from smalltc.backends import get
-        from smalltc.backends._cuda_runtime import device_info
+        from smalltc.backends.cuda.runtime import device_info
         self.cp, self.backend = cupy, get("cuda")
         if not self.backend.available():
             raise RuntimeError("no CUDA device: smalltc tune needs one (or --dry-run)")
@@ -218,7 +192,7 @@ class GpuDevice:
 
     def _operands(self, spec):
         cp, big = self.cp, []
-        for i, (name, shape, _, positive) in enumerate(operands(spec)):
+        for i, (name, shape, _, positive) in enumerate(spec.inputs):
             gen = cp.random.default_rng(1000 + i)
             a = gen.random(shape, dtype=cp.float64)
             a = (a + 0.5) if positive else (a - 0.5)
@@ -244,19 +218,22 @@ class GpuDevice:
         """Free the size's arrays, and its compiled variants (one module per variant)."""
         problem.big = problem.out = problem.check_dev = problem.check_out = None
         problem.double = None
-        from smalltc.backends import _cuda_runtime as RT
+        from smalltc.backends.cuda import runtime as RT
         RT.clear_cache()                     # CuPy's disk cache keeps them: rebuilt in ms
         self.cp.get_default_memory_pool().free_all_blocks()
 
+    def _build(self, spec, params):
+        """The backend's executor with ``params`` (None: the heuristic, tables aside)."""
+        return self.backend.build(spec, params="heuristic" if params is None else params)
+
     def build(self, spec, params):
         """Executors of the timed size and of the check size (an executor's batch is fixed)."""
-        with injected(params, spec):
-            big = self.backend.build(spec)
-            check = self.backend.build(spec.with_batch(_check_batch(spec)))
+        big = self._build(spec, params)
+        check = self._build(spec.with_batch(_check_batch(spec)), params)
         return _Built(big, check, params)
 
     def _run(self, ex, spec, ops, out):
-        ops = list(ops) + ([None] if isinstance(spec, GemmSpec) and spec.beta_zero else [])
+        ops = list(ops) + ([None] if spec.op == "gemm" and spec.beta_zero else [])
         ex.run(tuple(ops), out, **_scalars(spec))
 
     def verify(self, problem, ex) -> float:
@@ -271,7 +248,7 @@ class GpuDevice:
         idx = problem.samples
         spec = problem.spec.with_batch(len(idx))
         host = []
-        for (name, _, batched, _), a in zip(operands(problem.spec), problem.big):
+        for (name, _, batched, _), a in zip(problem.spec.inputs, problem.big):
             host.append(self.cp.asnumpy(a[idx] if batched else a).astype(np.float64))
         ref = _reference(spec, host)
         return rel_err(self.cp.asnumpy(problem.out[idx]), ref)
@@ -287,8 +264,7 @@ class GpuDevice:
                 problem.double = (self._operands(spec), self.cp.empty(spec.out_shape,
                                                                       dtype=spec.dtype))
             if ex.double is None:
-                with injected(ex.cand, spec):
-                    ex.double = self.backend.build(spec)
+                ex.double = self._build(spec, ex.cand)
             (ops, out), run = problem.double, ex.double
         elif form == "small":
             n = small_batch(spec)
@@ -296,11 +272,10 @@ class GpuDevice:
                 raise ValueError(f"{spec} has no 'small' timing form")
             full, spec = spec, spec.with_batch(n)
             ops = [a[:n] if batched else a
-                   for (_, _, batched, _), a in zip(operands(full), ops)]
-            out = ops[2] if isinstance(spec, GemmSpec) and not spec.beta_zero else out[:n]
+                   for (_, _, batched, _), a in zip(full.inputs, ops)]
+            out = ops[2] if spec.op == "gemm" and not spec.beta_zero else out[:n]
             if ex.small is None:
-                with injected(ex.cand, spec):
-                    ex.small = self.backend.build(spec)
+                ex.small = self._build(spec, ex.cand)
             return self._graph_times(lambda: self._run(ex.small, spec, ops, out))
         elif form != "separate":
             raise ValueError(f"unknown timing form {form!r}")
@@ -326,8 +301,8 @@ class GpuDevice:
 
 class _DryExecutor:
     def __init__(self, spec, params, ctx):
-        self.spec, self.source = spec, "table" if params is not None else "heuristic"
-        self.params = dict(_public(ctx), registers=None, local_bytes=0)
+        self.spec, self.source = spec, "params" if params is not None else "heuristic"
+        self.params = dict(family_of(spec).public(ctx), registers=None, local_bytes=0)
         self.kernel = f"dry-run {spec.op}"
 
 
@@ -359,13 +334,13 @@ class DryRunDevice:
         pass
 
     def build(self, spec, params):
-        found = ctx_for(spec, params, self.smem_optin)
-        if found is None:
-            if params is None:
+        fam, dev = family_of(spec), dict(DEFAULT_DEVICE, smem_optin=self.smem_optin)
+        ctx = None if fam is None else fam.context(spec, params, dev)
+        if ctx is None:
+            if params is None or fam is None:
                 raise RuntimeError(f"no fused kernel for {spec}")
-            found = ctx_for(spec, None, self.smem_optin)
-            return _DryExecutor(spec, None, found[1])
-        return _DryExecutor(spec, params, found[1])
+            raise ValueError(f"params {params} do not fit {spec}")
+        return _DryExecutor(spec, params, ctx)
 
     def verify(self, problem, ex) -> float:
         return 0.0
@@ -385,7 +360,7 @@ class DryRunDevice:
         return self.bound(spec).tmin * penalty
 
     def time(self, problem, ex, form="separate") -> list:
-        keys = PARAMS[family(problem.spec)]
+        keys = family_of(problem.spec).params
         t = self.model_seconds(problem.spec, {k: ex.params[k] for k in keys}, form)
         return [int(t * 1e9 * (1 + 0.001 * (r % 3))) for r in range(self.repeats)]
 

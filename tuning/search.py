@@ -29,12 +29,12 @@ import sys
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict
+
+from smalltc.backends.cuda import family_of
 
 from .compile import COMPILERS
-from .keys import size_key
 from .measure import TOL, forms, now_iso
-from .space import MAX_LOCAL_BYTES, PARAMS, family, generate, prune_compiled
+from .space import MAX_LOCAL_BYTES, generate, prune_compiled
 
 __all__ = ["Search", "OutOfBudget", "CHECKPOINT_KIND", "load_checkpoint"]
 
@@ -100,7 +100,7 @@ def _save_json(path, obj):
 
 
 def _spec_dict(spec):
-    return dict(op=spec.op, **asdict(spec))
+    return spec.as_dict()
 
 
 class Search:
@@ -145,7 +145,7 @@ class Search:
     def _fresh_state(self):
         return dict(kind=CHECKPOINT_KIND, schema=1, op=self.op, dtype=self.dtype,
                     device=self.info, dry_run=bool(getattr(self.device, "dry_run", False)),
-                    sizes=[size_key(s) for s in self.specs], results={}, partial={},
+                    sizes=[s.size_key for s in self.specs], results={}, partial={},
                     runs=[])
 
     def _resume(self, old):
@@ -188,7 +188,7 @@ class Search:
     # -- the run ---------------------------------------------------------------
     def run(self) -> str:
         """Tune every size not done yet. Returns "done" or "budget" (state saved either way)."""
-        todo = [(spec, size_key(spec)) for spec in self.specs]
+        todo = [(spec, spec.size_key) for spec in self.specs]
         return self._sweep(((s, k) for s, k in todo if k not in self.results), self._tune_size,
                            lambda: f"{len(self.results)} of {len(self.specs)} sizes done "
                                    f"(run again with --resume)")
@@ -210,7 +210,7 @@ class Search:
 
         def todo():
             for spec in self.specs:
-                key = size_key(spec)
+                key = spec.size_key
                 old = self.results.get(key)
                 if old and old.get("winner") and keep(spec, old):
                     yield spec, key
@@ -258,7 +258,7 @@ class Search:
             if r["status"] != "ok":
                 pruned[r["status"]] -= 1
         pruned = +pruned
-        space = generate(spec, self.info["smem_optin"])
+        space = generate(spec, self.info)
         part = dict(timed=timed, heuristic=heur, compiled=defaultdict(dict))
         problem = self.device.prepare(spec)
         try:
@@ -300,7 +300,7 @@ class Search:
                 del self.state["partial"][key]
 
     def _tune_size_inner(self, spec, key, part):
-        space = generate(spec, self.info["smem_optin"])
+        space = generate(spec, self.info)
         if space.family is None or not space.candidates:
             self.log(f"{key}: only the generic kernel runs this size; nothing to tune")
             self.results[key] = dict(key=key, spec=_spec_dict(spec), family=None,
@@ -381,14 +381,15 @@ class Search:
 
     def _measure(self, spec, problem, params):
         """Build, verify, time one variant (``params`` None: the heuristic)."""
-        fam = PARAMS[family(spec)]
-        ex = self.device.build(spec, params)
+        try:
+            ex = self.device.build(spec, params)
+        except ValueError as err:                 # the family rejects these parameters
+            return dict(params=params, kernel={}, status="rejected", error=str(err))
         rec = dict(params=params, kernel={k: ex.params.get(k) for k in (
             "threads", "smem_bytes", "registers", "local_bytes")})
         if params is None:
-            rec["params"] = {k: ex.params[k] for k in fam if k in ex.params}
-        elif not str(ex.source).startswith("table"):
-            return dict(rec, status="rejected", source=ex.source)
+            rec["params"] = {k: ex.params[k] for k in family_of(spec).params
+                             if k in ex.params}
         if params is not None and (ex.params.get("local_bytes") or 0) > self.max_local_bytes:
             return dict(rec, status="spills")
         err = self.device.verify(problem, ex)
@@ -492,7 +493,7 @@ class Search:
         n_ok = len(ok)
         timed = sum(1 for r in recs if r["status"] in ("ok",))
         return dict(
-            key=key, spec=_spec_dict(spec), family=space.family,
+            key=key, spec=_spec_dict(spec), family=space.family.name,
             # generated = sum(pruned) + timed; candidates = compiled + failed;
             # compiled = spills + registers + rejected + wrong + timed
             space=dict(generated=space.generated, candidates=len(space.candidates),

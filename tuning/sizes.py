@@ -22,11 +22,10 @@ Examples
 """
 from __future__ import annotations
 
-from smalltc.backends._cuda_params import fold_k9
+from smalltc.backends.cuda import family_of
+from smalltc.backends.cuda.contract9 import fold_k9
 from smalltc.catalogue import steps
 from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
-from .keys import size_key
-from .space import family
 
 __all__ = ["parse", "DEFAULT_SIZES", "OPS"]
 
@@ -114,7 +113,7 @@ def _pairwise(token, dtype):
             cs = fold_k9(ContractSpec(kind=st.kernel, batch=1, dtype=dtype,
                                       shared_x=st.x[0] == "B", shared_y=st.y[0] == "B",
                                       **st.extents(s.nd, s.nq))).with_batch(1)
-            if family(cs) is not None:
+            if family_of(cs) is not None:
                 out.append(cs)
     return out
 
@@ -129,7 +128,7 @@ def parse(op, tokens, dtype):
             specs = (_gemm(tk, dtype) if op == "gemm" else _pairwise(tk, dtype)
                      if op == "pairwise" else _fem(op, tk, dtype))
             for s in specs:
-                if size_key(s) not in seen:
-                    seen.add(size_key(s))
+                if s.size_key not in seen:
+                    seen.add(s.size_key)
                     found.append(s)
     return found

@@ -61,7 +61,8 @@ class Backend:
 
     ``build(spec, params=None)`` returns the executor of ``spec``: with
     ``params`` None the backend chooses (a tuning table's entry where one
-    answers, else its measured heuristic); with a dict, those tuning
+    answers, else its measured heuristic); with ``"heuristic"``, the
+    heuristic alone (the tuner's baseline); with a dict, those tuning
     parameters (the names of the spec's kernel family); parameters that do
     not fit the spec raise ``ValueError`` naming them. The pairwise method is the plan's business
     (:mod:`smalltc.pairwise`), not the backend's.

@@ -67,14 +67,19 @@ def choose(spec, device, params=None):
     or None when only a generic path runs it.
 
     ``params`` None: the device's tuning tables (:mod:`smalltc.tables`), else the
-    family's heuristic; a dict: those parameters, ``ValueError`` when they do not fit.
+    family's heuristic; ``"heuristic"``: the heuristic without the tables; a dict:
+    those parameters, ``ValueError`` when they do not fit.
     """
     fam = family_of(spec)
     if fam is None:
         return None
     t = fam.tuned_spec(spec)
     ctx, source, table = None, "params", None
-    if params is not None:
+    if params == "heuristic":
+        ctx, source = fam.context(t, None, device), "heuristic"
+        if ctx is None:
+            return None
+    elif params is not None:
         ctx = fam.context(t, dict(params), device)
         if ctx is None:
             raise ValueError(f"params {params} do not fit {t} on this device "

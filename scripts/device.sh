@@ -124,7 +124,7 @@ trap 'note "stopped by a signal"; FAILED=1; exit' INT TERM
 
 # ---- install, info --------------------------------------------------------------------
 t=$(box "${T_INSTALL:-180}")
-if ! timeout "$t" python3 -m pip install -q --no-deps --no-build-isolation -e . \
+if ! timeout -k 10 "$t" python3 -m pip install -q --no-deps --no-build-isolation -e . \
     > "$W/install.log" 2>&1; then
   cat "$W/install.log"
   note "install: FAILED (install.log)"
@@ -153,7 +153,7 @@ if [ -n "${BEFORE:-}" ]; then
     rm -rf "$BEFORE_SITE" "$BEFORE_CWD"
     mkdir -p "$BEFORE_CWD"
     t=$(box "${T_INSTALL:-180}")
-    if timeout "$t" python3 -m pip install -q --no-deps --no-build-isolation \
+    if timeout -k 10 "$t" python3 -m pip install -q --no-deps --no-build-isolation \
         --target "$BEFORE_SITE" "$(cd "$BEFORE" && pwd)" > "$W/install-before.log" 2>&1 \
        && (cd "$BEFORE_CWD" && PYTHONPATH="$BEFORE_SITE${PYTHONPATH:+:$PYTHONPATH}" \
            python3 -c "import smalltc; assert smalltc.__file__.startswith('$BEFORE_SITE'), smalltc.__file__; print('before:', smalltc.__file__)") \
@@ -181,7 +181,7 @@ if [ -n "${TESTS:-}" ]; then
     note "tests: skipped (no time left)"; FAILED=1
   else
     # shellcheck disable=SC2086  # paths is a list
-    timeout "$t" python3 -m pytest -q -n "$JOBS" -p no:cacheprovider $paths \
+    timeout -k 10 "$t" python3 -m pytest -q -n "$JOBS" -p no:cacheprovider $paths \
       ${expr:+-k "$expr"} > "$W/pytest.log" 2>&1
     rc=$?
     last=$(grep -E "(passed|failed|error|no tests ran)" "$W/pytest.log" | tail -n 1)
@@ -210,19 +210,19 @@ bench_one() {  # bench_one after|before SUITE DTYPE
   fi
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
   if [ "$tree" = after ]; then
-    timeout "$t" python3 -m smalltc.cli bench --no-progress --suite "$suite" --dtype "$dt" \
+    timeout -k 10 "$t" python3 -m smalltc.cli bench --no-progress --suite "$suite" --dtype "$dt" \
       ${BENCH_ARGS:-} --out "$dir" > "$dir/$suite.log" 2>&1
   else
-    (cd "$BEFORE_CWD" && PYTHONPATH="$BEFORE_SITE${PYTHONPATH:+:$PYTHONPATH}" timeout "$t" \
+    (cd "$BEFORE_CWD" && PYTHONPATH="$BEFORE_SITE${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "$t" \
       python3 -m smalltc.cli bench --no-progress --suite "$suite" --dtype "$dt" \
       ${BENCH_ARGS:-} --out "$dir") > "$dir/$suite.log" 2>&1
   fi
   rc=$?
   case $rc in
     0) note "bench $tree $suite $dt: ok";;
-    1) note "bench $tree $suite $dt: done, some case failed its check ($dir/$suite.log)"; FAILED=1;;
+    1) note "bench $tree $suite $dt: done; a case or a baseline failed or errored (${dir##*/}/$suite.log)"; FAILED=1;;
     124) note "bench $tree $suite $dt: stopped at the ${t} s limit"; FAILED=1;;
-    *) note "bench $tree $suite $dt: FAILED (rc $rc, $suite.log)"; tail -n 5 "$dir/$suite.log"; FAILED=1;;
+    *) note "bench $tree $suite $dt: FAILED (rc $rc, ${dir##*/}/$suite.log)"; tail -n 5 "$dir/$suite.log"; FAILED=1;;
   esac
   pack
 }
@@ -310,7 +310,7 @@ if [ -n "${TUNE:-}" ]; then
     budget=$(( t - ${T_TUNE_SLACK:-60} < secs ? t - ${T_TUNE_SLACK:-60} : secs ))
     [ "$budget" -lt 20 ] && budget=$(( t - 20 ))
     echo "=== tune $op $dt, budget ${budget} s ($(date -u +%H:%M:%S))" >> "$W/tune.log"
-    timeout "$t" python3 -m smalltc.cli tune --op "$op" --dtype "$dt" --budget-seconds "$budget" \
+    timeout -k 10 "$t" python3 -m smalltc.cli tune --op "$op" --dtype "$dt" --budget-seconds "$budget" \
       --resume --work build/tune --out build/tune/tables --no-progress --plot >> "$W/tune.log" 2>&1
     rc=$?
     case $rc in
@@ -344,7 +344,7 @@ if [ -n "${NCU:-}" ]; then
       note "ncu $entry: skipped (no time left)"; FAILED=1
       continue
     fi
-    timeout "$t" ncu --clock-control none --kernel-id "${NCU_KERNEL_ID:-::regex:^stc_:3}" \
+    timeout -k 10 "$t" ncu --clock-control none --kernel-id "${NCU_KERNEL_ID:-::regex:^stc_:3}" \
       --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
       python3 -m smalltc.cli bench --no-progress "${args[@]}" --dtype "$dtype" --repeats 1 \
@@ -367,7 +367,7 @@ if [ "${DEMO:-}" = 1 ]; then
   if [ "$t" -lt 20 ]; then
     note "demo: skipped (no time left)"; FAILED=1
   else
-    timeout "$t" python3 -m smalltc.cli demo --out "$W/demo" > "$W/demo.log" 2>&1
+    timeout -k 10 "$t" python3 -m smalltc.cli demo --out "$W/demo" > "$W/demo.log" 2>&1
     rc=$?
     [ "$rc" -eq 0 ] && note "demo: ok (demo.log, demo/)" || { note "demo: rc $rc (demo.log)"; FAILED=1; }
     pack

@@ -60,11 +60,11 @@ def forms(spec):
       heuristic at 256 MB ran 0.76x in the bench at 537 MB (2026-11-21);
     - ``"inplace"``, GEMM with ``beta != 0`` only: ``out=C``. Float32 m=n=k=3 ran
       1.29x faster than the heuristic with C apart and 0.86x in place
-      (``notes/ab_tables.py``, H100, 2026-11-21);
+      (notes/tuning.md, H100, 2026-11-21);
     - ``"small"``, GEMM timed at 2 x 100,000 matrices or more: 100,000 of them (in
       place for beta != 0), device time from a CUDA graph. On the H100 the float64
       beta != 0 entries n = 2 and 4, 1.02x the heuristic at 4M matrices, were 0.75x
-      and 0.84x at 100,000 (notes/ab_tables.py, session 4).
+      and 0.84x at 100,000 (notes/tuning.md, session 4).
     """
     f = ("separate", "double") + (("small",) if small_batch(spec) else ())
     if spec.op == "gemm" and not spec.beta_zero:

@@ -37,7 +37,8 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
-           "CONTRACT_KINDS", "SPEC_TYPES", "spec_from_dict"]
+           "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES",
+           "spec_from_dict"]
 
 #: kernels (8a), (8b), (9) of SPEC section 3: output axis order per kind.
 CONTRACT_KINDS = {
@@ -49,13 +50,15 @@ CONTRACT_KINDS = {
 
 class Operand(NamedTuple):
     """One input of an operation: its name in messages, its shape, whether it has the
-    batch axis (False: one array shared by the whole batch), and whether its values are
-    positive by nature (``D = w * rho * |J|``: tests and measurements draw it so)."""
+    batch axis (False: one array shared by the whole batch), whether its values are
+    positive by nature (``D = w * rho * |J|``: tests and measurements draw it so), and
+    its dtype when it is not the operation's (the integer element-to-DoF map)."""
 
     name: str
     shape: tuple
     batched: bool
     positive: bool = False
+    dtype: str | None = None
 
 
 class _Spec:
@@ -294,8 +297,143 @@ class AssemblySpec(_Spec):
         return f"mass_assemble_{self.dim}d p={self.p} nq={self.nq} E={self.batch} {self.dtype}"
 
 
+INDEX_DTYPES = ("int32", "int64")
+
+
+@dataclass(frozen=True)
+class MassApplySpec(_Spec):
+    """The global mass operator ``y = sum_e R_e^T B^T D_e B R_e x``, fused: each element's
+    values gathered from the global vector ``x`` through the element-to-DoF map
+    ``elem_dofs`` (``R_e``), the action applied, the result added into ``y``.
+
+    ``batch`` is the element count E; ``ndofs`` the global vector's length (per
+    component: ``x`` is ``(ndofs,)``, or ``(ncomp, ndofs)`` with ``comp_axis``);
+    ``index_dtype`` the map's; ``deterministic``: the additions into ``y`` in a fixed
+    order (element colours) instead of atomics, the same bits every run.
+
+    >>> s = MassApplySpec(dim=2, nq=4, nd=3, batch=6, dtype="float64", ndofs=35)
+    >>> [(o.name, o.shape, o.dtype) for o in s.inputs]
+    [('B1d', (4, 3), None), ('D', (6, 4, 4), None), ('x', (35,), None), ('elem_dofs', (6, 3, 3), 'int32')]
+    >>> s.out_shape, s.size_key
+    ((35,), 'mass_apply/2d/nd3nq4c1')
+    """
+
+    dim: int
+    nq: int
+    nd: int
+    batch: int
+    dtype: str
+    ndofs: int
+    ncomp: int = 1
+    comp_axis: bool = False
+    index_dtype: str = "int32"
+    deterministic: bool = False
+    op = "mass_apply"
+
+    def __post_init__(self):
+        if self.ncomp > 1 and not self.comp_axis:
+            raise ValueError(f"ncomp={self.ncomp} needs comp_axis=True (x has a component axis)")
+        if self.index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {self.index_dtype!r}")
+
+    def kernel_key(self):
+        """No batch count and no vector length: one kernel serves every mesh."""
+        return (self.op, self.dim, self.nq, self.nd, self.dtype, self.ncomp, self.index_dtype,
+                self.deterministic)
+
+    @property
+    def x_shape(self):
+        return ((self.ncomp,) if self.comp_axis else ()) + (self.ndofs,)
+
+    out_shape = x_shape
+
+    @property
+    def inputs(self):
+        return (Operand("B1d", (self.nq, self.nd), False),
+                Operand("D", (self.batch,) + (self.nq,) * self.dim, True, True),
+                Operand("x", self.x_shape, False),
+                Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
+                        self.index_dtype))
+
+    @property
+    def p(self):
+        return self.nd - 1
+
+    @property
+    def size_key(self):
+        return f"mass_apply/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}"
+
+    def sizes(self):
+        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp,
+                    ndofs=self.ndofs, index_bytes=int(self.index_dtype[3:]) // 8)
+
+    def __str__(self):
+        comp = f" ncomp={self.ncomp}" if self.comp_axis else ""
+        det = " deterministic" if self.deterministic else ""
+        return (f"mass_operator_{self.dim}d p={self.p} nq={self.nq}{comp} E={self.batch} "
+                f"ndofs={self.ndofs} {self.dtype} {self.index_dtype}{det}")
+
+
+@dataclass(frozen=True)
+class MassDiagonalSpec(_Spec):
+    """The diagonal of the global mass matrix, ``y = sum_e R_e^T diag(B^T D_e B)``, with
+    the element diagonals ``sum_k prod_a B[k_a, i_a]^2 D_e[k]`` added into ``y`` through
+    the element-to-DoF map (the Jacobi preconditioner of the mass operator).
+
+    >>> MassDiagonalSpec(dim=3, nq=5, nd=4, batch=8, dtype="float32", ndofs=125).out_shape
+    (125,)
+    """
+
+    dim: int
+    nq: int
+    nd: int
+    batch: int
+    dtype: str
+    ndofs: int
+    index_dtype: str = "int32"
+    deterministic: bool = False
+    op = "mass_diagonal"
+
+    def __post_init__(self):
+        if self.index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {self.index_dtype!r}")
+
+    def kernel_key(self):
+        return (self.op, self.dim, self.nq, self.nd, self.dtype, self.index_dtype,
+                self.deterministic)
+
+    @property
+    def out_shape(self):
+        return (self.ndofs,)
+
+    @property
+    def inputs(self):
+        return (Operand("B1d", (self.nq, self.nd), False),
+                Operand("D", (self.batch,) + (self.nq,) * self.dim, True, True),
+                Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
+                        self.index_dtype))
+
+    @property
+    def p(self):
+        return self.nd - 1
+
+    @property
+    def size_key(self):
+        return f"mass_diagonal/{self.dim}d/nd{self.nd}nq{self.nq}"
+
+    def sizes(self):
+        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ndofs=self.ndofs,
+                    index_bytes=int(self.index_dtype[3:]) // 8)
+
+    def __str__(self):
+        det = " deterministic" if self.deterministic else ""
+        return (f"mass_diagonal_{self.dim}d p={self.p} nq={self.nq} E={self.batch} "
+                f"ndofs={self.ndofs} {self.dtype} {self.index_dtype}{det}")
+
+
 #: op name -> spec class
-SPEC_TYPES = {c.op: c for c in (GemmSpec, ContractSpec, ActionSpec, AssemblySpec)}
+SPEC_TYPES = {c.op: c for c in (GemmSpec, ContractSpec, ActionSpec, AssemblySpec,
+                                MassApplySpec, MassDiagonalSpec)}
 
 
 def spec_from_dict(d: dict):

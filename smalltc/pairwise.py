@@ -8,9 +8,10 @@ fused kernels must beat.
 """
 from __future__ import annotations
 
+from ._arrays import array_module
 from .backends.base import Executor
 from .catalogue import steps
-from .spec import ActionSpec, ContractSpec
+from .spec import ContractSpec
 
 __all__ = ["PairwiseExecutor"]
 
@@ -22,26 +23,23 @@ class PairwiseExecutor(Executor):
         self.spec = spec
         self.steps = steps(spec.op, spec.dim)
         nd, nq = spec.nd, spec.nq
-        nbatch = spec.batch * (spec.ncomp if isinstance(spec, ActionSpec) else 1)
+        nbatch = spec.batch * (spec.ncomp if spec.op == "action" else 1)
         self._nbatch = nbatch
         self._subs = []
         for st in self.steps:
             ext = st.extents(nd, nq)
             cs = ContractSpec(kind=st.kernel, batch=nbatch, dtype=spec.dtype,
                               shared_x=st.x[0] == "B", shared_y=st.y[0] == "B", **ext)
-            self._subs.append((st, cs, backend.build(cs, "fused")))
+            self._subs.append((st, cs, backend.build(cs)))
         self.kernel = "pairwise " + " ".join(
             f"{st.label}:{ex.kernel}" for st, _, ex in self._subs)
         self.specialized = all(ex.specialized for _, _, ex in self._subs)
         self.params = {st.label: ex.params for st, _, ex in self._subs if ex.params}
 
     def run(self, operands, out, **scalars):
-        from ._arrays import array_module
         spec = self.spec
-        if isinstance(spec, ActionSpec):
-            B1d, D, V = operands
-        else:
-            (B1d, D), V = operands, None
+        B1d, D = operands[0], operands[1]
+        V = operands[2] if spec.op == "action" else None
         xp = array_module(B1d)
         nq, n = spec.nq, self._nbatch
         prev = None

@@ -78,8 +78,9 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
     except (AttributeError, TypeError):      # not arrays, or an unhashable argument
         key = p = None
     if p is None:
-        spec, xp, (B1d, D, V) = _validate.action_spec(B1d, D, V)
-        p = cached_plan(key, spec, xp, backend, method)
+        spec, xp, ops = _validate.action_spec(B1d, D, V)
+        p = cached_plan(key, (B1d, D, V), spec, xp, backend, method)
+        B1d, D, V = ops
     return p(B1d, D, V, out=out, stream=stream)
 
 
@@ -116,8 +117,9 @@ def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=Non
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
-        spec, xp, (B1d, D) = _validate.assembly_spec(B1d, D)
-        p = cached_plan(key, spec, xp, backend, method)
+        spec, xp, ops = _validate.assembly_spec(B1d, D)
+        p = cached_plan(key, (B1d, D), spec, xp, backend, method)
+        B1d, D = ops
     return p(B1d, D, out=out, stream=stream)
 
 
@@ -133,6 +135,10 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     C : array, shape (batch, m, n), optional
         Read only when ``beta != 0``. ``out=C`` updates C in place.
     alpha, beta : finite floats
+        ``beta == 0`` means C is not read (it may hold anything, NaN included).
+    trans_a, trans_b : bool
+        ``op(A) = A^T`` (``op(B) = B^T``): the operand is read transposed, in
+        place (no copy).
     out, backend, stream : as for :func:`batched_contract`.
 
     Returns
@@ -158,7 +164,8 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     if p is None:
         spec, xp, ops = _validate.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
                                             trans_b=trans_b)
-        p = cached_plan(key, spec, xp, backend, "auto")
+        given = (A, B) if spec.beta_zero else (A, B, C)
+        p = cached_plan(key, given, spec, xp, backend, "auto")
         return p(*ops, out=out, stream=stream, alpha=alpha, beta=beta)
     if beta_zero:
         return p(A, B, out=out, stream=stream, alpha=alpha, beta=beta)
@@ -205,6 +212,7 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
-        spec, xp, (X, Y) = _validate.contract_spec(kind, X, Y, extents=extents)
-        p = cached_plan(key, spec, xp, backend, "auto", reshape_inputs=extents is not None)
+        spec, xp, ops = _validate.contract_spec(kind, X, Y, extents=extents)
+        p = cached_plan(key, (X, Y), spec, xp, backend, "auto", extents is not None)
+        X, Y = ops
     return p(X, Y, out=out, stream=stream)

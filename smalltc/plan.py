@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from . import _validate
-from ._arrays import usable_test
+from ._arrays import is_array, usable_test
 from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
 
@@ -173,8 +173,8 @@ class Plan:
             alpha = _validate.check_scalar("alpha", alpha)
             beta = _validate.check_scalar("beta", beta)
             if (beta == 0.0) != self._beta_zero:
-                raise ValueError(f"this plan was built for beta{'==' if self._beta_zero else '!='}"
-                                 f"0, got beta={beta}")
+                built = "beta==0" if self._beta_zero else "beta!=0"
+                raise ValueError(f"this plan was built for {built}, got beta={beta}")
         elif alpha != 1.0 or beta != 0.0:
             raise TypeError(f"alpha and beta are GEMM options; this plan runs {self.spec}")
         if out is not None:
@@ -219,10 +219,14 @@ def build_plan(spec, xp, backend="auto", method="auto", params=None, reshape_inp
     raise RuntimeError(f"no backend can run {spec}: " + "; ".join(fallbacks))
 
 
-def cached_plan(key, spec, xp, backend, method, reshape_inputs=False):
-    """The plan of the public operations for call signature ``key`` (None: operands
-    that were not arrays; then the spec keys it), built on the first request."""
-    if key is None:
+def cached_plan(key, given, spec, xp, backend, method, reshape_inputs=False):
+    """The public operations' plan for call signature ``key``, built on the first request.
+
+    ``given`` are the caller's operands: where one is not an array (it was converted
+    on the way to ``spec``), or ``key`` is None (no signature could be made), the spec
+    keys the plan instead.
+    """
+    if key is None or not all(map(is_array, given)):
         key = (spec, xp.__name__, backend, method, reshape_inputs)
     p = _PLANS.get(key)
     if p is None:

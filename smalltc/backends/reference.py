@@ -5,6 +5,7 @@ baseline a Python user would write today). Not fast; exact semantics.
 """
 from __future__ import annotations
 
+import functools
 import string
 
 from . import register
@@ -83,15 +84,13 @@ def _gemm(spec, A, B, C=None, alpha=1.0, beta=0.0):
     return xp.broadcast_to(r, spec.out_shape)
 
 
-#: op -> (what runs, the executor's function of the spec)
+#: op -> (what runs, formatted with the spec; the result of (spec, *operands, **scalars))
 _PATHS = {
     "action": ("einsum chain (sum-factorised)",
-               lambda spec: lambda B, D, V: action_einsum(B, D, V, spec.dim)),
-    "assembly": ("einsum (optimize=True)",
-                 lambda spec: lambda B, D: assembly_einsum(B, D, spec.dim)),
-    "contract": ("einsum ({kind})",
-                 lambda spec: lambda X, Y: contract_einsum(spec.kind, X, Y)),
-    "gemm": ("matmul", lambda spec: lambda *ops, **scalars: _gemm(spec, *ops, **scalars)),
+               lambda spec, B, D, V: action_einsum(B, D, V, spec.dim)),
+    "assembly": ("einsum (optimize=True)", lambda spec, B, D: assembly_einsum(B, D, spec.dim)),
+    "contract": ("einsum ({spec.kind})", lambda spec, X, Y: contract_einsum(spec.kind, X, Y)),
+    "gemm": ("matmul", _gemm),
 }
 
 
@@ -110,7 +109,7 @@ class ReferenceBackend(Backend):
         if path is None:
             raise Unsupported(f"reference backend has no path for {spec}")
         kernel, fn = path
-        return _Run(kernel.format(kind=getattr(spec, "kind", "")), fn(spec))
+        return _Run(kernel.format(spec=spec), functools.partial(fn, spec))
 
 
 register(ReferenceBackend())

@@ -155,9 +155,8 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     """
     beta_zero = beta == 0                      # no C among the operands
     try:
-        key = ("gemm", backend, bool(trans_a), bool(trans_b), beta_zero, type(A), A.shape,
-               A.dtype, type(B), B.shape, B.dtype) + (
-            () if beta_zero else (None,) if C is None else (type(C), C.shape, C.dtype))
+        key = ("gemm", backend, trans_a, trans_b, type(A), A.shape, A.dtype, type(B), B.shape,
+               B.dtype, None if beta_zero else (type(C), C.shape, C.dtype))
         p = _PLANS.get(key)
     except (AttributeError, TypeError, ValueError):   # ValueError: an array's truth value
         key = p = None

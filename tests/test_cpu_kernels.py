@@ -204,7 +204,8 @@ def test_in_process_cache_hit():
     assert second.fn is first.fn and second.compile_s == 0.0
     p1 = smalltc.plan("gemm", np.ones((4, 2, 2)), np.ones((4, 2, 2)), backend="cpu")
     p2 = smalltc.plan("gemm", np.ones((4, 2, 2)), np.ones((4, 2, 2)), backend="cpu")
-    assert p1 is p2
+    assert p1 is not p2 and p1.executor.fn is p2.executor.fn    # a new plan, the same kernel
+    assert p2.executor.compile_s == 0.0
 
 
 def test_disk_cache_in_fresh_processes(tmp_path):

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from . import _validate
-from ._arrays import is_array, usable_test
+from ._arrays import is_array
 from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
 
@@ -68,7 +68,7 @@ class Plan:
         dtype = np.dtype(spec.dtype)
         # what a call compares, precomputed
         self._inputs = tuple((o.name, tuple(o.shape), dtype) for o in spec.inputs)
-        self._checks = tuple((shape, dtype) for _, shape, dtype in self._inputs)
+        self._shapes = tuple(shape for _, shape, _ in self._inputs)
         self._nargs = len(self._inputs)
         self._out_shape, self._dtype = tuple(spec.out_shape), dtype
         self._no_work = math.prod(self._out_shape) == 0
@@ -77,7 +77,7 @@ class Plan:
         self._in_place = self._gemm and not spec.beta_zero      # out=C may be given
         self._pad = (None,) if self._beta_zero else ()          # GEMM executors take C or None
         self._on_gpu = xp.__name__ == "cupy"
-        self._array_type, self._usable, self._alloc = xp.ndarray, usable_test(xp), xp.empty
+        self._array_type, self._alloc = xp.ndarray, xp.empty
 
     kernel = property(lambda self: self.executor.kernel)
     params = property(lambda self: dict(self.executor.params))
@@ -102,17 +102,40 @@ class Plan:
                 raise TypeError("stream= is for CuPy arrays; NumPy work runs on the host")
             with stream:
                 return self(*operands, out=out, alpha=alpha, beta=beta)
-        # plain comparisons (small calls are host-bound); _checked when one fails
-        nd, usable = self._array_type, self._usable
+        # Plain comparisons, inline (small calls are host-bound); _checked if one fails.
+        nd, dtype = self._array_type, self._dtype
         ok = len(operands) == self._nargs
-        if ok:
-            for x, (shape, dtype) in zip(operands, self._checks):
-                if type(x) is not nd or x.shape != shape or x.dtype != dtype or not usable(x):
+        if ok and out is not None:
+            ok = type(out) is nd and out.shape == self._out_shape and out.dtype == dtype
+            # out must be apart from the inputs, but out=C is the GEMM's in-place update
+            inputs = operands[:2] if self._in_place and operands[2] is out else operands
+        if ok and self._on_gpu:     # CuPy: _c_contiguous (its flags object is built per access)
+            for x, shape in zip(operands, self._shapes):
+                if (type(x) is not nd or not x._c_contiguous or x.shape != shape
+                        or x.dtype != dtype):
                     ok = False
                     break
-        if ok and out is not None:
-            ok = (type(out) is nd and out.shape == self._out_shape and out.dtype == self._dtype
-                  and usable(out) and self._apart(out, operands))
+            if ok and out is not None:
+                ok = out._c_contiguous
+                lo = out.data.ptr
+                hi = lo + out.nbytes
+                for x in inputs:
+                    p = x.data.ptr
+                    if p < hi and lo < p + x.nbytes:
+                        ok = False
+                        break
+        elif ok:                    # NumPy: flags.carray (C-contiguous, aligned, writeable)
+            for x, shape in zip(operands, self._shapes):
+                if (type(x) is not nd or not x.flags.carray or x.shape != shape
+                        or x.dtype != dtype):
+                    ok = False
+                    break
+            if ok and out is not None:
+                ok = out.flags.carray
+                for x in inputs:
+                    if np.may_share_memory(out, x):      # bounds check, in C
+                        ok = False
+                        break
         if self._gemm:
             if ok and type(alpha) in _REAL and type(beta) in _REAL:
                 alpha, beta = float(alpha), float(beta)
@@ -125,7 +148,7 @@ class Plan:
         if not ok:
             operands, alpha, beta = self._checked(operands, out, alpha, beta)
         if out is None:
-            out = self._alloc(self._out_shape, dtype=self._dtype)
+            out = self._alloc(self._out_shape, dtype=dtype)
         if self._no_work:
             return out
         if self._gemm:
@@ -133,24 +156,6 @@ class Plan:
         else:
             self.executor.run(operands, out)
         return out
-
-    def _apart(self, out, operands):
-        """Does ``out`` share no memory with the operands (C excepted when ``out`` is C,
-        the GEMM's in-place update)? Operands and ``out`` are C-contiguous here."""
-        if self._in_place and operands[2] is out:
-            operands = operands[:2]
-        if self._on_gpu:
-            lo = out.data.ptr
-            hi = lo + out.nbytes
-            for x in operands:
-                p = x.data.ptr
-                if p < hi and lo < p + x.nbytes:
-                    return False
-            return True
-        for x in operands:
-            if np.may_share_memory(out, x):          # bounds check, in C
-                return False
-        return True
 
     def _checked(self, operands, out, alpha, beta):
         """The call's checks in full, after a comparison failed: returns the operands

@@ -102,6 +102,9 @@ class Plan:
                 raise TypeError("stream= is for CuPy arrays; NumPy work runs on the host")
             with stream:
                 return self(*operands, out=out, alpha=alpha, beta=beta)
+        if self.reshape_inputs:             # a contraction planned with extents: views
+            operands = tuple(_validate.reshape_like(name, x, shape)
+                             for (name, shape, _), x in zip(self._inputs, operands))
         # Plain comparisons, inline (small calls are host-bound); _checked if one fails.
         nd, dtype = self._array_type, self._dtype
         ok = len(operands) == self._nargs
@@ -159,8 +162,8 @@ class Plan:
 
     def _checked(self, operands, out, alpha, beta):
         """The call's checks in full, after a comparison failed: returns the operands
-        to run (copied or reshaped where the class says so) and the scalars as floats,
-        or raises the error that names what is wrong."""
+        to run (copied where the class says so) and the scalars as floats, or raises the
+        error that names what is wrong."""
         n = len(operands)
         if self._beta_zero and n == 3:
             operands = operands[:2]                 # C is not read when beta == 0
@@ -170,9 +173,6 @@ class Plan:
         elif n != self._nargs:
             names = ", ".join(name for name, _, _ in self._inputs)
             raise TypeError(f"this plan takes {self._nargs} operands ({names}), got {n}")
-        if self.reshape_inputs:
-            operands = tuple(_validate.reshape_like(name, x, shape)
-                             for (name, shape, _), x in zip(self._inputs, operands))
         _validate.check_operands(self._inputs, operands, self.xp)
         if self._gemm:
             alpha = _validate.check_scalar("alpha", alpha)

@@ -179,6 +179,27 @@ def test_every_operation_repeated_calls(case, xp_name):
         assert rel_err(out, want) < 1e-12 and rel_err(res, want) < 1e-12
 
 
+@pytest.mark.parametrize("xp_name", array_modules())
+def test_contract_with_extents_repeated_calls(xp_name):
+    """A contraction planned with extents reads each call's operands as views of those
+    extents (step (4a): V[e, j1, j2, j3] as [j1 j2, j3, 1], B1d as [k3, j3, 1])."""
+    xp = xp_of(xp_name)
+    V, B1d = rng.random((7, 3, 3, 3)), rng.random((4, 3))
+    want = np.einsum("kc,eabc->eabk", B1d, V)
+    dV, dB = xp.asarray(V), xp.asarray(B1d)
+    ext = dict(i=9, s=3, j=1, k=4, l=1)
+    p = smalltc.plan("contract", dV, dB, kind="8a", extents=ext)
+    for call in (lambda **kw: smalltc.contract("8a", dV, dB, extents=ext, **kw),
+                 lambda **kw: p(dV, dB, **kw)):
+        for _ in range(2):
+            out = _poisoned(xp, (7, 9, 1, 4, 1))
+            assert call(out=out) is out
+            assert rel_err(out.reshape(7, 3, 3, 4), want) < 1e-12
+    with pytest.raises(ValueError, match=r"X has shape \(6, 3, 3, 3\), but this plan was built "
+                                         r"for \(7, 9, 3, 1\)"):
+        p(dV[:6], dB)
+
+
 @pytest.mark.parametrize("case", OPERATIONS, ids=OP_IDS)
 def test_read_only_operands_are_copied(case):
     """A read-only NumPy operand (the CPU kernels take writeable arrays) gives the

@@ -117,16 +117,17 @@ def test_errors_on_repeated_calls(xp_name):
             pl(A, B, C, out=np.empty((30, 3, 3)), beta=1.0)
 
 
-# (id, operand shapes, the public call, its float64 reference): one case per operation
+# (id, operand shapes, the public call, its float64 reference): one case per operation, at
+# sizes whose CPU kernels tests/test_operations.py compiles anyway
 OPERATIONS = [
     ("action", [(4, 3), (20, 4, 4, 4), (20, 3, 3, 3)],
      lambda B1d, D, V, **kw: smalltc.batched_contract(B1d, D, V, **kw), oracle.action),
     ("assembly", [(4, 3), (20, 4, 4, 4)],
      lambda B1d, D, **kw: smalltc.assemble_mass(B1d, D, **kw), oracle.assembly),
-    ("gemm", [(20, 3, 4), (4, 5), (20, 3, 5)],
+    ("gemm", [(5, 5), (20, 5, 5), (20, 5, 5)],
      lambda A, B, C, **kw: smalltc.batched_gemm(A, B, C, alpha=2.0, beta=0.5, **kw),
      lambda A, B, C: oracle.gemm(A, B, C, 2.0, 0.5, False, False)),
-    ("gemm-beta0", [(20, 3, 4), (4, 5)],
+    ("gemm-beta0", [(20, 5, 5), (20, 5, 5)],
      lambda A, B, **kw: smalltc.batched_gemm(A, B, **kw),
      lambda A, B: oracle.gemm(A, B, None, 1.0, 0.0, False, False)),
     ("contract", [(20, 3, 2, 4), (5, 2, 6)],
@@ -230,13 +231,14 @@ def test_one_plan_cache_for_every_operation(xp_name):
         call(*[x.copy() for x in ops])                  # other arrays, same signature
     assert list(_PLANS) == list(first) and all(_PLANS[k] is p for k, p in first.items())
     assert {p.spec.op for p in _PLANS.values()} == {"action", "assembly", "gemm", "contract"}
-    A, B, C = (xp.asarray(rng.random((6, 3, 3))) for _ in range(3))
+    A, B, C = (xp.asarray(rng.random((6, 5, 5))) for _ in range(3))
+    A2 = xp.asarray(rng.random((5, 5)))                  # shared by the batch
     X, Y = xp.asarray(rng.random((6, 3, 3, 1))), xp.asarray(rng.random((2, 3, 4)))
     variants = [lambda: smalltc.batched_gemm(A, B),
                 lambda: smalltc.batched_gemm(A, B, C),          # beta == 0: C not an operand
                 lambda: smalltc.batched_gemm(A, B, trans_a=True),
-                lambda: smalltc.batched_gemm(A, B, C, beta=1.0),
-                lambda: smalltc.batched_gemm(A, B, C, beta=-2.0),   # beta != 0 again
+                lambda: smalltc.batched_gemm(A2, B, C, beta=1.0),
+                lambda: smalltc.batched_gemm(A2, B, C, beta=-2.0),  # beta != 0 again
                 lambda: smalltc.batched_gemm(A, B, backend="reference"),
                 lambda: smalltc.contract("8a", X, Y),
                 lambda: smalltc.contract("8a", X, Y, extents=dict(i=6, s=3, j=1, k=2, l=4))]

@@ -6,12 +6,11 @@ the first device call, so "is there a GPU" is answered by a device query.
 from __future__ import annotations
 
 import functools
-from operator import attrgetter
 
 import numpy as np
 
 __all__ = ["cupy_or_none", "gpu_available", "array_module", "is_cupy", "is_array",
-           "c_contiguous", "usable_test", "data_range", "SUPPORTED_DTYPES"]
+           "c_contiguous", "usable", "data_range", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -81,25 +80,20 @@ def c_contiguous(a) -> bool:
     return a.flags.c_contiguous if c is None else c
 
 
-#: can a kernel take the array as it is: for CuPy, C-contiguous; for NumPy,
-#: C-contiguous, aligned and writeable (``flags.carray``: the CPU kernels' Numba
-#: signatures take writeable aligned arrays only)
-_USABLE = {"numpy": attrgetter("flags.carray"), "cupy": attrgetter("_c_contiguous")}
-
-
-def usable_test(xp):
-    """The test "can a kernel take this array of module ``xp`` as it is?", as one
-    C-level call (a plan runs it on every operand of every call).
+def usable(a) -> bool:
+    """Can a kernel take array ``a`` as it is? CuPy: C-contiguous. NumPy: C-contiguous,
+    aligned and writeable (``flags.carray``: the CPU kernels' Numba signatures take
+    writeable aligned arrays only). (:class:`smalltc.Plan` compares the same attributes
+    inline.)
 
     Examples
     --------
     >>> import numpy as np
-    >>> ok = usable_test(np)
     >>> x = np.zeros((3, 4))
-    >>> ok(x), ok(x.T), ok(np.broadcast_to(x[0], (3, 4)))
+    >>> usable(x), usable(x.T), usable(np.broadcast_to(x[0], (3, 4)))
     (True, False, False)
     """
-    return _USABLE[xp.__name__]
+    return a._c_contiguous if is_cupy(a) else a.flags.carray
 
 
 def data_range(a):

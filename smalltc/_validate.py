@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_array,
-                      is_cupy, usable_test)
+                      is_cupy, usable)
 from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec",
@@ -293,6 +293,6 @@ def reshape_like(name, x, shape):
 def as_usable(xp, x):
     """``x`` itself when a kernel can take it as it is, else a C-contiguous copy (same
     answer): a strided view, or a read-only or unaligned NumPy array."""
-    if usable_test(xp)(x):
+    if usable(x):
         return x
     return xp.array(x, order="C", copy=True)

@@ -1,4 +1,4 @@
-"""Array-module helpers: NumPy/CuPy detection, GPU probing, memory overlap.
+"""Array-module helpers: NumPy/CuPy detection, GPU probing, what a kernel can take.
 
 CuPy is optional. It may import on a machine without a GPU and fail only at
 the first device call, so "is there a GPU" is answered by a device query.
@@ -9,8 +9,8 @@ import functools
 
 import numpy as np
 
-__all__ = ["cupy_or_none", "gpu_available", "array_module", "is_cupy", "c_contiguous",
-           "data_range", "overlaps", "SUPPORTED_DTYPES"]
+__all__ = ["cupy_or_none", "gpu_available", "array_module", "is_cupy", "is_array",
+           "c_contiguous", "usable", "data_range", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -48,6 +48,11 @@ def is_cupy(x) -> bool:
     return nd is not None and isinstance(x, nd)
 
 
+def is_array(x) -> bool:
+    """Is ``x`` a NumPy or CuPy array (or an instance of a subclass)?"""
+    return isinstance(x, np.ndarray) or is_cupy(x)
+
+
 def array_module(*arrays):
     """The module (numpy or cupy) of ``arrays``; ``TypeError`` when mixed.
 
@@ -75,6 +80,22 @@ def c_contiguous(a) -> bool:
     return a.flags.c_contiguous if c is None else c
 
 
+def usable(a) -> bool:
+    """Can a kernel take array ``a`` as it is? CuPy: C-contiguous. NumPy: C-contiguous,
+    aligned and writeable (``flags.carray``: the CPU kernels' Numba signatures take
+    writeable aligned arrays only). (:class:`smalltc.Plan` compares the same attributes
+    inline.)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.zeros((3, 4))
+    >>> usable(x), usable(x.T), usable(np.broadcast_to(x[0], (3, 4)))
+    (True, False, False)
+    """
+    return a._c_contiguous if is_cupy(a) else a.flags.carray
+
+
 def data_range(a):
     """``(lo, hi)`` byte addresses spanned by array ``a`` (hi exclusive)."""
     if is_cupy(a):
@@ -94,25 +115,3 @@ def data_range(a):
         else:
             lo += (n - 1) * st
     return lo, hi + a.itemsize
-
-
-def overlaps(a, b) -> bool:
-    """Conservative test: do the memory extents of ``a`` and ``b`` overlap?
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> x = np.zeros(10)
-    >>> overlaps(x[:6], x[5:]), overlaps(x[:5], x[5:])
-    (True, False)
-    """
-    if a.size == 0 or b.size == 0:
-        return False
-    ca, cb = is_cupy(a), is_cupy(b)
-    if ca != cb:
-        return False
-    if not ca:
-        return bool(np.may_share_memory(a, b))       # bounds check, in C
-    alo, ahi = data_range(a)
-    blo, bhi = data_range(b)
-    return alo < bhi and blo < ahi

@@ -1,8 +1,10 @@
 """Operand checks: turn user arrays into a spec, or raise a clear error.
 
 Every message names the operand, its shape or dtype, and what was expected.
-Checks run once, when a plan is built; a plan's call re-checks only that the
-operands still match its spec.
+The ``*_spec`` functions run when a plan is built. A plan's call compares its
+operands with the spec itself and calls the ``check_*`` functions here only
+when a comparison fails: they raise the error that names the operand, or
+pass, and the call then converts what it documents it converts.
 """
 from __future__ import annotations
 
@@ -10,17 +12,18 @@ import math
 
 import numpy as np
 
-from ._arrays import SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_cupy
+from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_array,
+                      is_cupy, usable)
 from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec",
-           "check_operands", "check_out", "reshape_like", "as_contiguous", "check_scalar"]
+           "check_operands", "check_out", "reshape_like", "as_usable", "check_scalar"]
 
 
 def _as_array(name, x):
     if x is None:
         raise TypeError(f"{name} is None; expected an array")
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
+    if is_array(x):
         return x
     try:
         return np.asarray(x)
@@ -146,13 +149,12 @@ def gemm_spec(A, B, C, *, alpha, beta, trans_a, trans_b):
     if not batches:
         raise ValueError("A and B are both 2D; at least one must be a batch "
                          "(batch, rows, cols) array (use numpy.matmul for one product)")
-    spec = GemmSpec(batch=batches.pop(), m=m, n=n, k=ka, dtype=dtype, trans_a=trans_a,
-                    trans_b=trans_b, shared_a=A.ndim == 2, shared_b=B.ndim == 2,
+    spec = GemmSpec(batch=batches.pop(), m=m, n=n, k=ka, dtype=dtype, trans_a=bool(trans_a),
+                    trans_b=bool(trans_b), shared_a=A.ndim == 2, shared_b=B.ndim == 2,
                     beta_zero=beta == 0.0)
     if not spec.beta_zero and tuple(C.shape) != spec.out_shape:
         raise ValueError(f"C has shape {tuple(C.shape)}, expected {spec.out_shape}")
-    ops = (A, B, C if not spec.beta_zero else None)
-    return spec, xp, ops
+    return spec, xp, ((A, B) if spec.beta_zero else (A, B, C))   # the operands of spec.inputs
 
 
 def contract_spec(kind, X, Y, extents=None):
@@ -223,57 +225,74 @@ def reshape_like(name, x, shape):
     return x.reshape(shape)
 
 
-def check_operands(spec_shapes, operands):
-    """At call time: each operand still has the planned shape and dtype.
-
-    ``spec_shapes`` holds ``(name, shape tuple, numpy dtype)``; the common
-    case is two comparisons per operand.
-    """
-    for (name, shape, dtype), x in zip(spec_shapes, operands):
-        if x is None or (x.shape == shape and x.dtype == dtype):
-            continue
+def check_operands(inputs, operands, xp):
+    """At call time: each operand is an array of module ``xp`` with the planned shape
+    and dtype. ``inputs`` holds ``(name, shape, numpy dtype)`` per operand."""
+    for (name, shape, dtype), x in zip(inputs, operands):
+        if x is None:
+            raise TypeError(f"{name} is None; expected an array")
+        if not isinstance(x, xp.ndarray):
+            what = f"{type(x).__module__.split('.')[0]} array" if is_array(x) else \
+                type(x).__name__
+            raise TypeError(f"{name} is a {what}, but this plan was built for {xp.__name__} "
+                            "arrays")
         if tuple(x.shape) != tuple(shape):
             raise ValueError(f"{name} has shape {tuple(x.shape)}, but this plan was "
                              f"built for {tuple(shape)}")
-        raise TypeError(f"{name} has dtype {x.dtype}, but this plan was built for {dtype}")
+        if x.dtype != dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}, but this plan was built for "
+                            f"{dtype}")
 
 
-def check_out(out, shape, dtype, xp, inputs, allow=()):
-    """Validate a user ``out`` array: shape, dtype, module, contiguity, aliasing.
-
-    ``inputs``: ``(name, array or None)`` pairs that ``out`` must not overlap,
-    except those in ``allow`` (by identity). Called on every call with ``out=``,
-    so the common case (C-contiguous arrays) costs a few attribute reads.
-    """
-    if out.shape != shape and tuple(out.shape) != tuple(shape):
+def check_out(out, shape, dtype, xp, inputs):
+    """Validate a user ``out`` array: an array of module ``xp``, shape, dtype,
+    C-contiguous, writeable, apart from the ``inputs`` (``(name, array)`` pairs)."""
+    if not is_array(out):
+        raise TypeError(f"out must be a {xp.__name__} array of shape {tuple(shape)}, got "
+                        f"{type(out).__name__}")
+    if (xp.__name__ == "cupy") != is_cupy(out):
+        raise TypeError(f"out is a {type(out).__module__.split('.')[0]} array but the "
+                        f"operands are {xp.__name__} arrays")
+    if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(shape)}")
-    if out.dtype != dtype and np.dtype(out.dtype) != np.dtype(dtype):
+    if out.dtype != dtype:
         raise TypeError(f"out has dtype {out.dtype}, expected {dtype}")
-    on_gpu = is_cupy(out)
-    if (xp.__name__ == "cupy") != on_gpu:
-        raise TypeError(f"out is a {type(out).__module__} array but the operands are "
-                        f"{xp.__name__} arrays")
     if not c_contiguous(out):
         raise ValueError("out must be C-contiguous")
+    if isinstance(out, np.ndarray):
+        if not out.flags.writeable:
+            raise ValueError("out is read-only (its writeable flag is False); pass a "
+                             "writeable array")
+        if not out.flags.aligned:
+            raise ValueError(f"out is not aligned to its dtype ({dtype}); pass an array "
+                             "that NumPy allocated")
     if out.size == 0:
-        return out
-    if on_gpu:
+        return
+    if is_cupy(out):
         lo, hi = data_range(out)
     for name, x in inputs:
-        if x is None or x.size == 0 or any(x is a for a in allow):
+        if x.size == 0:
             continue
-        if on_gpu:                               # operands are all CuPy (checked at plan)
+        if is_cupy(out):
             xlo, xhi = data_range(x)
             hit = xlo < hi and lo < xhi
         else:
             hit = np.may_share_memory(out, x)    # bounds check, in C
         if hit:
             raise ValueError(f"out overlaps the input {name}; pass a separate buffer")
-    return out
 
 
-def as_contiguous(xp, x):
-    """``x`` itself when C-contiguous, else a contiguous copy (same answer)."""
-    if x is None or c_contiguous(x):
+def reshape_like(name, x, shape):
+    """``x`` seen with ``shape`` when the sizes agree (a view when possible)."""
+    if not is_array(x) or tuple(x.shape) == tuple(shape) or math.prod(x.shape) != \
+            math.prod(shape):
         return x
-    return xp.ascontiguousarray(x)
+    return x.reshape(shape)
+
+
+def as_usable(xp, x):
+    """``x`` itself when a kernel can take it as it is, else a C-contiguous copy (same
+    answer): a strided view, or a read-only or unaligned NumPy array."""
+    if usable(x):
+        return x
+    return xp.array(x, order="C", copy=True)

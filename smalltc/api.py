@@ -1,13 +1,21 @@
-"""The public operations: thin wrappers that build (or reuse) a plan and call it."""
+"""The public operations: thin wrappers that fetch (or build) a plan and call it.
+
+Each keys the plan cache (:func:`smalltc.plan.cached_plan`) on its call
+signature: the operation, the flags that choose the spec, and each operand's
+type, shape and dtype. A repeated call is a dictionary lookup and the plan's
+call, whose plain comparisons recheck everything a signature leaves out
+(contiguity, ``out``, scalars). A miss, or operands that are not arrays, goes
+through :mod:`smalltc._validate` to the spec first.
+"""
 from __future__ import annotations
 
-from . import _validate as V
-from .plan import build_plan
+from . import _validate
+from .plan import _PLANS, cached_plan
 
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract"]
 
 
-def batched_contract(B1d, D, V_, *, out=None, backend="auto", method="auto", stream=None):
+def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stream=None):
     """Partial-assembly mass action ``U_e = B^T D_e B V_e`` for every element.
 
     In 3D, ``U[e,i1,i2,i3] = sum_{k,j} B[k1,i1] B[k2,i2] B[k3,i3] D[e,k1,k2,k3]
@@ -24,13 +32,17 @@ def batched_contract(B1d, D, V_, *, out=None, backend="auto", method="auto", str
         Element degrees of freedom, optionally with a component axis (the
         same operator applied to each component).
     out : array, optional
-        Result buffer of V's shape and dtype; must not overlap the inputs.
+        Result buffer: an array of the operands' library, V's shape and
+        dtype, C-contiguous, writeable, not overlapping the inputs.
     backend : {"auto", "reference", "cpu", "cuda"}
         "auto" picks the fastest available one for the arrays' device.
     method : {"auto", "fused", "pairwise"}
-        One fused kernel, or the catalogue's steps (3a)-(4f).
+        One fused kernel ("auto"), or the catalogue's steps (3a)-(4f).
     stream : cupy.cuda.Stream, optional
         For CuPy arrays; default the current stream.
+
+    Operands that are not C-contiguous (and read-only NumPy arrays) are
+    copied first; the answer is the same.
 
     Returns
     -------
@@ -39,9 +51,12 @@ def batched_contract(B1d, D, V_, *, out=None, backend="auto", method="auto", str
     Raises
     ------
     ValueError
-        Shapes that do not fit together (the message names the operand).
+        Shapes that do not fit together (the message names the operand); an
+        ``out`` of the wrong shape, not C-contiguous, read-only or
+        overlapping an input.
     TypeError
-        Unsupported or mixed dtypes, NumPy mixed with CuPy arrays.
+        Unsupported or mixed dtypes, NumPy mixed with CuPy arrays, an ``out``
+        that is not an array of the operands' library.
 
     Examples
     --------
@@ -56,8 +71,17 @@ def batched_contract(B1d, D, V_, *, out=None, backend="auto", method="auto", str
     >>> bool(np.allclose(M @ V.reshape(100, -1, 1), U.reshape(100, -1, 1)))
     True
     """
-    spec, xp, ops = V.action_spec(B1d, D, V_)
-    return build_plan(spec, xp, backend, method)(*ops, out=out, stream=stream)
+    try:
+        key = ("action", backend, method, type(B1d), B1d.shape, B1d.dtype, type(D), D.shape,
+               D.dtype, type(V), V.shape, V.dtype)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):      # not arrays, or an unhashable argument
+        key = p = None
+    if p is None:
+        spec, xp, ops = _validate.action_spec(B1d, D, V)
+        p = cached_plan(key, (B1d, D, V), spec, xp, backend, method)
+        B1d, D, V = ops
+    return p(B1d, D, V, out=out, stream=stream)
 
 
 def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=None):
@@ -86,8 +110,17 @@ def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=Non
     array([[1.25, 0.25],
            [0.25, 1.25]])
     """
-    spec, xp, ops = V.assembly_spec(B1d, D)
-    return build_plan(spec, xp, backend, method)(*ops, out=out, stream=stream)
+    try:
+        key = ("assembly", backend, method, type(B1d), B1d.shape, B1d.dtype, type(D), D.shape,
+               D.dtype)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        key = p = None
+    if p is None:
+        spec, xp, ops = _validate.assembly_spec(B1d, D)
+        p = cached_plan(key, (B1d, D), spec, xp, backend, method)
+        B1d, D = ops
+    return p(B1d, D, out=out, stream=stream)
 
 
 def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
@@ -102,6 +135,10 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     C : array, shape (batch, m, n), optional
         Read only when ``beta != 0``. ``out=C`` updates C in place.
     alpha, beta : finite floats
+        ``beta == 0`` means C is not read (it may hold anything, NaN included).
+    trans_a, trans_b : bool
+        ``op(A) = A^T`` (``op(B) = B^T``): the operand is read transposed, in
+        place (no copy).
     out, backend, stream : as for :func:`batched_contract`.
 
     Returns
@@ -116,32 +153,22 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     array([[ 8., 10.],
            [12., 14.]])
     """
-    # Fast path for repeated calls (small GEMMs are host-bound): operands of a kind,
-    # shape and dtype already validated map straight to their plan, whose call re-checks
-    # shapes, dtypes, scalars and out; anything else takes the full path.
+    beta_zero = beta == 0                      # no C among the operands
     try:
-        key = (type(A), A.shape, A.dtype, type(B), B.shape, B.dtype,
-               None if C is None else (type(C), C.shape, C.dtype),
-               bool(trans_a), bool(trans_b), beta == 0, backend)
-        hit = _GEMM_PLANS.get(key)
-    except (AttributeError, TypeError):       # not arrays, or an unhashable argument
-        key, hit = None, None
-    if hit is not None:
-        return hit(A, B, None if beta == 0 else C, out=out, stream=stream, alpha=alpha,
-                   beta=beta)
-    spec, xp, ops = V.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
-                                trans_b=trans_b)
-    p = build_plan(spec, xp, backend, "auto")
-    if key is not None and ops[0] is A and ops[1] is B and (ops[2] is None or ops[2] is C):
-        if len(_GEMM_PLANS) >= 256:
-            _GEMM_PLANS.clear()
-        _GEMM_PLANS[key] = p
-    return p(*ops, out=out, stream=stream, alpha=alpha, beta=beta)
-
-
-#: batched_gemm's fast path: (operand kinds, shapes, dtypes, flags) -> validated plan;
-#: emptied with the plan cache when another tuning-table lookup is installed
-_GEMM_PLANS: dict = {}
+        key = ("gemm", backend, trans_a, trans_b, type(A), A.shape, A.dtype, type(B), B.shape,
+               B.dtype, None if beta_zero else (type(C), C.shape, C.dtype))
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError, ValueError):   # ValueError: an array's truth value
+        key = p = None
+    if p is None:
+        spec, xp, ops = _validate.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
+                                            trans_b=trans_b)
+        given = (A, B) if spec.beta_zero else (A, B, C)
+        p = cached_plan(key, given, spec, xp, backend, "auto")
+        return p(*ops, out=out, stream=stream, alpha=alpha, beta=beta)
+    if beta_zero:
+        return p(A, B, out=out, stream=stream, alpha=alpha, beta=beta)
+    return p(A, B, C, out=out, stream=stream, alpha=alpha, beta=beta)
 
 
 def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None):
@@ -160,6 +187,7 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
     extents : dict, optional
         ``i, s, j, k, l``: read X and Y with these extents (a reshape of
         the same storage, e.g. a tensor ``[j1, j2, j3]`` as ``[j1*j2, j3, 1]``).
+    out, backend, stream : as for :func:`batched_contract`.
 
     Returns
     -------
@@ -176,5 +204,14 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
     >>> bool(np.allclose(A.reshape(7, 3, 3, 4), np.einsum('kc,eabc->eabk', B1d, V)))
     True
     """
-    spec, xp, ops = V.contract_spec(kind, X, Y, extents=extents)
-    return build_plan(spec, xp, backend, "auto")(*ops, out=out, stream=stream)
+    try:
+        key = ("contract", backend, kind, None if extents is None else tuple(extents.items()),
+               type(X), X.shape, X.dtype, type(Y), Y.shape, Y.dtype)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        key = p = None
+    if p is None:
+        spec, xp, ops = _validate.contract_spec(kind, X, Y, extents=extents)
+        p = cached_plan(key, (X, Y), spec, xp, backend, "auto", extents is not None)
+        X, Y = ops
+    return p(X, Y, out=out, stream=stream)

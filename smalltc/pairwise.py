@@ -8,9 +8,10 @@ fused kernels must beat.
 """
 from __future__ import annotations
 
+from ._arrays import array_module
 from .backends.base import Executor
 from .catalogue import steps
-from .spec import ActionSpec, ContractSpec
+from .spec import ContractSpec
 
 __all__ = ["PairwiseExecutor"]
 
@@ -22,7 +23,7 @@ class PairwiseExecutor(Executor):
         self.spec = spec
         self.steps = steps(spec.op, spec.dim)
         nd, nq = spec.nd, spec.nq
-        nbatch = spec.batch * (spec.ncomp if isinstance(spec, ActionSpec) else 1)
+        nbatch = spec.batch * (spec.ncomp if spec.op == "action" else 1)
         self._nbatch = nbatch
         self._subs = []
         for st in self.steps:
@@ -36,12 +37,9 @@ class PairwiseExecutor(Executor):
         self.params = {st.label: ex.params for st, _, ex in self._subs if ex.params}
 
     def run(self, operands, out, **scalars):
-        from ._arrays import array_module
         spec = self.spec
-        if isinstance(spec, ActionSpec):
-            B1d, D, V = operands
-        else:
-            (B1d, D), V = operands, None
+        B1d, D = operands[0], operands[1]
+        V = operands[2] if spec.op == "action" else None
         xp = array_module(B1d)
         nq, n = spec.nq, self._nbatch
         prev = None

@@ -1,38 +1,36 @@
 """Plans: validate and choose a kernel once, then run it many times.
 
-``smalltc.batched_contract`` and friends are thin wrappers: they build (or
-fetch from a small in-process cache) a :class:`Plan` and call it.
+:func:`plan` builds a :class:`Plan` from example operands. The public
+operations (``smalltc.batched_contract`` and friends) share one cache of
+plans keyed on their call signature (:func:`cached_plan`), so a repeated call
+costs a dictionary lookup, the plan's comparisons and the kernel.
 """
 from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
 
 import numpy as np
 
-from . import _validate as V
-from ._arrays import c_contiguous
+from . import _validate
+from ._arrays import is_array
 from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
-from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
-__all__ = ["Plan", "plan", "build_plan"]
+__all__ = ["Plan", "plan", "build_plan", "cached_plan"]
 
 log = logging.getLogger("smalltc")
 
 _METHODS = ("auto", "fused", "pairwise")
-_REAL = (float, int, np.float64, np.float32)     # scalars the fast path takes as they are
-_PLANS: OrderedDict = OrderedDict()
-_MAX_PLANS = 256
+_REAL = (float, int, np.float64, np.float32)     # scalars a call takes without conversion
 _WARNED: set = set()
 
-
-def clear_plans():
-    """Forget the cached plans (a new tuning-table lookup chooses kernels afresh)."""
-    _PLANS.clear()
-
-
+#: the public operations' plans: call signature -> Plan. A signature is the operation,
+#: its spec-choosing flags (GEMM trans flags and beta == 0, contract kind and extents,
+#: backend, method) and each operand's type, shape and dtype; operands that are not
+#: arrays are keyed by the spec they convert to. Oldest entry dropped beyond _MAX_PLANS.
+_PLANS: dict = {}
+_MAX_PLANS = 256
 
 
 class Plan:
@@ -43,29 +41,43 @@ class Plan:
     ``stream=`` (a CuPy stream; None is the current stream) and, for GEMM,
     ``alpha``/``beta``.
 
+    A call compares each operand with the spec (exact array type, shape,
+    dtype, C-contiguous; for NumPy also aligned and writeable), ``out`` as
+    planned and apart from the inputs (``out=C`` is the GEMM's in-place
+    update), and finite real scalars whose ``beta == 0`` is the planned one.
+    When a comparison fails, the full checks run: an operand that is not
+    C-contiguous (or a read-only NumPy array) is copied, a contraction planned
+    with ``extents`` reshapes its operands, and anything else raises the error
+    that names the operand.
+
     Attributes
     ----------
     spec : the frozen spec (sizes, dtype, layout)
     backend : str
     method : "fused" or "pairwise"
     kernel, params, specialized, source : from the backend's executor
+    fallbacks : the backends tried first that could not run the spec, and why
     """
 
-    def __init__(self, spec, xp, backend, method, executor, shapes, fallbacks=()):
+    def __init__(self, spec, xp, backend, method, executor, fallbacks=(),
+                 reshape_inputs=False):
         self.spec, self.xp, self.backend, self.method = spec, xp, backend, method
         self.executor = executor
-        self._shapes = tuple((n, tuple(sh), np.dtype(dt)) for n, sh, dt in shapes)
-        self._names = tuple(n for n, _, _ in self._shapes)
-        self._on_gpu = xp.__name__ == "cupy"
-        self._is_gemm = isinstance(spec, GemmSpec)
-        self._out_shape, self._dtype = tuple(spec.out_shape), np.dtype(spec.dtype)
         self.fallbacks = tuple(fallbacks)
-        self.reshape_inputs = False
-        # the CuPy fast path's constants (see _call_fast)
-        self._nd = xp.ndarray if self._on_gpu else None
-        self._beta_zero = self._is_gemm and spec.beta_zero
-        self._fast_ok = self._on_gpu and math.prod(self._out_shape) > 0 and all(
-            math.prod(sh) > 0 for _, sh, _ in self._shapes)
+        self.reshape_inputs = reshape_inputs
+        dtype = np.dtype(spec.dtype)
+        # what a call compares, precomputed
+        self._inputs = tuple((o.name, tuple(o.shape), dtype) for o in spec.inputs)
+        self._shapes = tuple(shape for _, shape, _ in self._inputs)
+        self._nargs = len(self._inputs)
+        self._out_shape, self._dtype = tuple(spec.out_shape), dtype
+        self._no_work = math.prod(self._out_shape) == 0
+        self._gemm = spec.op == "gemm"
+        self._beta_zero = self._gemm and spec.beta_zero
+        self._in_place = self._gemm and not spec.beta_zero      # out=C may be given
+        self._pad = (None,) if self._beta_zero else ()          # GEMM executors take C or None
+        self._on_gpu = xp.__name__ == "cupy"
+        self._array_type, self._alloc = xp.ndarray, xp.empty
 
     kernel = property(lambda self: self.executor.kernel)
     params = property(lambda self: dict(self.executor.params))
@@ -84,139 +96,120 @@ class Plan:
                 f"  params: {params} (source: {self.source})\n"
                 f"  specialized={self.specialized}{fb}>")
 
-    def _call_fast(self, ops, out, alpha, beta):
-        """The call for CuPy operands that are all as planned (exact type, shape, dtype,
-        C-contiguous, ``out`` apart from the inputs, finite scalars): the same checks
-        as the general path, as plain comparisons, and no conversions. Returns None,
-        having done nothing, for anything else; the general path then converts what
-        it may and raises the error that names the operand."""
-        nd = self._nd
-        if self._is_gemm:
-            if len(ops) == 2:
-                ops += (None,)
-            elif len(ops) != 3:
-                return None
-            if self._beta_zero:
-                ops = (ops[0], ops[1], None)           # C is not read when beta == 0
-            elif ops[2] is None:
-                return None
-        elif len(ops) != len(self._shapes) or self.reshape_inputs:
-            return None
-        for x, (_, shape, dtype) in zip(ops, self._shapes):
-            if x is not None and (type(x) is not nd or not x._c_contiguous
-                                  or x.shape != shape or x.dtype != dtype):
-                return None
-        if out is None:
-            out = self.xp.empty(self._out_shape, dtype=self._dtype)
-        else:
-            if (type(out) is not nd or not out._c_contiguous or out.shape != self._out_shape
-                    or out.dtype != self._dtype):
-                return None
-            lo = out.data.ptr
-            hi = lo + out.nbytes
-            allow = ops[2] if self._is_gemm else None     # out=C: the in-place update
-            for x in ops:
-                if x is not None and x is not allow:
-                    p = x.data.ptr
-                    if p < hi and lo < p + x.nbytes:
-                        return None
-        if self._is_gemm:
-            if type(alpha) not in _REAL or type(beta) not in _REAL:
-                return None
-            a, b = float(alpha), float(beta)
-            if a - a != 0.0 or b - b != 0.0 or (b == 0.0) != self._beta_zero:
-                return None                             # inf or nan; the other beta
-            self.executor.run(ops, out, alpha=a, beta=b)
-        else:
-            self.executor.run(ops, out)
-        return out
-
     def __call__(self, *operands, out=None, stream=None, alpha=1.0, beta=0.0):
-        # A small GEMM's kernel lasts a few microseconds, so the usual call (CuPy
-        # operands as planned) takes the fast path: comparisons, no conversions.
-        if self._fast_ok and stream is None:
-            res = self._call_fast(operands, out, alpha, beta)
-            if res is not None:
-                return res
-        if self._is_gemm:
-            operands = (operands + (None,))[:3]
-            if self.spec.beta_zero:
-                operands = operands[:2] + (None,)      # C is not read when beta == 0
-            elif operands[2] is None:
-                raise ValueError("C is missing: this plan was built for beta != 0, which "
-                                 "reads C (pass C, or out=C for the in-place update)")
-        elif self.reshape_inputs:
-            operands = tuple(V.reshape_like(name, x, shape)
-                             for (name, shape, _), x in zip(self._shapes, operands))
-        V.check_operands(self._shapes, operands)
-        if out is None:
-            out = self.xp.empty(self._out_shape, dtype=self._dtype)
-        else:
-            allow = ()
-            if self._is_gemm and not self.spec.beta_zero:
-                allow = (operands[2],)          # out=C: the classic in-place update
-            V.check_out(out, self._out_shape, self._dtype, self.xp,
-                        zip(self._names, operands), allow)
-        for x in operands:
-            if x is not None and not c_contiguous(x):
-                operands = tuple(V.as_contiguous(self.xp, x) for x in operands)
-                break
-        if self._is_gemm:
-            a, b = V.check_scalar("alpha", alpha), V.check_scalar("beta", beta)
-            if (b == 0.0) != self.spec.beta_zero:
-                raise ValueError(f"this plan was built for beta{'==' if self.spec.beta_zero else '!='}0,"
-                                 f" got beta={beta}")
-            scalars = dict(alpha=a, beta=b)
-        else:
-            scalars = {}
-        if out.size == 0:
-            return out
         if stream is not None:
             if not self._on_gpu:
                 raise TypeError("stream= is for CuPy arrays; NumPy work runs on the host")
             with stream:
-                self.executor.run(operands, out, **scalars)
+                return self(*operands, out=out, alpha=alpha, beta=beta)
+        if self.reshape_inputs:             # a contraction planned with extents: views
+            operands = tuple(_validate.reshape_like(name, x, shape)
+                             for (name, shape, _), x in zip(self._inputs, operands))
+        # Plain comparisons, inline (small calls are host-bound); _checked if one fails.
+        nd, dtype = self._array_type, self._dtype
+        ok = len(operands) == self._nargs
+        if ok and out is not None:
+            ok = type(out) is nd and out.shape == self._out_shape and out.dtype == dtype
+            # out must be apart from the inputs, but out=C is the GEMM's in-place update
+            inputs = operands[:2] if self._in_place and operands[2] is out else operands
+        if ok and self._on_gpu:     # CuPy: _c_contiguous (its flags object is built per access)
+            for x, shape in zip(operands, self._shapes):
+                if (type(x) is not nd or not x._c_contiguous or x.shape != shape
+                        or x.dtype != dtype):
+                    ok = False
+                    break
+            if ok and out is not None:
+                ok = out._c_contiguous
+                lo = out.data.ptr
+                hi = lo + out.nbytes
+                for x in inputs:
+                    p = x.data.ptr
+                    if p < hi and lo < p + x.nbytes:
+                        ok = False
+                        break
+        elif ok:                    # NumPy: flags.carray (C-contiguous, aligned, writeable)
+            for x, shape in zip(operands, self._shapes):
+                if (type(x) is not nd or not x.flags.carray or x.shape != shape
+                        or x.dtype != dtype):
+                    ok = False
+                    break
+            if ok and out is not None:
+                ok = out.flags.carray
+                for x in inputs:
+                    if np.may_share_memory(out, x):      # bounds check, in C
+                        ok = False
+                        break
+        if self._gemm:
+            if ok and type(alpha) in _REAL and type(beta) in _REAL:
+                alpha, beta = float(alpha), float(beta)
+                ok = alpha - alpha == 0.0 and beta - beta == 0.0 and (
+                    beta == 0.0) == self._beta_zero          # finite; the planned beta == 0
+            else:
+                ok = False
+        elif alpha != 1.0 or beta != 0.0:
+            ok = False
+        if not ok:
+            operands, alpha, beta = self._checked(operands, out, alpha, beta)
+        if out is None:
+            out = self._alloc(self._out_shape, dtype=dtype)
+        if self._no_work:
+            return out
+        if self._gemm:
+            self.executor.run(operands + self._pad, out, alpha=alpha, beta=beta)
         else:
-            self.executor.run(operands, out, **scalars)
+            self.executor.run(operands, out)
         return out
 
+    def _checked(self, operands, out, alpha, beta):
+        """The call's checks in full, after a comparison failed: returns the operands
+        to run (copied where the class says so) and the scalars as floats, or raises the
+        error that names what is wrong."""
+        n = len(operands)
+        if self._beta_zero and n == 3:
+            operands = operands[:2]                 # C is not read when beta == 0
+        elif self._in_place and n == 2:
+            raise ValueError("C is missing: this plan was built for beta != 0, which "
+                             "reads C (pass C, or out=C for the in-place update)")
+        elif n != self._nargs:
+            names = ", ".join(name for name, _, _ in self._inputs)
+            raise TypeError(f"this plan takes {self._nargs} operands ({names}), got {n}")
+        _validate.check_operands(self._inputs, operands, self.xp)
+        if self._gemm:
+            alpha = _validate.check_scalar("alpha", alpha)
+            beta = _validate.check_scalar("beta", beta)
+            if (beta == 0.0) != self._beta_zero:
+                built = "beta==0" if self._beta_zero else "beta!=0"
+                raise ValueError(f"this plan was built for {built}, got beta={beta}")
+        elif alpha != 1.0 or beta != 0.0:
+            raise TypeError(f"alpha and beta are GEMM options; this plan runs {self.spec}")
+        if out is not None:
+            named = [(name, x) for (name, _, _), x in zip(self._inputs, operands)]
+            if self._in_place and operands[2] is out:
+                named = named[:2]
+            _validate.check_out(out, self._out_shape, self._dtype, self.xp, named)
+        return tuple(_validate.as_usable(self.xp, x) for x in operands), alpha, beta
 
-def _shapes(spec):
-    dt = spec.dtype
-    if isinstance(spec, ActionSpec):
-        return (("B1d", spec.b_shape, dt), ("D", spec.d_shape, dt), ("V", spec.v_shape, dt))
-    if isinstance(spec, AssemblySpec):
-        return (("B1d", spec.b_shape, dt), ("D", spec.d_shape, dt))
-    if isinstance(spec, GemmSpec):
-        c = ("C", spec.out_shape, dt)
-        return (("A", spec.a_shape, dt), ("B", spec.b_shape, dt), c)
-    if isinstance(spec, ContractSpec):
-        return (("X", spec.x_shape, dt), ("Y", spec.y_shape, dt))
-    raise TypeError(f"not a spec: {spec!r}")
 
-
-def build_plan(spec, xp, backend="auto", method="auto"):
-    """Build (or fetch) the plan for ``spec`` on arrays of module ``xp``."""
+def build_plan(spec, xp, backend="auto", method="auto", params=None, reshape_inputs=False):
+    """A new plan for ``spec`` on arrays of module ``xp`` (the kernels underneath are
+    cached by the backends). ``params``: see :func:`plan`."""
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if method == "pairwise" and not isinstance(spec, (ActionSpec, AssemblySpec)):
+    pairwise = method == "pairwise"
+    if pairwise and spec.op not in ("action", "assembly"):
         raise ValueError(f"method='pairwise' applies to the action and assembly, not {spec.op}")
-    key = (spec, xp.__name__, backend, method)
-    hit = _PLANS.get(key)
-    if hit is not None:
-        _PLANS.move_to_end(key)
-        return hit
+    if pairwise and params is not None:
+        raise ValueError("params choose the fused kernel's tuning; method='pairwise' runs "
+                         "the contraction kernels with their own")
     fallbacks = []
     for be in candidates(xp.__name__, backend):
-        m = method
-        if m == "auto":
-            m = "fused" if "fused" in be.methods or not isinstance(
-                spec, (ActionSpec, AssemblySpec)) else "pairwise"
         try:
-            if m == "pairwise":
+            if pairwise:
                 ex = PairwiseExecutor(be, spec)
-            else:
+            elif params is None:
                 ex = be.build(spec)
+            else:
+                ex = be.build(spec, params=params)
         except Unsupported as err:
             fallbacks.append(f"{be.name}: {err}")
             _warn_once((spec.kernel_key(), be.name),
@@ -226,12 +219,27 @@ def build_plan(spec, xp, backend="auto", method="auto"):
             _warn_once((spec.kernel_key(), be.name, "generic"),
                        "smalltc: no size-specialised %s kernel for %s; using the generic "
                        "kernel %s", be.name, spec, ex.kernel)
-        p = Plan(spec, xp, be.name, m, ex, _shapes(spec), fallbacks)
-        _PLANS[key] = p
-        if len(_PLANS) > _MAX_PLANS:
-            _PLANS.popitem(last=False)
-        return p
+        return Plan(spec, xp, be.name, "pairwise" if pairwise else "fused", ex, fallbacks,
+                    reshape_inputs)
     raise RuntimeError(f"no backend can run {spec}: " + "; ".join(fallbacks))
+
+
+def cached_plan(key, given, spec, xp, backend, method, reshape_inputs=False):
+    """The public operations' plan for call signature ``key``, built on the first request.
+
+    ``given`` are the caller's operands: where one is not an array (it was converted
+    on the way to ``spec``), or ``key`` is None (no signature could be made), the spec
+    keys the plan instead.
+    """
+    if key is None or not all(map(is_array, given)):
+        key = (spec, xp.__name__, backend, method, reshape_inputs)
+    p = _PLANS.get(key)
+    if p is None:
+        p = build_plan(spec, xp, backend, method, reshape_inputs=reshape_inputs)
+        if len(_PLANS) >= _MAX_PLANS:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = p
+    return p
 
 
 def _warn_once(key, msg, *args):
@@ -241,8 +249,11 @@ def _warn_once(key, msg, *args):
 
 
 def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
-         trans_a=False, trans_b=False, kind=None, extents=None):
+         trans_a=False, trans_b=False, kind=None, extents=None, params=None):
     """Build a reusable plan for ``op`` from example operands.
+
+    Every call builds a new :class:`Plan` (compiled kernels are cached
+    underneath, so a second plan of the same sizes compiles nothing).
 
     Parameters
     ----------
@@ -255,16 +266,27 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     backend : str
         "auto", "reference", "cpu" or "cuda".
     method : {"auto", "fused", "pairwise"}
-        For the action and assembly: one fused kernel, or the catalogue's
-        pairwise steps.
+        For the action and assembly: one fused kernel ("auto"), or the
+        catalogue's pairwise steps.
     alpha, beta, trans_a, trans_b : GEMM options (``beta != 0`` needs C).
     kind, extents : for ``op="contract"``: "8a", "8b" or "9", and optional
         reshaping extents (dict i, s, j, k, l).
+    params : dict, optional
+        Tuning parameters of the kernel family (tile and thread-block shapes,
+        items per block, ...), passed to the backend's ``build``: for experts
+        and tests. Parameters that do not fit raise ``ValueError``. None (the
+        default): the backend chooses (its tuning table, else its heuristic).
 
     Returns
     -------
     Plan
         Call it as ``p(*operands, out=None, stream=None)``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Operands that do not fit together (the message names the operand), an
+        unknown ``op``, ``method`` or backend, ``params`` that do not fit.
 
     Examples
     --------
@@ -277,20 +299,21 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     >>> U = p(B1d, D, V)
     >>> U.shape
     (10, 3, 3, 3)
+    >>> smalltc.plan("action", B1d, D, V, backend="reference", params={"T": 4})
+    Traceback (most recent call last):
+    ...
+    ValueError: the reference backend has no tuning parameters; got params {'T': 4}
     """
     if op == "action":
-        spec, xp, _ = V.action_spec(*operands)
+        spec, xp, _ = _validate.action_spec(*operands)
     elif op == "assembly":
-        spec, xp, _ = V.assembly_spec(*operands)
+        spec, xp, _ = _validate.assembly_spec(*operands)
     elif op == "gemm":
         A, B, *rest = operands
-        spec, xp, _ = V.gemm_spec(A, B, rest[0] if rest else None, alpha=alpha, beta=beta,
-                                  trans_a=trans_a, trans_b=trans_b)
+        spec, xp, _ = _validate.gemm_spec(A, B, rest[0] if rest else None, alpha=alpha,
+                                          beta=beta, trans_a=trans_a, trans_b=trans_b)
     elif op == "contract":
-        spec, xp, _ = V.contract_spec(kind, *operands, extents=extents)
-        p = build_plan(spec, xp, backend, method)
-        p.reshape_inputs = p.reshape_inputs or extents is not None
-        return p
+        spec, xp, _ = _validate.contract_spec(kind, *operands, extents=extents)
     else:
         raise ValueError(f"op must be 'action', 'assembly', 'gemm' or 'contract', got {op!r}")
-    return build_plan(spec, xp, backend, method)
+    return build_plan(spec, xp, backend, method, params, reshape_inputs=extents is not None)

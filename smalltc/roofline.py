@@ -59,7 +59,6 @@ import numpy as np
 
 from ._arrays import cupy_or_none, gpu_available
 from .catalogue import STEPS
-from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["Bound", "Counts", "Probe", "counts", "bound", "probe", "bandwidth", "peak",
            "device_kind", "device_name", "device_slug"]
@@ -172,6 +171,11 @@ def _step_counts(sizes, s):
     return Counts(f"step {label}", c.bytes, c.flops, batch)
 
 
+#: op -> its count function of (sizes, bytes per scalar)
+_COUNTS = {"gemm": _gemm_counts, "action": _action_counts, "assembly": _assembly_counts,
+           "contract": _contract_counts, "step": _step_counts}
+
+
 def counts(op, sizes=None, dtype="float64") -> Counts:
     """Bytes and flops of one batched operation (SPEC section 4).
 
@@ -184,7 +188,7 @@ def counts(op, sizes=None, dtype="float64") -> Counts:
         j, k, l, batch, shared_x, shared_y), ``"step"`` (label such as
         ``"(4c)"``, p or nd, nq, batch) or a step label itself; or a spec
         object of :mod:`smalltc.spec` (then ``sizes`` and ``dtype`` come
-        from it).
+        from it: ``spec.sizes()``, ``spec.dtype``).
     sizes : dict
     dtype : "float32" or "float64"
 
@@ -195,37 +199,23 @@ def counts(op, sizes=None, dtype="float64") -> Counts:
     (3840, 1280)
     >>> counts("(4f)", dict(p=1, nq=2, batch=1)).flops   # U = B^T C, 2 x 2 by 2 x 4
     32
+    >>> from smalltc.spec import ActionSpec
+    >>> counts(ActionSpec(dim=3, nq=5, nd=4, batch=10, dtype="float32")).bytes
+    10200
     """
-    if isinstance(op, (GemmSpec, ActionSpec, AssemblySpec, ContractSpec)):
-        sizes, dtype, op = _spec_sizes(op), op.dtype, op.op
+    if not isinstance(op, str):                  # a spec brings its sizes and dtype
+        if not hasattr(op, "sizes"):
+            raise ValueError(f"op must be an op name, a step label or a spec, got {op!r}")
+        sizes, dtype, op = op.sizes(), op.dtype, op.op
     sizes = dict(sizes or {})
     s = _itemsize(dtype)
-    if op == "gemm":
-        return _gemm_counts(sizes, s)
-    if op == "action":
-        return _action_counts(sizes, s)
-    if op == "assembly":
-        return _assembly_counts(sizes, s)
-    if op == "contract":
-        return _contract_counts(sizes, s)
-    if op == "step":
-        return _step_counts(sizes, s)
-    if isinstance(op, str) and op.startswith("("):
+    fn = _COUNTS.get(op)
+    if fn is not None:
+        return fn(sizes, s)
+    if op.startswith("("):
         return _step_counts(dict(sizes, label=op), s)
     raise ValueError(f"op must be 'gemm', 'action', 'assembly', 'contract', 'step', a step "
                      f"label or a spec, got {op!r}")
-
-
-def _spec_sizes(spec) -> dict:
-    if isinstance(spec, GemmSpec):
-        return dict(m=spec.m, n=spec.n, k=spec.k, batch=spec.batch, beta_zero=spec.beta_zero,
-                    shared_a=spec.shared_a, shared_b=spec.shared_b)
-    if isinstance(spec, ActionSpec):
-        return dict(dim=spec.dim, nd=spec.nd, nq=spec.nq, batch=spec.batch, ncomp=spec.ncomp)
-    if isinstance(spec, AssemblySpec):
-        return dict(dim=spec.dim, nd=spec.nd, nq=spec.nq, batch=spec.batch)
-    return dict(kind=spec.kind, i=spec.i, s=spec.s, j=spec.j, k=spec.k, l=spec.l,
-                batch=spec.batch, shared_x=spec.shared_x, shared_y=spec.shared_y)
 
 
 # ----------------------------------------------------------------------------
@@ -300,7 +290,7 @@ def bound(op, sizes=None, dtype="float64", device=None, *, bandwidth=None, peak=
     >>> b.bytes == 4 * (100 * (4**3 + 3**6) + 4 * 3)
     True
     """
-    if isinstance(op, (GemmSpec, ActionSpec, AssemblySpec, ContractSpec)):
+    if not isinstance(op, str):
         dtype = op.dtype
     c = counts(op, sizes, dtype)
     dtype = np.dtype(dtype).name

@@ -142,6 +142,35 @@ def test_gemm_beta_case_checks_c(monkeypatch):
     assert rec["bound"]["bytes"] == 4 * 20 * 4 * 9
 
 
+SPEC_CASES = [  # each case op, with the flags that change its operands
+    Case("gemm", "gemm", dict(m=3, n=4, k=2, batch=5, beta=0.5, shared_a=True), "float64"),
+    Case("gemm", "gemm", dict(m=2, n=2, k=2, batch=5, beta=0.0, shared_b=True), "float32"),
+    Case("action", "action", dict(dim=2, p=2, nq=4, ncomp=3, batch=5), "float64"),
+    Case("action", "action", dict(dim=3, p=1, nq=3, ncomp=1, batch=5), "float32"),
+    Case("assembly", "assembly", dict(dim=2, p=2, nq=3, batch=5), "float64"),
+    Case("pairwise", "step", dict(label="(4c)", p=2, nq=4, batch=5), "float64"),
+    Case("pairwise", "step", dict(label="(2b)", p=1, nq=3, batch=5), "float64"),
+]
+
+
+@pytest.mark.parametrize("case", SPEC_CASES, ids=lambda c: c.id)
+def test_case_spec_is_the_plans_spec(case):
+    """The spec a case names is the one smalltc derives from the case's operands, and
+    its inputs and result are the operands, batched flags and out shape the bench uses."""
+    import smalltc
+    spec = bench_cases.case_spec(case)
+    ops = bench_cases.make_inputs(case, np)
+    kw = dict(beta=case.sizes.get("beta", 0.0)) if spec.op == "gemm" else {}
+    plan = smalltc.plan(spec.op, *ops, backend="reference", kind=getattr(spec, "kind", None),
+                        **kw)
+    assert plan.spec == spec
+    assert [o.shape for o in ops] == [o.shape for o in spec.inputs]
+    assert bench_cases.batched_flags(case) == [o.batched for o in spec.inputs]
+    assert bench_cases.out_shape(case) == spec.out_shape
+    ref = bench_cases.reference(case, ops)
+    assert ref.shape == spec.out_shape or ref.size == math.prod(spec.out_shape)
+
+
 def test_suites_cover_the_issue():
     g = suites.cases("gemm", "float64", "gpu")
     sq = [c for c in g if c.sizes["m"] == c.sizes["n"] == c.sizes["k"]]

@@ -3,8 +3,10 @@ import math
 
 import pytest
 
+from smalltc.backends.reference import ReferenceBackend
 from smalltc.catalogue import STEPS, steps
-from smalltc.spec import ContractSpec
+from smalltc.pairwise import PairwiseExecutor
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec
 
 SIZES = [(2, 3), (3, 3), (4, 6), (9, 10)]
 
@@ -47,3 +49,30 @@ def test_labels_cover_the_papers_table():
 def test_unknown_op():
     with pytest.raises(ValueError, match=r"no pairwise steps for op='mass', dim=2"):
         steps("mass", 2)
+
+
+class _Recording(ReferenceBackend):
+    def __init__(self):
+        self.calls = []
+
+    def build(self, spec, *args, **kwargs):
+        self.calls.append((spec, args, kwargs))
+        return super().build(spec)
+
+
+@pytest.mark.parametrize("spec", [
+    ActionSpec(dim=3, nq=4, nd=3, batch=5, dtype="float64", ncomp=2, comp_axis=True),
+    ActionSpec(dim=1, nq=3, nd=2, batch=5, dtype="float32"),
+    AssemblySpec(dim=2, nq=4, nd=3, batch=5, dtype="float64")])
+def test_pairwise_builds_each_step_through_the_backend(spec):
+    """The pairwise executor asks the backend for each step's contraction as
+    ``build(spec)`` (the backend chooses its parameters), batched over elements and
+    components, B1d shared."""
+    be = _Recording()
+    ex = PairwiseExecutor(be, spec)
+    ncomp = spec.ncomp if spec.op == "action" else 1
+    want = [ContractSpec(kind=st.kernel, batch=spec.batch * ncomp, dtype=spec.dtype,
+                         shared_x=st.x[0] == "B", shared_y=st.y[0] == "B",
+                         **st.extents(spec.nd, spec.nq)) for st in steps(spec.op, spec.dim)]
+    assert be.calls == [(cs, (), {}) for cs in want]
+    assert ex.kernel.startswith(f"pairwise {steps(spec.op, spec.dim)[0].label}:einsum")

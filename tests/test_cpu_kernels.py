@@ -6,6 +6,7 @@ kernels is kept small: the generic kernels take the many-sizes cases, a few
 specialised ones cover each template branch.
 """
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import smalltc
-from smalltc.backends import Unsupported, get
+from smalltc.backends import get
 from smalltc.backends import _cpu_codegen, _cpu_kernels
 from smalltc.backends.reference import action_einsum, assembly_einsum, contract_einsum
 from smalltc.spec import ActionSpec
@@ -203,7 +204,8 @@ def test_in_process_cache_hit():
     assert second.fn is first.fn and second.compile_s == 0.0
     p1 = smalltc.plan("gemm", np.ones((4, 2, 2)), np.ones((4, 2, 2)), backend="cpu")
     p2 = smalltc.plan("gemm", np.ones((4, 2, 2)), np.ones((4, 2, 2)), backend="cpu")
-    assert p1 is p2
+    assert p1 is not p2 and p1.executor.fn is p2.executor.fn    # a new plan, the same kernel
+    assert p2.executor.compile_s == 0.0
 
 
 def test_disk_cache_in_fresh_processes(tmp_path):
@@ -248,10 +250,17 @@ def test_auto_picks_cpu_for_numpy():
     assert smalltc.plan("action", B1d, D, V).backend == "cpu"
 
 
-def test_pairwise_method_is_not_a_cpu_kernel():
+@pytest.mark.parametrize("params", [{"W": 8}, {}])
+def test_cpu_backend_has_no_tuning_parameters(params):
+    """``build(spec, params)`` with any dict (even an empty one) says the CPU backend has
+    none, naming what it got; ``smalltc.plan(..., params=)`` reaches it."""
     spec = ActionSpec(dim=2, nq=3, nd=2, batch=5, dtype="float64")
-    with pytest.raises(Unsupported, match="method='fused' only"):
-        get("cpu").build(spec, "pairwise")
+    with pytest.raises(ValueError, match=r"cpu backend has no tuning parameters yet; got "
+                                          rf"params {re.escape(str(params))}"):
+        get("cpu").build(spec, params=params)
+    B1d, D, V = _action_inputs(np.random.default_rng(12), 2, 1, 3, "float64")
+    with pytest.raises(ValueError, match="cpu backend has no tuning parameters"):
+        smalltc.plan("action", B1d, D, V, backend="cpu", params=params)
 
 
 def test_templates_reject_missing_parameters():

@@ -240,6 +240,31 @@ def test_noncontiguous_inputs_same_answer(method, xp_name, backend):
     assert rel_err(U2, to_numpy(U)) == 0.0 or rel_err(U2, to_numpy(U)) <= 1e-14
 
 
+STRIDED = [  # (operand shapes, the call): every operation with strided operands (sizes
+    # whose kernels the tables above compile already)
+    ([(8, 3, 4), (8, 4, 7), (8, 3, 7)],
+     lambda A, B, C, **kw: smalltc.batched_gemm(A, B, C, alpha=0.5, beta=2.0, **kw)),
+    ([(5, 4), (8, 5)], lambda B1d, D, **kw: smalltc.assemble_mass(B1d, D, **kw)),
+    ([(8, 3, 4, 2), (5, 4, 3)], lambda X, Y, **kw: smalltc.contract("8b", X, Y, **kw)),
+    ([(4, 3), (8, 3, 4, 2)], lambda X, Y, **kw: smalltc.contract("9", X, Y, **kw)),
+]
+
+
+@pytest.mark.parametrize("xp_name,backend", BACKENDS)
+@pytest.mark.parametrize("shapes,call", STRIDED, ids=["gemm", "assembly", "8b", "9"])
+def test_noncontiguous_operands_every_operation(shapes, call, xp_name, backend):
+    """Each operand in turn a view that is not C-contiguous (a transposed copy seen
+    through its transpose): copied by the call, the same answer."""
+    xp = xp_of(xp_name)
+    ops = _inputs(xp, np.random.default_rng(4), "float64", *shapes)
+    want = to_numpy(call(*ops, backend=backend))
+    for i, x in enumerate(ops):
+        view = xp.ascontiguousarray(x.T).T
+        assert not view.flags.c_contiguous
+        got = call(*ops[:i], view, *ops[i + 1:], backend=backend)
+        assert rel_err(got, want) <= 1e-15
+
+
 @pytest.mark.parametrize("xp_name,backend", BACKENDS)
 def test_empty_batch(xp_name, backend):
     xp = xp_of(xp_name)

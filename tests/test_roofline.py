@@ -140,9 +140,22 @@ def test_specs_are_accepted():
     assert roofline.counts(c).flops == 2 * 2 * 4 * 630
 
 
+@pytest.mark.parametrize("spec", [
+    GemmSpec(batch=7, m=3, n=5, k=2, dtype="float32", shared_b=True, trans_a=True),
+    ContractSpec(kind="9", batch=3, i=4, s=5, j=4, k=2, l=6, dtype="float64", shared_x=True),
+    ActionSpec(dim=2, nq=4, nd=3, batch=5, dtype="float64", ncomp=3, comp_axis=True),
+    AssemblySpec(dim=3, nq=3, nd=2, batch=6, dtype="float32")])
+def test_a_spec_counts_as_its_sizes(spec):
+    """A spec is counted through ``spec.sizes()``: the same as its op name and sizes."""
+    assert roofline.counts(spec) == roofline.counts(spec.op, spec.sizes(), spec.dtype)
+    assert roofline.bound(spec, bandwidth=1e9, peak=1e9).dtype == spec.dtype
+
+
 def test_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match="op must be"):
         roofline.counts("nonsense", {})
+    with pytest.raises(ValueError, match="op must be an op name, a step label or a spec"):
+        roofline.counts(42)
     with pytest.raises(ValueError, match="need 'nq'"):
         roofline.counts("action", dict(dim=3, p=2))
     with pytest.raises(ValueError, match="need 'p' or 'nd'"):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from ..spec import SPEC_TYPES
 from . import register
 from ._cpu_kernels import KERNEL_BUILDERS
 from .base import Backend, Unsupported
@@ -44,7 +44,6 @@ class CpuBackend(Backend):
     name = "cpu"
     array_modules = ("numpy",)
     priority = 10
-    methods = ("fused",)
 
     def available(self) -> bool:
         return numba is not None
@@ -56,18 +55,21 @@ class CpuBackend(Backend):
         return (f"cpu: Numba {numba.__version__}, LLVM target {ll.get_host_cpu_name()}, "
                 f"{numba.get_num_threads()} threads")
 
-    def build(self, spec, method="fused"):
-        if method != "fused":
-            raise Unsupported(f"cpu backend runs method='fused' only, not {method!r}")
-        for kind, builder in KERNEL_BUILDERS:
-            if isinstance(spec, kind):
-                return builder(spec)
-        raise Unsupported(f"cpu backend has no kernel for {spec}")
+    def build(self, spec, params=None):
+        if params is not None:
+            raise ValueError(f"the cpu backend has no tuning parameters yet; got params "
+                             f"{params}")
+        builder = _BUILDERS.get(spec.op)
+        if builder is None:
+            raise Unsupported(f"cpu backend has no kernel for {spec}")
+        return builder(spec)
 
 
 if numba is not None and os.environ.get("SMALLTC_NUM_THREADS"):
     set_num_threads(int(os.environ["SMALLTC_NUM_THREADS"]))
 
-register(CpuBackend())
+#: op -> the executor builder of its specs
+_BUILDERS = {kind.op: builder for kind, builder in KERNEL_BUILDERS}
+assert set(_BUILDERS) == set(SPEC_TYPES)
 
-assert {ActionSpec, AssemblySpec, ContractSpec, GemmSpec} == {k for k, _ in KERNEL_BUILDERS}
+register(CpuBackend())

@@ -5,9 +5,9 @@ baseline a Python user would write today). Not fast; exact semantics.
 """
 from __future__ import annotations
 
+import functools
 import string
 
-from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 from . import register
 from .base import Backend, Executor, Unsupported
 
@@ -72,29 +72,7 @@ class _Run(Executor):
         out[...] = res.reshape(out.shape)
 
 
-class ReferenceBackend(Backend):
-    name = "reference"
-    array_modules = ("numpy", "cupy")
-    priority = 0
-    methods = ("fused",)
-
-    def build(self, spec, method="fused"):
-        if isinstance(spec, ActionSpec):
-            return _Run("einsum chain (sum-factorised)",
-                        lambda B, D, V: action_einsum(B, D, V, spec.dim))
-        if isinstance(spec, AssemblySpec):
-            return _Run("einsum (optimize=True)",
-                        lambda B, D: assembly_einsum(B, D, spec.dim))
-        if isinstance(spec, ContractSpec):
-            return _Run(f"einsum ({spec.kind})",
-                        lambda X, Y: contract_einsum(spec.kind, X, Y))
-        if isinstance(spec, GemmSpec):
-            return _Run("matmul", lambda A, B, C, alpha=1.0, beta=0.0:
-                        _gemm(spec, A, B, C, alpha, beta))
-        raise Unsupported(f"reference backend has no path for {spec}")
-
-
-def _gemm(spec, A, B, C, alpha, beta):
+def _gemm(spec, A, B, C=None, alpha=1.0, beta=0.0):
     xp = _xp(A)
     a = xp.swapaxes(A, -1, -2) if spec.trans_a else A
     b = xp.swapaxes(B, -1, -2) if spec.trans_b else B
@@ -104,6 +82,34 @@ def _gemm(spec, A, B, C, alpha, beta):
     if not spec.beta_zero:
         r = r + beta * C
     return xp.broadcast_to(r, spec.out_shape)
+
+
+#: op -> (what runs, formatted with the spec; the result of (spec, *operands, **scalars))
+_PATHS = {
+    "action": ("einsum chain (sum-factorised)",
+               lambda spec, B, D, V: action_einsum(B, D, V, spec.dim)),
+    "assembly": ("einsum (optimize=True)", lambda spec, B, D: assembly_einsum(B, D, spec.dim)),
+    "contract": ("einsum ({spec.kind})", lambda spec, X, Y: contract_einsum(spec.kind, X, Y)),
+    "gemm": ("matmul", _gemm),
+}
+
+
+class ReferenceBackend(Backend):
+    """NumPy/CuPy ``einsum`` and ``matmul``: every spec, no tuning parameters."""
+
+    name = "reference"
+    array_modules = ("numpy", "cupy")
+    priority = 0
+
+    def build(self, spec, params=None):
+        if params is not None:
+            raise ValueError(f"the reference backend has no tuning parameters; got params "
+                             f"{params}")
+        path = _PATHS.get(spec.op)
+        if path is None:
+            raise Unsupported(f"reference backend has no path for {spec}")
+        kernel, fn = path
+        return _Run(kernel.format(spec=spec), functools.partial(fn, spec))
 
 
 register(ReferenceBackend())

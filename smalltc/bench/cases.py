@@ -1,9 +1,11 @@
 """One benchmark case: its operation, sizes, random inputs and float64 reference.
 
-A :class:`Case` is data (suite, op, sizes, dtype); the functions here turn it
-into operands on NumPy or CuPy arrays, a float64 NumPy reference on a
-sample of the batch, and the smalltc implementation to time (a plan built
-once, then called with a preallocated ``out``).
+A :class:`Case` is data (suite, op, sizes, dtype); :func:`case_spec` turns it
+into the spec it measures, whose operands (``spec.inputs``) and result
+(``spec.out_shape``) the functions here read to make operands on NumPy or
+CuPy arrays, a float64 NumPy reference on a sample of the batch, and the
+smalltc implementation to time (a plan built once, then called with a
+preallocated ``out``).
 
 Examples
 --------
@@ -24,10 +26,10 @@ import numpy as np
 
 from ..backends.reference import action_einsum, assembly_einsum, contract_einsum
 from ..catalogue import STEPS
-from ..spec import ContractSpec
+from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
 __all__ = ["Case", "Impl", "make_inputs", "batched_flags", "reference", "out_shape",
-           "smalltc_impl", "step_spec"]
+           "smalltc_impl", "step_spec", "case_spec"]
 
 # Sizes that name a case (the batch does not: runs on different devices use
 # different batches, and --compare matches cases by id).
@@ -100,6 +102,24 @@ def step_spec(case) -> ContractSpec:
                         **st.extents(nd, s["nq"]))
 
 
+def case_spec(case):
+    """The spec a case measures (a pairwise step: its reshaping-layout kernel)."""
+    s, E, dt = case.sizes, case.batch, case.dtype
+    if case.op == "gemm":
+        return GemmSpec(batch=E, m=s["m"], n=s["n"], k=s["k"], dtype=dt,
+                        shared_a=bool(s.get("shared_a")), shared_b=bool(s.get("shared_b")),
+                        beta_zero=float(s.get("beta", 0.0)) == 0.0)
+    if case.op == "action":
+        ncomp = s.get("ncomp", 1)
+        return ActionSpec(dim=s["dim"], nq=s["nq"], nd=s["p"] + 1, batch=E, dtype=dt,
+                          ncomp=ncomp, comp_axis=ncomp > 1)
+    if case.op == "assembly":
+        return AssemblySpec(dim=s["dim"], nq=s["nq"], nd=s["p"] + 1, batch=E, dtype=dt)
+    if case.op == "step":
+        return step_spec(case)
+    raise ValueError(f"unknown case op {case.op!r}")
+
+
 def _random(xp, shape, dtype, rng):
     # uniform in [0.5, 1.5): random, never zero, well conditioned sums
     if xp.__name__ == "cupy":
@@ -109,37 +129,12 @@ def _random(xp, shape, dtype, rng):
 
 def _shapes(case):
     """Operand shapes, in plan order."""
-    s, E = case.sizes, case.batch
-    if case.op == "gemm":
-        a = (s["m"], s["k"]) if s.get("shared_a") else (E, s["m"], s["k"])
-        b = (s["k"], s["n"]) if s.get("shared_b") else (E, s["k"], s["n"])
-        c = [(E, s["m"], s["n"])] if float(s.get("beta", 0.0)) != 0.0 else []
-        return [a, b] + c
-    if case.op in ("action", "assembly"):
-        nd, nq, dim = s["p"] + 1, s["nq"], s["dim"]
-        shapes = [(nq, nd), (E,) + (nq,) * dim]
-        if case.op == "action":
-            comp = (s["ncomp"],) if s.get("ncomp", 1) > 1 else ()
-            shapes.append((E,) + comp + (nd,) * dim)
-        return shapes
-    if case.op == "step":
-        cs = step_spec(case)
-        return [cs.x_shape, cs.y_shape]
-    raise ValueError(f"unknown case op {case.op!r}")
+    return [o.shape for o in case_spec(case).inputs]
 
 
 def batched_flags(case):
     """For each operand: does it carry the batch axis (False: shared by the batch)?"""
-    s = case.sizes
-    if case.op == "gemm":
-        flags = [not s.get("shared_a"), not s.get("shared_b")]
-        return flags + ([True] if float(s.get("beta", 0.0)) != 0.0 else [])
-    if case.op == "action":
-        return [False, True, True]
-    if case.op == "assembly":
-        return [False, True]
-    cs = step_spec(case)
-    return [not cs.shared_x, not cs.shared_y]
+    return [o.batched for o in case_spec(case).inputs]
 
 
 def make_inputs(case, xp, seed=0):
@@ -151,32 +146,28 @@ def make_inputs(case, xp, seed=0):
 
 
 def out_shape(case):
-    s, E = case.sizes, case.batch
-    if case.op == "gemm":
-        return (E, s["m"], s["n"])
-    if case.op == "action":
-        return _shapes(case)[2]
-    if case.op == "assembly":
-        n = (s["p"] + 1) ** s["dim"]
-        return (E, n, n)
-    return step_spec(case).out_shape
+    return case_spec(case).out_shape
+
+
+def _gemm_reference(case, A, B, C=None):
+    s = case.sizes
+    r = float(s.get("alpha", 1.0)) * np.matmul(A, B)
+    return r if C is None else r + float(s["beta"]) * C
+
+
+#: op -> the float64 result of (case, operands)
+_REFERENCE = {
+    "gemm": _gemm_reference,
+    "action": lambda case, B, D, V: action_einsum(B, D, V, case.sizes["dim"]),
+    "assembly": lambda case, B, D: assembly_einsum(B, D, case.sizes["dim"]),
+    "step": lambda case, X, Y: contract_einsum(step_spec(case).kind, X, Y),
+}
 
 
 def reference(case, host_ops):
     """The float64 NumPy result of the case for operands ``host_ops``
     (already cut down to a sample of the batch and cast to float64)."""
-    s = case.sizes
-    if case.op == "gemm":
-        A, B = host_ops[:2]
-        r = float(s.get("alpha", 1.0)) * np.matmul(A, B)
-        if len(host_ops) > 2:
-            r = r + float(s["beta"]) * host_ops[2]
-        return r
-    if case.op == "action":
-        return action_einsum(*host_ops, s["dim"])
-    if case.op == "assembly":
-        return assembly_einsum(*host_ops, s["dim"])
-    return contract_einsum(step_spec(case).kind, *host_ops)
+    return _REFERENCE[case.op](case, *host_ops)
 
 
 def smalltc_impl(case, ops, xp, backend="auto", method="auto"):
@@ -186,23 +177,16 @@ def smalltc_impl(case, ops, xp, backend="auto", method="auto"):
     from .._timing import time_once
     s = case.sizes
     on_gpu = xp.__name__ == "cupy"
+    spec = case_spec(case)
     kw = {}
-    if case.op == "gemm":
-        beta = float(s.get("beta", 0.0))
-        alpha = float(s.get("alpha", 1.0))
-        kw = dict(alpha=alpha, beta=beta)
+    if spec.op == "gemm":
+        kw = dict(alpha=float(s.get("alpha", 1.0)), beta=float(s.get("beta", 0.0)))
 
-        def build():
-            return smalltc.plan("gemm", *ops, backend=backend, alpha=alpha, beta=beta)
-    elif case.op in ("action", "assembly"):
-        def build():
-            return smalltc.plan(case.op, *ops, backend=backend, method=method)
-    else:
-        kind = step_spec(case).kind
-
-        def build():
-            return smalltc.plan("contract", *ops, backend=backend, kind=kind)
-    out = xp.empty(out_shape(case), dtype=case.dtype)
+    def build():
+        return smalltc.plan(spec.op, *ops, backend=backend,
+                            method=method if spec.op in ("action", "assembly") else "auto",
+                            kind=getattr(spec, "kind", None), **kw)
+    out = xp.empty(spec.out_shape, dtype=case.dtype)
 
     def first():
         p = build()

@@ -61,8 +61,7 @@ def run_case(case, bound_args, *, xp, backend="auto", method="auto", repeats=20,
     rec = dict(id=case.id, suite=case.suite, op=case.op, dtype=case.dtype,
                sizes=dict(case.sizes), batch=case.batch, footprint_bytes=footprint(case),
                note=case.note, impls={})
-    b = roofline.bound(case.op if case.op != "step" else "step", case.roofline_sizes(),
-                       case.dtype, **bound_args)
+    b = roofline.bound(case.op, case.roofline_sizes(), case.dtype, **bound_args)
     rec["bound"] = b.as_dict()
     try:
         ops = make_inputs(case, xp)

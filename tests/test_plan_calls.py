@@ -335,19 +335,10 @@ def test_float32_scalar_beyond_range(xp_name):
     assert np.isinf(to_numpy(out)).all()
 
 
-def _cuda_runtime():
-    """The CUDA runtime module: ``smalltc.backends.cuda.runtime`` where the CUDA backend is
-    a package, ``smalltc.backends._cuda_runtime`` before (drop this when both have merged)."""
-    try:
-        return importlib.import_module("smalltc.backends.cuda.runtime")
-    except ModuleNotFoundError:
-        return importlib.import_module("smalltc.backends._cuda_runtime")
-
-
 def test_launcher_packs_parameters(monkeypatch):
     """The driver launch gets one pointer per parameter, each at its value (C padding)."""
     pytest.importorskip("cupy")
-    RT = _cuda_runtime()
+    from smalltc.backends.cuda import runtime as RT
     seen = {}
 
     class Drv:

@@ -56,7 +56,7 @@ class CpuBackend(Backend):
                 f"{numba.get_num_threads()} threads")
 
     def build(self, spec, params=None):
-        if params is not None:
+        if params not in (None, "heuristic"):
             raise ValueError(f"the cpu backend has no tuning parameters yet; got params "
                              f"{params}")
         builder = _BUILDERS.get(spec.op)

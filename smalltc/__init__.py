@@ -7,6 +7,8 @@ arrays (NVIDIA GPUs), with a plan/execute API:
 - :func:`assemble_mass`: element mass matrices ``M_e = B^T D_e B``
 - :func:`batched_gemm`: batched GEMM with shared operands and transposes
 - :func:`contract`: the reshaping-layout kernels (8a), (8b), (9)
+- :func:`mass_apply`: the global mass operator through an element-to-DoF map, fused
+  (gather, action, scatter-add), and :func:`mass_diagonal` (Jacobi)
 - :func:`plan`: build once, call many times
 
 Examples
@@ -18,12 +20,14 @@ Examples
 """
 import logging as _logging
 
-from .api import assemble_mass, batched_contract, batched_gemm, contract
+from .api import (assemble_mass, batched_contract, batched_gemm, contract, mass_apply,
+                  mass_diagonal)
 from .catalogue import STEPS
 from .plan import Plan, plan
 
 __version__ = "0.1.0"
-__all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "plan",
+__all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
+           "mass_diagonal", "plan",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

@@ -14,9 +14,11 @@ import numpy as np
 
 from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_array,
                       is_cupy, usable)
-from .spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from .spec import (ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec,
+                   MassDiagonalSpec)
 
-__all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec",
+__all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec", "mass_apply_spec",
+           "mass_diagonal_spec",
            "check_operands", "check_out", "reshape_like", "as_usable", "check_scalar"]
 
 
@@ -107,6 +109,60 @@ def action_spec(B1d, D, V):
         raise ValueError(f"V has shape {tuple(V.shape)}, expected {spec.v_shape} for "
                          f"E={E}, nd={nd}, dim={dim} (E from D, nd from B1d)")
     return spec, xp, (B1d, D, V)
+
+
+def _check_map(elem_dofs, E, nd, dim):
+    """The element-to-DoF map: an integer array (int32 or int64) of shape (E, nd, ...)."""
+    want = (E,) + (nd,) * dim
+    if tuple(elem_dofs.shape) != want:
+        raise ValueError(f"elem_dofs has shape {tuple(elem_dofs.shape)}, expected {want} for "
+                         f"E={E}, nd={nd}, dim={dim} (E from D, nd from B1d)")
+    dt = np.dtype(elem_dofs.dtype)
+    if dt not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise TypeError(f"elem_dofs has dtype {dt}, expected int32 or int64 (global DoF "
+                        "indices)")
+    return dt.name
+
+
+def mass_apply_spec(B1d, D, x, elem_dofs, deterministic=False):
+    """Check the operands of ``mass_apply``; return ``(spec, xp, ops)``.
+
+    The map's range (indices in ``[0, ndofs)``) is checked when the map is first used
+    (:mod:`smalltc.maps`), not here."""
+    B1d, D, x = (_as_array(n, a) for n, a in (("B1d", B1d), ("D", D), ("x", x)))
+    elem_dofs = _as_array("elem_dofs", elem_dofs)
+    xp = array_module(B1d, D, x, elem_dofs)
+    dtype = _dtype({"B1d": B1d, "D": D, "x": x})
+    nq, nd = _check_b1d(B1d)
+    dim = _check_d(D, nq)
+    E = D.shape[0]
+    index_dtype = _check_map(elem_dofs, E, nd, dim)
+    if x.ndim not in (1, 2) or x.shape[-1] == 0:
+        raise ValueError(f"x has shape {tuple(x.shape)}, expected (ndofs,) or (ncomp, ndofs) "
+                         "with ndofs >= 1")
+    ncomp = x.shape[0] if x.ndim == 2 else 1
+    spec = MassApplySpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ndofs=x.shape[-1],
+                         ncomp=ncomp, comp_axis=x.ndim == 2, index_dtype=index_dtype,
+                         deterministic=bool(deterministic))
+    return spec, xp, (B1d, D, x, elem_dofs)
+
+
+def mass_diagonal_spec(B1d, D, elem_dofs, ndofs, deterministic=False):
+    """Check the operands of ``mass_diagonal``; return ``(spec, xp, ops)``."""
+    B1d, D = _as_array("B1d", B1d), _as_array("D", D)
+    elem_dofs = _as_array("elem_dofs", elem_dofs)
+    xp = array_module(B1d, D, elem_dofs)
+    dtype = _dtype({"B1d": B1d, "D": D})
+    nq, nd = _check_b1d(B1d)
+    dim = _check_d(D, nq)
+    E = D.shape[0]
+    index_dtype = _check_map(elem_dofs, E, nd, dim)
+    if isinstance(ndofs, bool) or not isinstance(ndofs, (int, np.integer)) or ndofs < 1:
+        raise ValueError(f"ndofs must be a positive integer (the global vector's length), "
+                         f"got {ndofs!r}")
+    spec = MassDiagonalSpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ndofs=int(ndofs),
+                            index_dtype=index_dtype, deterministic=bool(deterministic))
+    return spec, xp, (B1d, D, elem_dofs)
 
 
 def assembly_spec(B1d, D):

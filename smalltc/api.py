@@ -12,7 +12,8 @@ from __future__ import annotations
 from . import _validate
 from .plan import _PLANS, cached_plan
 
-__all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract"]
+__all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
+           "mass_diagonal"]
 
 
 def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stream=None):
@@ -215,3 +216,115 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
         p = cached_plan(key, (X, Y), spec, xp, backend, "auto", extents is not None)
         X, Y = ops
     return p(X, Y, out=out, stream=stream)
+
+
+def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="auto",
+               stream=None):
+    """The global mass operator, fused: ``y = sum_e R_e^T B^T D_e B R_e x``.
+
+    For any FEM code with its own numbering: ``R_e`` gathers element ``e``'s
+    values from the global vector ``x`` through the element-to-DoF map
+    (``x[elem_dofs[e]]``), ``B^T D_e B`` is the action of
+    :func:`batched_contract`, and ``R_e^T`` adds the result into ``y`` at the
+    same entries. On a GPU it is one kernel (gather, action, scatter-add); the
+    element vectors never reach device memory.
+
+    Parameters
+    ----------
+    B1d : array, shape (nq, nd)
+    D : array, shape (E, nq, ..., nq)
+        Quadrature data per element (its rank sets the dimension, 1 to 3).
+    x : array, shape (ndofs,) or (ncomp, ndofs)
+        The global vector; with a component axis the operator acts on each
+        component.
+    elem_dofs : int32 or int64 array, shape (E, nd, ..., nd)
+        Global index of each element DoF, multi-index in C order (as V of
+        :func:`batched_contract`). Every index must be in ``[0, ndofs)``: a map
+        is checked the first time a call sees it (:mod:`smalltc.maps`).
+    out : array, optional
+        ``y``, of x's shape and dtype, not overlapping the inputs; it is
+        overwritten (not added to).
+    deterministic : bool
+        False (default): additions into ``y`` by atomics on a GPU (the order,
+        and so the last bits, may change from run to run). True: one pass per
+        element colour (elements of a colour share no DoF), the same bits every
+        run. On the CPU every form is race-free.
+    backend, stream : as for :func:`batched_contract`.
+
+    Returns
+    -------
+    y : array, x's shape and dtype
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit together, an index of ``elem_dofs`` out of
+        range, ``out`` of the wrong shape or overlapping an input (all name the
+        operand).
+    TypeError
+        ``elem_dofs`` not int32/int64, mixed float dtypes or array libraries.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B1d = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])   # nq=3, nd=2: P1
+    >>> D = np.full((2, 3), 1.0 / 6)                          # two elements of length 1
+    >>> elem_dofs = np.array([[0, 1], [1, 2]], dtype=np.int32)
+    >>> y = smalltc.mass_apply(B1d, D, np.ones(3), elem_dofs)   # M 1 = the lumped mass
+    >>> print(y * 4)
+    [1. 2. 1.]
+    """
+    try:
+        key = ("mass_apply", backend, bool(deterministic), type(B1d), B1d.shape, B1d.dtype,
+               type(D), D.shape, D.dtype, type(x), x.shape, x.dtype, type(elem_dofs),
+               elem_dofs.shape, elem_dofs.dtype)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        key = p = None
+    if p is None:
+        spec, xp, ops = _validate.mass_apply_spec(B1d, D, x, elem_dofs, deterministic)
+        p = cached_plan(key, (B1d, D, x, elem_dofs), spec, xp, backend, "auto")
+        B1d, D, x, elem_dofs = ops
+    return p(B1d, D, x, elem_dofs, out=out, stream=stream)
+
+
+def mass_diagonal(B1d, D, elem_dofs, ndofs, *, out=None, deterministic=False,
+                  backend="auto", stream=None):
+    """The diagonal of the global mass matrix, ``sum_e R_e^T diag(B^T D_e B)``.
+
+    ``diag(B^T D_e B)[i] = sum_k prod_a B[k_a, i_a]^2 D_e[k]``, added into the
+    global vector through ``elem_dofs`` as in :func:`mass_apply`: the Jacobi
+    preconditioner of the mass operator, without forming any matrix.
+
+    Parameters
+    ----------
+    B1d, D, elem_dofs : as for :func:`mass_apply`.
+    ndofs : int
+        Length of the global vector.
+    out, deterministic, backend, stream : as for :func:`mass_apply`.
+
+    Returns
+    -------
+    array, shape (ndofs,), D's dtype
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B1d = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])
+    >>> D = np.full((2, 3), 1.0 / 6)
+    >>> elem_dofs = np.array([[0, 1], [1, 2]], dtype=np.int32)
+    >>> print(smalltc.mass_diagonal(B1d, D, elem_dofs, 3) * 24)
+    [ 5. 10.  5.]
+    """
+    try:
+        key = ("mass_diagonal", backend, bool(deterministic), ndofs, type(B1d), B1d.shape,
+               B1d.dtype, type(D), D.shape, D.dtype, type(elem_dofs), elem_dofs.shape,
+               elem_dofs.dtype)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        key = p = None
+    if p is None:
+        spec, xp, ops = _validate.mass_diagonal_spec(B1d, D, elem_dofs, ndofs, deterministic)
+        p = cached_plan(key, (B1d, D, elem_dofs), spec, xp, backend, "auto")
+        B1d, D, elem_dofs = ops
+    return p(B1d, D, elem_dofs, out=out, stream=stream)

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _validate
 from ._arrays import is_array
+from .maps import map_info
 from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
 
@@ -67,8 +68,11 @@ class Plan:
         self.reshape_inputs = reshape_inputs
         dtype = np.dtype(spec.dtype)
         # what a call compares, precomputed
-        self._inputs = tuple((o.name, tuple(o.shape), dtype) for o in spec.inputs)
-        self._shapes = tuple(shape for _, shape, _ in self._inputs)
+        self._inputs = tuple((o.name, tuple(o.shape), np.dtype(o.dtype or spec.dtype))
+                             for o in spec.inputs)
+        self._sig = tuple((shape, dt) for _, shape, dt in self._inputs)
+        # the element-to-DoF map of the FEM operators: its range is checked on first use
+        self._map = next((i for i, o in enumerate(spec.inputs) if o.name == "elem_dofs"), None)
         self._nargs = len(self._inputs)
         self._out_shape, self._dtype = tuple(spec.out_shape), dtype
         self._no_work = math.prod(self._out_shape) == 0
@@ -113,9 +117,9 @@ class Plan:
             # out must be apart from the inputs, but out=C is the GEMM's in-place update
             inputs = operands[:2] if self._in_place and operands[2] is out else operands
         if ok and self._on_gpu:     # CuPy: _c_contiguous (its flags object is built per access)
-            for x, shape in zip(operands, self._shapes):
+            for x, (shape, dt) in zip(operands, self._sig):
                 if (type(x) is not nd or not x._c_contiguous or x.shape != shape
-                        or x.dtype != dtype):
+                        or x.dtype != dt):
                     ok = False
                     break
             if ok and out is not None:
@@ -128,9 +132,9 @@ class Plan:
                         ok = False
                         break
         elif ok:                    # NumPy: flags.carray (C-contiguous, aligned, writeable)
-            for x, shape in zip(operands, self._shapes):
+            for x, (shape, dt) in zip(operands, self._sig):
                 if (type(x) is not nd or not x.flags.carray or x.shape != shape
-                        or x.dtype != dtype):
+                        or x.dtype != dt):
                     ok = False
                     break
             if ok and out is not None:
@@ -150,6 +154,8 @@ class Plan:
             ok = False
         if not ok:
             operands, alpha, beta = self._checked(operands, out, alpha, beta)
+        if self._map is not None:
+            map_info(operands[self._map], self.spec.ndofs)      # the range, once per map
         if out is None:
             out = self._alloc(self._out_shape, dtype=dtype)
         if self._no_work:
@@ -249,7 +255,8 @@ def _warn_once(key, msg, *args):
 
 
 def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
-         trans_a=False, trans_b=False, kind=None, extents=None, params=None):
+         trans_a=False, trans_b=False, kind=None, extents=None, params=None,
+         deterministic=False, ndofs=None):
     """Build a reusable plan for ``op`` from example operands.
 
     Every call builds a new :class:`Plan` (compiled kernels are cached
@@ -257,12 +264,13 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
 
     Parameters
     ----------
-    op : {"action", "assembly", "gemm", "contract"}
+    op : {"action", "assembly", "gemm", "contract", "mass_apply", "mass_diagonal"}
         What to plan: ``batched_contract``, ``assemble_mass``,
-        ``batched_gemm`` or ``contract``.
+        ``batched_gemm``, ``contract``, ``mass_apply`` or ``mass_diagonal``.
     *operands : arrays
         Examples with the shapes and dtype of later calls: ``(B1d, D, V)``,
-        ``(B1d, D)``, ``(A, B[, C])`` or ``(X, Y)``.
+        ``(B1d, D)``, ``(A, B[, C])``, ``(X, Y)``, ``(B1d, D, x, elem_dofs)`` or
+        ``(B1d, D, elem_dofs)``.
     backend : str
         "auto", "reference", "cpu" or "cuda".
     method : {"auto", "fused", "pairwise"}
@@ -271,6 +279,9 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     alpha, beta, trans_a, trans_b : GEMM options (``beta != 0`` needs C).
     kind, extents : for ``op="contract"``: "8a", "8b" or "9", and optional
         reshaping extents (dict i, s, j, k, l).
+    deterministic, ndofs : for the FEM operators: additions in a fixed order (see
+        :func:`smalltc.mass_apply`); ``ndofs``, the global vector's length, for
+        ``op="mass_diagonal"``.
     params : dict, optional
         Tuning parameters of the kernel family (tile and thread-block shapes,
         items per block, ...), passed to the backend's ``build``: for experts
@@ -314,6 +325,11 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
                                           beta=beta, trans_a=trans_a, trans_b=trans_b)
     elif op == "contract":
         spec, xp, _ = _validate.contract_spec(kind, *operands, extents=extents)
+    elif op == "mass_apply":
+        spec, xp, _ = _validate.mass_apply_spec(*operands, deterministic=deterministic)
+    elif op == "mass_diagonal":
+        spec, xp, _ = _validate.mass_diagonal_spec(*operands, ndofs, deterministic=deterministic)
     else:
-        raise ValueError(f"op must be 'action', 'assembly', 'gemm' or 'contract', got {op!r}")
+        raise ValueError(f"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply' "
+                         f"or 'mass_diagonal', got {op!r}")
     return build_plan(spec, xp, backend, method, params, reshape_inputs=extents is not None)

@@ -171,9 +171,35 @@ def _step_counts(sizes, s):
     return Counts(f"step {label}", c.bytes, c.flops, batch)
 
 
+def _mass_apply_counts(sizes, s):
+    """The fused operator ``y = sum_e R_e^T B^T D_e B R_e x``: x read once, y written once,
+    D read once, the map read once (``index_bytes`` an entry); the action's flops plus the
+    additions into y. ``dofs`` are the unique DoFs, ``ncomp * ndofs``."""
+    dim, nq, nd = (_need(sizes, k, "mass_apply") for k in ("dim", "nq", "nd"))
+    E, ncomp, ndofs = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1)), \
+        _need(sizes, "ndofs", "mass_apply")
+    ib = int(sizes.get("index_bytes", 4))
+    nbytes = s * (2 * ncomp * ndofs + E * nq ** dim + nq * nd) + ib * E * nd ** dim
+    act = _action_counts(dict(dim=dim, nq=nq, nd=nd, batch=E, ncomp=ncomp), s)
+    return Counts("mass_apply", nbytes, act.flops + E * ncomp * nd ** dim, E, ncomp * ndofs)
+
+
+def _mass_diagonal_counts(sizes, s):
+    """The diagonal of the global mass matrix: D and the map read once, y written once;
+    the sum-factorised count (three contractions with B^2, as the action's second half)."""
+    dim, nq, nd = (_need(sizes, k, "mass_diagonal") for k in ("dim", "nq", "nd"))
+    E, ndofs = int(sizes.get("batch", 1)), _need(sizes, "ndofs", "mass_diagonal")
+    ib = int(sizes.get("index_bytes", 4))
+    nbytes = s * (ndofs + E * nq ** dim + nq * nd) + ib * E * nd ** dim
+    flops = E * (2 * sum(nd ** t * nq ** (dim - t + 1) for t in range(1, dim + 1))
+                 + nd ** dim)
+    return Counts("mass_diagonal", nbytes, flops, E, ndofs)
+
+
 #: op -> its count function of (sizes, bytes per scalar)
 _COUNTS = {"gemm": _gemm_counts, "action": _action_counts, "assembly": _assembly_counts,
-           "contract": _contract_counts, "step": _step_counts}
+           "contract": _contract_counts, "step": _step_counts,
+           "mass_apply": _mass_apply_counts, "mass_diagonal": _mass_diagonal_counts}
 
 
 def counts(op, sizes=None, dtype="float64") -> Counts:
@@ -184,7 +210,9 @@ def counts(op, sizes=None, dtype="float64") -> Counts:
     op : str or spec
         ``"gemm"`` (sizes m, n, k, batch, beta or beta_zero, shared_a,
         shared_b), ``"action"`` (dim, p or nd, nq, ncomp, batch),
-        ``"assembly"`` (dim, p or nd, nq, batch), ``"contract"`` (kind, i, s,
+        ``"assembly"`` (dim, p or nd, nq, batch), ``"mass_apply"`` (dim, nd, nq,
+        batch, ncomp, ndofs, index_bytes), ``"mass_diagonal"`` (the same without
+        ncomp), ``"contract"`` (kind, i, s,
         j, k, l, batch, shared_x, shared_y), ``"step"`` (label such as
         ``"(4c)"``, p or nd, nq, batch) or a step label itself; or a spec
         object of :mod:`smalltc.spec` (then ``sizes`` and ``dtype`` come

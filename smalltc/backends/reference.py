@@ -11,7 +11,8 @@ import string
 from . import register
 from .base import Backend, Executor, Unsupported
 
-__all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_einsum"]
+__all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_einsum",
+           "mass_apply_unfused", "mass_diagonal_unfused"]
 
 
 def _xp(x):
@@ -63,6 +64,40 @@ def contract_einsum(kind, X, Y):
     return xp.einsum(f"...isj,...ksl->{out}", X, Y)
 
 
+def _scatter_add(xp, emap, v, ndofs):
+    """``y[c, d] = sum of v[e, c, i] over the (e, i) with emap[e, i] == d``, float64 sums
+    (``bincount``) whatever ``v``'s dtype, so the oracle's own rounding stays small."""
+    flat = emap.reshape(-1)
+    out = xp.empty((v.shape[1], ndofs), dtype=v.dtype)
+    for c in range(v.shape[1]):
+        w = v[:, c].reshape(-1).astype(xp.float64)
+        out[c] = xp.bincount(flat, weights=w, minlength=ndofs).astype(v.dtype)
+    return out
+
+
+def mass_apply_unfused(B1d, D, x, elem_dofs, dim):
+    """``y = sum_e R_e^T B^T D_e B R_e x``: gather (fancy indexing), the einsum chain,
+    scatter-add (``bincount``). ``x`` is ``(ndofs,)`` or ``(ncomp, ndofs)``."""
+    xp = _xp(x)
+    ndofs = x.shape[-1]
+    xc = x.reshape(-1, ndofs)
+    E = elem_dofs.shape[0]
+    V = xp.moveaxis(xc[:, elem_dofs], 0, 1)                # (E, ncomp, nd, ...)
+    U = action_einsum(B1d, D, V, dim).reshape(E, xc.shape[0], -1)
+    return _scatter_add(xp, elem_dofs.reshape(E, -1), U, ndofs).reshape(x.shape)
+
+
+def mass_diagonal_unfused(B1d, D, elem_dofs, ndofs, dim):
+    """The global mass matrix's diagonal: ``sum_k prod_a B[k_a, i_a]^2 D_e[k]`` per element
+    entry (the transposed half of the action with B squared), scatter-added."""
+    xp = _xp(D)
+    t = D
+    for ax in range(dim):
+        t = _apply_axis(xp, B1d * B1d, t, 1 + ax, transpose=True)
+    E = D.shape[0]
+    return _scatter_add(xp, elem_dofs.reshape(E, -1), t.reshape(E, 1, -1), ndofs)[0]
+
+
 class _Run(Executor):
     def __init__(self, kernel, fn):
         self.kernel, self._fn = kernel, fn
@@ -91,6 +126,10 @@ _PATHS = {
     "assembly": ("einsum (optimize=True)", lambda spec, B, D: assembly_einsum(B, D, spec.dim)),
     "contract": ("einsum ({spec.kind})", lambda spec, X, Y: contract_einsum(spec.kind, X, Y)),
     "gemm": ("matmul", _gemm),
+    "mass_apply": ("gather, einsum chain, scatter-add (unfused)",
+                   lambda spec, B, D, x, m: mass_apply_unfused(B, D, x, m, spec.dim)),
+    "mass_diagonal": ("einsum with B^2, scatter-add (unfused)",
+                      lambda spec, B, D, m: mass_diagonal_unfused(B, D, m, spec.ndofs, spec.dim)),
 }
 
 

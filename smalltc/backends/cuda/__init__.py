@@ -15,6 +15,9 @@ family           module                           templates
 ``action``       :mod:`.action`                   ``action.cu.j2``, ``action_rb.cu.j2``,
                                                   ``action_line.cu.j2``
 ``assembly``     :mod:`.assembly`                 ``assembly.cu.j2``
+``mass_apply``   :mod:`.mass_apply`               the action templates with ``gather``: the
+                                                  fused FEM operator (map, action, scatter)
+``mass_diagonal``  :mod:`.mass_apply`             ``mass_diagonal.cu.j2`` (Jacobi)
 ===============  ===============================  =========================================
 
 What no family fits runs a generic path and says so (``specialized=False``):
@@ -45,12 +48,13 @@ from .assembly import ASSEMBLY
 from .contract9 import CONTRACT9
 from .family import Choice
 from .layout import LAYOUT, generic_executor
+from .mass_apply import MASS_APPLY, MASS_DIAGONAL
 from .runtime import SmalltcCompileError
 
 __all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "family_of", "choose"]
 
 #: the kernel families, in the order they are asked
-FAMILIES = (LAYOUT, CONTRACT9, ACTION, ASSEMBLY)
+FAMILIES = (LAYOUT, CONTRACT9, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL)
 
 
 def family_of(spec):

@@ -275,6 +275,13 @@ class ActionExecutor(KernelExecutor):
         if not self._line:
             self._run_arrays(self.nbatch, (B1d, D, V, out))
             return
+        self._load_constant_bank(B1d)
+        self._run_arrays(self.nbatch, (D, V, out))
+        self._after_launch()
+
+    def _load_constant_bank(self, B1d):
+        """Copy B1d into the module's ``stc_cB`` on the current stream, after the last
+        launch of this module on another stream (then launch, then :meth:`_after_launch`)."""
         cp = cupy_or_none()
         # one slot per module and device: [stc_cB pointer, event after the last launch,
         # that launch's stream], shared with every other executor of this kernel
@@ -291,6 +298,11 @@ class ActionExecutor(KernelExecutor):
             stream.wait_event(event)
         cp.cuda.runtime.memcpyAsync(ptr.ptr, B1d.data.ptr, B1d.nbytes,
                                     cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
-        self._run_arrays(self.nbatch, (D, V, out))
-        event.record(stream)
+
+    def _after_launch(self):
+        """Record that this module's launches on the current stream read ``stc_cB``."""
+        cp = cupy_or_none()
+        slot = self._slots[cp.cuda.runtime.getDevice()]
+        stream = cp.cuda.get_current_stream()
+        slot[1].record(stream)
         slot[2] = stream.ptr

@@ -1,0 +1,203 @@
+"""The fused FEM operator family: ``y = sum_e R_e^T B^T D_e B R_e x`` in one kernel per call.
+
+The action kernels of :mod:`.action` with ``gather`` set (``fem_io.cuh.j2``): an
+item's V is read from the global vector ``x`` through the element-to-DoF map
+(``R_e``), its U added into ``y`` at the same entries, so the E-vectors never
+reach device memory. The executor zeroes ``y`` first.
+
+=================  ==========================  =========================================
+form               template                    entry point (example)
+=================  ==========================  =========================================
+shared-memory      ``action.cu.j2``            ``stc_mass_op_2d_f64_nd5nq7c1_i32``
+line (3D)          ``action_line.cu.j2``       ``stc_mass_op_3d_f64_nd5nq7c1_i32_line``
+deterministic      either, one launch a        ``..._col``
+                   colour of elements
+diagonal           ``mass_diagonal.cu.j2``     ``stc_mass_diag_3d_f64_nd5nq7_i32``
+=================  ==========================  =========================================
+
+Additions into ``y`` are atomic by default; ``deterministic`` specs run one
+launch per element colour (:mod:`smalltc.maps`: elements of a colour share no
+DoF) with plain additions, in colour order: the same bits every run. The
+heuristic is the action's (the line form from T = 5 on with prefetch 1);
+tuning parameters ``per_block, min_blocks, line, prefetch`` (``prefetch`` 0 or
+1: the ``cp.async`` form copies contiguous slabs, not gathered values).
+"""
+from __future__ import annotations
+
+from ..._arrays import cupy_or_none
+from ...maps import map_info
+from .action import ACTION, ActionExecutor, action_ctx
+from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
+                     KernelExecutor, even)
+
+__all__ = ["MASS_APPLY", "MASS_DIAGONAL", "MassApplyFamily", "MassDiagonalFamily"]
+
+_ITYPE = {"int32": "int", "int64": "long long"}
+
+
+def _zero(y):
+    cp = cupy_or_none()
+    cp.cuda.runtime.memsetAsync(y.data.ptr, 0, y.nbytes, cp.cuda.get_current_stream().ptr)
+
+
+class MassApplyFamily(Family):
+    """The fused operator; see the module docstring."""
+
+    name = "mass_apply"
+    templates = ("action.cu.j2", "action_line.cu.j2")
+    params = ("per_block", "min_blocks", "line", "prefetch")
+    optional = {"line": 0, "prefetch": 0}
+    max_distance = 2.0
+
+    def claims(self, spec):
+        return spec.op == "mass_apply"
+
+    def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        if params is not None and (params.get("rb", 1) != 1 or params.get("prefetch", 0) > 1):
+            return None
+        ctx = action_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype,
+                         device["smem_optin"], params)
+        if ctx is None or ctx["prefetch"] > 1:
+            return None
+        return dict(ctx, gather=1, colored=int(spec.deterministic),
+                    index_t=_ITYPE[spec.index_dtype])
+
+    def template(self, ctx):
+        return ACTION.template(ctx)
+
+    def entry(self, spec, ctx):
+        return (f"stc_mass_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}"
+                f"_i{spec.index_dtype[3:]}{'_line' if ctx.get('line') else ''}"
+                f"{'_col' if spec.deterministic else ''}")
+
+    def executor(self, choice, device):
+        return MassApplyExecutor(choice, device)
+
+    def space(self, spec):
+        """The action's space without register blocking and without the cp.async form."""
+        for params, why in ACTION.space(spec):
+            if params["rb"] == 1 and params["prefetch"] < 2:
+                yield {k: params[k] for k in self.params}, why
+
+    def carry(self, spec, entry_spec, params, device):
+        p = ACTION.carry(spec, entry_spec, dict(params, rb=1), device)
+        return None if p is None else {k: p[k] for k in self.params}
+
+
+MASS_APPLY = MassApplyFamily()
+
+
+class MassApplyExecutor(ActionExecutor):
+    """``y = 0``, then the gather-action-scatter kernel over every (element, component)
+    item, or over the items of each colour in turn (deterministic)."""
+
+    def __init__(self, choice, device):
+        super().__init__(choice, device)
+        spec = choice.spec
+        self.ndofs, self.colored = spec.ndofs, bool(spec.deterministic)
+        self.ncomp = spec.ncomp
+
+    def run(self, operands, out, **_):
+        B1d, D, X, MAP = operands
+        _zero(out)
+        if self._line:
+            self._load_constant_bank(B1d)
+        head = (D, X, MAP, out) if self._line else (B1d, D, X, MAP, out)
+        if not self.colored:
+            self._launch_items(self.nbatch, head, ())
+        else:
+            order, offsets = map_info(MAP, self.ndofs).colors(MAP)
+            for c in range(len(offsets) - 1):
+                lo, hi = int(offsets[c]), int(offsets[c + 1])
+                self._launch_items((hi - lo) * self.ncomp, head, (order[lo:hi],))
+        if self._line:
+            self._after_launch()
+
+    def _launch_items(self, nitems, head, tail):
+        """One launch: the arrays ``head``, the vector length, the arrays ``tail`` (the
+        colour's element list), the item count."""
+        if nitems == 0:
+            return
+        fmt = "P" * len(head) + "q" + "P" * len(tail) + "q"
+        d = self._direct(fmt, nitems)
+        if d is None:
+            import numpy as np
+            self._launch(nitems, tuple(head) + (np.int64(self.ndofs),) + tuple(tail))
+        else:
+            d(*[a.data.ptr for a in head], self.ndofs, *[a.data.ptr for a in tail], nitems)
+
+
+def diagonal_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
+    """Context of ``mass_diagonal.cu.j2``, or None when one element's D does not fit.
+
+    A group of ``per_block`` elements (heuristic: ~1024 outputs a block of 256 threads,
+    D within the shared-memory target)."""
+    s = ITEMSIZE[dtype]
+    ndd, nqd = nd ** dim, nq ** dim
+    nb = params["per_block"] if params else max(1, min(64, 1024 // ndd))
+
+    def smem(nb):
+        return s * (even(nq * nd) + nb * nqd)
+
+    while params is None and nb > 1 and smem(nb) > SMEM_TARGET:
+        nb -= 1
+    if nb < 1 or smem(nb) > smem_optin:
+        return None
+    return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, per_block=nb, threads=THREADS,
+                smem_bytes=smem(nb), min_blocks=0)
+
+
+class MassDiagonalFamily(Family):
+    """The mass matrix's diagonal through the map; see the module docstring."""
+
+    name = "mass_diagonal"
+    templates = ("mass_diagonal.cu.j2",)
+    params = ("per_block",)
+    max_distance = 2.0
+
+    def claims(self, spec):
+        return spec.op == "mass_diagonal"
+
+    def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        ctx = diagonal_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, device["smem_optin"], params)
+        return None if ctx is None else dict(ctx, colored=int(spec.deterministic),
+                                             index_t=_ITYPE[spec.index_dtype])
+
+    def entry(self, spec, ctx):
+        return (f"stc_mass_diag_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
+                f"_i{spec.index_dtype[3:]}{'_col' if spec.deterministic else ''}")
+
+    def executor(self, choice, device):
+        return MassDiagonalExecutor(choice, device)
+
+    def space(self, spec):
+        for nb in (1, 2, 4, 8, 16, 32, 64):
+            yield dict(per_block=nb), None
+
+    def carry(self, spec, entry_spec, params, device):
+        nb = max(1, round(params["per_block"] * entry_spec.nd ** entry_spec.dim
+                          / spec.nd ** spec.dim))
+        return self.first_valid(spec, dict(per_block=nb), device)
+
+
+MASS_DIAGONAL = MassDiagonalFamily()
+
+
+class MassDiagonalExecutor(KernelExecutor):
+    def __init__(self, choice, device):
+        super().__init__(choice, device)
+        self.nbatch, self.ndofs = choice.spec.batch, choice.spec.ndofs
+        self.colored = bool(choice.spec.deterministic)
+
+    def run(self, operands, out, **_):
+        B1d, D, MAP = operands
+        _zero(out)
+        if not self.colored:
+            self._run_arrays(self.nbatch, (B1d, D, MAP, out))
+            return
+        order, offsets = map_info(MAP, self.ndofs).colors(MAP)
+        for c in range(len(offsets) - 1):
+            lo, hi = int(offsets[c]), int(offsets[c + 1])
+            if hi > lo:
+                self._run_arrays(hi - lo, (B1d, D, MAP, out, order[lo:hi]))
+

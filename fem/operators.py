@@ -4,9 +4,11 @@ Both compute ``y = sum_e P_e^T M_e P_e x`` with ``P_e`` the gather of
 element ``e`` (:meth:`~smalltc.fem.space.H1Space.gather`) and ``M_e =
 B^T D_e B`` the element mass matrix of SPEC section 2:
 
-* :class:`MassOperator` never forms ``M_e``: gather, then
-  :func:`smalltc.batched_contract` (the partial-assembly action), then
-  scatter-add.
+* :class:`MassOperator` never forms ``M_e``: by default one call of
+  :func:`smalltc.mass_apply` (gather through the space's DoF map, the
+  partial-assembly action and scatter-add fused: one kernel on a GPU); with
+  ``fused=False`` the three steps apart (gather, :func:`smalltc.batched_contract`,
+  scatter-add), the path it replaces, kept for comparison.
 * :class:`AssembledMassOperator` forms every ``M_e`` once with
   :func:`smalltc.assemble_mass` and applies them as a batched matrix-vector
   product; :meth:`~AssembledMassOperator.to_csr` builds the global sparse
@@ -72,11 +74,20 @@ class _SpaceOperator:
     def __call__(self, x):
         return self.apply(x)
 
-    def _gather(self, x):
+    def _vector(self, x):
+        """``x`` in the operator's array module and dtype (a copy only where needed)."""
         if self.xp is np and is_cupy(x):
             raise TypeError("x is a CuPy array but this operator's data are on the host; "
                             "build it with device='gpu' or pass x.get()")
-        return self.space.gather(self.xp.asarray(x, dtype=self.dtype))
+        x = self.xp.asarray(x, dtype=self.dtype)
+        n = self.space.ndofs
+        if x.ndim not in (1, 2) or x.shape[-1] != n:
+            raise ValueError(f"x has shape {x.shape}, expected ({n},) or (ncomp, {n}) for this "
+                             f"space with ndofs={n}")
+        return x
+
+    def _gather(self, x):
+        return self.space.gather(self._vector(x))
 
     def __repr__(self):
         s = self.space
@@ -104,7 +115,13 @@ class MassOperator(_SpaceOperator):
     B1d : ndarray, shape (nq, nd)
         1D basis at the quadrature points (same rule as ``D``).
     backend : str
-        Passed to :func:`smalltc.batched_contract`.
+        Passed to :func:`smalltc.mass_apply` (or :func:`smalltc.batched_contract`).
+    fused : bool
+        True (default): :func:`smalltc.mass_apply`; False: gather,
+        :func:`smalltc.batched_contract`, scatter-add, apart.
+    deterministic : bool
+        For the fused operator: additions in a fixed order, the same bits every
+        run (see :func:`smalltc.mass_apply`); the unfused path always is.
 
     Attributes
     ----------
@@ -128,26 +145,37 @@ class MassOperator(_SpaceOperator):
     1.0
     """
 
-    def __init__(self, space, D, B1d, *, backend="auto"):
+    def __init__(self, space, D, B1d, *, backend="auto", fused=True, deterministic=False):
         super().__init__(space, D, B1d, backend)
+        self.fused, self.deterministic = bool(fused), bool(deterministic)
+        self.dof_map = space.dof_map(self.xp) if self.fused else None
 
-    def apply(self, x):
-        """``y = M x`` for ``x`` of shape ``(ndofs,)`` or ``(ncomp, ndofs)``."""
-        u = smalltc.batched_contract(self.B1d, self.D, self._gather(x), backend=self.backend)
-        return self.space.scatter(u)
+    def apply(self, x, out=None):
+        """``y = M x`` for ``x`` of shape ``(ndofs,)`` or ``(ncomp, ndofs)``; ``out``: the
+        buffer for ``y`` (fused path)."""
+        if not self.fused:
+            u = smalltc.batched_contract(self.B1d, self.D, self._gather(x), backend=self.backend)
+            return self.space.scatter(u)
+        x = self._vector(x)
+        return smalltc.mass_apply(self.B1d, self.D, x, self.dof_map, out=out,
+                                  deterministic=self.deterministic, backend=self.backend)
 
     def diagonal(self):
         """Diagonal of the global matrix, computed without forming it.
 
-        ``diag(M_e)[i] = sum_k prod_a B[k_a, i_a]^2 D_e[k]``, one transposed
-        interpolation with the squared basis, then scatter-add.
+        ``diag(M_e)[i] = sum_k prod_a B[k_a, i_a]^2 D_e[k]``, added into the global
+        vector through the DoF map (:func:`smalltc.mass_diagonal`; unfused: one
+        transposed interpolation with the squared basis, then scatter-add).
 
         Returns
         -------
         ndarray, shape (ndofs,)
             In the operator's array module.
         """
-        return self.space.scatter(interp_t(self.B1d**2, self.D, self.space.dim))
+        if not self.fused:
+            return self.space.scatter(interp_t(self.B1d**2, self.D, self.space.dim))
+        return smalltc.mass_diagonal(self.B1d, self.D, self.dof_map, self.space.ndofs,
+                                     deterministic=self.deterministic, backend=self.backend)
 
 
 class AssembledMassOperator(_SpaceOperator):
@@ -234,7 +262,7 @@ class AssembledMassOperator(_SpaceOperator):
 
 
 def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
-                  dtype=np.float64, backend="auto", device="cpu"):
+                  dtype=np.float64, backend="auto", device="cpu", fused=True):
     """Build the mass operator of an H1 space in one call.
 
     Parameters
@@ -255,6 +283,9 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     device : {"cpu", "gpu", "auto"}
         Where the operator lives (see :func:`smalltc.fem._device.resolve_device`);
         ``D`` is computed on the host and copied there.
+    fused : bool
+        For the matrix-free operator: :func:`smalltc.mass_apply` (default), or
+        gather, action and scatter apart.
 
     Returns
     -------
@@ -276,5 +307,6 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     nq = space.p + 2 if nq is None else nq
     D = mass_data(space.mesh, nq, rho, quadrature=quadrature, dtype=dtype)
     B1d = basis_1d(space.p, nq, quadrature).B1d
-    cls = AssembledMassOperator if assembled else MassOperator
-    return cls(space, xp.asarray(D), xp.asarray(B1d), backend=backend)
+    if assembled:
+        return AssembledMassOperator(space, xp.asarray(D), xp.asarray(B1d), backend=backend)
+    return MassOperator(space, xp.asarray(D), xp.asarray(B1d), backend=backend, fused=fused)

@@ -7,10 +7,16 @@ residual ``||r_k|| / ||b||`` (Euclidean norms) reaches ``tol``, and raises
 unless asked to return the unconverged result (then ``converged`` is False).
 
 Both are array-module generic: with CuPy vectors (and an operator and
-preconditioner that return CuPy arrays) the iteration runs on the GPU. Inner
-products stay on the device; each iteration copies three scalars to the host
-in one transfer (one synchronisation), for the stopping test and the
-positive-definiteness checks.
+preconditioner that return CuPy arrays) the iteration runs on the GPU.
+
+With no preconditioner or a :func:`jacobi` one, the iteration is *fused*
+(:mod:`smalltc.fem._cg_fused`): the vector updates of an iteration take two
+passes plus the inner product ``p.Ap`` (13 vector reads and writes instead of
+18), and on the GPU every scalar stays on the device: the host reads the state
+every ``check_every`` iterations instead of synchronising every iteration, and
+the kernels queued past the stop do nothing, so the result is the one a check
+every iteration gives. Any other preconditioner runs the plain loop, which
+copies three scalars to the host each iteration.
 """
 
 from dataclasses import dataclass
@@ -21,7 +27,7 @@ from smalltc._arrays import array_module
 
 from ._device import to_host
 
-__all__ = ["CGResult", "ConvergenceError", "cg", "jacobi"]
+__all__ = ["CGResult", "ConvergenceError", "Jacobi", "cg", "jacobi"]
 
 
 @dataclass
@@ -59,6 +65,27 @@ class ConvergenceError(RuntimeError):
         self.result = result
 
 
+class Jacobi:
+    """The Jacobi preconditioner ``r -> r / diag(A)`` (made by :func:`jacobi`).
+
+    Calling it returns ``r * inv``; :func:`cg` folds it into its fused updates.
+
+    Attributes
+    ----------
+    inv : array
+        ``1 / diag(A)``, NumPy or CuPy.
+    """
+
+    def __init__(self, inv):
+        self.inv = inv
+
+    def __call__(self, r):
+        return r * self.inv
+
+    def __repr__(self):
+        return f"Jacobi(n={self.inv.size}, dtype={self.inv.dtype})"
+
+
 def jacobi(diagonal):
     """Jacobi preconditioner ``r -> r / diag(A)``.
 
@@ -71,7 +98,8 @@ def jacobi(diagonal):
 
     Returns
     -------
-    callable
+    Jacobi
+        A callable; :func:`cg` fuses it into its vector updates.
 
     Raises
     ------
@@ -94,8 +122,7 @@ def jacobi(diagonal):
             f"diagonal must be positive and finite for a Jacobi preconditioner; "
             f"entry {tuple(int(k) for k in i)} is {float(d[i])!r} ({int(bad.sum())} bad entries)"
         )
-    inv = 1.0 / d
-    return lambda r: r * inv
+    return Jacobi(1.0 / d)
 
 
 def _dot(xp, a, b):
@@ -110,7 +137,8 @@ def _floats(xp, *scalars):
     return tuple(float(s) for s in xp.stack(scalars).get())
 
 
-def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_failure=True):
+def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_failure=True,
+       fused=True, check_every=8):
     """Solve ``A x = b`` for symmetric positive definite ``A`` by (preconditioned) CG.
 
     Parameters
@@ -131,6 +159,15 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     raise_on_failure : bool
         Raise :class:`ConvergenceError` if the tolerance is not reached
         (default); if false, return the result with ``converged=False``.
+    fused : bool
+        True (default): the fused iteration where the preconditioner allows it
+        (None or :func:`jacobi`); False: the plain loop (for comparison).
+    check_every : int
+        GPU, fused iteration: the host reads the device's state (stop test,
+        breakdowns) every this many iterations; the iterations queued past the
+        stop do nothing, so the result does not depend on it. Larger values
+        wait less; each costs up to ``check_every - 1`` extra operator
+        applications at the end.
 
     Returns
     -------
@@ -160,6 +197,12 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     maxiter = 10 * b.size if maxiter is None else maxiter
     if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 0:
         raise ValueError(f"maxiter must be a non-negative integer, got {maxiter!r}")
+    if isinstance(check_every, bool) or not isinstance(check_every, (int, np.integer)) \
+            or check_every < 1:
+        raise ValueError(f"check_every must be a positive integer, got {check_every!r}")
+    if fused and (precond is None or isinstance(precond, Jacobi)) and \
+            b.dtype in (np.float32, np.float64):
+        return _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp)
     precond = (lambda r: r) if precond is None else precond
     if x0 is None:
         x = xp.zeros_like(b)
@@ -195,6 +238,53 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
             raise ValueError(f"CG produced a non-finite residual at iteration {it}")
         p = z + (rz_new / rz) * p
         rz = rz_new
+    rtrue = b - apply(x)
+    (rt,) = _floats(xp, _dot(xp, rtrue, rtrue))
+    result = CGResult(x, it, np.array(history), history[-1] <= tol, float(np.sqrt(rt) / bnorm))
+    if not result.converged and raise_on_failure:
+        raise ConvergenceError(
+            f"CG did not converge in {it} iterations: relative residual "
+            f"{history[-1]:.3e} > tol {tol:.3e}",
+            result,
+        )
+    return result
+
+
+def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp):
+    """:func:`cg` through :mod:`._cg_fused` (the same stop tests and errors)."""
+    from . import _cg_fused
+    if x0 is None:
+        x = xp.zeros_like(b)
+        r = b.copy()
+    else:
+        x = xp.array(x0, dtype=b.dtype)
+        if x.shape != b.shape:
+            raise ValueError(f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
+        r = xp.ascontiguousarray(b - apply(x))
+    inv = None
+    if precond is not None:
+        inv = xp.ascontiguousarray(xp.asarray(precond.inv, dtype=b.dtype)).reshape(-1)
+        if inv.size != b.size:
+            raise ValueError(f"the Jacobi preconditioner has {inv.size} entries, b has {b.size}")
+    bb, rr = _floats(xp, _dot(xp, b, b), _dot(xp, r, r))
+    bnorm = np.sqrt(bb)
+    if bnorm == 0.0:
+        return CGResult(xp.zeros_like(b), 0, np.zeros(1), True, 0.0)
+    history = [np.sqrt(rr) / bnorm]
+    xf, rf = x.reshape(-1), r.reshape(-1)
+    if xp is np:
+        it, code, value = _cg_fused.cg_cpu(apply, b, xf, rf, inv, tol, maxiter, bnorm, history)
+    else:
+        it, code, value = _cg_fused.cg_gpu(apply, b, xf, rf, inv, tol, maxiter, bnorm, history,
+                                           check_every)
+    if code == 3:
+        raise ValueError(f"operator is not positive definite: p^T A p = {value:.3e} at "
+                         f"iteration {it}")
+    if code == 4:
+        raise ValueError(f"preconditioner is not positive definite: r^T z = {value:.3e} at "
+                         f"iteration {it}")
+    if code == 5:
+        raise ValueError(f"CG produced a non-finite residual at iteration {it}")
     rtrue = b - apply(x)
     (rt,) = _floats(xp, _dot(xp, rtrue, rtrue))
     result = CGResult(x, it, np.array(history), history[-1] <= tol, float(np.sqrt(rt) / bnorm))

@@ -135,15 +135,21 @@ class H1Space:
                 f"x has shape {x.shape}, expected ({self.ndofs},) or (ncomp, {self.ndofs}) "
                 f"for this space with ndofs={self.ndofs}"
             )
-        idx = self._dofs_on(xp)
+        idx = self.dof_map(xp)
         if x.ndim == 1:
             return x[idx]
         return xp.ascontiguousarray(xp.moveaxis(x[:, idx], 0, 1))
 
-    def _dofs_on(self, xp):
-        """:attr:`elem_dofs` in module ``xp`` (copied to the device once, int32 there)."""
-        if xp is np:
-            return self.elem_dofs
+    def dof_map(self, xp=np):
+        """:attr:`elem_dofs` as :func:`smalltc.mass_apply` takes it, in module ``xp``:
+        int32 (int64 from 2^31 DoFs on), made once per module and kept.
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> H1Space(box_mesh(1, 2), p=1).dof_map().dtype
+        dtype('int32')
+        """
         idx = self._device_dofs.get(xp.__name__)
         if idx is None:
             itype = np.int32 if self.ndofs < 2**31 else np.int64

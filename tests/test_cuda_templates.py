@@ -94,6 +94,8 @@ def _configs():
             d = MassDiagonalSpec(dim=dim, nq=p + 2, nd=p + 1, batch=1, dtype=dt, ndofs=1,
                                  index_dtype=it, deterministic=det)
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
+    # device CG (fixed entry names with C linkage: one configuration in the translation unit)
+    out.insert(20, ("cg.cu.j2", dict(dtype="float64", threads=256, blocks=1024, jacobi=1)))
     return [(t, f"stc_test_{t.split('.')[0]}_{i}", c) for i, (t, c) in enumerate(out)
             if c is not None]
 

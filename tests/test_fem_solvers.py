@@ -88,3 +88,67 @@ ERROR_CASES = [
 def test_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# ---------------------------------------------------------------- the fused iteration
+from conftest import array_modules, to_numpy, xp_of  # noqa: E402
+
+
+@pytest.mark.parametrize("xp_name", array_modules())
+@pytest.mark.parametrize("use_jacobi", [False, True])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_fused_cg_matches_the_plain_loop(xp_name, use_jacobi, dtype):
+    """The fused iteration (CPU: Numba passes; GPU: device-resident scalars) and the plain
+    loop take the same iterations to the same iterate, up to rounding."""
+    from smalltc.fem import H1Space, box_mesh, mass_operator
+    xp = xp_of(xp_name)
+    space = H1Space(box_mesh(3, 3, distortion=0.05), p=3)
+    M = mass_operator(space, dtype=dtype, device="cpu" if xp is np else "gpu")
+    b = M(xp.asarray(np.random.default_rng(2).random(space.ndofs), dtype=dtype))
+    P = jacobi(M.diagonal()) if use_jacobi else None
+    tol = 1e-10 if dtype == "float64" else 1e-5
+    plain = cg(M, b, tol=tol, precond=P, fused=False)
+    fused = cg(M, b, tol=tol, precond=P)
+    assert fused.iterations == plain.iterations and fused.converged
+    eps = 1e-9 if dtype == "float64" else 1e-3
+    x0, x1 = to_numpy(plain.x), to_numpy(fused.x)
+    assert np.abs(x1 - x0).max() <= eps * np.abs(x0).max()
+    # the early residuals agree to rounding; later ones drift apart (CG amplifies the
+    # rounding of its inner products, more without preconditioner: ~10% by the end here)
+    np.testing.assert_allclose(fused.residuals[:10], plain.residuals[:10], rtol=eps * 10)
+    if use_jacobi:
+        np.testing.assert_allclose(fused.residuals, plain.residuals, rtol=eps * 10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("smalltc._arrays", fromlist=["x"]).gpu_available(),
+                    reason="no CUDA device")
+def test_device_cg_result_does_not_depend_on_check_every():
+    """Kernels queued past the stop do nothing: the same bits whether the host checks
+    every iteration or every 16."""
+    from smalltc.fem import H1Space, box_mesh, mass_operator
+    space = H1Space(box_mesh(3, 3), p=2)
+    M = mass_operator(space, device="gpu")
+    b = M(xp_of("cupy").ones(space.ndofs))
+    P = jacobi(M.diagonal())
+    a = cg(M, b, tol=1e-10, precond=P, check_every=1)
+    c = cg(M, b, tol=1e-10, precond=P, check_every=16)
+    assert a.iterations == c.iterations
+    assert np.array_equal(to_numpy(a.x), to_numpy(c.x))
+    assert np.array_equal(a.residuals, c.residuals)
+
+
+@pytest.mark.parametrize("check_every", [0, -2, 1.5, True])
+def test_check_every_must_be_a_positive_integer(check_every):
+    with pytest.raises(ValueError, match=r"check_every must be a positive integer"):
+        cg(lambda x: x, np.ones(3), check_every=check_every)
+
+
+def test_fused_cg_maxiter_and_breakdowns():
+    A = _spd(50, 2, seed=5)
+    b = np.ones(50)
+    res = cg(lambda x: A @ x, b, tol=1e-12, maxiter=3, raise_on_failure=False,
+             precond=jacobi(np.diag(A)))
+    assert res.iterations == 3 and not res.converged and res.residuals.shape == (4,)
+    with pytest.raises(ValueError, match=r"preconditioner is not positive definite"):
+        cg(lambda x: x, np.ones(3), precond=jacobi(np.ones(3)).__class__(-np.ones(3)))

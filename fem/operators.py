@@ -282,7 +282,7 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
         Passed to the smalltc core.
     device : {"cpu", "gpu", "auto"}
         Where the operator lives (see :func:`smalltc.fem._device.resolve_device`);
-        ``D`` is computed on the host and copied there.
+        ``D`` is computed there (:func:`~smalltc.fem.geometry.mass_data`).
     fused : bool
         For the matrix-free operator: :func:`smalltc.mass_apply` (default), or
         gather, action and scatter apart.
@@ -305,7 +305,8 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     """
     xp = resolve_device(device)
     nq = space.p + 2 if nq is None else nq
-    D = mass_data(space.mesh, nq, rho, quadrature=quadrature, dtype=dtype)
+    D = mass_data(space.mesh, nq, rho, quadrature=quadrature, dtype=dtype,
+                  device="cpu" if xp is np else "gpu")
     B1d = basis_1d(space.p, nq, quadrature).B1d
     if assembled:
         return AssembledMassOperator(space, xp.asarray(D), xp.asarray(B1d), backend=backend)

@@ -254,3 +254,24 @@ def test_gpu_asked_for_without_one_says_so():
         pytest.skip("a GPU is here")
     with pytest.raises(SystemExit, match="no CUDA device"):
         main(["bench", "--device", "gpu", "--quick"])
+
+
+def test_bp1_suite_end_to_end(tmp_path, capsys):
+    """bp1 on the CPU, tiny: every implementation checked and timed, the two bounds, the
+    table and the plot; the fused apply checked against the unfused path."""
+    assert main(TINY[:-4] + ["--device", "cpu", "--suite", "bp1", "--p", "1", "--out",
+                             str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "bench-bp1-p1-float64.json").read_text())
+    cs = doc["cases"]
+    assert [(c["sizes"]["nq"], c["sizes"]["quadrature"]) for c in cs] == [(3, "gauss"),
+                                                                         (2, "lobatto")]
+    for c in cs:
+        assert not c.get("error"), c.get("error")
+        assert set(c["impls"]) == {"smalltc", "deterministic", "unfused", "cg", "cg (unfused)"}
+        assert all(r["status"] == "ok" for r in c["impls"].values())
+        assert c["impls"]["smalltc"]["rel_err"] <= 1e-12
+        ndofs = c["sizes"]["ndofs"]
+        assert c["bound"]["dofs"] == ndofs and c["cg_bound"]["bytes"] > c["bound"]["bytes"]
+        assert c["cg_bound"]["bytes"] - c["bound"]["bytes"] == 13 * 8 * ndofs
+    assert "== bp1" in capsys.readouterr().out
+    assert (tmp_path / "bp1-p1-bp1-float64.png").exists()

@@ -33,7 +33,8 @@ def add_arguments(parser):
                              "when there is one (or what --backend implies)")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--suite", action="append", default=None,
-                        help="gemm, action, assembly, pairwise (repeatable; default all)")
+                        help="gemm, action, assembly, pairwise, bp1 (repeatable; default: "
+                             "the four kernel suites; bp1 is the FEM operator and CG)")
     parser.add_argument("--sizes", default=None,
                         help="square GEMM sizes n, comma separated; add 'rect' to keep the "
                              "rectangular cases (default: n = 2..32 and rectangular)")
@@ -162,7 +163,7 @@ def main_run(args) -> dict:
     from .baselines import skipped
     from .report import environment, load_average
     from .runner import run_case
-    from .suites import SUITES, cases
+    from .suites import DEFAULT_SUITES, SUITES, cases
 
     kind = _kind(args)
     threads = _set_threads(args.threads)
@@ -176,7 +177,7 @@ def main_run(args) -> dict:
         xp = np
     quick = bool(args.quick)
     repeats = args.repeats or (5 if quick else 20)
-    suites = args.suite or list(SUITES)
+    suites = args.suite or list(DEFAULT_SUITES)
     for s in suites:
         if s not in SUITES:
             raise SystemExit(f"smalltc bench: unknown suite {s!r}; known: {', '.join(SUITES)}")
@@ -204,9 +205,14 @@ def main_run(args) -> dict:
     doc["equivalent_command"] = _equivalent_command(args)
     doc["cases"] = []
     bar = _progress(todo, not args.no_progress)
+    from .bp1 import run_case as run_bp1
     for case in bar:
         if hasattr(bar, "set_description"):
             bar.set_description(case.id[:40])
+        if case.op == "bp1":
+            doc["cases"].append(run_bp1(case, bound_args, xp=xp, backend=args.backend,
+                                        repeats=repeats, warmup=args.warmup))
+            continue
         doc["cases"].append(run_case(case, bound_args, xp=xp, backend=args.backend,
                                      method=args.method, repeats=repeats, warmup=args.warmup,
                                      with_baselines=not args.no_baselines))
@@ -214,7 +220,7 @@ def main_run(args) -> dict:
     doc["load_average_end"] = load_average()
     doc["numba"] = _numba_state()
     out_dir = args.out or os.path.join("results", doc["device"]["slug"])
-    tag = _tag(args, suites, SUITES)
+    tag = _tag(args, suites, DEFAULT_SUITES)
     _finish(doc, out_dir, tag, plot=not args.no_plot)
     return doc
 

@@ -137,6 +137,8 @@ def _short(c):
         return f"{s['dim']}D p{s['p']} q{s['nq']}" + (f" c{s['ncomp']}" if s["ncomp"] > 1 else "")
     if c["suite"] == "assembly":
         return f"{s['dim']}D p{s['p']}"
+    if c["suite"] == "bp1":
+        return f"p{s['p']} q{s['nq']}"
     return f"{s['label']} p{s['p']}"
 
 
@@ -178,6 +180,46 @@ def plot_fraction(doc, path, plt):
     return path
 
 
+def plot_bp1(doc, path, plt):
+    """BP1: unique DoFs/s of the apply and of a CG iteration against p, with their bounds
+    (left: nq = p+2 on Gauss points; right: nq = p+1 on Gauss-Lobatto points)."""
+    cs = [c for c in doc["cases"] if c["suite"] == "bp1" and not c.get("error")]
+    if not cs:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), squeeze=False)
+    series = (("smalltc", "apply, fused", "C0", "-"), ("deterministic", "apply, deterministic",
+              "C2", ":"), ("unfused", "apply, unfused", "C3", "-"),
+              ("cg", "CG iteration, fused", "C1", "-"), ("cg (unfused)", "CG iteration, unfused",
+              "C4", "-"))
+    for ax, quad, title in ((axes[0, 0], "gauss", "nq = p+2, Gauss"),
+                            (axes[0, 1], "lobatto", "nq = p+1, Gauss-Lobatto")):
+        sub = sorted((c for c in cs if c["sizes"]["quadrature"] == quad),
+                     key=lambda c: c["sizes"]["p"])
+        for name, label, color, style in series:
+            pts = [(c["sizes"]["p"], c["impls"][name]["dofs_per_s"] * 1e-9)
+                   for c in sub if _ok(c, name)]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", ms=3, color=color, label=label)
+        ps = [c["sizes"]["p"] for c in sub]
+        ax.plot(ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub], "--", color="C0", lw=1,
+                label="apply bound")
+        ax.plot(ps, [c["cg_bound"]["dofs_per_s"] * 1e-9 for c in sub], "--", color="C1", lw=1,
+                label="CG iteration bound")
+        ax.set_yscale("log")
+        ax.set_xlabel("polynomial order p")
+        ax.set_ylabel("unique DoFs / s (x 1e9)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(_title(doc, "CEED BP1: the mass operator and a Jacobi-CG iteration "
+                             f"(BW = {doc['probes']['bandwidth']['value'] * 1e-9:.0f} GB/s)"),
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(doc, out_dir, prefix="") -> list:
     """Write every plot that has data; returns the paths (empty without matplotlib).
 
@@ -190,7 +232,7 @@ def plot_all(doc, out_dir, prefix="") -> list:
     os.makedirs(out_dir, exist_ok=True)
     made = []
     for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
-                     (plot_fraction, "fraction")):
+                     (plot_fraction, "fraction"), (plot_bp1, "bp1")):
         p = fn(doc, os.path.join(out_dir, f"{prefix}{stem}-{dt}.png"), plt)
         if p:
             made.append(p)

@@ -10,6 +10,9 @@ action     dim 2 and 3, p = 1..8, nq = p+1 and p+2, ncomp 1 and 3, ~2^25
            element DoFs per case
 assembly   dim 2 and 3, p = 1..6, nq = p+2
 pairwise   each catalogue step (0a)-(5b) at a few p, nq = p+2
+bp1        CEED BP1: the global mass operator (fused, deterministic, unfused)
+           and a Jacobi-CG iteration, 3D p = 1..8 (:mod:`.bp1`); not in the
+           default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core
@@ -32,9 +35,12 @@ import numpy as np
 
 from ..catalogue import STEPS
 
-__all__ = ["SUITES", "cases", "Sizing"]
+__all__ = ["SUITES", "DEFAULT_SUITES", "cases", "Sizing"]
 
-SUITES = ("gemm", "action", "assembly", "pairwise")
+#: the suites a run without --suite measures: the kernels
+DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
+#: every suite: the kernels, and bp1, the FEM operator and CG (:mod:`.bp1`)
+SUITES = DEFAULT_SUITES + ("bp1",)
 
 MiB = 2 ** 20
 
@@ -174,4 +180,7 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False) ->
     if suite == "pairwise":
         ps_ = ps or ([3] if quick else ([1, 2, 4, 7] if kind == "cpu" else list(range(1, 9))))
         return _pairwise_cases(dtype, sz, ps_)
+    if suite == "bp1":
+        from .bp1 import cases as bp1_cases
+        return bp1_cases(dtype, kind, ps, quick)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

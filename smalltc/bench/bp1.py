@@ -1,0 +1,188 @@
+"""The ``bp1`` suite: CEED bake-off problem 1, the mass operator a FEM code runs.
+
+For p = 1..8 on a curved 3D box mesh (quadratic element maps, distortion
+0.05) with a continuous order-p space: the quadrature ``nq = p + 2`` on Gauss
+points, and ``nq = p + 1`` on Gauss-Lobatto points. Sizes: about 3M unique
+DoFs on a GPU, 200k on a CPU (``quick``: 100k / 20k). Each case measures, in
+one process, on the same vectors:
+
+``smalltc``          the fused apply ``y = M x`` (:func:`smalltc.mass_apply`: gather
+                     through the DoF map, action, scatter-add; atomics on a GPU)
+``deterministic``    the same with ``deterministic=True`` (a pass per element colour)
+``unfused``          gather, :func:`smalltc.batched_contract`, scatter-add apart (the
+                     ``MassOperator(fused=False)`` path FEM users ran before)
+``cg``               one Jacobi-PCG iteration (:func:`smalltc.fem.cg`: the fused
+                     operator and the fused vector updates), from the time of
+                     ``maxiter`` = 5 + K minus that of 5, over K iterations
+``cg (unfused)``     the same with the unfused operator and the plain CG loop
+
+Rates are unique DoFs per second (``ndofs / t``). Bounds (SPEC section 4, the
+bandwidth measured in the run): the apply's reads ``x``, ``D`` and the DoF map
+once and writes ``y`` once; a CG iteration adds the 13 vector passes of the fused
+updates (:data:`smalltc.fem._cg_fused.VECTOR_PASSES`: ``p.Ap`` reads 2 vectors,
+the update reads x, r, p, Ap and the inverse diagonal and writes x and r, the new
+direction reads r, the inverse diagonal and p and writes p). The apply is checked
+against the unfused path (relative error) before it is timed.
+"""
+from __future__ import annotations
+
+import math
+import traceback
+
+import numpy as np
+
+from .. import roofline
+from .._timing import median, synchronize, time_calls, time_once
+from .cases import Case
+
+__all__ = ["cases", "run_case", "CG_EXTRA"]
+
+#: iterations timed beyond the first 5 for the per-iteration CG time
+CG_EXTRA = 20
+
+
+def cases(dtype, kind, ps=None, quick=False) -> list:
+    """The bp1 cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu")."""
+    target = (100_000 if quick else 3_000_000) if kind == "gpu" else \
+        (20_000 if quick else 200_000)
+    out = []
+    for p in ps or range(1, 9):
+        n = max(2, round(target ** (1 / 3) / p))
+        for nq, quad in ((p + 2, "gauss"), (p + 1, "lobatto")):
+            ndofs = (n * p + 1) ** 3
+            out.append(Case("bp1", "bp1", dict(dim=3, p=p, nq=nq, quadrature=quad, n=n,
+                                                batch=n ** 3, ndofs=ndofs), dtype,
+                            "" if kind == "gpu" else "CPU sizes: ~200k DoFs"))
+    return out
+
+
+def _cg_bound(apply_bound, ndofs, s):
+    """The bound of one fused CG iteration: the apply plus the vector passes."""
+    from ..fem._cg_fused import VECTOR_PASSES
+    nbytes = apply_bound.bytes + VECTOR_PASSES * s * ndofs
+    flops = apply_bound.flops + 12 * ndofs
+    tmin = max(nbytes / apply_bound.bandwidth, flops / apply_bound.peak)
+    return roofline.Bound("cg_iteration", apply_bound.dtype, nbytes, flops, apply_bound.items,
+                          ndofs, apply_bound.bandwidth, apply_bound.peak, tmin, flops / tmin)
+
+
+def _rec(b, times, what, **extra):
+    t = median(times)
+    return dict(what=what, status="ok", repeats=len(times), times_ns=times, median_s=t,
+                min_s=min(times) * 1e-9, fraction=b.tmin / t, dofs_per_s=b.dofs / t,
+                gbytes_per_s=b.bytes / t * 1e-9, gflops=b.flops / t * 1e-9, **extra)
+
+
+def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
+    """Seconds per CG iteration: (t(5 + K) - t(5)) / K, median over ``repeats`` pairs."""
+    from ..fem import cg
+
+    def solve(n):
+        return cg(M, rhs, tol=1e-300, maxiter=n, precond=P, raise_on_failure=False,
+                  fused=fused)
+    solve(2)                                          # warm-up: compiles, pools
+    per = []
+    for _ in range(repeats):
+        _, t0 = time_once(lambda: solve(5), on_gpu=on_gpu)
+        r, t1 = time_once(lambda: solve(5 + CG_EXTRA), on_gpu=on_gpu)
+        per.append(max(t1 - t0, 1e-12) / CG_EXTRA)
+    return per, r.iterations
+
+
+def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
+    """Measure one bp1 case; the record has the bench's layout (``impls``, ``bound``)
+    and the CG iteration's bound under ``cg_bound``."""
+    import smalltc
+    from ..fem import H1Space, MassOperator, basis_1d, box_mesh, jacobi, mass_data
+    from ..fem._cg_fused import VECTOR_PASSES
+    from ..spec import MassApplySpec
+    on_gpu = xp.__name__ == "cupy"
+    s = case.sizes
+    p, nq, n = s["p"], s["nq"], s["n"]
+    rec = dict(id=case.id, suite="bp1", op="bp1", dtype=case.dtype, sizes=dict(s),
+               batch=case.batch, note=case.note, impls={})
+    try:
+        mesh = box_mesh(3, n, distortion=0.05)
+        space = H1Space(mesh, p)
+        D = mass_data(mesh, nq, quadrature=s["quadrature"], dtype=case.dtype,
+                      device="gpu" if on_gpu else "cpu")
+        B1d = xp.asarray(basis_1d(p, nq, s["quadrature"]).B1d.astype(case.dtype))
+        emap = space.dof_map(xp)
+        x = xp.asarray(np.random.default_rng(0).random(space.ndofs).astype(case.dtype) + 0.5)
+        spec = MassApplySpec(dim=3, nq=nq, nd=p + 1, batch=space.nelements, dtype=case.dtype,
+                             ndofs=space.ndofs, index_dtype=np.dtype(emap.dtype).name)
+        b = roofline.bound(spec, **bound_args)
+        bcg = _cg_bound(b, space.ndofs, np.dtype(case.dtype).itemsize)
+        rec.update(bound=b.as_dict(), cg_bound=bcg.as_dict(),
+                   footprint_bytes=int(D.nbytes + emap.nbytes + 6 * x.nbytes))
+        rec["bound"]["dofs_per_s"] = b.dofs_per_s          # unique DoFs
+        fused = MassOperator(space, D, B1d, backend=backend)
+        det = MassOperator(space, D, B1d, backend=backend, deterministic=True)
+        unfused = MassOperator(space, D, B1d, backend=backend, fused=False)
+        ref = unfused(x)
+        y = xp.empty_like(x)
+        tol = 1e-12 if case.dtype == "float64" else 1e-5
+        for name, op in (("smalltc", fused), ("deterministic", det)):
+            y.fill(math.nan)
+            plan = smalltc.plan("mass_apply", B1d, D, x, emap, backend=backend,
+                                deterministic=op.deterministic)
+            _, first = time_once(lambda: plan(B1d, D, x, emap, out=y), on_gpu=on_gpu)
+            err = float(xp.linalg.norm(y - ref) / xp.linalg.norm(ref))
+            info = dict(rel_err=err, tolerance=tol, first_call_s=first, backend=plan.backend,
+                        kernel=str(plan.kernel), source=str(plan.source),
+                        table=str(getattr(plan.executor, "table", None)))
+            if not (err <= tol and bool(xp.isfinite(y).all())):
+                rec["impls"][name] = dict(info, status="failed",
+                                          error=f"relative error {err:.3e} > {tol:g}")
+                continue
+            times = time_calls(lambda: plan(B1d, D, x, emap, out=y), repeats=repeats,
+                               warmup=warmup, on_gpu=on_gpu)
+            rec["impls"][name] = _rec(b, times, f"smalltc.mass_apply ({plan.backend}"
+                                      + (", deterministic)" if op.deterministic else ")"), **info)
+        times = time_calls(lambda: unfused(x), repeats=max(3, repeats // 4), warmup=1,
+                           on_gpu=on_gpu)
+        rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter")
+        P = jacobi(fused.diagonal())
+        rhs = fused(x)
+        synchronize(on_gpu)
+        per, its = _cg_per_iteration(fused, rhs, P, True, on_gpu, max(3, repeats // 4))
+        rec["impls"]["cg"] = _rec(bcg, [int(t * 1e9) for t in per],
+                                  "Jacobi-PCG iteration (fused operator and updates)",
+                                  iterations=its, vector_passes=VECTOR_PASSES)
+        per, _ = _cg_per_iteration(unfused, rhs, P, False, on_gpu, 2)
+        rec["impls"]["cg (unfused)"] = _rec(bcg, [int(t * 1e9) for t in per],
+                                            "Jacobi-PCG iteration (unfused operator, plain loop)")
+    except Exception as err:
+        rec["error"] = repr(err)
+        rec["trace"] = traceback.format_exc(limit=-8)
+    if on_gpu:
+        xp.get_default_memory_pool().free_all_blocks()
+    return rec
+
+
+def table(rows, file) -> None:
+    """The bp1 table: GDoF/s (unique DoFs) and the fraction of each bound."""
+    print("\n== bp1 (GDoF/s, unique DoFs; % of the apply's / the CG iteration's bound) ==",
+          file=file)
+    print(f"{'case':26s} {'ndofs':>9s} {'apply':>7s} {'%bnd':>5s} {'determ':>7s} "
+          f"{'unfused':>7s} {'x unf':>6s} {'CG it':>7s} {'%bnd':>5s} {'CG unf':>7s} "
+          f"{'bound':>6s}", file=file)
+    for c in rows:
+        label = c["id"].replace(f" {c['dtype']}", "")
+        if c.get("error"):
+            print(f"{label:26s} error: {c['error']}", file=file)
+            continue
+        im = c["impls"]
+
+        def g(name, key="dofs_per_s"):
+            r = im.get(name) or {}
+            return r.get(key) if r.get("status") == "ok" else None
+
+        def f(v, fmt="7.2f", scale=1e-9):
+            return format(v * scale, fmt) if v is not None else f"{'-':>{fmt.split('.')[0]}}"
+        a, u = g("smalltc"), g("unfused")
+        print(f"{label:26s} {c['sizes']['ndofs']:9d} {f(a)} {f(g('smalltc', 'fraction'), '5.0%', 1)} "
+              f"{f(g('deterministic'))} {f(u)} "
+              f"{(format(a / u, '6.2f') if a and u else '     -')} {f(g('cg'))} "
+              f"{f(g('cg', 'fraction'), '5.0%', 1)} {f(g('cg (unfused)'))} "
+              f"{c['bound']['dofs_per_s'] * 1e-9:6.1f}", file=file)

@@ -63,11 +63,30 @@ def timing_cases(kind, dtype, quick=False):
     return out
 
 
-def _projection(args):
-    """Step 1; returns the fem layer's report (a dict)."""
+def _projection(args, kind):
+    """Step 1; returns the fem layer's report (a dict). On a GPU the mesh is large enough
+    (1.7M DoFs) for the solve to be measured, not its launches."""
     from .fem import projection_demo
-    kw = dict(dim=3, p=2, n=3) if args.quick else dict(dim=3, p=4, n=6)
-    return projection_demo(distortion=0.05, geom_order=2, backend="auto", **kw)
+    if args.quick:
+        kw = dict(dim=3, p=2, n=3)
+    else:
+        kw = dict(dim=3, p=4, n=30 if kind == "gpu" else 6)
+    return projection_demo(distortion=0.05, geom_order=2, backend=args.backend,
+                           device=kind, **kw)
+
+
+def _solve_rate(proj, bandwidth, peak):
+    """The CG solve's unique DoFs per second per iteration, and its roofline bound (the fused
+    operator's traffic plus the fused iteration's vector passes: :mod:`smalltc.bench.bp1`)."""
+    from . import roofline
+    from .bench.bp1 import _cg_bound
+    from .spec import MassApplySpec
+    spec = MassApplySpec(dim=proj["dim"], nq=proj["nq"], nd=proj["p"] + 1,
+                         batch=proj["elements"], dtype="float64", ndofs=proj["dofs"])
+    b = roofline.bound(spec, bandwidth=bandwidth, peak=peak)
+    bcg = _cg_bound(b, proj["dofs"], 8)
+    rate = proj["dofs"] * proj["iterations"] / proj["time_solve_s"]
+    return rate, bcg.dofs_per_s
 
 
 def run(args) -> int:
@@ -91,17 +110,23 @@ def run(args) -> int:
     # 1. the FEM problem
     print("smalltc demo: L2 projection of sin(pi x) cos(pi y) exp(z) on a distorted "
           "3D hex mesh (quadratic element maps), matrix-free CG with Jacobi")
-    proj = _projection(args)
+    proj = _projection(args, kind)
     print(f"  p={proj['p']}, {proj['elements']} elements ({proj['n']}^3), {proj['dofs']} DoFs, "
-          f"nq={proj['nq']}: {proj['iterations']} CG iterations to relative residual "
-          f"{proj['residual']:.1e}")
+          f"nq={proj['nq']}, on the {proj['device'].upper()}: {proj['iterations']} CG iterations "
+          f"to relative residual {proj['residual']:.1e}")
     print(f"  L2 error {proj['l2_error']:.3e} (relative {proj['relative_l2_error']:.3e}); "
           f"setup {proj['time_setup_s']:.2f} s, solve {proj['time_solve_s']:.2f} s")
-
-    # 2. roofline report
     probes = roofline.probe(kind, dtypes=(args.dtype,))
     bw = probes["bandwidth"]["value"]
     pk = probes["peak"][args.dtype]["value"]
+    rate, bound = _solve_rate(proj, bw, pk)
+    proj.update(cg_dofs_per_s=rate, cg_bound_dofs_per_s=bound)
+    print(f"  solve: {rate * 1e-9:.3f} GDoF/s per CG iteration (unique DoFs), bound "
+          f"{bound * 1e-9:.1f} GDoF/s ({100 * rate / bound:.0f}%: the fused operator's bytes "
+          f"and 13 vector passes at {bw * 1e-9:.0f} GB/s; the solve's time includes its "
+          f"setup and final residual)")
+
+    # 2. roofline report
     print(f"\nroofline on {probes['name']}: measured bandwidth {bw * 1e-9:.1f} GB/s "
           f"(copy, read + write), {args.dtype} peak {pk * 1e-9:.1f} GFLOP/s")
     print(f"{'operation':28s} {'E':>8s} {'GDoF/s':>9s} {'bound':>9s} {'%bound':>7s} "

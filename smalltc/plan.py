@@ -56,7 +56,9 @@ class Plan:
     spec : the frozen spec (sizes, dtype, layout)
     backend : str
     method : "fused" or "pairwise"
-    kernel, params, specialized, source : from the backend's executor
+    kernel, params, specialized, source : from the backend's executor (``source``: where
+        the tuning parameters came from; ``executor.table``: the tuning table's file
+        when one answered)
     fallbacks : the backends tried first that could not run the spec, and why
     """
 
@@ -95,9 +97,11 @@ class Plan:
     def __repr__(self):
         params = ", ".join(f"{k}={v}" for k, v in self.params.items()) or "-"
         fb = "".join(f"\n  fell back: {f}" for f in self.fallbacks)
+        table = getattr(self.executor, "table", None)
+        source = f"{self.source}, {table}" if table else self.source
         return (f"<smalltc.Plan {self.spec}\n  backend={self.backend} method={self.method} "
                 f"arrays={self.xp.__name__}\n  kernel={self.kernel}\n"
-                f"  params: {params} (source: {self.source})\n"
+                f"  params: {params} (source: {source})\n"
                 f"  specialized={self.specialized}{fb}>")
 
     def __call__(self, *operands, out=None, stream=None, alpha=1.0, beta=0.0):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import string
 
+import numpy as np
+
 from . import register
 from .base import Backend, Executor, Unsupported
 
@@ -66,13 +68,16 @@ def contract_einsum(kind, X, Y):
 
 def _scatter_add(xp, emap, v, ndofs):
     """``y[c, d] = sum of v[e, c, i] over the (e, i) with emap[e, i] == d``, float64 sums
-    (``bincount``) whatever ``v``'s dtype, so the oracle's own rounding stays small."""
-    flat = emap.reshape(-1)
-    out = xp.empty((v.shape[1], ndofs), dtype=v.dtype)
+    (``bincount``) whatever ``v``'s dtype, so the oracle's own rounding stays small. On
+    the host (NumPy's ``bincount`` adds in a fixed order: the same bits every run; CuPy's
+    uses atomics, so CuPy arrays are summed on the host and copied back)."""
+    to_host = (lambda a: a.get()) if xp.__name__ == "cupy" else (lambda a: a)
+    flat = to_host(emap.reshape(-1))
+    out = np.empty((v.shape[1], ndofs), dtype=v.dtype)
     for c in range(v.shape[1]):
-        w = v[:, c].reshape(-1).astype(xp.float64)
-        out[c] = xp.bincount(flat, weights=w, minlength=ndofs).astype(v.dtype)
-    return out
+        w = to_host(v[:, c].reshape(-1)).astype(np.float64)
+        out[c] = np.bincount(flat, weights=w, minlength=ndofs).astype(v.dtype)
+    return xp.asarray(out)
 
 
 def mass_apply_unfused(B1d, D, x, elem_dofs, dim):

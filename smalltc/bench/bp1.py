@@ -11,9 +11,12 @@ one process, on the same vectors:
 ``deterministic``    the same with ``deterministic=True`` (a pass per element colour)
 ``unfused``          gather, :func:`smalltc.batched_contract`, scatter-add apart (the
                      ``MassOperator(fused=False)`` path FEM users ran before)
-``cg``               one Jacobi-PCG iteration (:func:`smalltc.fem.cg`: the fused
-                     operator and the fused vector updates), from the time of
-                     ``maxiter`` = 5 + K minus that of 5, over K iterations
+``cg``               one CG iteration (:func:`smalltc.fem.cg`: the fused operator and
+                     the fused vector updates), from the time of ``maxiter`` = 5 + K
+                     minus that of 5, over K iterations: Jacobi-preconditioned for
+                     Gauss points; without a preconditioner for Gauss-Lobatto points
+                     with nq = p+1, where the mass matrix is diagonal and Jacobi its
+                     exact inverse (it would stop after one iteration)
 ``cg (unfused)``     the same with the unfused operator and the plain CG loop
 
 Rates are unique DoFs per second (``ndofs / t``). Bounds (SPEC section 4, the
@@ -21,8 +24,9 @@ bandwidth measured in the run): the apply's reads ``x``, ``D`` and the DoF map
 once and writes ``y`` once; a CG iteration adds the 13 vector passes of the fused
 updates (:data:`smalltc.fem._cg_fused.VECTOR_PASSES`: ``p.Ap`` reads 2 vectors,
 the update reads x, r, p, Ap and the inverse diagonal and writes x and r, the new
-direction reads r, the inverse diagonal and p and writes p). The apply is checked
-against the unfused path (relative error) before it is timed.
+direction reads r, the inverse diagonal and p and writes p; 11 without the
+preconditioner). The apply is checked against the unfused path (relative error)
+before it is timed.
 """
 from __future__ import annotations
 
@@ -56,10 +60,11 @@ def cases(dtype, kind, ps=None, quick=False) -> list:
     return out
 
 
-def _cg_bound(apply_bound, ndofs, s):
-    """The bound of one fused CG iteration: the apply plus the vector passes."""
+def _cg_bound(apply_bound, ndofs, s, jacobi=True):
+    """The bound of one fused CG iteration: the apply plus the vector passes (13 with the
+    Jacobi preconditioner, 11 without: the inverse diagonal is not read)."""
     from ..fem._cg_fused import VECTOR_PASSES
-    nbytes = apply_bound.bytes + VECTOR_PASSES * s * ndofs
+    nbytes = apply_bound.bytes + (VECTOR_PASSES - (0 if jacobi else 2)) * s * ndofs
     flops = apply_bound.flops + 12 * ndofs
     tmin = max(nbytes / apply_bound.bandwidth, flops / apply_bound.peak)
     return roofline.Bound("cg_iteration", apply_bound.dtype, nbytes, flops, apply_bound.items,
@@ -74,7 +79,9 @@ def _rec(b, times, what, **extra):
 
 
 def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
-    """Seconds per CG iteration: (t(5 + K) - t(5)) / K, median over ``repeats`` pairs."""
+    """Seconds per CG iteration: (t(5 + K) - t(5)) / K, median over ``repeats`` pairs.
+    Raises RuntimeError when the solve stopped before its ``maxiter`` (a time of fewer
+    iterations is no iteration's time)."""
     from ..fem import cg
 
     def solve(n):
@@ -85,6 +92,9 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
     for _ in range(repeats):
         _, t0 = time_once(lambda: solve(5), on_gpu=on_gpu)
         r, t1 = time_once(lambda: solve(5 + CG_EXTRA), on_gpu=on_gpu)
+        if r.iterations != 5 + CG_EXTRA:
+            raise RuntimeError(f"CG stopped after {r.iterations} of {5 + CG_EXTRA} iterations "
+                               f"(relative residual {r.residuals[-1]:.1e})")
         per.append(max(t1 - t0, 1e-12) / CG_EXTRA)
     return per, r.iterations
 
@@ -112,7 +122,8 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
         spec = MassApplySpec(dim=3, nq=nq, nd=p + 1, batch=space.nelements, dtype=case.dtype,
                              ndofs=space.ndofs, index_dtype=np.dtype(emap.dtype).name)
         b = roofline.bound(spec, **bound_args)
-        bcg = _cg_bound(b, space.ndofs, np.dtype(case.dtype).itemsize)
+        lumped = s["quadrature"] == "lobatto" and nq == p + 1      # M diagonal
+        bcg = _cg_bound(b, space.ndofs, np.dtype(case.dtype).itemsize, jacobi=not lumped)
         rec.update(bound=b.as_dict(), cg_bound=bcg.as_dict(),
                    footprint_bytes=int(D.nbytes + emap.nbytes + 6 * x.nbytes))
         rec["bound"]["dofs_per_s"] = b.dofs_per_s          # unique DoFs
@@ -142,16 +153,24 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
         times = time_calls(lambda: unfused(x), repeats=max(3, repeats // 4), warmup=1,
                            on_gpu=on_gpu)
         rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter")
-        P = jacobi(fused.diagonal())
+        P = None if lumped else jacobi(fused.diagonal())
+        what = "CG iteration, no preconditioner (M diagonal)" if lumped else \
+            "Jacobi-PCG iteration"
         rhs = fused(x)
         synchronize(on_gpu)
-        per, its = _cg_per_iteration(fused, rhs, P, True, on_gpu, max(3, repeats // 4))
-        rec["impls"]["cg"] = _rec(bcg, [int(t * 1e9) for t in per],
-                                  "Jacobi-PCG iteration (fused operator and updates)",
-                                  iterations=its, vector_passes=VECTOR_PASSES)
-        per, _ = _cg_per_iteration(unfused, rhs, P, False, on_gpu, 2)
-        rec["impls"]["cg (unfused)"] = _rec(bcg, [int(t * 1e9) for t in per],
-                                            "Jacobi-PCG iteration (unfused operator, plain loop)")
+        for name, op, fuse, reps, how in (
+                ("cg", fused, True, max(3, repeats // 4), "fused operator and updates"),
+                ("cg (unfused)", unfused, False, 2, "unfused operator, plain loop")):
+            try:
+                per, its = _cg_per_iteration(op, rhs, P, fuse, on_gpu, reps)
+            except RuntimeError as err:
+                rec["impls"][name] = dict(what=f"{what} ({how})", status="failed",
+                                          error=str(err))
+                continue
+            rec["impls"][name] = _rec(bcg, [int(t * 1e9) for t in per], f"{what} ({how})",
+                                      iterations=its,
+                                      vector_passes=VECTOR_PASSES - (2 if lumped else 0),
+                                      preconditioner=None if lumped else "jacobi")
     except Exception as err:
         rec["error"] = repr(err)
         rec["trace"] = traceback.format_exc(limit=-8)

@@ -105,10 +105,15 @@ def device_info(device_id: int):
                 smem_optin=props.get("sharedMemPerBlockOptin", _SMEM_DEFAULT))
 
 
+_GET_DEVICE = []     # cupy.cuda.runtime.getDevice, looked up once (a call's hot path)
+
+
 def current_device_id() -> int:
-    """CuPy's current device."""
-    from ..._arrays import cupy_or_none
-    return cupy_or_none().cuda.runtime.getDevice()
+    """CuPy's current device (called on every launch: no import, one C call)."""
+    if not _GET_DEVICE:
+        from ..._arrays import cupy_or_none
+        _GET_DEVICE.append(cupy_or_none().cuda.runtime.getDevice)
+    return _GET_DEVICE[0]()
 
 
 def current_device():

@@ -6,12 +6,16 @@ element, the global index of each of its DoFs: ``R_e x = x[elem_dofs[e]]``.
 index outside ``[0, ndofs)`` would read or write memory it must not: every map
 is checked before its first use.
 
-The *deterministic* form adds the element results into ``y`` one colour at a
-time: elements of one colour share no DoF, so within a colour no two writes
-meet (no atomics, no races on any device) and every DoF receives its
-contributions in colour order, the same bits on every run.
-:func:`element_colors` colours greedily (the lowest colour no neighbour has),
-which gives 2, 4 and 8 colours on structured 1D, 2D and 3D meshes.
+The *deterministic* forms add the element results into ``y`` in a fixed order:
+
+* one colour of elements at a time (:func:`element_colors`; elements of one
+  colour share no DoF, so within a colour no two writes meet: no atomics, no
+  races on any device, and every DoF receives its contributions in colour
+  order). The greedy colouring (the lowest colour no neighbour has) gives 2, 4
+  and 8 colours on structured 1D, 2D and 3D meshes.
+* through the *transposed* map (:func:`transpose`): for each DoF, the
+  positions of its element entries in increasing order; a second pass sums an
+  E-vector of element results in that order (the GPU's deterministic form).
 
 Both results are kept per map *object* (:func:`map_info`): a map is checked
 and coloured the first time a call sees it, not on every call (on a GPU the
@@ -37,9 +41,10 @@ import weakref
 
 import numpy as np
 
-from ._arrays import is_cupy
+from ._arrays import array_module, is_cupy
 
-__all__ = ["element_colors", "check_range", "map_info", "forget", "MapInfo", "MAX_COLORS"]
+__all__ = ["element_colors", "transpose", "check_range", "map_info", "forget", "MapInfo",
+           "MAX_COLORS"]
 
 #: colours the greedy colouring may use (a bit each in a 64-bit mask per DoF)
 MAX_COLORS = 64
@@ -102,6 +107,29 @@ def element_colors(elem_dofs, ndofs):
     return order, offsets
 
 
+def transpose(elem_dofs, ndofs):
+    """The transposed map: ``(pos, off)`` in the map's array module.
+
+    ``pos[off[d]:off[d + 1]]`` are the positions ``e * n + i`` (``n`` entries an
+    element) with ``elem_dofs[e, i] == d``, in increasing order; ``pos`` is int32 (int64
+    from 2^31 entries on), ``off`` int64 of length ``ndofs + 1``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> pos, off = transpose(np.array([[0, 1], [1, 2]]), 3)
+    >>> pos.tolist(), off.tolist()        # DoF 1 is entry 1 of element 0, entry 0 of 1
+    ([0, 1, 2, 3], [0, 1, 3, 4])
+    """
+    xp = array_module(elem_dofs)
+    flat = elem_dofs.reshape(-1)
+    pos = xp.argsort(flat, kind="stable") if xp is np else xp.argsort(flat)
+    pos = pos.astype(np.int32 if flat.size < 2 ** 31 else np.int64)
+    off = xp.zeros(int(ndofs) + 1, dtype=np.int64)
+    xp.cumsum(xp.bincount(flat, minlength=int(ndofs)), out=off[1:])
+    return pos, off
+
+
 def check_range(elem_dofs, ndofs):
     """Raise ``ValueError`` naming ``elem_dofs`` when an index is outside ``[0, ndofs)``."""
     if elem_dofs.size == 0:
@@ -118,7 +146,13 @@ class MapInfo:
 
     def __init__(self, ref, ndofs):
         self.ref, self.ndofs = ref, ndofs
-        self._colors = None
+        self._colors = self._transpose = None
+
+    def transposed(self, elem_dofs):
+        """:func:`transpose` of the map, on its device, made once."""
+        if self._transpose is None:
+            self._transpose = transpose(elem_dofs, self.ndofs)
+        return self._transpose
 
     def colors(self, elem_dofs):
         """``(order, offsets)``: ``order`` on the map's device, ``offsets`` on the host."""

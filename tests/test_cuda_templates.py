@@ -96,6 +96,10 @@ def _configs():
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
     # device CG (fixed entry names with C linkage: one configuration in the translation unit)
     out.insert(20, ("cg.cu.j2", dict(dtype="float64", threads=256, blocks=1024, jacobi=1)))
+    # the deterministic FEM operator's sum through the transposed map
+    for i, (nc, ndd, pt) in enumerate(((1, 125, "int"), (3, 27, "long long"))):
+        out.insert(21 + i, ("scatter_sum.cu.j2", dict(dtype="float64", ncomp=nc, ndd=ndd,
+                                                      threads=256, pos_t=pt, min_blocks=0)))
     return [(t, f"stc_test_{t.split('.')[0]}_{i}", c) for i, (t, c) in enumerate(out)
             if c is not None]
 

@@ -2,30 +2,34 @@
 
 The action kernels of :mod:`.action` with ``gather`` set (``fem_io.cuh.j2``): an
 item's V is read from the global vector ``x`` through the element-to-DoF map
-(``R_e``), its U added into ``y`` at the same entries, so the E-vectors never
-reach device memory. The executor zeroes ``y`` first.
+(``R_e``), its U added into ``y`` at the same entries with atomics, so the
+E-vectors never reach device memory. The executor zeroes ``y`` first.
 
-=================  ==========================  =========================================
+=================  ==========================  ==============================================
 form               template                    entry point (example)
-=================  ==========================  =========================================
+=================  ==========================  ==============================================
 shared-memory      ``action.cu.j2``            ``stc_mass_op_2d_f64_nd5nq7c1_i32``
 line (3D)          ``action_line.cu.j2``       ``stc_mass_op_3d_f64_nd5nq7c1_i32_line``
-deterministic      either, one launch a        ``..._col``
-                   colour of elements
+deterministic      either, then                ``..._ev``, then
+                   ``scatter_sum.cu.j2``       ``stc_scatter_sum_f64_c1_n125_p32``
 diagonal           ``mass_diagonal.cu.j2``     ``stc_mass_diag_3d_f64_nd5nq7_i32``
-=================  ==========================  =========================================
+=================  ==========================  ==============================================
 
-Additions into ``y`` are atomic by default; ``deterministic`` specs run one
-launch per element colour (:mod:`smalltc.maps`: elements of a colour share no
-DoF) with plain additions, in colour order: the same bits every run. The
-heuristic is the action's (the line form from T = 5 on with prefetch 1);
-tuning parameters ``per_block, min_blocks, line, prefetch`` (``prefetch`` 0 or
-1: the ``cp.async`` form copies contiguous slabs, not gathered values).
+``deterministic`` specs store U as an E-vector (``evector``) and a second kernel
+adds it into ``y`` through the transposed map (:func:`smalltc.maps.transpose`:
+each DoF's entries in increasing order): no atomics, the same bits every run.
+(On the H200, atomics limited the one-kernel form: ncu of p = 4 read L2 74% and
+L1/TEX 78% busy at 49% of the DRAM bandwidth.) The diagonal's deterministic form
+runs a launch per element colour. The heuristic is the action's (the line form
+from T = 5 on with prefetch 1); tuning parameters ``per_block, min_blocks, line,
+prefetch`` (``prefetch`` 0 or 1: the ``cp.async`` form copies contiguous slabs,
+not gathered values).
 """
 from __future__ import annotations
 
 from ..._arrays import cupy_or_none
 from ...maps import map_info
+from . import runtime as RT
 from .action import ACTION, ActionExecutor, action_ctx
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
                      KernelExecutor, even)
@@ -59,7 +63,7 @@ class MassApplyFamily(Family):
                          device["smem_optin"], params)
         if ctx is None or ctx["prefetch"] > 1:
             return None
-        return dict(ctx, gather=1, colored=int(spec.deterministic),
+        return dict(ctx, gather=1, colored=0, evector=int(spec.deterministic),
                     index_t=_ITYPE[spec.index_dtype])
 
     def template(self, ctx):
@@ -68,7 +72,7 @@ class MassApplyFamily(Family):
     def entry(self, spec, ctx):
         return (f"stc_mass_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}"
                 f"_i{spec.index_dtype[3:]}{'_line' if ctx.get('line') else ''}"
-                f"{'_col' if spec.deterministic else ''}")
+                f"{'_ev' if spec.deterministic else ''}")
 
     def executor(self, choice, device):
         return MassApplyExecutor(choice, device)
@@ -88,30 +92,41 @@ MASS_APPLY = MassApplyFamily()
 
 
 class MassApplyExecutor(ActionExecutor):
-    """``y = 0``, then the gather-action-scatter kernel over every (element, component)
-    item, or over the items of each colour in turn (deterministic)."""
+    """Atomic form: ``y = 0``, then the gather-action-scatter kernel over every (element,
+    component) item. Deterministic form: the gather-action kernel into an E-vector, then
+    :func:`_scatter_sum` through the transposed map."""
 
     def __init__(self, choice, device):
         super().__init__(choice, device)
         spec = choice.spec
-        self.ndofs, self.colored = spec.ndofs, bool(spec.deterministic)
-        self.ncomp = spec.ncomp
+        self.ndofs, self.deterministic = spec.ndofs, bool(spec.deterministic)
+        self.ncomp, self.ndd = spec.ncomp, spec.nd ** spec.dim
+        self._evectors = {}                  # device -> the deterministic form's E-vector
 
     def run(self, operands, out, **_):
         B1d, D, X, MAP = operands
-        _zero(out)
+        if self.deterministic:
+            dst = self._evector(out)
+        else:
+            _zero(out)
+            dst = out
         if self._line:
             self._load_constant_bank(B1d)
-        head = (D, X, MAP, out) if self._line else (B1d, D, X, MAP, out)
-        if not self.colored:
-            self._launch_items(self.nbatch, head, ())
-        else:
-            order, offsets = map_info(MAP, self.ndofs).colors(MAP)
-            for c in range(len(offsets) - 1):
-                lo, hi = int(offsets[c]), int(offsets[c + 1])
-                self._launch_items((hi - lo) * self.ncomp, head, (order[lo:hi],))
+        head = (D, X, MAP, dst) if self._line else (B1d, D, X, MAP, dst)
+        self._launch_items(self.nbatch, head, ())
         if self._line:
             self._after_launch()
+        if self.deterministic:
+            pos, off = map_info(MAP, self.ndofs).transposed(MAP)
+            _scatter_sum(dst, pos, off, out, self.ndofs, self.ncomp, self.ndd)
+
+    def _evector(self, out):
+        cp = cupy_or_none()
+        dev = cp.cuda.runtime.getDevice()
+        u = self._evectors.get(dev)
+        if u is None:
+            u = self._evectors[dev] = cp.empty(self.nbatch * self.ndd, dtype=out.dtype)
+        return u
 
     def _launch_items(self, nitems, head, tail):
         """One launch: the arrays ``head``, the vector length, the arrays ``tail`` (the
@@ -125,6 +140,22 @@ class MassApplyExecutor(ActionExecutor):
             self._launch(nitems, tuple(head) + (np.int64(self.ndofs),) + tuple(tail))
         else:
             d(*[a.data.ptr for a in head], self.ndofs, *[a.data.ptr for a in tail], nitems)
+
+
+_SUM_THREADS = 256
+
+
+def _scatter_sum(U, pos, off, y, ndofs, ncomp, ndd):
+    """``y`` from the E-vector ``U`` through the transposed map (``scatter_sum.cu.j2``)."""
+    import numpy as np
+    dt = DT[np.dtype(y.dtype).name]
+    pt = "int" if pos.dtype == np.int32 else "long long"
+    ctx = dict(dtype=np.dtype(y.dtype).name, ncomp=ncomp, ndd=ndd, threads=_SUM_THREADS,
+               pos_t=pt)
+    entry = f"stc_scatter_sum_{dt}_c{ncomp}_n{ndd}_p{32 if pt == 'int' else 64}"
+    kern = RT.get_kernel("scatter_sum.cu.j2", entry, ctx)
+    n = ndofs * ncomp
+    RT.launch(kern, -(-n // _SUM_THREADS), _SUM_THREADS, (U, pos, off, y, np.int64(ndofs)))
 
 
 def diagonal_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):

@@ -262,7 +262,8 @@ class AssembledMassOperator(_SpaceOperator):
 
 
 def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
-                  dtype=np.float64, backend="auto", device="cpu", fused=True):
+                  dtype=np.float64, backend="auto", device="cpu", fused=True,
+                  deterministic=False):
     """Build the mass operator of an H1 space in one call.
 
     Parameters
@@ -286,6 +287,9 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     fused : bool
         For the matrix-free operator: :func:`smalltc.mass_apply` (default), or
         gather, action and scatter apart.
+    deterministic : bool
+        For the fused operator: the same bits every run (see
+        :func:`smalltc.mass_apply`), e.g. for reproducible CG iterates on a GPU.
 
     Returns
     -------
@@ -310,4 +314,5 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     B1d = basis_1d(space.p, nq, quadrature).B1d
     if assembled:
         return AssembledMassOperator(space, xp.asarray(D), xp.asarray(B1d), backend=backend)
-    return MassOperator(space, xp.asarray(D), xp.asarray(B1d), backend=backend, fused=fused)
+    return MassOperator(space, xp.asarray(D), xp.asarray(B1d), backend=backend, fused=fused,
+                        deterministic=deterministic)

@@ -5,11 +5,16 @@ signature: the operation, the flags that choose the spec, and each operand's
 type, shape and dtype. A repeated call is a dictionary lookup and the plan's
 call, whose plain comparisons recheck everything a signature leaves out
 (contiguity, ``out``, scalars). A miss, or operands that are not arrays, goes
-through :mod:`smalltc._validate` to the spec first.
+through :mod:`smalltc._validate` to the spec first; arrays of another library
+(torch, JAX: any DLPack producer) go through :mod:`smalltc._interop`, which calls
+the same function with NumPy/CuPy views of them and returns the result in their
+library.
 """
 from __future__ import annotations
 
-from . import _validate
+from functools import partial
+
+from . import _interop, _validate
 from .plan import _PLANS, cached_plan
 
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
@@ -79,6 +84,9 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
     except (AttributeError, TypeError):      # not arrays, or an unhashable argument
         key = p = None
     if p is None:
+        if _interop.any_foreign(B1d, D, V, out):
+            return _interop.call(partial(batched_contract, backend=backend, method=method),
+                                 ("B1d", "D", "V"), (B1d, D, V), out, stream)
         spec, xp, ops = _validate.action_spec(B1d, D, V)
         p = cached_plan(key, (B1d, D, V), spec, xp, backend, method)
         B1d, D, V = ops
@@ -118,6 +126,9 @@ def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=Non
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
+        if _interop.any_foreign(B1d, D, out):
+            return _interop.call(partial(assemble_mass, backend=backend, method=method),
+                                 ("B1d", "D"), (B1d, D), out, stream)
         spec, xp, ops = _validate.assembly_spec(B1d, D)
         p = cached_plan(key, (B1d, D), spec, xp, backend, method)
         B1d, D = ops
@@ -162,6 +173,10 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     except (AttributeError, TypeError, ValueError):   # ValueError: an array's truth value
         key = p = None
     if p is None:
+        if _interop.any_foreign(A, B, C, out):
+            return _interop.call(partial(batched_gemm, alpha=alpha, beta=beta, trans_a=trans_a,
+                                         trans_b=trans_b, backend=backend),
+                                 ("A", "B", "C"), (A, B, C), out, stream)
         spec, xp, ops = _validate.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
                                             trans_b=trans_b)
         given = (A, B) if spec.beta_zero else (A, B, C)
@@ -212,6 +227,9 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
+        if _interop.any_foreign(X, Y, out):
+            return _interop.call(partial(contract, kind, extents=extents, backend=backend),
+                                 ("X", "Y"), (X, Y), out, stream)
         spec, xp, ops = _validate.contract_spec(kind, X, Y, extents=extents)
         p = cached_plan(key, (X, Y), spec, xp, backend, "auto", extents is not None)
         X, Y = ops
@@ -282,6 +300,11 @@ def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
+        if _interop.any_foreign(B1d, D, x, elem_dofs, out):
+            return _interop.call(partial(mass_apply, deterministic=deterministic,
+                                         backend=backend),
+                                 ("B1d", "D", "x", "elem_dofs"), (B1d, D, x, elem_dofs), out,
+                                 stream)
         spec, xp, ops = _validate.mass_apply_spec(B1d, D, x, elem_dofs, deterministic)
         p = cached_plan(key, (B1d, D, x, elem_dofs), spec, xp, backend, "auto")
         B1d, D, x, elem_dofs = ops
@@ -324,6 +347,10 @@ def mass_diagonal(B1d, D, elem_dofs, ndofs, *, out=None, deterministic=False,
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
+        if _interop.any_foreign(B1d, D, elem_dofs, out):
+            return _interop.call(partial(mass_diagonal, ndofs=ndofs,
+                                         deterministic=deterministic, backend=backend),
+                                 ("B1d", "D", "elem_dofs"), (B1d, D, elem_dofs), out, stream)
         spec, xp, ops = _validate.mass_diagonal_spec(B1d, D, elem_dofs, ndofs, deterministic)
         p = cached_plan(key, (B1d, D, elem_dofs), spec, xp, backend, "auto")
         B1d, D, elem_dofs = ops

@@ -8,6 +8,7 @@ copies (non-contiguous, negatively strided). torch and JAX are optional: their
 tests skip without them, and a small DLPack producer defined here stands in for
 "any library" (it runs everywhere).
 """
+import os
 import subprocess
 import sys
 
@@ -23,6 +24,7 @@ try:
     import torch
 except ImportError:
     torch = None
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX with a GPU: share it
 try:
     import jax
     import jax.numpy as jnp
@@ -54,7 +56,8 @@ def _torch(ops):
 
 
 def _jax(ops):
-    return [jnp.asarray(a) for a in ops]
+    cpu = jax.devices("cpu")[0]                  # (the device machine's JAX has a GPU too)
+    return [jax.device_put(a, cpu) for a in ops]
 
 
 # ---- every operation, every library ---------------------------------------------------

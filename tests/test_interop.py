@@ -299,3 +299,17 @@ def test_library_names():
     with pytest.raises(TypeError, match=r"stream must be a CuPy stream or a "
                                         r"torch.cuda.Stream, got object"):
         _interop.cupy_stream(object())
+
+
+@needs_torch
+def test_readme_torch_example_runs():
+    """The README's torch block (fenced as ``python torch``: the README test runs plain
+    ``python`` blocks only, and torch is optional)."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python torch\n(.*?)```", text, flags=re.S)
+    assert blocks, "README has no torch example"
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+

@@ -142,12 +142,13 @@ def _identity(x):
     return None if lib == "jax" else False
 
 
-def import_array(name, x, *, writeable=False, keep=False):
+def import_array(name, x, *, writeable=False, keep=False, device=None):
     """The NumPy or CuPy view of DLPack producer ``x`` (no copy), on ``x``'s device.
 
     ``writeable``: for ``out``, which must be written in place (a read-only import
     raises); inputs get a writeable alias instead. ``keep``: remember the view per
-    object (the element-to-DoF map, so that its checks run once).
+    object (the element-to-DoF map, so that its checks run once). ``device``: ``x``'s
+    (see ``_device``) when the caller has it already.
 
     Raises
     ------
@@ -168,7 +169,7 @@ def import_array(name, x, *, writeable=False, keep=False):
         raise TypeError(f"{name} requires grad: smalltc's operations do not record "
                         f"gradients; pass {name}.detach() (and no tensor that needs a "
                         "gradient through smalltc)")
-    device = _device(name, x)
+    device = _device(name, x) if device is None else device
     cp = cupy_or_none()
     if device[0] == "cuda" and (cp is None or not gpu_available()):
         raise TypeError(f"{_what(name, x)} on {_where(device)}, but "
@@ -263,9 +264,9 @@ def call(fn, names, operands, out, stream, *, plan_device=None):
             raise TypeError(f"operands come from different array libraries: "
                             f"{_what(first, x0)}, {_what(n, x)}; pass all of them from one "
                             f"library (smalltc returns the result in it)")
-    device = _device(first, x0)
-    for n, x in named[1:]:
-        d = _device(n, x)
+    devices = {n: _device(n, x) for n, x in named}
+    device = devices[first]
+    for n, d in devices.items():
         if d != device:
             raise ValueError(f"{n} is on {_where(d)} but {first} is on {_where(device)}; "
                              "move them to one device first")
@@ -275,10 +276,10 @@ def call(fn, names, operands, out, stream, *, plan_device=None):
                         f"for {built}")
 
     def run():
-        arrays = [None if x is None else
-                  import_array(n, x, keep=n == "elem_dofs") if is_foreign(x) else x
-                  for n, x in zip(names, operands)]
-        a_out = import_array("out", out, writeable=True) if is_foreign(out) else out
+        arrays = [import_array(n, x, keep=n == "elem_dofs", device=device)
+                  if is_foreign(x) else x for n, x in zip(names, operands)]
+        a_out = import_array("out", out, writeable=True, device=device) if \
+            is_foreign(out) else out
         result = fn(*arrays, out=a_out)
         return out if out is not None else _export(lib, result, x0)
 

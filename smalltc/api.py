@@ -44,11 +44,17 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
         "auto" picks the fastest available one for the arrays' device.
     method : {"auto", "fused", "pairwise"}
         One fused kernel ("auto"), or the catalogue's steps (3a)-(4f).
-    stream : cupy.cuda.Stream, optional
-        For CuPy arrays; default the current stream.
+    stream : cupy.cuda.Stream or torch.cuda.Stream, optional
+        For arrays on a GPU; default the current stream (torch's current stream for
+        torch CUDA tensors, CuPy's for the others).
 
     Operands that are not C-contiguous (and read-only NumPy arrays) are
     copied first; the answer is the same.
+
+    Arrays of other libraries that implement DLPack (torch tensors, JAX
+    arrays, on the CPU or a CUDA GPU) are read without a copy and the result
+    is returned in their library (an ``out`` tensor is written in place); see
+    :mod:`smalltc._interop` for the rules (streams, errors, copies).
 
     Returns
     -------
@@ -61,11 +67,19 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
         ``out`` of the wrong shape, not C-contiguous, read-only or
         overlapping an input.
     TypeError
-        Unsupported or mixed dtypes, NumPy mixed with CuPy arrays, an ``out``
-        that is not an array of the operands' library.
+        Unsupported or mixed dtypes, arrays of different libraries (NumPy with
+        CuPy, torch with NumPy, ...), an ``out`` that is not an array of the
+        operands' library, a torch tensor that requires grad.
 
     Examples
     --------
+    >>> import torch, smalltc                                  # doctest: +SKIP
+    >>> U = smalltc.batched_contract(torch.rand(5, 4, dtype=torch.float64),
+    ...     torch.rand(100, 5, 5, 5, dtype=torch.float64),
+    ...     torch.rand(100, 4, 4, 4, dtype=torch.float64))      # doctest: +SKIP
+    >>> type(U).__name__                                       # doctest: +SKIP
+    'Tensor'
+
     >>> import numpy as np, smalltc
     >>> rng = np.random.default_rng(0)
     >>> B1d = rng.random((5, 4)); D = rng.random((100, 5, 5, 5))

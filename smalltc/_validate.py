@@ -280,13 +280,6 @@ def _reshape(name, x, core, ncore):
                      f"be seen as {core} or (batch,) + {core}")
 
 
-def reshape_like(name, x, shape):
-    """``x`` seen with ``shape`` when the sizes agree (a view when possible)."""
-    if tuple(x.shape) == tuple(shape) or math.prod(x.shape) != math.prod(shape):
-        return x
-    return x.reshape(shape)
-
-
 def check_operands(inputs, operands, xp):
     """At call time: each operand is an array of module ``xp`` with the planned shape
     and dtype. ``inputs`` holds ``(name, shape, numpy dtype)`` per operand."""

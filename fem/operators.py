@@ -21,6 +21,12 @@ An operator lives where its ``D`` lives: built from CuPy arrays (or with
 ``mass_operator(..., device="gpu")``) it keeps ``B1d`` and ``D`` on the GPU,
 takes NumPy or CuPy vectors and returns CuPy ones, and its applications and
 diagonal run there (the core's CUDA backend, cuBLAS, strided adds).
+
+Both follow SciPy's ``LinearOperator`` protocol (``shape``, ``dtype``, ``matvec``,
+``rmatvec``, ``matmat``, ``rmatmat``): ``scipy.sparse.linalg.cg``/``minres`` and
+CuPy's ``cupyx.scipy.sparse.linalg`` solvers take them as they are, and
+``aslinearoperator()`` returns the library's ``LinearOperator``
+(:func:`smalltc.fem.solvers.Jacobi` does the same for the preconditioner).
 """
 
 import numpy as np
@@ -33,7 +39,7 @@ from .basis import basis_1d
 from .geometry import mass_data
 from .tensor import interp_t
 
-__all__ = ["MassOperator", "AssembledMassOperator", "mass_operator"]
+__all__ = ["MassOperator", "AssembledMassOperator", "mass_operator", "linear_operator"]
 
 
 class _SpaceOperator:
@@ -74,6 +80,45 @@ class _SpaceOperator:
     def __call__(self, x):
         return self.apply(x)
 
+    # SciPy's and CuPy's LinearOperator protocol (shape, dtype, matvec, ...): their
+    # solvers take the operator itself (scipy.sparse.linalg.cg(M, b)), and
+    # aslinearoperator() wraps it explicitly.
+
+    def matvec(self, x):
+        """``M x`` for one vector ``x`` of shape ``(ndofs,)`` or ``(ndofs, 1)``, returned in
+        x's shape and array module (NumPy in, NumPy out: a GPU operator copies ``x`` to
+        the device and ``y`` back; CuPy in, CuPy out)."""
+        return _like(x, self.apply(x.reshape(-1)).reshape(x.shape))
+
+    def matmat(self, X):
+        """``M X`` for ``X`` of shape ``(ndofs, k)``: one application to the ``k`` columns as
+        components."""
+        return _like(X, self.apply(X.T).T)
+
+    #: the mass matrix is symmetric (and real): its adjoint is itself
+    rmatvec, rmatmat = matvec, matmat
+
+    def aslinearoperator(self):
+        """This operator as a ``scipy.sparse.linalg.LinearOperator`` (a CPU operator) or a
+        ``cupyx.scipy.sparse.linalg.LinearOperator`` (a GPU operator), for the Krylov
+        solvers of SciPy and CuPy (``cg``, ``minres``, ...; they also take the operator
+        itself). SciPy is optional: imported here, ``ImportError`` without it.
+
+        Examples
+        --------
+        >>> from scipy.sparse.linalg import cg
+        >>> from smalltc.fem import H1Space, box_mesh, jacobi
+        >>> M = mass_operator(H1Space(box_mesh(2, 4), p=2))
+        >>> A = M.aslinearoperator()
+        >>> A.shape
+        (81, 81)
+        >>> b = M(np.ones(M.shape[0]))
+        >>> x, info = cg(A, b, rtol=1e-12, M=jacobi(M.diagonal()).aslinearoperator())
+        >>> info, bool(np.allclose(x, 1.0))
+        (0, True)
+        """
+        return linear_operator(self)
+
     def _vector(self, x):
         """``x`` in the operator's array module and dtype (a copy only where needed)."""
         if self.xp is np and is_cupy(x):
@@ -96,6 +141,25 @@ class _SpaceOperator:
             f"{type(self).__name__}(dim={s.dim}, p={s.p}, nq={self.B1d.shape[0]}, E={s.nelements}, "
             f"ndofs={s.ndofs}, dtype={self.dtype}, backend={self.backend!r}{where})"
         )
+
+
+def _like(x, y):
+    """``y`` in the array module of ``x`` (a GPU result for a NumPy ``x`` comes back)."""
+    return to_host(y) if isinstance(x, np.ndarray) and is_cupy(y) else y
+
+
+def linear_operator(op):
+    """``op`` (anything with ``shape``, ``dtype``, ``matvec``, ``matmat`` and ``xp``) as a
+    SciPy or, for ``op.xp`` CuPy, a CuPy ``LinearOperator``; SciPy imported here."""
+    if op.xp is np:
+        try:
+            from scipy.sparse.linalg import LinearOperator
+        except ImportError as err:
+            raise ImportError("aslinearoperator() needs SciPy (pip install scipy)") from err
+    else:
+        from cupyx.scipy.sparse.linalg import LinearOperator
+    return LinearOperator(op.shape, matvec=op.matvec, rmatvec=op.matvec, matmat=op.matmat,
+                          rmatmat=op.matmat, dtype=op.dtype)
 
 
 def _module_of(*arrays):

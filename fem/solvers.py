@@ -82,6 +82,51 @@ class Jacobi:
     def __call__(self, r):
         return r * self.inv
 
+    # SciPy's and CuPy's LinearOperator protocol, as smalltc.fem's operators: the
+    # preconditioner of their solvers (scipy.sparse.linalg.cg(A, b, M=P))
+
+    @property
+    def shape(self):
+        """``(n, n)``, ``n = inv.size``."""
+        return (self.inv.size, self.inv.size)
+
+    @property
+    def dtype(self):
+        return self.inv.dtype
+
+    @property
+    def xp(self):
+        """``numpy`` or ``cupy``: where ``inv`` lives."""
+        return array_module(self.inv)
+
+    def matvec(self, r):
+        """``r / diag(A)`` for one vector of shape ``(n,)`` or ``(n, 1)``, in r's shape and
+        array module."""
+        from .operators import _like
+        xp = self.xp
+        z = xp.asarray(r).reshape(-1) * self.inv.reshape(-1)
+        return _like(r, z.reshape(r.shape))
+
+    def matmat(self, R):
+        """``diag(A)^-1 R`` for ``R`` of shape ``(n, k)``."""
+        from .operators import _like
+        return _like(R, self.xp.asarray(R) * self.inv.reshape(-1, 1))
+
+    rmatvec, rmatmat = matvec, matmat
+
+    def aslinearoperator(self):
+        """This preconditioner as a SciPy (CuPy, for a CuPy ``inv``) ``LinearOperator``:
+        the ``M=`` of ``scipy.sparse.linalg.cg`` (``cupyx.scipy.sparse.linalg.cg``).
+
+        Examples
+        --------
+        >>> P = jacobi(np.array([2.0, 4.0])).aslinearoperator()
+        >>> print(P.matvec(np.array([1.0, 1.0])))
+        [0.5  0.25]
+        """
+        from .operators import linear_operator
+        return linear_operator(self)
+
     def __repr__(self):
         return f"Jacobi(n={self.inv.size}, dtype={self.inv.dtype})"
 

@@ -10,6 +10,10 @@ arrays (NVIDIA GPUs), with a plan/execute API:
 - :func:`mass_apply`: the global mass operator through an element-to-DoF map, fused
   (gather, action, scatter-add), and :func:`mass_diagonal` (Jacobi)
 - :func:`plan`: build once, call many times
+- :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
+
+Arrays of other libraries that implement DLPack (torch, JAX) are taken without a
+copy and the result is returned in their library (:mod:`smalltc._interop`).
 
 Examples
 --------
@@ -22,12 +26,13 @@ import logging as _logging
 
 from .api import (assemble_mass, batched_contract, batched_gemm, contract, mass_apply,
                   mass_diagonal)
+from .aot import precompile
 from .catalogue import STEPS
 from .plan import Plan, plan
 
 __version__ = "0.1.0"
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
-           "mass_diagonal", "plan",
+           "mass_diagonal", "plan", "precompile",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

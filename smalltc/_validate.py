@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from . import _interop
 from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_array,
                       is_cupy, usable)
 from .spec import (ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec,
@@ -23,10 +24,15 @@ __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec", "mass_a
 
 
 def _as_array(name, x):
+    """``x`` as a NumPy or CuPy array: itself, a zero-copy view of a DLPack producer
+    (torch, JAX: :func:`smalltc._interop.import_array`), or ``numpy.asarray`` of
+    anything else (lists)."""
     if x is None:
         raise TypeError(f"{name} is None; expected an array")
     if is_array(x):
         return x
+    if hasattr(x, "__dlpack__"):
+        return _interop.import_array(name, x)
     try:
         return np.asarray(x)
     except Exception as err:
@@ -272,13 +278,6 @@ def _reshape(name, x, core, ncore):
         return x.reshape((total // n,) + core)
     raise ValueError(f"{name} has shape {tuple(x.shape)} ({total} entries), which cannot "
                      f"be seen as {core} or (batch,) + {core}")
-
-
-def reshape_like(name, x, shape):
-    """``x`` seen with ``shape`` when the sizes agree (a view when possible)."""
-    if tuple(x.shape) == tuple(shape) or math.prod(x.shape) != math.prod(shape):
-        return x
-    return x.reshape(shape)
 
 
 def check_operands(inputs, operands, xp):

@@ -5,11 +5,16 @@ signature: the operation, the flags that choose the spec, and each operand's
 type, shape and dtype. A repeated call is a dictionary lookup and the plan's
 call, whose plain comparisons recheck everything a signature leaves out
 (contiguity, ``out``, scalars). A miss, or operands that are not arrays, goes
-through :mod:`smalltc._validate` to the spec first.
+through :mod:`smalltc._validate` to the spec first; arrays of another library
+(torch, JAX: any DLPack producer) go through :mod:`smalltc._interop`, which calls
+the same function with NumPy/CuPy views of them and returns the result in their
+library.
 """
 from __future__ import annotations
 
-from . import _validate
+from functools import partial
+
+from . import _interop, _validate
 from .plan import _PLANS, cached_plan
 
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
@@ -39,11 +44,17 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
         "auto" picks the fastest available one for the arrays' device.
     method : {"auto", "fused", "pairwise"}
         One fused kernel ("auto"), or the catalogue's steps (3a)-(4f).
-    stream : cupy.cuda.Stream, optional
-        For CuPy arrays; default the current stream.
+    stream : cupy.cuda.Stream or torch.cuda.Stream, optional
+        For arrays on a GPU; default the current stream (torch's current stream for
+        torch CUDA tensors, CuPy's for the others).
 
     Operands that are not C-contiguous (and read-only NumPy arrays) are
     copied first; the answer is the same.
+
+    Arrays of other libraries that implement DLPack (torch tensors, JAX
+    arrays, on the CPU or a CUDA GPU) are read without a copy and the result
+    is returned in their library (an ``out`` tensor is written in place); see
+    :mod:`smalltc._interop` for the rules (streams, errors, copies).
 
     Returns
     -------
@@ -56,11 +67,19 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
         ``out`` of the wrong shape, not C-contiguous, read-only or
         overlapping an input.
     TypeError
-        Unsupported or mixed dtypes, NumPy mixed with CuPy arrays, an ``out``
-        that is not an array of the operands' library.
+        Unsupported or mixed dtypes, arrays of different libraries (NumPy with
+        CuPy, torch with NumPy, ...), an ``out`` that is not an array of the
+        operands' library, a torch tensor that requires grad.
 
     Examples
     --------
+    >>> import torch, smalltc                                  # doctest: +SKIP
+    >>> U = smalltc.batched_contract(torch.rand(5, 4, dtype=torch.float64),
+    ...     torch.rand(100, 5, 5, 5, dtype=torch.float64),
+    ...     torch.rand(100, 4, 4, 4, dtype=torch.float64))      # doctest: +SKIP
+    >>> type(U).__name__                                       # doctest: +SKIP
+    'Tensor'
+
     >>> import numpy as np, smalltc
     >>> rng = np.random.default_rng(0)
     >>> B1d = rng.random((5, 4)); D = rng.random((100, 5, 5, 5))
@@ -79,6 +98,9 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
     except (AttributeError, TypeError):      # not arrays, or an unhashable argument
         key = p = None
     if p is None:
+        if _interop.any_foreign(B1d, D, V, out):
+            return _interop.call(partial(batched_contract, backend=backend, method=method),
+                                 ("B1d", "D", "V"), (B1d, D, V), out, stream)
         spec, xp, ops = _validate.action_spec(B1d, D, V)
         p = cached_plan(key, (B1d, D, V), spec, xp, backend, method)
         B1d, D, V = ops
@@ -118,6 +140,9 @@ def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=Non
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
+        if _interop.any_foreign(B1d, D, out):
+            return _interop.call(partial(assemble_mass, backend=backend, method=method),
+                                 ("B1d", "D"), (B1d, D), out, stream)
         spec, xp, ops = _validate.assembly_spec(B1d, D)
         p = cached_plan(key, (B1d, D), spec, xp, backend, method)
         B1d, D = ops
@@ -162,6 +187,10 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     except (AttributeError, TypeError, ValueError):   # ValueError: an array's truth value
         key = p = None
     if p is None:
+        if _interop.any_foreign(A, B, C, out):
+            return _interop.call(partial(batched_gemm, alpha=alpha, beta=beta, trans_a=trans_a,
+                                         trans_b=trans_b, backend=backend),
+                                 ("A", "B", "C"), (A, B, C), out, stream)
         spec, xp, ops = _validate.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
                                             trans_b=trans_b)
         given = (A, B) if spec.beta_zero else (A, B, C)
@@ -212,6 +241,9 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
+        if _interop.any_foreign(X, Y, out):
+            return _interop.call(partial(contract, kind, extents=extents, backend=backend),
+                                 ("X", "Y"), (X, Y), out, stream)
         spec, xp, ops = _validate.contract_spec(kind, X, Y, extents=extents)
         p = cached_plan(key, (X, Y), spec, xp, backend, "auto", extents is not None)
         X, Y = ops
@@ -282,6 +314,11 @@ def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
+        if _interop.any_foreign(B1d, D, x, elem_dofs, out):
+            return _interop.call(partial(mass_apply, deterministic=deterministic,
+                                         backend=backend),
+                                 ("B1d", "D", "x", "elem_dofs"), (B1d, D, x, elem_dofs), out,
+                                 stream)
         spec, xp, ops = _validate.mass_apply_spec(B1d, D, x, elem_dofs, deterministic)
         p = cached_plan(key, (B1d, D, x, elem_dofs), spec, xp, backend, "auto")
         B1d, D, x, elem_dofs = ops
@@ -324,6 +361,10 @@ def mass_diagonal(B1d, D, elem_dofs, ndofs, *, out=None, deterministic=False,
     except (AttributeError, TypeError):
         key = p = None
     if p is None:
+        if _interop.any_foreign(B1d, D, elem_dofs, out):
+            return _interop.call(partial(mass_diagonal, ndofs=ndofs,
+                                         deterministic=deterministic, backend=backend),
+                                 ("B1d", "D", "elem_dofs"), (B1d, D, elem_dofs), out, stream)
         spec, xp, ops = _validate.mass_diagonal_spec(B1d, D, elem_dofs, ndofs, deterministic)
         p = cached_plan(key, (B1d, D, elem_dofs), spec, xp, backend, "auto")
         B1d, D, elem_dofs = ops

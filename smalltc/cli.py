@@ -1,4 +1,4 @@
-"""The ``smalltc`` command: ``info``, ``demo``, ``bench``, ``tune``.
+"""The ``smalltc`` command: ``info``, ``demo``, ``bench``, ``tune``, ``precompile``.
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only routes.
@@ -18,6 +18,8 @@ SUBCOMMANDS = {
     "demo": ("smalltc.demo", "FEM demo (L2 projection) and roofline report"),
     "bench": ("smalltc.bench.cli", "benchmark suites against the roofline and baselines"),
     "tune": ("smalltc.tuning.cli", "autotune kernels and write lookup tables"),
+    "precompile": ("smalltc.aot", "compile the kernels of given sizes ahead, into the disk "
+                                  "caches"),
 }
 
 

@@ -86,8 +86,10 @@ def _tables():
     return out
 
 
-def collect() -> dict:
+def collect(kernels: bool = False) -> dict:
+    """Everything ``smalltc info`` reports; ``kernels``: list the cached CPU kernels too."""
     import numpy as np
+    from .aot import cache_report
     import smalltc
     from . import backends
     be = {}
@@ -108,15 +110,18 @@ def collect() -> dict:
         except Exception:
             pass
     return {"version": smalltc.__version__, "versions": vers, "backends": be,
-            "cpu": _cpu(), "gpus": gpus, "gpu_note": gpu_note, "tuning_tables": tables}
+            "cpu": _cpu(), "gpus": gpus, "gpu_note": gpu_note, "tuning_tables": tables,
+            "caches": cache_report(kernels)}
 
 
 def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--kernels", action="store_true",
+                        help="list the CPU kernels in the disk cache")
 
 
 def run(args) -> int:
-    info = collect()
+    info = collect(kernels=getattr(args, "kernels", False))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -149,4 +154,22 @@ def run(args) -> int:
                      else "  [not for the GPUs here]")
         note += f"  [{t['disabled']}]" if t.get("disabled") else ""
         print(f"  {t['file']:20s} {t['device']}, {t['date']}: {ents}{note}")
+    _print_caches(info["caches"])
     return 0
+
+
+def _print_caches(c):
+    """The kernel caches' lines (what ``smalltc precompile`` fills)."""
+    def size(n):
+        return f"{n / 2**20:.1f} MiB"
+    cpu, cuda = c["cpu"], c["cuda"]
+    print("kernel caches (smalltc precompile fills them):")
+    print(f"  cpu   {cpu['dir']}: {cpu['compiled']} kernels compiled by Numba"
+          + (f" ({cpu['kernels'] - cpu['compiled']} rendered, not compiled)"
+             if cpu["kernels"] > cpu["compiled"] else "")
+          + f", {size(cpu['bytes'])}")
+    for name in cpu.get("names", []):
+        print(f"        {name}")
+    print(f"  cuda  {cuda['dir']}: {cuda['modules']} compiled modules (CuPy), "
+          f"{size(cuda['bytes'])}" + ("  [CUPY_CACHE_IN_MEMORY: not kept on disk]"
+                                      if cuda.get("in_memory") else ""))

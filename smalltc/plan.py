@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import _validate
+from . import _interop, _validate
 from ._arrays import is_array
 from .maps import map_info
 from .backends import Unsupported, candidates
@@ -46,7 +46,10 @@ class Plan:
     dtype, C-contiguous; for NumPy also aligned and writeable), ``out`` as
     planned and apart from the inputs (``out=C`` is the GEMM's in-place
     update), and finite real scalars whose ``beta == 0`` is the planned one.
-    When a comparison fails, the full checks run: an operand that is not
+    When a comparison fails, arrays of another library (torch, JAX: any DLPack
+    producer) run through NumPy/CuPy views of them and the result comes back in
+    their library (:mod:`smalltc._interop`; ``stream=`` may then be a
+    ``torch.cuda.Stream``); otherwise the full checks run: an operand that is not
     C-contiguous (or a read-only NumPy array) is copied, a contraction planned
     with ``extents`` reshapes its operands, and anything else raises the error
     that names the operand.
@@ -108,6 +111,8 @@ class Plan:
         if stream is not None:
             if not self._on_gpu:
                 raise TypeError("stream= is for CuPy arrays; NumPy work runs on the host")
+            if type(operands[0]) is not self._array_type or not _interop.is_cupy_stream(stream):
+                return _interop.call_plan(self, operands, out, stream, alpha, beta)
             with stream:
                 return self(*operands, out=out, alpha=alpha, beta=beta)
         if self.reshape_inputs:             # a contraction planned with extents: views
@@ -157,6 +162,8 @@ class Plan:
         elif alpha != 1.0 or beta != 0.0:
             ok = False
         if not ok:
+            if _interop.any_foreign(*operands, out):        # torch, JAX, ...: DLPack views
+                return _interop.call_plan(self, operands, out, None, alpha, beta)
             operands, alpha, beta = self._checked(operands, out, alpha, beta)
         if self._map is not None:
             map_info(operands[self._map], self.spec.ndofs)      # the range, once per map

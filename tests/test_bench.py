@@ -51,6 +51,7 @@ def test_json_has_the_required_fields(run_dir):
         assert st["first_call_s"] > 0 and st["backend"] == "reference"
         assert 0 < st["fraction"]
         assert len(c["impls"]) >= 2                      # at least one baseline
+        assert all(r["first_call_s"] > 0 for r in c["impls"].values() if r["status"] == "ok")
     assert any("numpy.matmul" in c["impls"] for c in gemm)
     act = [c for c in doc["cases"] if c["suite"] == "action"]
     assert all("numpy.einsum chain" in c["impls"] and c["impls"]["smalltc"]["dofs_per_s"] > 0
@@ -269,6 +270,7 @@ def test_bp1_suite_end_to_end(tmp_path, capsys):
         assert not c.get("error"), c.get("error")
         assert set(c["impls"]) == {"smalltc", "deterministic", "unfused", "cg", "cg (unfused)"}
         assert all(r["status"] == "ok" for r in c["impls"].values())
+        assert all(r["first_call_s"] > 0 for r in c["impls"].values())
         assert c["impls"]["smalltc"]["rel_err"] <= 1e-12
         ndofs = c["sizes"]["ndofs"]
         assert c["bound"]["dofs"] == ndofs and c["cg_bound"]["bytes"] > c["bound"]["bytes"]

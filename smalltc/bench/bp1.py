@@ -26,7 +26,9 @@ updates (:data:`smalltc.fem._cg_fused.VECTOR_PASSES`: ``p.Ap`` reads 2 vectors,
 the update reads x, r, p, Ap and the inverse diagonal and writes x and r, the new
 direction reads r, the inverse diagonal and p and writes p; 11 without the
 preconditioner). The apply is checked against the unfused path (relative error)
-before it is timed.
+before it is timed. Every implementation records ``first_call_s``: its first call in
+the process (the plan, compiling or loading its kernels, one run; for CG a 2-iteration
+solve), which ``smalltc precompile`` shortens.
 """
 from __future__ import annotations
 
@@ -79,15 +81,16 @@ def _rec(b, times, what, **extra):
 
 
 def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
-    """Seconds per CG iteration: (t(5 + K) - t(5)) / K, median over ``repeats`` pairs.
-    Raises RuntimeError when the solve stopped before its ``maxiter`` (a time of fewer
+    """Seconds per CG iteration: (t(5 + K) - t(5)) / K, median over ``repeats`` pairs,
+    the iterations done, and the seconds of the first (2-iteration) solve. Raises
+    RuntimeError when the solve stopped before its ``maxiter`` (a time of fewer
     iterations is no iteration's time)."""
     from ..fem import cg
 
     def solve(n):
         return cg(M, rhs, tol=1e-300, maxiter=n, precond=P, raise_on_failure=False,
                   fused=fused)
-    solve(2)                                          # warm-up: compiles, pools
+    _, first = time_once(lambda: solve(2), on_gpu=on_gpu)   # warm-up: compiles, pools
     per = []
     for _ in range(repeats):
         _, t0 = time_once(lambda: solve(5), on_gpu=on_gpu)
@@ -96,7 +99,7 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
             raise RuntimeError(f"CG stopped after {r.iterations} of {5 + CG_EXTRA} iterations "
                                f"(relative residual {r.residuals[-1]:.1e})")
         per.append(max(t1 - t0, 1e-12) / CG_EXTRA)
-    return per, r.iterations
+    return per, r.iterations, first
 
 
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
@@ -130,14 +133,19 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
         fused = MassOperator(space, D, B1d, backend=backend)
         det = MassOperator(space, D, B1d, backend=backend, deterministic=True)
         unfused = MassOperator(space, D, B1d, backend=backend, fused=False)
-        ref = unfused(x)
+        # first calls (first_call_s): plan, compile or load the kernels, run once
+        ref, first_unfused = time_once(lambda: unfused(x), on_gpu=on_gpu)
         y = xp.empty_like(x)
         tol = 1e-12 if case.dtype == "float64" else 1e-5
         for name, op in (("smalltc", fused), ("deterministic", det)):
             y.fill(math.nan)
-            plan = smalltc.plan("mass_apply", B1d, D, x, emap, backend=backend,
-                                deterministic=op.deterministic)
-            _, first = time_once(lambda: plan(B1d, D, x, emap, out=y), on_gpu=on_gpu)
+
+            def first_call():
+                p = smalltc.plan("mass_apply", B1d, D, x, emap, backend=backend,
+                                 deterministic=op.deterministic)
+                p(B1d, D, x, emap, out=y)
+                return p
+            plan, first = time_once(first_call, on_gpu=on_gpu)
             err = float(xp.linalg.norm(y - ref) / xp.linalg.norm(ref))
             info = dict(rel_err=err, tolerance=tol, first_call_s=first, backend=plan.backend,
                         kernel=str(plan.kernel), source=str(plan.source),
@@ -152,7 +160,8 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
                                       + (", deterministic)" if op.deterministic else ")"), **info)
         times = time_calls(lambda: unfused(x), repeats=max(3, repeats // 4), warmup=1,
                            on_gpu=on_gpu)
-        rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter")
+        rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter",
+                                       first_call_s=first_unfused)
         P = None if lumped else jacobi(fused.diagonal())
         what = "CG iteration, no preconditioner (M diagonal)" if lumped else \
             "Jacobi-PCG iteration"
@@ -162,13 +171,13 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
                 ("cg", fused, True, max(3, repeats // 4), "fused operator and updates"),
                 ("cg (unfused)", unfused, False, 2, "unfused operator, plain loop")):
             try:
-                per, its = _cg_per_iteration(op, rhs, P, fuse, on_gpu, reps)
+                per, its, first_cg = _cg_per_iteration(op, rhs, P, fuse, on_gpu, reps)
             except RuntimeError as err:
                 rec["impls"][name] = dict(what=f"{what} ({how})", status="failed",
                                           error=str(err))
                 continue
             rec["impls"][name] = _rec(bcg, [int(t * 1e9) for t in per], f"{what} ({how})",
-                                      iterations=its,
+                                      iterations=its, first_call_s=first_cg,
                                       vector_passes=VECTOR_PASSES - (2 if lumped else 0),
                                       preconditioner=None if lumped else "jacobi")
     except Exception as err:

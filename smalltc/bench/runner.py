@@ -17,7 +17,7 @@ import traceback
 import numpy as np
 
 from .. import roofline
-from .._timing import median, synchronize, time_calls
+from .._timing import median, time_calls, time_once
 from .baselines import baselines as make_baselines
 from .cases import batched_flags, footprint, make_inputs, reference, smalltc_impl
 
@@ -104,8 +104,9 @@ def _measure(impl, ref, idx, xp, b, tol, on_gpu, repeats, warmup) -> dict:
         poisoned = impl.out is not None
         if poisoned:
             impl.out.fill(math.nan)
-        res = impl.fn()
-        synchronize(on_gpu)
+        res, first = time_once(impl.fn, on_gpu=on_gpu)
+        if impl.first_call_s is None:        # a baseline's first call (smalltc's: plan too)
+            r["first_call_s"] = first
         if impl.to_array is not None:
             res = impl.to_array(res)
         finite, err = check(res, ref, idx, xp)

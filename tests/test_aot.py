@@ -1,0 +1,144 @@
+"""Ahead-of-time compilation: ``smalltc.precompile``, ``smalltc precompile``, the cache report.
+
+The main check runs processes: after ``smalltc precompile`` into an empty cache,
+a second process's first call writes nothing to the cache (it compiled nothing)
+and takes less time than the compile did; a process on another empty cache,
+without precompiling, does write (the control). On the GPU the same with CuPy's
+kernel cache (``CUPY_CACHE_DIR``).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import smalltc
+from smalltc import aot
+from smalltc._arrays import gpu_available
+from smalltc.cli import main
+
+# a first call in a fresh process: the seconds it took and the cache files it wrote
+FIRST_CALL = r"""
+import json, sys, time
+import numpy as np
+from smalltc import aot
+device = sys.argv[1]
+folder = aot.cache_dirs()["cpu" if device == "cpu" else "cuda"]
+before = aot._files(folder)
+import smalltc
+xp = np
+if device == "gpu":
+    import cupy as xp
+B1d, D, V = (xp.asarray(np.random.rand(*s)) for s in ((2, 2), (50, 2, 2), (50, 2, 2)))
+t0 = time.perf_counter()
+smalltc.batched_contract(B1d, D, V)
+if device == "gpu":
+    xp.cuda.get_current_stream().synchronize()
+seconds = time.perf_counter() - t0
+after = aot._files(folder)
+print(json.dumps(dict(seconds=seconds, new_files=sum(after.get(f) != before.get(f)
+                                                     for f in after))))
+"""
+
+
+def _env(tmp_path, name):
+    env = dict(os.environ, SMALLTC_CACHE_DIR=str(tmp_path / name / "smalltc"),
+               CUPY_CACHE_DIR=str(tmp_path / name / "cupy"))
+    env.pop("CUPY_CACHE_IN_MEMORY", None)
+    return env
+
+
+def _first_call(env, device):
+    out = subprocess.run([sys.executable, "-c", FIRST_CALL, device], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not gpu_available(), reason="no CUDA device (cupy device query failed)")])])
+def test_second_process_after_precompile_compiles_nothing(tmp_path, device):
+    env = _env(tmp_path, "warm")
+    records = tmp_path / "records.json"
+    subprocess.run([sys.executable, "-m", "smalltc.cli", "precompile", "--ops", "action",
+                    "--p", "1", "--nq", "2", "--dims", "2", "--device", device,
+                    "--no-progress", "--json", str(records)], env=env, check=True,
+                   capture_output=True)
+    (rec,) = json.loads(records.read_text())
+    assert rec["compiled"] and rec["new_files"] > 0 and not rec["nothing_to_compile"]
+    warm = _first_call(env, device)
+    assert warm["new_files"] == 0                       # nothing compiled
+    assert warm["seconds"] < rec["seconds"]             # loosely: faster than compiling
+    cold = _first_call(_env(tmp_path, "cold"), device)  # the control: no precompile
+    assert cold["new_files"] > 0
+
+
+def test_precompile_records_and_cache_report():
+    recs = smalltc.precompile(ops=["action", "assembly"], p=[1], nq=["p+1", 2], dims=[1],
+                              ncomp=[1, 2], device="cpu")
+    # nq p+1 == 2 once; ncomp only for the action
+    assert [(r["op"], r["ncomp"]) for r in recs] == [("action", 1), ("action", 2),
+                                                     ("assembly", 1)]
+    assert all(r["backend"] == "cpu" and r["device"] == "cpu" for r in recs)
+    again = smalltc.precompile(ops=["action"], p=[1], nq=[2], dims=[1], device="cpu")
+    assert not again[0]["compiled"] and again[0]["new_files"] == 0
+    rep = aot.cache_report(kernels=True)
+    assert rep["cpu"]["compiled"] >= 1 and "stc_mass_apply_1d_f64_nd2_nq2" in rep["cpu"]["names"]
+    assert set(rep["cuda"]) >= {"dir", "modules", "files", "bytes"}
+
+
+def test_precompile_fem_operators():
+    recs = smalltc.precompile(ops=["mass_apply", "mass_diagonal"], p=[1], nq=[2], dims=[1],
+                              deterministic=[False, True], index_dtypes=["int32", "int64"],
+                              device="cpu")
+    assert len(recs) == 8
+    for r in recs:
+        assert r["nothing_to_compile"] == (r["backend"] == "reference")
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(ops=["gemm"]), ValueError, r"op must be one of \('action', 'assembly', "
+                                     r"'mass_apply', 'mass_diagonal'\), got 'gemm'"),
+    (dict(device="tpu"), ValueError, r"device must be 'auto', 'cpu' or 'gpu', got 'tpu'"),
+    (dict(dtypes=["float16"]), TypeError, r"dtype float16"),
+])
+def test_precompile_errors(kw, exc, match):
+    args = dict(ops=["action"], p=[1], nq=[2], dims=[1], device="cpu") | kw
+    with pytest.raises(exc, match=match):
+        smalltc.precompile(**args)
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU answers here")
+def test_precompile_gpu_without_one():
+    with pytest.raises(RuntimeError, match=r"device='gpu' was requested but no CUDA device"):
+        smalltc.precompile(ops=["action"], p=[1], nq=[2], dims=[1], device="gpu")
+
+
+def test_parse_nq():
+    assert [aot.parse_nq(q, 3) for q in ("p", "p+2", "p-1", 7, "5")] == [3, 5, 2, 7, 5]
+
+
+def test_cli_precompile_and_info(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["precompile", "--ops", "action", "--p", "1", "--nq", "p+1", "--dims", "1",
+                 "--device", "cpu", "--no-progress", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "1 builds on the CPU" in text and "cache:" in text
+    assert json.loads(out.read_text())[0]["kernel"] == "stc_mass_apply_1d_f64_nd2_nq2"
+    assert main(["info", "--kernels"]) == 0
+    text = capsys.readouterr().out
+    assert "kernel caches (smalltc precompile fills them):" in text
+    assert "stc_mass_apply_1d_f64_nd2_nq2" in text
+    assert main(["info", "--json"]) == 0
+    assert "caches" in json.loads(capsys.readouterr().out)
+
+
+def test_kernels_do_not_depend_on_the_element_count():
+    """Why a two-element problem is enough: the plan of a large batch uses the kernel
+    the precompile built (the same entry point, no new compile in this process)."""
+    rec = smalltc.precompile(ops=["action"], p=[2], nq=[3], dims=[2], device="cpu")[0]
+    B1d, D, V = np.random.rand(3, 3), np.random.rand(300, 3, 3), np.random.rand(300, 3, 3)
+    p = smalltc.plan("action", B1d, D, V)
+    assert p.kernel == rec["kernel"] and p.executor.compile_s == 0.0

@@ -28,9 +28,9 @@ import smalltc
 from smalltc._arrays import is_cupy
 
 from ..operators import MassOperator
-from .comm import collective
+from .comm import collective, load_mpi
 
-__all__ = ["DistributedMassOperator"]
+__all__ = ["DistributedMassOperator", "distributed_mass_operator"]
 
 
 class DistributedMassOperator:
@@ -191,3 +191,79 @@ class DistributedMassOperator:
         if ghost_value != 0 and s.nghosts:
             d[self.halo.ghosts] = ghost_value
         return d
+
+
+def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
+                              dtype=np.float64, backend="auto", device="cpu", fused=True,
+                              deterministic=False, comm=None):
+    """:func:`smalltc.fem.mass_operator` over the ranks of ``comm`` (collective).
+
+    Parameters
+    ----------
+    space : H1Space or DistributedH1Space
+        An :class:`~smalltc.fem.space.H1Space` of the whole mesh (then ``comm``
+        is needed: the mesh is cut into blocks, :func:`~.space.distribute_mesh`),
+        or a distributed space.
+    nq, rho, quadrature, dtype, backend, device, deterministic
+        As for :func:`smalltc.fem.mass_operator`; ``D`` is computed for this
+        rank's elements only. ``device="gpu"`` selects this rank's GPU
+        (:func:`~.comm.select_gpu`) first.
+    assembled, fused
+        Must be False and True: only the fused matrix-free operator is distributed.
+    comm : mpi4py communicator, optional
+
+    Returns
+    -------
+    DistributedMassOperator
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import H1Space, box_mesh, mass_operator
+    >>> M = mass_operator(H1Space(box_mesh(3, 2), p=1), comm=MPI.COMM_SELF)
+    >>> M.shape, M.space.nranks
+    ((27, 27), 1)
+    """
+    from .._device import device_name, resolve_device
+    from ..basis import basis_1d
+    from ..geometry import mass_data
+    from .comm import agree, select_gpu
+    from .space import DistributedH1Space, distribute_mesh
+
+    if hasattr(space, "partition"):
+        dspace = space
+        if comm is not None:
+            MPI = load_mpi()
+            if MPI.Comm.Compare(comm, space.mesh.comm) not in (MPI.IDENT, MPI.CONGRUENT):
+                raise ValueError("comm is not the communicator of the DistributedH1Space")
+        comm = space.mesh.comm
+    else:
+        dspace = None
+    agree(comm, {"nq": nq, "rho": _name(rho), "assembled": assembled, "quadrature": quadrature,
+                 "dtype": np.dtype(dtype).name, "backend": backend, "device": device,
+                 "fused": fused, "deterministic": bool(deterministic)},
+          "the arguments of mass_operator")
+    if assembled or not fused:
+        raise ValueError("only the fused matrix-free mass operator is distributed "
+                         f"(got assembled={assembled!r}, fused={fused!r})")
+    where = collective(comm, lambda: device_name(resolve_device(device)),
+                       what="choosing the device")
+    agree(comm, {"device": where}, "the devices found")
+    if where == "gpu":
+        collective(comm, select_gpu, comm, what="selecting a GPU")
+    xp = resolve_device(where)
+    if dspace is None:
+        dspace = DistributedH1Space(distribute_mesh(space.mesh, comm), space.p)
+    nq = dspace.p + 2 if nq is None else nq
+    D = collective(comm, mass_data, dspace.mesh.local, nq, rho, quadrature=quadrature,
+                   dtype=dtype, device=where, what="computing D")
+    B1d = basis_1d(dspace.p, nq, quadrature).B1d
+    return DistributedMassOperator(dspace, xp.asarray(D), xp.asarray(B1d), backend=backend,
+                                   deterministic=deterministic)
+
+
+def _name(value):
+    """A value as every rank spells it (a callable by its qualified name)."""
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    return repr(value)

@@ -216,7 +216,7 @@ def run_mpi(args) -> int:
     try:
         MPI = load_mpi()
     except RuntimeError as err:
-        print(f"smalltc demo --mpi: {err}", file=sys.stderr, flush=True)
+        _stderr(f"smalltc demo --mpi: {err}")
         return 2
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -224,12 +224,11 @@ def run_mpi(args) -> int:
     try:
         rec = _projection(args, kind, comm)
     except (ValueError, TypeError, RuntimeError) as err:   # the fem layer raises these on every rank
-        print(f"smalltc demo --mpi: rank {rank} of {size}: {type(err).__name__}: {err}",
-              file=sys.stderr, flush=True)
+        _stderr(f"smalltc demo --mpi: rank {rank} of {size}: {type(err).__name__}: {err}")
         return 1
     except BaseException as err:                          # unforeseen: do not leave ranks waiting
-        print(f"smalltc demo --mpi: rank {rank} of {size}: {type(err).__name__}: {err}; "
-              "aborting every rank", file=sys.stderr, flush=True)
+        _stderr(f"smalltc demo --mpi: rank {rank} of {size}: {type(err).__name__}: {err}; "
+                "aborting every rank")
         comm.Abort(1)
     every = comm.gather(rec, root=0)
     if rank != 0:
@@ -241,6 +240,11 @@ def run_mpi(args) -> int:
     path = write_json(os.path.join(args.out, "demo-mpi.json"), doc)
     print(f"wrote {path}")
     return 0
+
+
+def _stderr(line):
+    """One line to stderr in one write (the ranks' lines do not interleave)."""
+    os.write(2, (line + "\n").encode())
 
 
 def _print_mpi(every):

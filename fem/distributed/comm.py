@@ -32,7 +32,7 @@ import numpy as np
 from smalltc._arrays import is_cupy
 
 __all__ = ["RankError", "Reducer", "agree", "collective", "cuda_aware", "load_mpi",
-           "check_launch", "local_rank", "select_gpu", "ENV_CUDA_AWARE"]
+           "check_launch", "local_rank", "select_gpu", "spelling", "ENV_CUDA_AWARE"]
 
 #: environment variable that overrides the CUDA-aware MPI query: "1" or "0"
 ENV_CUDA_AWARE = "SMALLTC_MPI_CUDA_AWARE"
@@ -152,6 +152,21 @@ def agree(comm, values, what="arguments"):
                 f"{v} on rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}" for v, rs in seen.items()))
     if diffs:
         raise ValueError(f"{what} differ across the {comm.Get_size()} ranks: " + "; ".join(diffs))
+
+
+def spelling(value):
+    """``value`` as every rank spells it, for :func:`agree`: a callable by its module and
+    qualified name (its ``repr`` holds an address that differs between processes).
+
+    Examples
+    --------
+    >>> spelling(np.sin), spelling(0.05)
+    ('numpy.sin', '0.05')
+    """
+    if callable(value):
+        name = getattr(value, "__qualname__", type(value).__qualname__)
+        return f"{getattr(value, '__module__', None) or type(value).__module__}.{name}"
+    return repr(value)
 
 
 def _ranges(ranks):

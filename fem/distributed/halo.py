@@ -188,7 +188,8 @@ class Halo:
             send, recv = send_dev, recv_dev
         else:
             send = self._buffer("send_host", nsend, dtype)
-            _to_host(send_dev, send)                        # waits for the packing
+            if nsend:
+                _to_host(send_dev, send)                    # waits for the packing
             recv = self._buffer("recv_host", nrecv, dtype)
         reqs = self._post(send, send_ranks, send_off, recv, recv_ranks, recv_off, tag)
         self.seconds["pack"] += time.perf_counter() - t0

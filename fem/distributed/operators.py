@@ -27,8 +27,12 @@ import numpy as np
 import smalltc
 from smalltc._arrays import is_cupy
 
+from .._device import device_name, resolve_device
+from ..basis import basis_1d
+from ..geometry import mass_data
 from ..operators import MassOperator
-from .comm import collective, load_mpi
+from .comm import agree, collective, load_mpi, select_gpu, spelling
+from .space import DistributedH1Space, distribute_mesh
 
 __all__ = ["DistributedMassOperator", "distributed_mass_operator"]
 
@@ -224,12 +228,6 @@ def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quad
     >>> M.shape, M.space.nranks
     ((27, 27), 1)
     """
-    from .._device import device_name, resolve_device
-    from ..basis import basis_1d
-    from ..geometry import mass_data
-    from .comm import agree, select_gpu
-    from .space import DistributedH1Space, distribute_mesh
-
     if hasattr(space, "partition"):
         dspace = space
         if comm is not None:
@@ -239,7 +237,7 @@ def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quad
         comm = space.mesh.comm
     else:
         dspace = None
-    agree(comm, {"nq": nq, "rho": _name(rho), "assembled": assembled, "quadrature": quadrature,
+    agree(comm, {"nq": nq, "rho": spelling(rho), "assembled": assembled, "quadrature": quadrature,
                  "dtype": np.dtype(dtype).name, "backend": backend, "device": device,
                  "fused": fused, "deterministic": bool(deterministic)},
           "the arguments of mass_operator")
@@ -261,9 +259,3 @@ def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quad
     return DistributedMassOperator(dspace, xp.asarray(D), xp.asarray(B1d), backend=backend,
                                    deterministic=deterministic)
 
-
-def _name(value):
-    """A value as every rank spells it (a callable by its qualified name)."""
-    if callable(value):
-        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
-    return repr(value)

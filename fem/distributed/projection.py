@@ -20,7 +20,8 @@ from ..basis import basis_1d
 from ..geometry import quadrature_data
 from ..projection import ProjectionResult, _default_nq, _error_sums, _load
 from ..solvers import cg, jacobi
-from .comm import Reducer, agree, check_launch, collective, cuda_aware, load_mpi, select_gpu
+from .comm import (Reducer, agree, check_launch, collective, cuda_aware, load_mpi, select_gpu,
+                   spelling)
 from .operators import DistributedMassOperator
 from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
 
@@ -30,11 +31,9 @@ __all__ = ["l2_project_distributed"]
 def _fingerprint(mesh, p, nq, operator, tol, maxiter, precond, quadrature, error_nq, backend,
                  device, deterministic, f):
     """The arguments every rank must agree on (plain values)."""
-    fname = f if not callable(f) else \
-        f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', type(f).__name__)}"
     return dict(mesh_fingerprint(mesh), p=p, nq=nq, operator=operator, tol=tol, maxiter=maxiter,
                 precond=precond, quadrature=quadrature, error_nq=error_nq, backend=backend,
-                device=device, deterministic=bool(deterministic), f=fname)
+                device=device, deterministic=bool(deterministic), f=spelling(f))
 
 
 def _check(operator, precond, device):

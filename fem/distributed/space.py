@@ -36,7 +36,7 @@ from .._device import to_host
 from ..mesh import BoxMesh, _as_corner, _as_shape, _is_int, _place, _reference_coordinates
 from ..quadrature import gauss_lobatto
 from ..space import H1Space
-from .comm import agree, check_launch, collective, load_mpi
+from .comm import agree, check_launch, collective, load_mpi, spelling
 from .halo import Halo
 from .partition import box_indices, partition_box
 
@@ -56,8 +56,8 @@ def is_distributed_mesh(mesh):
 def mesh_fingerprint(mesh):
     """What every rank must agree on about a mesh: a dict of plain values.
 
-    A callable distortion is named by its module and qualified name (its
-    ``repr`` holds an address that differs between processes).
+    A callable distortion is named by its module and qualified name
+    (:func:`~.comm.spelling`).
 
     Examples
     --------
@@ -68,12 +68,9 @@ def mesh_fingerprint(mesh):
     base = mesh.whole if is_distributed_mesh(mesh) else mesh
     if not all(hasattr(base, a) for a in _MESH_FIELDS):
         raise TypeError(f"mesh must be a BoxMesh or a DistributedMesh, got {type(mesh).__name__}")
-    dist = base.distortion
-    if callable(dist):
-        dist = f"{getattr(dist, '__module__', '?')}.{getattr(dist, '__qualname__', type(dist).__name__)}"
     return {"dim": base.dim, "shape": tuple(base.shape), "geom_order": base.geom_order,
             "lower": tuple(base.lower.tolist()), "upper": tuple(base.upper.tolist()),
-            "distortion": dist}
+            "distortion": spelling(base.distortion)}
 
 
 @dataclass(frozen=True, eq=False)

@@ -32,7 +32,8 @@ import numpy as np
 from smalltc._arrays import is_cupy
 
 __all__ = ["RankError", "Reducer", "agree", "collective", "cuda_aware", "load_mpi",
-           "check_launch", "local_rank", "select_gpu", "spelling", "ENV_CUDA_AWARE"]
+           "check_launch", "local_rank", "private_comm", "select_gpu", "spelling",
+           "ENV_CUDA_AWARE"]
 
 #: environment variable that overrides the CUDA-aware MPI query: "1" or "0"
 ENV_CUDA_AWARE = "SMALLTC_MPI_CUDA_AWARE"
@@ -152,6 +153,32 @@ def agree(comm, values, what="arguments"):
                 f"{v} on rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}" for v, rs in seen.items()))
     if diffs:
         raise ValueError(f"{what} differ across the {comm.Get_size()} ranks: " + "; ".join(diffs))
+
+
+_KEYVAL = []   # the MPI attribute key under which private_comm keeps its duplicate
+
+
+def private_comm(comm):
+    """A duplicate of ``comm`` for smalltc's own messages, made once per communicator.
+
+    Kept as an MPI attribute of ``comm`` (as PETSc keeps its inner communicator), so
+    every space and operator built on ``comm`` shares it and MPI's limited supply of
+    communicators is not used up by repeated solves. Collective the first time.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> private_comm(MPI.COMM_SELF) is private_comm(MPI.COMM_SELF)
+    True
+    """
+    MPI = load_mpi()
+    if not _KEYVAL:
+        _KEYVAL.append(MPI.Comm.Create_keyval())
+    inner = comm.Get_attr(_KEYVAL[0])
+    if inner is None:
+        inner = comm.Dup()
+        comm.Set_attr(_KEYVAL[0], inner)
+    return inner
 
 
 def spelling(value):

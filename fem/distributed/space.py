@@ -36,7 +36,7 @@ from .._device import to_host
 from ..mesh import BoxMesh, _as_corner, _as_shape, _is_int, _place, _reference_coordinates
 from ..quadrature import gauss_lobatto
 from ..space import H1Space
-from .comm import agree, check_launch, collective, load_mpi, spelling
+from .comm import agree, check_launch, collective, load_mpi, private_comm, spelling
 from .halo import Halo
 from .partition import box_indices, partition_box
 
@@ -242,8 +242,8 @@ def _describe_box(dim, n, geom_order, distortion, lower, upper):
 class DistributedH1Space:
     """The order-``p`` H1 space of a :class:`DistributedMesh`, one block per rank.
 
-    Collective (it duplicates the mesh's communicator for its messages, and
-    checks that every rank asks for the same ``p``).
+    Collective (it checks that every rank asks for the same ``p``; its messages
+    go over :func:`~.comm.private_comm` of the mesh's communicator).
 
     Parameters
     ----------
@@ -257,7 +257,8 @@ class DistributedH1Space:
         The space of the rank's block: its numbering is the local numbering,
         its ``elem_dofs`` the local element-to-DoF map.
     comm : mpi4py communicator
-        A duplicate of the mesh's, for this space's messages.
+        :func:`~.comm.private_comm` of the mesh's: smalltc's messages never meet
+        the user's.
     partition : BlockPartition
     rank, nranks : int
     p, nd, dim : int
@@ -286,7 +287,7 @@ class DistributedH1Space:
         agree(comm, {"p": p}, "the space arguments")
         self.local = collective(comm, H1Space, mesh.local, p, what="building the space")
         self.mesh = mesh
-        self.comm = comm.Dup()
+        self.comm = private_comm(comm)
         self.partition = mesh.partition
         self.rank, self.nranks = mesh.rank, mesh.partition.nranks
         self.p, self.nd, self.dim = self.local.p, self.local.nd, self.local.dim

@@ -80,10 +80,10 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
     dict
         ``dim, p, n, nq, elements, dofs, operator, backend, device,
         iterations, residual, l2_error, relative_l2_error, time_setup_s,
-        time_solve_s, time_total_s, cg_dofs_per_s`` (ints, floats and strings
-        only; ``device`` is where it ran, ``"cpu"`` or ``"gpu"``;
-        ``cg_dofs_per_s``: global DoFs times iterations over the solve's
-        time). Distributed, also ``ranks, rank, grid, owned_dofs,
+        time_solve_s, time_total_s`` (ints, floats and strings only;
+        ``device`` is where it ran, ``"cpu"`` or ``"gpu"``). Distributed, also
+        ``cg_dofs_per_s`` (global DoFs times iterations over the solve's time),
+        ``ranks, rank, grid, owned_dofs,
         local_dofs, local_elements, rank_dofs_per_s`` (this rank's owned DoFs
         times iterations over its solve time), ``transport,
         transport_reason, gpu, time_halo_s, time_halo_wait_s,
@@ -126,12 +126,12 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
         "time_setup_s": float(res.timings["setup"]),
         "time_solve_s": float(res.timings["solve"]),
         "time_total_s": float(total),
-        "cg_dofs_per_s": float(res.space.ndofs * res.iterations / res.timings["solve"]),
     }
     d = res.distribution
     if d is not None:
         t = res.timings
-        out.update(ranks=d["ranks"], rank=d["rank"], grid=list(d["grid"]),
+        out.update(cg_dofs_per_s=float(res.space.ndofs * res.iterations / t["solve"]),
+                   ranks=d["ranks"], rank=d["rank"], grid=list(d["grid"]),
                    owned_dofs=d["owned_dofs"], local_dofs=d["local_dofs"],
                    local_elements=d["elements"],
                    rank_dofs_per_s=float(d["owned_dofs"] * res.iterations / t["solve"]),

@@ -1,10 +1,10 @@
 # make demo: set up .venv and run the main job (FEM demo + roofline report)
-# make test: set up .venv with the test extras and run the tests
+# make test: set up .venv with the test extras (MPI included) and run the tests
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
-EXTRAS ?= test,plot,gpu
+EXTRAS ?= test,plot,gpu,mpi
 
 .PHONY: demo test venv clean
 

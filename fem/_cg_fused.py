@@ -18,6 +18,12 @@ Per iteration, besides the operator: ``p.Ap`` (reads 2 vectors), the update
 direction (reads r, the inverse diagonal and p, writes p: 4 passes): 13 vector
 passes, against 18 for the unfused NumPy/CuPy expressions of
 :func:`smalltc.fem.solvers.cg` (``x += alpha p`` alone reads two and writes one).
+
+Distributed (``red``: a :class:`smalltc.fem.distributed.Reducer`): each rank runs
+the same iteration on its local part; on the CPU the scalars ``p.Ap`` and ``(r.r,
+r.z)`` are summed across the ranks, on the GPU the per-block partial sums (1024
+or 2048 doubles) before the one-block kernels reduce them, so every rank's device
+takes the same stop decision.
 """
 
 import math
@@ -67,9 +73,10 @@ def _numba_kernels():
 _KERNELS = None
 
 
-def cg_cpu(apply, b, x, r, inv, tol, maxiter, bnorm, history):
+def cg_cpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, red=None):
     """Iterate on NumPy vectors (flat views) until the stop test; returns
-    ``(iterations, code, value)``: the stop code and the scalar that caused it."""
+    ``(iterations, code, value)``: the stop code and the scalar that caused it.
+    ``red``: sums the inner products across ranks (a distributed solve)."""
     global _KERNELS
     if _KERNELS is None:
         _KERNELS = _numba_kernels()
@@ -79,6 +86,8 @@ def cg_cpu(apply, b, x, r, inv, tol, maxiter, bnorm, history):
     dtype = r.dtype.type
     z = r * inv if jacobi else r
     rz = dot(r, z)
+    if red is not None:
+        (rz,) = red.sums(rz)
     p = np.array(z, copy=True)
     it = 0
     while True:
@@ -90,9 +99,13 @@ def cg_cpu(apply, b, x, r, inv, tol, maxiter, bnorm, history):
             return it, 4, rz
         Ap = np.asarray(apply(p.reshape(b.shape))).reshape(-1)
         pAp = dot(p, Ap)
+        if red is not None:
+            (pAp,) = red.sums(pAp)
         if not pAp > 0:
             return it, 3, pAp
         rr, rz_new = update(x, r, p, Ap, invv, dtype(rz / pAp), jacobi)
+        if red is not None:
+            rr, rz_new = red.sums(rr, rz_new)
         it += 1
         history.append(math.sqrt(rr) / bnorm)
         if not math.isfinite(history[-1]):
@@ -115,9 +128,10 @@ def _gpu_kernels(dtype, jacobi):
     return k
 
 
-def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8):
+def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8, red=None):
     """Iterate on CuPy vectors (flat views); the host reads the device state every
-    ``check_every`` iterations. Returns ``(iterations, code, value)``."""
+    ``check_every`` iterations. Returns ``(iterations, code, value)``. ``red``: sums
+    the partial sums across ranks (a distributed solve; each sum waits for the device)."""
     import cupy as cp
     jacobi = inv is not None
     k = _gpu_kernels(r.dtype, jacobi)
@@ -125,6 +139,8 @@ def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8):
     z = r * inv if jacobi else r
     p = z.copy()
     rz = float(cp.vdot(r, z).real)
+    if red is not None:
+        (rz,) = red.sums(rz)
     if history[-1] <= tol or maxiter == 0 or not rz > 0:
         code = 1 if history[-1] <= tol else 2 if maxiter == 0 else 4
         return 0, code, rz if code == 4 else history[-1]
@@ -140,8 +156,12 @@ def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8):
         for _ in range(check_every):
             Ap = cp.asarray(apply(p.reshape(b.shape))).reshape(-1)
             k["stc_cg_dot"](grid, (_NT,), (p, Ap, part1, ST, n))
+            if red is not None:
+                red.sum_array(part1)
             k["stc_cg_alpha"](one, (_NT,), (part1, ST))
             k["stc_cg_update"](grid, (_NT,), (x, r, p, Ap, invv, part2, ST, n))
+            if red is not None:
+                red.sum_array(part2)
             k["stc_cg_beta"](one, (_NT,), (part2, ST, hist))
             k["stc_cg_direction"](grid, (_NT,), (p, r, invv, ST, n))
         st, h = ST.get(), hist.get()

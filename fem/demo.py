@@ -5,6 +5,10 @@ L2-projects :func:`smooth_function` onto the order-``p`` space with the
 matrix-free mass operator (:func:`smalltc.batched_contract` inside CG), and
 returns a plain dictionary a command-line tool can print or dump as JSON.
 The solve runs on the GPU when there is one (``device="auto"``).
+
+With ``comm=`` it runs distributed over the ranks of an mpi4py communicator:
+each rank builds only its block of the mesh
+(:func:`smalltc.fem.distributed.distributed_box_mesh`) and reports its share.
 """
 
 import time
@@ -42,7 +46,7 @@ def smooth_function(x):
 
 
 def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
-                    operator="matrix-free", tol=1e-12, backend="auto", device="auto"):
+                    operator="matrix-free", tol=1e-12, backend="auto", device="auto", comm=None):
     """Project :func:`smooth_function` on a distorted box mesh and report.
 
     Parameters
@@ -51,8 +55,8 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
         1, 2 or 3.
     p : int
         Polynomial order of the space.
-    n : int
-        Elements per direction.
+    n : int or tuple of int
+        Elements per direction (one per direction for a tuple).
     distortion : float
         Amplitude of :func:`smalltc.fem.mesh.sine_distortion`.
     geom_order : int
@@ -67,6 +71,9 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
     device : {"auto", "cpu", "gpu"}
         Where the operator and CG run, see
         :func:`smalltc.fem.projection.l2_project`.
+    comm : mpi4py communicator, optional
+        Run distributed over its ranks (collective; every rank passes the
+        same arguments).
 
     Returns
     -------
@@ -74,7 +81,13 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
         ``dim, p, n, nq, elements, dofs, operator, backend, device,
         iterations, residual, l2_error, relative_l2_error, time_setup_s,
         time_solve_s, time_total_s`` (ints, floats and strings only;
-        ``device`` is where it ran, ``"cpu"`` or ``"gpu"``).
+        ``device`` is where it ran, ``"cpu"`` or ``"gpu"``). Distributed, also
+        ``cg_dofs_per_s`` (global DoFs times iterations over the solve's time),
+        ``ranks, rank, grid, owned_dofs,
+        local_dofs, local_elements, rank_dofs_per_s`` (this rank's owned DoFs
+        times iterations over its solve time), ``transport,
+        transport_reason, gpu, time_halo_s, time_halo_wait_s,
+        time_allreduce_s``; the global entries are the same on every rank.
 
     Raises
     ------
@@ -88,14 +101,18 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
     (16, 81, True, 'cpu')
     """
     t0 = time.perf_counter()
-    mesh = box_mesh(dim, n, geom_order=geom_order, distortion=distortion)
+    if comm is None:
+        mesh = box_mesh(dim, n, geom_order=geom_order, distortion=distortion)
+    else:
+        from .distributed import distributed_box_mesh
+        mesh = distributed_box_mesh(dim, n, comm, geom_order=geom_order, distortion=distortion)
     res = l2_project(mesh, p, smooth_function, nq=nq, operator=operator, tol=tol, backend=backend,
                      device=device)
     total = time.perf_counter() - t0
-    return {
+    out = {
         "dim": int(dim),
         "p": int(p),
-        "n": int(n),
+        "n": int(n) if isinstance(n, (int, np.integer)) else [int(k) for k in n],
         "nq": int(p + 2 if nq is None else nq),
         "elements": int(mesh.nelements),
         "dofs": int(res.space.ndofs),
@@ -110,3 +127,15 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
         "time_solve_s": float(res.timings["solve"]),
         "time_total_s": float(total),
     }
+    d = res.distribution
+    if d is not None:
+        t = res.timings
+        out.update(cg_dofs_per_s=float(res.space.ndofs * res.iterations / t["solve"]),
+                   ranks=d["ranks"], rank=d["rank"], grid=list(d["grid"]),
+                   owned_dofs=d["owned_dofs"], local_dofs=d["local_dofs"],
+                   local_elements=d["elements"],
+                   rank_dofs_per_s=float(d["owned_dofs"] * res.iterations / t["solve"]),
+                   transport=d["transport"], transport_reason=d["transport_reason"], gpu=d["gpu"],
+                   time_halo_s=float(t["halo"]), time_halo_wait_s=float(t["halo_wait"]),
+                   time_allreduce_s=float(t["allreduce"]))
+    return out

@@ -132,20 +132,29 @@ def _as_corner(value, dim, name):
     return arr
 
 
-def _reference_coordinates(shape, nodes1d):
-    """Undistorted unit-box coordinates of every element's nodes, (E, dim, ng...)."""
+def _reference_coordinates(shape, nodes1d, start=None, stop=None):
+    """Undistorted unit-box coordinates of every element's nodes, (E, dim, ng...).
+
+    ``start``/``stop`` (element multi-indices, stop exclusive) restrict it to a
+    block of the mesh, in C order within the block; the values are those the
+    whole mesh has there, bit for bit (a distributed mesh builds only its block).
+    """
     dim, ng = len(shape), nodes1d.size
-    full = shape + (ng,) * dim
+    start = (0,) * dim if start is None else tuple(start)
+    stop = shape if stop is None else tuple(stop)
+    block = tuple(b - a for a, b in zip(start, stop))
+    full = block + (ng,) * dim
     comps = []
     for d, n_d in enumerate(shape):
         # (e + (xi + 1) / 2) / n: a node shared by elements e and e + 1 gets
         # the same value from both, because (xi + 1) / 2 is exactly 0 or 1 there.
-        c = (np.arange(n_d, dtype=np.float64)[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d
+        e = np.arange(start[d], stop[d], dtype=np.float64)
+        c = (e[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d
         bshape = [1] * (2 * dim)
-        bshape[d], bshape[dim + d] = n_d, ng
+        bshape[d], bshape[dim + d] = block[d], ng
         comps.append(np.broadcast_to(c.reshape(bshape), full))
     xhat = np.stack(comps, axis=dim)
-    return xhat.reshape((int(np.prod(shape)), dim) + (ng,) * dim)
+    return xhat.reshape((int(np.prod(block)), dim) + (ng,) * dim)
 
 
 def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
@@ -197,7 +206,13 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
     if np.any(hi <= lo):
         raise ValueError(f"upper must exceed lower in every direction, got lower={lo}, upper={hi}")
     nodes1d, _ = gauss_lobatto(int(geom_order) + 1)
-    xhat = _reference_coordinates(shape, nodes1d)
+    nodes = _place(_reference_coordinates(shape, nodes1d), distortion, lo, hi)
+    return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, nodes, distortion)
+
+
+def _place(xhat, distortion, lo, hi):
+    """Unit-box node coordinates ``(E, dim, ng...)`` -> distorted, scaled to ``[lo, hi]``."""
+    dim = xhat.shape[1]
     xhat_c = np.moveaxis(xhat, 1, 0)  # (dim, E, ng...)
     if callable(distortion):
         try:
@@ -217,4 +232,4 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
         raise ValueError("distortion produced non-finite coordinates")
     scale = (hi - lo).reshape((1, dim) + (1,) * dim)
     nodes = lo.reshape((1, dim) + (1,) * dim) + scale * np.moveaxis(moved, 0, 1)
-    return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, np.ascontiguousarray(nodes), distortion)
+    return np.ascontiguousarray(nodes)

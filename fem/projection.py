@@ -14,6 +14,11 @@ side, all NumPy, once) and solves on the chosen ``device``: with
 ``device="gpu"`` (or ``"auto"`` on a machine with a GPU) ``B1d``, ``D`` and
 ``b`` are copied to the GPU, and the operator, the Jacobi preconditioner and
 CG run there with CuPy; the solution comes back to the host for the error.
+
+With ``comm=`` (an mpi4py communicator) the projection is distributed over its
+ranks (:mod:`smalltc.fem.distributed`): each rank sets up and solves on its block
+of the mesh, and the result holds its local part. Without it nothing of MPI is
+imported.
 """
 
 import time
@@ -113,6 +118,13 @@ def l2_error(space, u, f, *, nq=None, quadrature="gauss"):
 
 def _error_and_norm(space, u, f, nq, quadrature, name):
     """``(||u_h - f||, ||f||)`` at ``nq`` points per direction (``p + 4`` if None)."""
+    err2, norm2 = _error_sums(space, u, f, nq, quadrature, name)
+    return float(np.sqrt(err2)), float(np.sqrt(norm2))
+
+
+def _error_sums(space, u, f, nq, quadrature, name):
+    """``(||u_h - f||^2, ||f||^2)`` over the elements of ``space`` (a block's, in a
+    distributed run: the ranks' sums add up)."""
     nq = space.p + 4 if nq is None else _default_nq(space.p, nq, name)
     u = to_host(u)
     if u.shape != (space.ndofs,):
@@ -122,7 +134,7 @@ def _error_and_norm(space, u, f, nq, quadrature, name):
     uq = interp(B1d, space.gather(u.astype(np.float64)), space.dim)
     fq = evaluate_field(f, qd.x)
     diff = uq - fq
-    return float(np.sqrt(np.sum(qd.wdetJ * diff * diff))), float(np.sqrt(np.sum(qd.wdetJ * fq * fq)))
+    return float(np.sum(qd.wdetJ * diff * diff)), float(np.sum(qd.wdetJ * fq * fq))
 
 
 @dataclass
@@ -132,8 +144,10 @@ class ProjectionResult:
     Attributes
     ----------
     u : ndarray, shape (ndofs,)
-        Coefficients of the projection (NumPy, on the host).
-    space : H1Space
+        Coefficients of the projection (NumPy, on the host). Distributed: this
+        rank's local vector, shape ``(space.nlocal,)``, ghosts holding their
+        owners' values (``space.gather(u)`` assembles the global one).
+    space : H1Space or DistributedH1Space
     iterations : int
         CG iterations.
     residual : float
@@ -146,9 +160,17 @@ class ProjectionResult:
         ``||f||`` (same quadrature), for a relative error.
     timings : dict
         Seconds spent in ``"setup"`` (geometry, D, right-hand side,
-        operator, copies to the device), ``"solve"`` and ``"error"``.
+        operator, copies to the device), ``"solve"`` and ``"error"``;
+        distributed, also ``"halo"`` (the operator's exchanges during the
+        solve), ``"halo_wait"`` (the part overlap did not hide) and
+        ``"allreduce"`` (CG's sums across ranks).
     device : str
         ``"cpu"`` or ``"gpu"``: where the operator and CG ran.
+    distribution : dict or None
+        Distributed runs: ``rank``, ``ranks``, ``grid``, ``owned_dofs``,
+        ``local_dofs``, ``global_dofs``, ``elements`` (the rank's),
+        ``transport`` and ``transport_reason`` (how halo buffers reach MPI),
+        ``gpu`` (the device id, or None). None for a serial run.
     """
 
     u: np.ndarray
@@ -160,6 +182,7 @@ class ProjectionResult:
     l2_norm: float
     timings: dict = field(default_factory=dict)
     device: str = "cpu"
+    distribution: dict = None
 
     @property
     def relative_l2_error(self):
@@ -168,7 +191,8 @@ class ProjectionResult:
 
 
 def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxiter=None,
-               precond="jacobi", quadrature="gauss", error_nq=None, backend="auto", device="auto"):
+               precond="jacobi", quadrature="gauss", error_nq=None, backend="auto", device="auto",
+               comm=None, deterministic=False):
     """L2-project ``f`` onto the order-``p`` H1 space of ``mesh``.
 
     Builds ``D = w |J|`` and the right-hand side at ``nq`` points per
@@ -206,6 +230,15 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
         CuPy, ``"auto"`` the GPU when one answers
         (:func:`smalltc._arrays.gpu_available`), else the CPU. The setup
         stays on the host either way.
+    comm : mpi4py communicator, optional
+        Distribute the projection over the ranks of ``comm``: every rank calls
+        ``l2_project`` with the same arguments, ``mesh`` the whole mesh (or a
+        :class:`~smalltc.fem.distributed.DistributedMesh`, which brings its own
+        communicator); only the matrix-free operator is distributed. With a
+        GPU, each rank uses the node-local rank modulo the device count.
+    deterministic : bool
+        Passed to the fused operator (:func:`smalltc.mass_apply`): the same bits
+        every run on a GPU.
 
     Returns
     -------
@@ -215,9 +248,11 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     ------
     ValueError
         For an unknown ``operator``, ``precond`` or ``device``, a bad ``f``,
-        or a tangled mesh.
+        or a tangled mesh; distributed, also arguments that differ across the
+        ranks or a rank count that cannot partition the mesh (on every rank).
     RuntimeError
-        For ``device="gpu"`` when no GPU is available.
+        For ``device="gpu"`` when no GPU is available; with ``comm`` when
+        mpi4py or its MPI library is missing.
     ConvergenceError
         If CG does not converge.
 
@@ -229,6 +264,12 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     >>> res.iterations > 0, res.l2_error < 1e-12, res.device
     (True, True, 'cpu')
     """
+    if comm is not None or hasattr(mesh, "partition"):     # a DistributedMesh brings its comm
+        from .distributed.projection import l2_project_distributed
+        return l2_project_distributed(
+            mesh, p, f, nq=nq, operator=operator, tol=tol, maxiter=maxiter, precond=precond,
+            quadrature=quadrature, error_nq=error_nq, backend=backend, device=device, comm=comm,
+            deterministic=deterministic)
     if operator not in _OPERATORS:
         raise ValueError(f"operator must be one of {sorted(_OPERATORS)}, got {operator!r}")
     if precond not in ("jacobi", None):
@@ -240,7 +281,8 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     qd = quadrature_data(mesh, nq, quadrature=quadrature)
     B1d = basis_1d(space.p, nq, quadrature).B1d
     b = xp.asarray(_load(space, qd, B1d, f))
-    M = _OPERATORS[operator](space, xp.asarray(qd.wdetJ), xp.asarray(B1d), backend=backend)
+    kw = {"deterministic": deterministic} if operator == "matrix-free" else {}
+    M = _OPERATORS[operator](space, xp.asarray(qd.wdetJ), xp.asarray(B1d), backend=backend, **kw)
     P = jacobi(M.diagonal()) if precond == "jacobi" else None
     synchronize(xp)
     t1 = time.perf_counter()

@@ -17,6 +17,13 @@ every ``check_every`` iterations instead of synchronising every iteration, and
 the kernels queued past the stop do nothing, so the result is the one a check
 every iteration gives. Any other preconditioner runs the plain loop, which
 copies three scalars to the host each iteration.
+
+Distributed (``comm=``, :mod:`smalltc.fem.distributed`): the vectors are each
+rank's local part in owner form (ghost entries zero, so a sum over the local
+entries counts each node once, on its owner) and the operator returns that form;
+every inner product is then summed across the ranks, and all ranks take the same
+steps. The fused GPU iteration sums its per-block partial sums across the ranks
+before reducing them, so its stop test runs on the device as before.
 """
 
 from dataclasses import dataclass
@@ -175,15 +182,43 @@ def _dot(xp, a, b):
     return xp.vdot(a.ravel(), b.ravel()).real
 
 
-def _floats(xp, *scalars):
-    """Python floats of ``scalars``, in one device-to-host copy for CuPy."""
+def _floats(xp, *scalars, red=None):
+    """Python floats of ``scalars``, in one device-to-host copy for CuPy; summed over the
+    ranks (in one reduction) when ``red`` is a Reducer."""
     if xp is np:
-        return tuple(float(s) for s in scalars)
-    return tuple(float(s) for s in xp.stack(scalars).get())
+        out = tuple(float(s) for s in scalars)
+    else:
+        out = tuple(float(s) for s in xp.stack(scalars).get())
+    return out if red is None else red.sums(*out)
+
+
+def _reducer(comm, xp):
+    """None for a serial solve; else the Reducer of ``comm`` (made from an mpi4py
+    communicator, CUDA-aware for CuPy vectors when MPI is)."""
+    if comm is None:
+        return None
+    from .distributed.comm import Reducer, cuda_aware
+    if isinstance(comm, Reducer):
+        return comm
+    return Reducer(comm, device_buffers=xp is not np and cuda_aware()[0])
+
+
+def _everywhere(red, ok, message):
+    """Raise ``ValueError(message)`` unless ``ok``; in a distributed solve on every rank
+    (one reduction), the ranks that were fine saying how many were not."""
+    if red is None:
+        if not ok:
+            raise ValueError(message)
+        return
+    (bad,) = red.sums(0.0 if ok else 1.0)
+    if not ok:
+        raise ValueError(message)
+    if bad:
+        raise ValueError(f"on {int(bad)} other rank(s): {message}")
 
 
 def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_failure=True,
-       fused=True, check_every=8):
+       fused=True, check_every=8, comm=None):
     """Solve ``A x = b`` for symmetric positive definite ``A`` by (preconditioned) CG.
 
     Parameters
@@ -213,6 +248,13 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         stop do nothing, so the result does not depend on it. Larger values
         wait less; each costs up to ``check_every - 1`` extra operator
         applications at the end.
+    comm : mpi4py communicator or Reducer, optional
+        A distributed solve (see the module's docstring): ``b``, ``x0`` and the
+        vectors ``apply`` takes and returns are this rank's local parts in owner
+        form, and inner products are summed over ``comm``'s ranks
+        (:class:`smalltc.fem.distributed.Reducer`). Every rank calls ``cg``
+        together; errors are raised on every rank. ``maxiter`` defaults to ten
+        times the global length.
 
     Returns
     -------
@@ -235,11 +277,12 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     """
     xp = array_module(b)
     b = xp.asarray(b)
-    if not bool(xp.all(xp.isfinite(b))):
-        raise ValueError("b contains non-finite values")
+    red = _reducer(comm, xp)
+    _everywhere(red, bool(xp.all(xp.isfinite(b))), "b contains non-finite values")
     if not (np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number, got {tol!r}")
-    maxiter = 10 * b.size if maxiter is None else maxiter
+    if maxiter is None:
+        maxiter = 10 * (b.size if red is None else int(red.sums(float(b.size))[0]))
     if isinstance(maxiter, bool) or not isinstance(maxiter, (int, np.integer)) or maxiter < 0:
         raise ValueError(f"maxiter must be a non-negative integer, got {maxiter!r}")
     if isinstance(check_every, bool) or not isinstance(check_every, (int, np.integer)) \
@@ -247,18 +290,19 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         raise ValueError(f"check_every must be a positive integer, got {check_every!r}")
     if fused and (precond is None or isinstance(precond, Jacobi)) and \
             b.dtype in (np.float32, np.float64):
-        return _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp)
+        return _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp,
+                         red)
     precond = (lambda r: r) if precond is None else precond
     if x0 is None:
         x = xp.zeros_like(b)
         r = b.copy()
     else:
         x = xp.array(x0, dtype=b.dtype)
-        if x.shape != b.shape:
-            raise ValueError(f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
+        _everywhere(red, x.shape == b.shape,
+                    f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
         r = b - apply(x)
     z = precond(r)
-    bb, rr, rz = _floats(xp, _dot(xp, b, b), _dot(xp, r, r), _dot(xp, r, z))
+    bb, rr, rz = _floats(xp, _dot(xp, b, b), _dot(xp, r, r), _dot(xp, r, z), red=red)
     bnorm = np.sqrt(bb)
     if bnorm == 0.0:
         return CGResult(xp.zeros_like(b), 0, np.zeros(1), True, 0.0)
@@ -270,11 +314,16 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
             raise ValueError(f"preconditioner is not positive definite: r^T z = {rz:.3e} at iteration {it}")
         Ap = apply(p)
         pAp = _dot(xp, p, Ap)
+        if red is not None:          # the global p.Ap before the step
+            (pAp,) = _floats(xp, pAp, red=red)
         alpha = rz / pAp  # stays on the device; checked with the next transfer
         x += alpha * p
         r -= alpha * Ap
         z = precond(r)
-        pAp, rr, rz_new = _floats(xp, pAp, _dot(xp, r, r), _dot(xp, r, z))
+        if red is None:
+            pAp, rr, rz_new = _floats(xp, pAp, _dot(xp, r, r), _dot(xp, r, z))
+        else:
+            rr, rz_new = _floats(xp, _dot(xp, r, r), _dot(xp, r, z), red=red)
         if not pAp > 0:
             raise ValueError(f"operator is not positive definite: p^T A p = {pAp:.3e} at iteration {it}")
         it += 1
@@ -284,7 +333,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         p = z + (rz_new / rz) * p
         rz = rz_new
     rtrue = b - apply(x)
-    (rt,) = _floats(xp, _dot(xp, rtrue, rtrue))
+    (rt,) = _floats(xp, _dot(xp, rtrue, rtrue), red=red)
     result = CGResult(x, it, np.array(history), history[-1] <= tol, float(np.sqrt(rt) / bnorm))
     if not result.converged and raise_on_failure:
         raise ConvergenceError(
@@ -295,7 +344,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     return result
 
 
-def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp):
+def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp, red=None):
     """:func:`cg` through :mod:`._cg_fused` (the same stop tests and errors)."""
     from . import _cg_fused
     if x0 is None:
@@ -303,25 +352,26 @@ def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every
         r = b.copy()
     else:
         x = xp.array(x0, dtype=b.dtype)
-        if x.shape != b.shape:
-            raise ValueError(f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
+        _everywhere(red, x.shape == b.shape,
+                    f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
         r = xp.ascontiguousarray(b - apply(x))
     inv = None
     if precond is not None:
         inv = xp.ascontiguousarray(xp.asarray(precond.inv, dtype=b.dtype)).reshape(-1)
-        if inv.size != b.size:
-            raise ValueError(f"the Jacobi preconditioner has {inv.size} entries, b has {b.size}")
-    bb, rr = _floats(xp, _dot(xp, b, b), _dot(xp, r, r))
+        _everywhere(red, inv.size == b.size,
+                    f"the Jacobi preconditioner has {inv.size} entries, b has {b.size}")
+    bb, rr = _floats(xp, _dot(xp, b, b), _dot(xp, r, r), red=red)
     bnorm = np.sqrt(bb)
     if bnorm == 0.0:
         return CGResult(xp.zeros_like(b), 0, np.zeros(1), True, 0.0)
     history = [np.sqrt(rr) / bnorm]
     xf, rf = x.reshape(-1), r.reshape(-1)
     if xp is np:
-        it, code, value = _cg_fused.cg_cpu(apply, b, xf, rf, inv, tol, maxiter, bnorm, history)
+        it, code, value = _cg_fused.cg_cpu(apply, b, xf, rf, inv, tol, maxiter, bnorm, history,
+                                           red)
     else:
         it, code, value = _cg_fused.cg_gpu(apply, b, xf, rf, inv, tol, maxiter, bnorm, history,
-                                           check_every)
+                                           check_every, red)
     if code == 3:
         raise ValueError(f"operator is not positive definite: p^T A p = {value:.3e} at "
                          f"iteration {it}")
@@ -331,7 +381,7 @@ def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every
     if code == 5:
         raise ValueError(f"CG produced a non-finite residual at iteration {it}")
     rtrue = b - apply(x)
-    (rt,) = _floats(xp, _dot(xp, rtrue, rtrue))
+    (rt,) = _floats(xp, _dot(xp, rtrue, rtrue), red=red)
     result = CGResult(x, it, np.array(history), history[-1] <= tol, float(np.sqrt(rt) / bnorm))
     if not result.converged and raise_on_failure:
         raise ConvergenceError(

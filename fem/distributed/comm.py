@@ -1,0 +1,349 @@
+"""MPI for the distributed FEM layer: loading it, checks all ranks agree on, sums across ranks.
+
+Nothing here imports mpi4py at module import: :func:`load_mpi` does, when a
+distributed object is built, and says what is missing when it cannot.
+
+* :func:`collective` and :func:`agree` turn a failure on some ranks into an error
+  on every rank (:class:`RankError` where the rank itself was fine), so a bad
+  argument never leaves the other ranks waiting in a collective call.
+* :class:`Reducer` sums scalars (CG's inner products) and arrays (the fused GPU
+  CG's per-block partial sums) across the ranks with ``Allreduce``, and keeps the
+  time spent there.
+* :func:`select_gpu` makes the node-local rank modulo the device count the
+  current CuPy device; :func:`cuda_aware` says whether the MPI library takes GPU
+  buffers (``MPIX_Query_cuda_support``, or ``SMALLTC_MPI_CUDA_AWARE=0/1``).
+
+Examples
+--------
+>>> from mpi4py import MPI
+>>> red = Reducer(MPI.COMM_SELF)
+>>> red.sums(1.5, 2.0)                       # one rank: the values themselves
+(1.5, 2.0)
+>>> collective(MPI.COMM_SELF, lambda: 42)
+42
+"""
+
+import ctypes
+import os
+import time
+
+import numpy as np
+
+from smalltc._arrays import is_cupy
+
+__all__ = ["RankError", "Reducer", "agree", "collective", "cuda_aware", "load_mpi",
+           "check_launch", "local_rank", "private_comm", "select_gpu", "spelling",
+           "ENV_CUDA_AWARE"]
+
+#: environment variable that overrides the CUDA-aware MPI query: "1" or "0"
+ENV_CUDA_AWARE = "SMALLTC_MPI_CUDA_AWARE"
+
+#: launcher variables that give the number of processes started (MPICH/Hydra, Open MPI, Slurm)
+_LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+
+
+class RankError(RuntimeError):
+    """Raised on a rank whose own part was fine when a check failed on another rank."""
+
+
+def load_mpi():
+    """``mpi4py.MPI``, or a ``RuntimeError`` saying what is missing.
+
+    Raises
+    ------
+    RuntimeError
+        When mpi4py is not installed, or imports but finds no MPI library.
+    """
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise RuntimeError(
+            "the distributed solve needs mpi4py and an MPI library, and mpi4py does not "
+            "import: pip install 'smalltc[mpi]' (mpi4py and MPICH from PyPI)") from err
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"mpi4py imports but loads no MPI library ({' '.join(str(err).split())}): "
+            "pip install 'smalltc[mpi]' brings MPICH, or point MPI4PY_LIBMPI at one") from err
+    return MPI
+
+
+def check_launch(comm):
+    """Raise when the launcher started more processes than ``comm``'s world holds.
+
+    That happens when mpi4py uses another MPI library than the ``mpiexec`` that
+    started it: every process then runs alone as rank 0 of 1, and a distributed
+    solve would silently be ``N`` serial ones.
+    """
+    MPI = load_mpi()
+    world = MPI.COMM_WORLD.Get_size()
+    for var in _LAUNCHER_SIZE:
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 1 and world == 1:
+            raise RuntimeError(
+                f"the launcher started {value} processes ({var}={value}) but MPI sees one: "
+                f"mpi4py uses another MPI library ({MPI.Get_library_version().splitlines()[0]}) "
+                "than the mpiexec that started it; use the mpiexec of that library (in the "
+                "same environment as mpi4py)")
+    return comm
+
+
+def _describe(err):
+    return f"{type(err).__name__}: {err}"
+
+
+def collective(comm, fn, *args, what="setup", **kwargs):
+    """``fn(*args, **kwargs)`` on every rank; if it raises anywhere, raise on every rank.
+
+    The rank that failed raises its own exception; the others raise
+    :class:`RankError` naming the failed ranks and their messages. Every rank
+    takes part in one ``allgather`` either way, so none is left waiting.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> collective(MPI.COMM_SELF, int, "7")
+    7
+    """
+    try:
+        out, err = fn(*args, **kwargs), None
+    except Exception as exc:      # reported to every rank, then raised again here
+        out, err = None, exc
+    errors = comm.allgather(None if err is None else _describe(err))
+    if err is not None:
+        raise err
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed:
+        ranks = ", ".join(str(r) for r, _ in failed)
+        raise RankError(f"{what} failed on rank(s) {ranks} of {comm.Get_size()}: "
+                        + "; ".join(f"rank {r}: {e}" for r, e in failed))
+    return out
+
+
+def agree(comm, values, what="arguments"):
+    """Raise ``ValueError`` on every rank unless every rank passed the same ``values``.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+    values : dict
+        Name -> value (compared by ``repr``), e.g. the arguments of a call.
+    what : str
+        What the values are, for the message.
+
+    Raises
+    ------
+    ValueError
+        Naming each differing entry and which ranks had which value.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> agree(MPI.COMM_SELF, {"p": 2, "nq": 4})
+    """
+    mine = {k: repr(v) for k, v in values.items()}
+    every = comm.allgather(mine)
+    keys = sorted(set().union(*every))
+    diffs = []
+    for k in keys:
+        seen = {}
+        for r, vals in enumerate(every):
+            seen.setdefault(vals.get(k, "<missing>"), []).append(r)
+        if len(seen) > 1:
+            diffs.append(f"{k} is " + ", ".join(
+                f"{v} on rank{'s' if len(rs) > 1 else ''} {_ranges(rs)}" for v, rs in seen.items()))
+    if diffs:
+        raise ValueError(f"{what} differ across the {comm.Get_size()} ranks: " + "; ".join(diffs))
+
+
+_KEYVAL = []   # the MPI attribute key under which private_comm keeps its duplicate
+
+
+def private_comm(comm):
+    """A duplicate of ``comm`` for smalltc's own messages, made once per communicator.
+
+    Kept as an MPI attribute of ``comm`` (as PETSc keeps its inner communicator), so
+    every space and operator built on ``comm`` shares it and MPI's limited supply of
+    communicators is not used up by repeated solves. Collective the first time.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> private_comm(MPI.COMM_SELF) is private_comm(MPI.COMM_SELF)
+    True
+    """
+    MPI = load_mpi()
+    if not _KEYVAL:
+        _KEYVAL.append(MPI.Comm.Create_keyval())
+    inner = comm.Get_attr(_KEYVAL[0])
+    if inner is None:
+        inner = comm.Dup()
+        comm.Set_attr(_KEYVAL[0], inner)
+    return inner
+
+
+def spelling(value):
+    """``value`` as every rank spells it, for :func:`agree`: a callable by its module and
+    qualified name (its ``repr`` holds an address that differs between processes).
+
+    Examples
+    --------
+    >>> spelling(np.sin), spelling(0.05)
+    ('numpy.sin', '0.05')
+    """
+    if callable(value):
+        name = getattr(value, "__qualname__", type(value).__qualname__)
+        return f"{getattr(value, '__module__', None) or type(value).__module__}.{name}"
+    return repr(value)
+
+
+def _ranges(ranks):
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, start = [], ranks[0]
+    for a, b in zip(ranks, ranks[1:] + [None]):
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out)
+
+
+def _libmpi_candidates():
+    """Shared objects of the MPI library loaded in this process (Linux: /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split()[-1] for ln in f if ".so" in ln and "libmpi" in ln.rsplit("/", 1)[-1]}
+    except OSError:
+        paths = set()
+    return sorted(paths) + [None]      # None: the symbols of the whole process
+
+
+def cuda_aware():
+    """Whether the MPI library takes CUDA device buffers, and how that was decided.
+
+    ``SMALLTC_MPI_CUDA_AWARE=1`` or ``0`` decides; otherwise the library is asked
+    (``MPIX_Query_cuda_support``, which MPICH and Open MPI provide) after MPI is
+    initialised; a library that cannot be asked is taken as not CUDA-aware.
+
+    Returns
+    -------
+    (bool, str)
+        The answer and where it came from.
+
+    Examples
+    --------
+    >>> aware, how = cuda_aware()
+    >>> isinstance(aware, bool), isinstance(how, str)
+    (True, True)
+    """
+    env = os.environ.get(ENV_CUDA_AWARE, "").strip()
+    if env in ("0", "1"):
+        return env == "1", f"{ENV_CUDA_AWARE}={env}"
+    load_mpi()                               # initialises MPI: the query needs it
+    for path in _libmpi_candidates():
+        try:
+            lib = ctypes.CDLL(path)
+            query = lib.MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        query.restype = ctypes.c_int
+        return bool(query()), f"MPIX_Query_cuda_support() in {path or 'the process'}"
+    return False, "no MPIX_Query_cuda_support in the MPI library (taken as not CUDA-aware)"
+
+
+def local_rank(comm):
+    """This rank's index among the ranks of ``comm`` on the same node.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> local_rank(MPI.COMM_SELF)
+    0
+    """
+    MPI = load_mpi()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def select_gpu(comm):
+    """Make GPU ``local_rank(comm) % device count`` CuPy's current device; returns its id.
+
+    Call it before any CuPy allocation of the solve (a rank's arrays live on the
+    device current when they are made). Ranks on one node share the GPUs round
+    robin; more ranks than GPUs share a GPU.
+    """
+    import cupy
+    count = cupy.cuda.runtime.getDeviceCount()
+    dev = local_rank(comm) % count
+    cupy.cuda.Device(dev).use()
+    return dev
+
+
+class Reducer:
+    """Sums across the ranks of ``comm`` (``Allreduce``), timed.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+    device_buffers : bool
+        For CuPy arrays in :meth:`sum_array`: hand them to MPI as they are (a
+        CUDA-aware MPI), else through host memory.
+
+    Attributes
+    ----------
+    seconds : float
+        Time spent in the reductions (host copies and the wait included).
+    calls : int
+    """
+
+    def __init__(self, comm, device_buffers=False):
+        self.MPI = load_mpi()
+        self.comm = comm
+        self.device_buffers = bool(device_buffers)
+        self.seconds = 0.0
+        self.calls = 0
+        self._host = {}
+
+    def sums(self, *values):
+        """The sum over the ranks of each of ``values`` (Python floats), in one ``Allreduce``."""
+        t = time.perf_counter()
+        buf = np.array(values, dtype=np.float64)
+        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        self.seconds += time.perf_counter() - t
+        self.calls += 1
+        return tuple(float(v) for v in buf)
+
+    def sum_array(self, a):
+        """Replace the array ``a`` (NumPy or CuPy, contiguous) by its sum over the ranks."""
+        t = time.perf_counter()
+        if not is_cupy(a):
+            self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
+        elif self.device_buffers:
+            import cupy
+            cupy.cuda.get_current_stream().synchronize()     # MPI does not order with streams
+            self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
+        else:
+            host = self._pinned(a.size, a.dtype)
+            a.get(out=host)                                  # waits for the stream
+            self.comm.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
+            a.set(host)
+        self.seconds += time.perf_counter() - t
+        self.calls += 1
+        return a
+
+    def _pinned(self, n, dtype):
+        key = (n, np.dtype(dtype).str)
+        buf = self._host.get(key)
+        if buf is None:
+            buf = self._host[key] = pinned_empty(n, dtype)
+        return buf
+
+
+def pinned_empty(n, dtype):
+    """A NumPy array of ``n`` entries in page-locked host memory (CuPy's pinned pool):
+    copies between it and the GPU run asynchronously and at full speed."""
+    import cupy
+    dtype = np.dtype(dtype)
+    mem = cupy.cuda.alloc_pinned_memory(max(1, n) * dtype.itemsize)
+    return np.frombuffer(mem, dtype=dtype, count=n)

@@ -1,0 +1,250 @@
+"""The halo exchange of shared DoFs between neighbouring ranks (nonblocking mpi4py).
+
+A rank's local vector holds its local lattice: the nodes it owns and its ghosts
+(nodes on its upper interfaces, owned by a neighbour: :mod:`.partition`). Two
+exchanges keep such vectors right:
+
+* **forward** (owners -> ghosts): each ghost gets its owner's value; done on the
+  operator's input before the elements that touch ghosts are applied.
+* **reverse** (ghosts -> owners): each ghost's value (a partial sum, e.g. the
+  contributions of this rank's elements to a shared node) is added into its
+  owner's entry, and the ghost is zeroed: after it, only owners hold a node's
+  value, so inner products over the whole local vector count each node once.
+
+Both are split in ``start_*`` (pack, post ``Isend``/``Irecv``) and ``finish_*``
+(wait, unpack) so that work on interior elements runs in between. All the
+messages of one exchange to one neighbour go in one buffer; a rank's buffers for
+all neighbours are one array, so packing is one gather.
+
+Buffers follow the vector's array module. NumPy: host buffers. CuPy: the packed
+device buffer goes to MPI as it is when MPI is CUDA-aware (``transport ==
+"device"``), else it is copied to page-locked host memory and back
+(``"staged"``); :func:`~.comm.cuda_aware` decides, once, at construction.
+Received contributions are added in increasing neighbour-rank order, so results
+do not depend on message timing.
+
+Examples
+--------
+>>> from mpi4py import MPI
+>>> halo = Halo(MPI.COMM_SELF, {}, {}, np)          # one rank: nothing to exchange
+>>> halo.transport, halo.forward(np.ones(3)).tolist()
+('host', [1.0, 1.0, 1.0])
+"""
+
+import time
+
+import numpy as np
+
+from .comm import cuda_aware, load_mpi, pinned_empty
+
+__all__ = ["Halo", "TRANSPORTS"]
+
+#: how buffers reach MPI: NumPy arrays; CuPy arrays as they are; CuPy through host memory
+TRANSPORTS = ("host", "device", "staged")
+
+_TAG_FORWARD, _TAG_REVERSE = 7101, 7102
+
+
+def _concat(xp, lists, order):
+    """The index lists of ``order`` (neighbour ranks) as one int64 array and their offsets."""
+    parts = [np.asarray(lists[q], dtype=np.int64) for q in order]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in parts], out=offsets[1:])
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return xp.asarray(flat), [int(o) for o in offsets]
+
+
+def _to_host(dev, host):
+    """Copy ``dev`` into the host array ``host`` (for CuPy: after the stream's work)."""
+    if isinstance(dev, np.ndarray):
+        np.copyto(host, dev)
+    else:
+        dev.get(out=host)
+
+
+def _to_device(host, dev):
+    if isinstance(dev, np.ndarray):
+        np.copyto(dev, host)
+    else:
+        dev.set(host)
+
+
+class _Pending:
+    """One exchange in flight: its requests, buffers and what to do on arrival."""
+
+    __slots__ = ("requests", "recv_host", "recv_dev", "dtype", "t0")
+
+    def __init__(self, requests, recv_host, recv_dev, dtype, t0):
+        self.requests, self.recv_host, self.recv_dev = requests, recv_host, recv_dev
+        self.dtype, self.t0 = dtype, t0
+
+
+class Halo:
+    """Forward and reverse exchanges of one rank's local vectors with its neighbours.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+        Messages use their own tags on it (:class:`~.space.DistributedH1Space`
+        passes a duplicate of the user's communicator).
+    sends : dict rank -> int array
+        Local indices of owned nodes that rank holds as ghosts.
+    recvs : dict rank -> int array
+        Local indices of this rank's ghosts that rank owns. ``sends`` of one rank
+        and ``recvs`` of the other list a shared set in the same order
+        (:meth:`~.partition.BlockPartition.exchange_lists`).
+    xp : module
+        ``numpy`` or ``cupy``: where the vectors live.
+    transport : {None, "host", "device", "staged"}
+        None: ``"host"`` for NumPy; for CuPy ``"device"`` if MPI is CUDA-aware
+        (:func:`~.comm.cuda_aware`), else ``"staged"``. With NumPy vectors
+        ``"staged"`` copies through separate host buffers (its bookkeeping, tested
+        without a GPU) and ``"device"`` is ``"host"``.
+
+    Attributes
+    ----------
+    transport : str
+    transport_reason : str
+        Why that transport (the CUDA-aware query's answer, for CuPy).
+    seconds : dict
+        Time spent in ``"pack"`` (gathering and posting), ``"wait"`` (waiting for
+        messages: what overlap does not hide) and ``"unpack"``; ``calls`` counts
+        exchanges.
+    ghosts : xp int64 array
+        Every ghost's local index (the union of ``recvs``).
+    """
+
+    def __init__(self, comm, sends, recvs, xp, transport=None):
+        self.MPI = load_mpi()
+        self.comm, self.xp = comm, xp
+        if transport is None:
+            if xp is np:
+                transport, reason = "host", "NumPy vectors"
+            else:
+                aware, how = cuda_aware()
+                transport, reason = ("device" if aware else "staged"), how
+        else:
+            reason = "asked for"
+        if transport not in TRANSPORTS or (xp is not np and transport == "host"):
+            raise ValueError(f"transport must be one of {TRANSPORTS} ('device' or 'staged' "
+                             f"for CuPy vectors), got {transport!r}")
+        self.transport, self.transport_reason = transport, reason
+        self.send_ranks = sorted(sends)
+        self.recv_ranks = sorted(recvs)
+        # forward: pack owned nodes for each holder, unpack into ghosts; reverse: the other way
+        self.owned_idx, self.owned_off = _concat(xp, sends, self.send_ranks)
+        self.ghost_idx, self.ghost_off = _concat(xp, recvs, self.recv_ranks)
+        self.ghosts = self.ghost_idx
+        self._owned_parts = [self.owned_idx[a:b] for a, b in
+                             zip(self.owned_off[:-1], self.owned_off[1:])]
+        self._buffers = {}
+        self.seconds = {"pack": 0.0, "wait": 0.0, "unpack": 0.0}
+        self.calls = 0
+
+    @property
+    def nghosts(self):
+        return int(self.ghost_off[-1])
+
+    def __repr__(self):
+        return (f"Halo(rank={self.comm.Get_rank()}, sends_to={self.send_ranks}, "
+                f"receives_from={self.recv_ranks}, ghosts={self.nghosts}, "
+                f"transport={self.transport!r})")
+
+    # ------------------------------------------------------------------ buffers
+    def _buffer(self, role, n, dtype):
+        """A reused buffer per role ("send_dev", "recv_dev": the vector's module;
+        "send_host", "recv_host": host memory, page-locked for the staged transport)."""
+        key = (role, n, np.dtype(dtype).str)
+        buf = self._buffers.get(key)
+        if buf is None:
+            if role.endswith("_dev"):
+                buf = self.xp.empty(n, dtype=dtype)
+            elif self.transport == "staged" and self.xp is not np:
+                buf = pinned_empty(n, dtype)
+            else:
+                buf = np.empty(n, dtype=dtype)
+            self._buffers[key] = buf
+        return buf
+
+    def _post(self, send, send_ranks, send_off, recv, recv_ranks, recv_off, tag):
+        reqs = [self.comm.Irecv(recv[a:b], source=q, tag=tag)
+                for q, a, b in zip(recv_ranks, recv_off[:-1], recv_off[1:])]
+        reqs += [self.comm.Isend(send[a:b], dest=q, tag=tag)
+                 for q, a, b in zip(send_ranks, send_off[:-1], send_off[1:])]
+        return reqs
+
+    def _start(self, src, pack_idx, send_ranks, send_off, recv_ranks, recv_off, tag):
+        """Gather ``src[pack_idx]``, hand it to MPI, post the receives."""
+        t0 = time.perf_counter()
+        xp, dtype = self.xp, src.dtype
+        nsend, nrecv = send_off[-1], recv_off[-1]
+        send_dev = self._buffer("send_dev", nsend, dtype)
+        if nsend:
+            xp.take(src, pack_idx, out=send_dev)
+        recv_dev = self._buffer("recv_dev", nrecv, dtype)
+        if self.transport != "staged":
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()  # MPI does not order with streams
+            send, recv = send_dev, recv_dev
+        else:
+            send = self._buffer("send_host", nsend, dtype)
+            if nsend:
+                _to_host(send_dev, send)                    # waits for the packing
+            recv = self._buffer("recv_host", nrecv, dtype)
+        reqs = self._post(send, send_ranks, send_off, recv, recv_ranks, recv_off, tag)
+        self.seconds["pack"] += time.perf_counter() - t0
+        return _Pending(reqs, recv, recv_dev, dtype, t0)
+
+    def _wait(self, pending):
+        """Wait for an exchange; returns the received values in the vector's module."""
+        t = time.perf_counter()
+        self.MPI.Request.Waitall(pending.requests)
+        self.seconds["wait"] += time.perf_counter() - t
+        if self.transport == "staged" and pending.recv_dev.size:
+            _to_device(pending.recv_host, pending.recv_dev)
+        return pending.recv_dev
+
+    # ------------------------------------------------------------------ forward
+    def start_forward(self, x):
+        """Post the forward exchange of ``x`` (a local vector); returns a handle."""
+        return self._start(x, self.owned_idx, self.send_ranks, self.owned_off,
+                           self.recv_ranks, self.ghost_off, _TAG_FORWARD)
+
+    def finish_forward(self, pending, x):
+        """Wait for the forward exchange and write the owners' values into ``x``'s ghosts."""
+        recv = self._wait(pending)
+        t = time.perf_counter()
+        if recv.size:
+            x[self.ghost_idx] = recv
+        self.seconds["unpack"] += time.perf_counter() - t
+        self.calls += 1
+        return x
+
+    def forward(self, x):
+        """Owners -> ghosts: every ghost of ``x`` gets its owner's value (in place)."""
+        return self.finish_forward(self.start_forward(x), x)
+
+    # ------------------------------------------------------------------ reverse
+    def start_reverse(self, values, ghost_pos=None):
+        """Post the reverse exchange: ``values[ghost_pos]`` are this rank's ghost values,
+        in :attr:`ghosts` order (``ghost_pos`` None: ``values`` is a local vector)."""
+        idx = self.ghost_idx if ghost_pos is None else ghost_pos
+        return self._start(values, idx, self.recv_ranks, self.ghost_off,
+                           self.send_ranks, self.owned_off, _TAG_REVERSE)
+
+    def finish_reverse(self, pending, y):
+        """Wait for the reverse exchange, add the neighbours' values into ``y``'s owned
+        nodes (neighbour by neighbour, in increasing rank order), zero ``y``'s ghosts."""
+        recv = self._wait(pending)
+        t = time.perf_counter()
+        for part, a, b in zip(self._owned_parts, self.owned_off[:-1], self.owned_off[1:]):
+            y[part] += recv[a:b]
+        if self.nghosts:
+            y[self.ghost_idx] = 0
+        self.seconds["unpack"] += time.perf_counter() - t
+        self.calls += 1
+        return y
+
+    def reverse(self, y):
+        """Ghosts -> owners: ``y``'s ghost values added to their owners, ghosts zeroed."""
+        return self.finish_reverse(self.start_reverse(y), y)

@@ -1,0 +1,127 @@
+"""The L2 projection across MPI ranks: :func:`smalltc.fem.l2_project` with ``comm=``.
+
+Every rank, on its block (:mod:`.space`): geometry and ``D`` of its elements,
+its part of the right-hand side (summed onto owners by the reverse exchange),
+the distributed fused operator and its Jacobi diagonal, then CG with inner
+products summed across the ranks; the solution's ghosts are filled from their
+owners, and the error's squared sums are added across the ranks. Each step that
+can fail on some ranks only runs under :func:`.comm.collective`, so the failure
+is raised on all of them.
+
+With one rank the result is the serial one, bit for bit.
+"""
+
+import time
+
+import numpy as np
+
+from .._device import device_name, resolve_device, synchronize, to_host
+from ..basis import basis_1d
+from ..geometry import quadrature_data
+from ..projection import ProjectionResult, _default_nq, _error_sums, _load
+from ..solvers import cg, jacobi
+from .comm import (Reducer, agree, check_launch, collective, cuda_aware, load_mpi, select_gpu,
+                   spelling)
+from .operators import DistributedMassOperator
+from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
+
+__all__ = ["l2_project_distributed"]
+
+
+def _fingerprint(mesh, p, nq, operator, tol, maxiter, precond, quadrature, error_nq, backend,
+                 device, deterministic, f):
+    """The arguments every rank must agree on (plain values)."""
+    return dict(mesh_fingerprint(mesh), p=p, nq=nq, operator=operator, tol=tol, maxiter=maxiter,
+                precond=precond, quadrature=quadrature, error_nq=error_nq, backend=backend,
+                device=device, deterministic=bool(deterministic), f=spelling(f))
+
+
+def _check(operator, precond, device):
+    if operator != "matrix-free":
+        raise ValueError(f"a distributed projection runs the matrix-free operator only, "
+                         f"got operator={operator!r}")
+    if precond not in ("jacobi", None):
+        raise ValueError(f"precond must be 'jacobi' or None, got {precond!r}")
+    return device_name(resolve_device(device))
+
+
+def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12,
+                           maxiter=None, precond="jacobi", quadrature="gauss", error_nq=None,
+                           backend="auto", device="auto", comm=None, deterministic=False):
+    """:func:`smalltc.fem.l2_project` over the ranks of ``comm`` (see there).
+
+    Returns
+    -------
+    ProjectionResult
+        ``u`` is this rank's local vector (ghosts filled); ``l2_error``,
+        ``l2_norm``, ``iterations`` and the residuals are global, the same on
+        every rank; ``distribution`` says what this rank held.
+    """
+    if comm is None and not is_distributed_mesh(mesh):
+        raise TypeError(f"mesh must be a BoxMesh or, for a distributed run, a DistributedMesh "
+                        f"(or pass comm=), got {type(mesh).__name__}")
+    if is_distributed_mesh(mesh):
+        if comm is None:
+            comm = mesh.comm
+        else:
+            MPI = load_mpi()
+            if MPI.Comm.Compare(comm, mesh.comm) not in (MPI.IDENT, MPI.CONGRUENT):
+                raise ValueError("comm is not the communicator the DistributedMesh was built on")
+    load_mpi()
+    check_launch(comm)
+    t0 = time.perf_counter()
+    fp = collective(comm, _fingerprint, mesh, p, nq, operator, tol, maxiter, precond, quadrature,
+                    error_nq, backend, device, deterministic, f, what="checking the arguments")
+    agree(comm, fp, "the arguments of l2_project")
+    where = collective(comm, _check, operator, precond, device, what="checking the arguments")
+    agree(comm, {"device": where}, "the devices found")       # "auto" must pick alike
+    gpu = collective(comm, select_gpu, comm, what="selecting a GPU") if where == "gpu" else None
+    xp = resolve_device(where)
+    dmesh = mesh if is_distributed_mesh(mesh) else distribute_mesh(mesh, comm)
+    space = DistributedH1Space(dmesh, p)
+    nq = collective(comm, _default_nq, space.p, nq, what="checking nq")
+    B1d = basis_1d(space.p, nq, quadrature).B1d
+    qd = collective(comm, quadrature_data, dmesh.local, nq, quadrature=quadrature,
+                    what="computing the geometry")
+    b = collective(comm, _load, space.local, qd, B1d, f, what="the right-hand side")
+    space.owner_form(b)
+    b = xp.asarray(b)
+    M = DistributedMassOperator(space, xp.asarray(qd.wdetJ), xp.asarray(B1d), backend=backend,
+                                deterministic=deterministic)
+    P = None
+    if precond == "jacobi":
+        P = collective(comm, jacobi, M.diagonal(ghost_value=1.0), what="the Jacobi diagonal")
+    red = Reducer(space.comm, device_buffers=xp is not np and cuda_aware()[0])
+    synchronize(xp)
+    t1 = time.perf_counter()
+    halo0 = dict(M.halo.seconds)
+    sol = cg(M, b, tol=tol, maxiter=maxiter, precond=P, comm=red)
+    u = to_host(sol.x)
+    t2 = time.perf_counter()
+    halo = {k: M.halo.seconds[k] - halo0[k] for k in halo0}
+    allreduce = red.seconds
+    space.consistent_form(u)
+    err2, norm2 = collective(comm, _error_sums, space.local, u, f, error_nq, quadrature,
+                             "error_nq", what="measuring the error")
+    err2, norm2 = red.sums(err2, norm2)
+    t3 = time.perf_counter()
+    return ProjectionResult(
+        u=u,
+        space=space,
+        iterations=sol.iterations,
+        residual=float(sol.residuals[-1]),
+        residuals=sol.residuals,
+        l2_error=float(np.sqrt(err2)),
+        l2_norm=float(np.sqrt(norm2)),
+        timings={"setup": t1 - t0, "solve": t2 - t1, "error": t3 - t2,
+                 "halo": sum(halo.values()), "halo_wait": halo["wait"],
+                 "allreduce": allreduce},
+        device=where,
+        distribution={
+            "rank": space.rank, "ranks": space.nranks, "grid": tuple(space.partition.grid),
+            "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
+            "elements": space.nelements, "transport": M.halo.transport,
+            "transport_reason": M.halo.transport_reason, "gpu": gpu,
+        },
+    )
+

@@ -1,0 +1,121 @@
+"""Distributed FEM cases run under mpiexec (by tests/test_fem_distributed_mpi.py, or by hand).
+
+    mpiexec -n 2 python tests/mpi_cases.py compare [--device gpu] [--dims 2,3] [--ps 1,2,3,4]
+    mpiexec -n 2 python tests/mpi_cases.py mismatch        # p differs across ranks
+    mpiexec -n 2 python tests/mpi_cases.py local-failure   # f fails on rank 1 only
+    mpiexec -n 5 python tests/mpi_cases.py unpartitionable # a 2 x 2 mesh over 5 ranks
+
+``compare``: for each case, the distributed operator applied to a random vector and
+the distributed L2 projection (CG to 1e-13) against the serial ones on rank 0, which
+prints a line ``CASE {json}``; every rank prints ``DONE rank r``. The error cases
+print ``ERROR rank r: <type>: <message>`` on every rank and exit with status 3, so
+an error that reached only some ranks shows as a missing line (or a timeout).
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+TOL = 1e-13     # CG's target: the serial and distributed iterates then agree to ~1e-14
+
+
+def emit(line):
+    """One line in one write: the lines of several ranks never interleave."""
+    os.write(1, (line + "\n").encode())
+
+
+def _cases(dims, ps):
+    for dim in dims:
+        for p in ps:
+            yield dim, {1: 7, 2: 5, 3: 4}[dim] if p > 2 else {1: 9, 2: 6, 3: 4}[dim], p
+
+
+def compare(comm, device, dims, ps):
+    from smalltc import fem
+    from smalltc.fem.distributed import DistributedMassOperator, distributed_box_mesh
+    rank = comm.Get_rank()
+    for k, (dim, n, p) in enumerate(_cases(dims, ps)):
+        mesh = fem.box_mesh(dim, n, distortion=0.05, geom_order=2)
+        # the operator, on a random vector (every rank draws the same global one)
+        M = fem.mass_operator(fem.H1Space(mesh, p), comm=comm, device=device)
+        V, xp = M.space, M.xp
+        xg = np.random.default_rng(k).random(V.ndofs)
+        x = xp.asarray(V.global_to_local(xg))
+        x[xp.asarray(V.ghosts)] = -1.0e30               # the operator fills the ghosts
+        y = M(x)
+        ghosts_zero = bool((y[xp.asarray(V.ghosts)] == 0).all()) if V.nghosts else True
+        ghosts_filled = bool(np.array_equal(fem._device.to_host(x), V.global_to_local(xg)))
+        yg = V.gather(y, root=0)
+        # the same through the staged transport (host copies; pinned memory on a GPU)
+        Ms = DistributedMassOperator(V, xp.asarray(fem.mass_data(V.mesh.local, p + 2)),
+                                     xp.asarray(fem.basis_1d(p, p + 2).B1d), transport="staged")
+        ysg = V.gather(Ms(xp.asarray(V.global_to_local(xg))), root=0)
+        # the projection; odd cases build only the rank's block of the mesh
+        dmesh = (distributed_box_mesh(dim, n, comm, distortion=0.05, geom_order=2) if k % 2
+                 else mesh)
+        res = fem.l2_project(dmesh, p, fem.smooth_function, tol=TOL, device=device,
+                             comm=None if k % 2 else comm)
+        ug = res.space.gather(res.u, root=0)
+        flags = comm.gather((ghosts_zero, ghosts_filled, res.distribution["gpu"]), root=0)
+        if rank == 0:
+            ys = fem._device.to_host(fem.mass_operator(fem.H1Space(mesh, p), device=device)(
+                xp.asarray(xg)))
+            ser = fem.l2_project(mesh, p, fem.smooth_function, tol=TOL, device=device)
+            rec = dict(dim=dim, n=n, p=p, ranks=comm.Get_size(), grid=res.distribution["grid"],
+                       op_err=float(np.linalg.norm(yg - ys) / np.linalg.norm(ys)),
+                       op_err_staged=float(np.linalg.norm(ysg - ys) / np.linalg.norm(ys)),
+                       u_err=float(np.linalg.norm(ug - ser.u) / np.linalg.norm(ser.u)),
+                       iters=res.iterations, iters_serial=ser.iterations,
+                       l2_error=res.l2_error, l2_error_serial=ser.l2_error,
+                       ghosts_zero=all(f[0] for f in flags),
+                       ghosts_filled=all(f[1] for f in flags),
+                       device=res.device, transport=res.distribution["transport"],
+                       transport_reason=res.distribution["transport_reason"],
+                       gpus=[f[2] for f in flags])
+            emit("CASE " + json.dumps(rec))
+    emit(f"DONE rank {rank}")
+
+
+def _expect_error(comm, fn):
+    try:
+        fn()
+    except Exception as err:
+        emit(f"ERROR rank {comm.Get_rank()}: {type(err).__name__}: {err}")
+        sys.exit(3)
+    emit(f"NO ERROR rank {comm.Get_rank()}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=("compare", "mismatch", "local-failure", "unpartitionable"))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    ap.add_argument("--dims", default="2,3")
+    ap.add_argument("--ps", default="1,2,3,4")
+    args = ap.parse_args(argv)
+    from mpi4py import MPI
+
+    from smalltc import fem
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if args.case == "compare":
+        compare(comm, args.device, [int(d) for d in args.dims.split(",")],
+                [int(p) for p in args.ps.split(",")])
+    elif args.case == "mismatch":
+        _expect_error(comm, lambda: fem.l2_project(fem.box_mesh(2, 4), 2 + rank, 1.0,
+                                                   device=args.device, comm=comm))
+    elif args.case == "local-failure":
+        def f(x):
+            if rank == 1:
+                raise ArithmeticError("f fails on rank 1")
+            return x[0]
+        _expect_error(comm, lambda: fem.l2_project(fem.box_mesh(2, 4), 2, f,
+                                                   device=args.device, comm=comm))
+    else:
+        _expect_error(comm, lambda: fem.l2_project(fem.box_mesh(2, 2), 1, 1.0,
+                                                   device=args.device, comm=comm))
+
+
+if __name__ == "__main__":
+    main()

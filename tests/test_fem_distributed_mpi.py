@@ -1,0 +1,150 @@
+"""The distributed FEM solve under mpiexec: 2, 3 (oversubscribed on a 2-core machine) and 4
+ranks give the serial results; bad calls end with an error on every rank, never a hang.
+
+Each test launches ``mpiexec -n N python tests/mpi_cases.py CASE`` in a subprocess with a
+timeout (the whole process group is killed at the timeout, and the test fails as a hang).
+Skipped cleanly where mpi4py or mpiexec is missing (``pip install 'smalltc[mpi]'`` brings
+both; ``make test`` installs them). The GPU test (two ranks sharing one GPU) runs where a
+CUDA device answers.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from smalltc._arrays import gpu_available
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = ROOT / "tests" / "mpi_cases.py"
+
+pytestmark = pytest.mark.mpi
+
+
+def _mpiexec():
+    """``[mpiexec, options...]``: the one beside this Python (the mpi extra's), else on
+    PATH; None without it or without mpi4py."""
+    try:
+        import mpi4py  # noqa: F401  (the package only: no MPI initialisation here)
+    except ImportError:
+        return None
+    here = Path(sys.executable).parent / "mpiexec"
+    exe = str(here) if here.exists() else shutil.which("mpiexec")
+    if exe is None:
+        return None
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    openmpi = "open mpi" in (version.stdout + version.stderr).lower()
+    return [exe] + (["--oversubscribe"] if openmpi else [])     # MPICH oversubscribes as is
+
+
+MPIEXEC = _mpiexec()
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec or mpi4py "
+                               "(pip install 'smalltc[mpi]')")
+
+
+def mpirun(n, args, timeout):
+    """Run ``mpiexec -n n <args>``; returns the CompletedProcess, fails the test on a hang."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    cmd = MPIEXEC + ["-n", str(n)] + [str(a) for a in args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (a hang?)\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def cases(res):
+    return [json.loads(ln[5:]) for ln in res.stdout.splitlines() if ln.startswith("CASE ")]
+
+
+def check_against_serial(res, n, ncases):
+    assert res.returncode == 0, res.stdout + res.stderr
+    found = cases(res)
+    assert len(found) == ncases, res.stdout + res.stderr
+    assert sorted(ln for ln in res.stdout.splitlines() if ln.startswith("DONE")) == \
+        [f"DONE rank {r}" for r in range(n)]
+    for c in found:
+        what = f"dim={c['dim']} p={c['p']} on {n} ranks (grid {c['grid']})"
+        assert c["ranks"] == n and len(c["grid"]) == c["dim"], what
+        assert c["op_err"] <= 1e-12, f"{what}: M x differs from the serial one by {c['op_err']:.2e}"
+        assert c["op_err_staged"] <= 1e-12, what
+        assert c["u_err"] <= 1e-12, f"{what}: the projection differs by {c['u_err']:.2e}"
+        assert c["iters"] == c["iters_serial"], what
+        assert abs(c["l2_error"] - c["l2_error_serial"]) <= 1e-10 * c["l2_error_serial"], what
+        assert c["ghosts_zero"] and c["ghosts_filled"], what
+    return found
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_distributed_equals_serial(n):
+    """2D and 3D, p = 1..4: the operator to 1e-12 (it is ~1e-16), the projection to 1e-12
+    with the same CG iterations (CG runs to 1e-13, so the iterates are converged past the
+    last bits that the two summation orders change)."""
+    res = mpirun(n, [sys.executable, CASES, "compare"], timeout=300)
+    check_against_serial(res, n, 8)
+
+
+@needs_mpi
+def test_four_ranks_share_edges_and_corners():
+    """2 x 2 (2D) and 1 x 2 x 2 (3D) grids: nodes shared by 4 ranks, ghosts of 3 owners."""
+    res = mpirun(4, [sys.executable, CASES, "compare", "--ps", "1,2"], timeout=300)
+    found = check_against_serial(res, 4, 4)
+    assert {tuple(c["grid"]) for c in found} == {(2, 2), (1, 2, 2)}
+
+
+@needs_mpi
+@pytest.mark.parametrize("case,n,expect", [
+    ("mismatch", 2, ["ValueError: the arguments of l2_project differ across the 2 ranks: "
+                     "p is 2 on rank 0, 3 on rank 1"] * 2),
+    ("local-failure", 2, ["RankError: the right-hand side failed on rank(s) 1 of 2",
+                          "ValueError: f(x) failed"]),
+    ("unpartitionable", 5, ["ValueError: cannot partition a mesh of 2 x 2 elements into 5 "
+                            "blocks"] * 5),
+])
+def test_a_bad_call_errors_on_every_rank(case, n, expect):
+    res = mpirun(n, [sys.executable, CASES, case], timeout=120)
+    assert res.returncode == 3, res.stdout + res.stderr
+    lines = {int(ln.split()[2].rstrip(":")): ln for ln in res.stdout.splitlines()
+             if ln.startswith("ERROR rank")}
+    assert sorted(lines) == list(range(n)), res.stdout + res.stderr
+    for r, text in enumerate(expect):
+        assert text in lines[r], lines[r]
+
+
+@needs_mpi
+def test_demo_mpi(tmp_path):
+    smalltc_cli = Path(sys.executable).parent / "smalltc"
+    cmd = [smalltc_cli] if smalltc_cli.exists() else [sys.executable, "-m", "smalltc.cli"]
+    res = mpirun(2, cmd + ["demo", "--mpi", "--quick", "--out", tmp_path], timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "over 2 ranks (grid 1 x 1 x 2)" in out and "MDoF/s per CG iteration" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["0", "1"], out
+    doc = json.loads((tmp_path / "demo-mpi.json").read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert sum(r["owned_dofs"] for r in doc["ranks"]) == doc["ranks"][0]["dofs"]
+
+
+@needs_mpi
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
+def test_two_ranks_share_one_gpu():
+    """On the device: 2 ranks on GPU 0 (local rank modulo 1 device), CuPy buffers given to
+    MPI directly or staged through pinned memory (whichever the MPI allows), the fused GPU
+    CG with its partial sums reduced across ranks: the serial GPU results."""
+    res = mpirun(2, [sys.executable, CASES, "compare", "--device", "gpu"], timeout=500)
+    found = check_against_serial(res, 2, 8)
+    for c in found:
+        assert c["device"] == "gpu" and c["gpus"] == [0, 0]
+        assert c["transport"] in ("device", "staged"), c
+    print(f"\nhalo transport: {found[0]['transport']} ({found[0]['transport_reason']})")

@@ -15,6 +15,9 @@ Tuning parameters:
            ``rb`` FMAs (1-3; more needs ``rb * nin`` coefficients in registers)
 ``tr``     1: full chunks move between the arrays and the buffers in
            ``lanes x lanes`` block transposes (:func:`.simd.tr_block`)
+``vbits``  the vector width asked of LLVM (:func:`.simd.vector_width`): 512 or
+           256 on AVX-512 (LLVM's own choice on Intel cores is 256), 0
+           elsewhere (the target's only width)
 =========  =================================================================
 
 The heuristic (:data:`HEURISTIC`, per ISA) was measured on this project's
@@ -26,19 +29,22 @@ Examples
 --------
 >>> from smalltc.spec import ActionSpec
 >>> from smalltc.backends.cpu.target import TARGETS
->>> s = ActionSpec(dim=3, nq=7, nd=6, batch=100, dtype="float64")
+>>> s = ActionSpec(dim=3, nq=8, nd=7, batch=100, dtype="float64")
 >>> ACTION.heuristic_params(s, TARGETS["avx512"])
-{'lanes': 8, 'rb': 3, 'tr': 1}
+{'lanes': 8, 'rb': 3, 'tr': 1, 'vbits': 512}
 >>> ACTION.context(s, dict(lanes=3, rb=1, tr=0), TARGETS["avx2"]) is None   # not a vector multiple
 True
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .family import CpuExecutor, Family
 from .runtime import SHORT, signature
 from .target import host
 
-__all__ = ["ACTION", "ActionFamily", "action_steps", "MAX_ND", "MAX_NQ", "HEURISTIC"]
+__all__ = ["ACTION", "ActionFamily", "action_steps", "lanes_ctx", "lanes_space",
+           "vector_bits", "simd_lanes", "MAX_ND", "MAX_NQ", "HEURISTIC"]
 
 MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
 
@@ -87,21 +93,38 @@ def action_steps(dim, nd, nq, back_only=False):
     return steps, [(b, sz) for b, sz in sizes.items() if sz]
 
 
+def vector_bits(params, target):
+    """The ``vbits`` of ``params`` (the target's own when absent), or None when the target
+    has no such choice: 512 or 256 with AVX-512, 0 elsewhere."""
+    v = (params or {}).get("vbits", target.vector_bits)
+    ok = (256, 512) if target.isa == "avx512" else (0,)
+    return v if v in ok else None
+
+
+def simd_lanes(target, vbits, dtype):
+    """Scalars of ``dtype`` in one vector of ``vbits`` bits (0: the target's width)."""
+    return (vbits // 8 if vbits else target.vector_bytes) // np.dtype(dtype).itemsize
+
+
 def lanes_ctx(spec, params, target, heuristic):
-    """``lanes``, ``rb``, ``tr`` for an action-like spec (the heuristic's, or ``params``
-    checked), or None when they do not fit: lanes a multiple of the vector's scalars and
-    a power of two (block transposes), 1 <= rb <= 4, tr 0 or 1."""
+    """``lanes``, ``rb``, ``tr``, ``vbits`` for an action-like spec (the heuristic's, or
+    ``params`` checked), or None when they do not fit: lanes a multiple of the vector's
+    scalars and a power of two (block transposes), 1 <= rb <= 4, tr 0 or 1, vbits as
+    :func:`vector_bits` allows."""
     dim, nd, dt = spec.dim, spec.nd, spec.dtype
-    vl = target.lanes(dt)
     h = heuristic[target.isa]
     if params is None:
+        vl = target.lanes(dt)
         W = h["vectors"] * vl
-        return dict(lanes=W, rb=h["rb"](dim, nd, dt), tr=int(nd ** dim >= h["tr_from"]))
+        return dict(lanes=W, rb=h["rb"](dim, nd, dt), tr=int(nd ** dim >= h["tr_from"]),
+                    vbits=target.vector_bits)
     W, rb, tr = params.get("lanes"), params.get("rb"), params.get("tr")
+    vbits = vector_bits(params, target)
+    vl = simd_lanes(target, vbits, dt)
     if not (isinstance(W, int) and W >= vl and W % vl == 0 and W & (W - 1) == 0 and W <= 64
-            and rb in (1, 2, 3, 4) and tr in (0, 1)):
+            and rb in (1, 2, 3, 4) and tr in (0, 1) and vbits is not None):
         return None
-    return dict(lanes=W, rb=rb, tr=tr)
+    return dict(lanes=W, rb=rb, tr=tr, vbits=vbits)
 
 
 class ActionFamily(Family):
@@ -109,7 +132,7 @@ class ActionFamily(Family):
 
     name = "action"
     templates = ("action.py.j2",)
-    params = ("lanes", "rb", "tr")
+    params = ("lanes", "rb", "tr", "vbits")
 
     def claims(self, spec):
         return spec.op == "action" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
@@ -122,7 +145,7 @@ class ActionFamily(Family):
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
         steps, buffers = action_steps(dim, nd, nq)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
-                      nqd=nq ** dim, rb=p["rb"], tr=p["tr"], vbits=target.vector_bits,
+                      nqd=nq ** dim, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
                       signature=signature(dt, 4, ["int64"] * 4))
         return dict(p, dtype=dt, render=render)
 
@@ -135,20 +158,28 @@ class ActionFamily(Family):
     def space(self, spec, target=None):
         """lanes: one or two vectors; rb 1-3 (pruned ``registers`` where the rb x nin
         coefficients and rb accumulators per vector exceed the register file); tr 0, 1
-        (pruned ``small`` below one lanes x lanes block per element)."""
+        (pruned ``small`` below one lanes x lanes block per element); vbits 512 and 256
+        on AVX-512."""
         target = target or host()
-        vl = target.lanes(spec.dtype)
-        nin = max(spec.nd, spec.nq)
+        yield from lanes_space(spec, target)
+
+
+ACTION = ActionFamily()
+
+
+def lanes_space(spec, target):
+    """The search space of the lane-vectorised families (action, FEM operator)."""
+    nin = max(spec.nd, spec.nq)
+    widths = (512, 256) if target.isa == "avx512" else (0,)
+    for vbits in widths:
+        vl = simd_lanes(target, vbits, spec.dtype)
         for vectors in (1, 2):
             for rb in (1, 2, 3):
                 for tr in (0, 1):
                     W = vectors * vl
                     why = ("registers" if rb * nin + rb * vectors > target.registers + 8 else
                            "small" if tr and spec.nd ** spec.dim < W else None)
-                    yield dict(lanes=W, rb=rb, tr=tr), why
-
-
-ACTION = ActionFamily()
+                    yield dict(lanes=W, rb=rb, tr=tr, vbits=vbits), why
 
 
 class ActionExecutor(CpuExecutor):

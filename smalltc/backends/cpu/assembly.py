@@ -6,9 +6,9 @@ contraction over k per dimension; in 3D, (2b) and (2c) run one ``i1`` slab at a
 time and (2c) builds one row of M for the chunk in ``mr[column, lane]``, moved
 out with ``lanes x lanes`` block transposes (notes/cpu.md, version 9).
 
-Tuning parameters: ``lanes`` (one or two vector registers of elements) and
+Tuning parameters: ``lanes`` (one or two vector registers of elements),
 ``tr`` (1: block transposes for D in and, in 3D, rows of M out; 0: lane by
-lane). The heuristic: one vector of elements, ``tr = 1`` (measured on Zen 5;
+lane) and ``vbits`` (as the action's). The heuristic: one vector of elements, ``tr = 1`` (measured on Zen 5;
 :data:`HEURISTIC`). The executor runs full chunks in the kernel and a padded
 chunk for the remainder. Beyond ``nd^(2 dim) <= 2^20`` (3D p <= 9) or
 ``nq <= 24`` the generic kernel runs (:mod:`.contract`).
@@ -19,7 +19,7 @@ Examples
 >>> from smalltc.backends.cpu.target import TARGETS
 >>> ASSEMBLY.heuristic_params(AssemblySpec(dim=3, nq=5, nd=4, batch=9, dtype="float32"),
 ...                           TARGETS["avx2"])
-{'lanes': 8, 'tr': 1}
+{'lanes': 8, 'tr': 1, 'vbits': 0}
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import threading
 
 import numpy as np
 
+from .action import simd_lanes, vector_bits
 from .family import CpuExecutor, Family
 from .runtime import SHORT, signature
 from .target import host
@@ -45,7 +46,7 @@ class AssemblyFamily(Family):
 
     name = "assembly"
     templates = ("assembly.py.j2",)
-    params = ("lanes", "tr")
+    params = ("lanes", "tr", "vbits")
 
     def claims(self, spec):
         return (spec.op == "assembly" and spec.nd ** (2 * spec.dim) <= MAX_ASM_ENTRIES
@@ -54,18 +55,18 @@ class AssemblyFamily(Family):
     def context(self, spec, params=None, target=None):
         target = target or host()
         dt = spec.dtype
-        vl = target.lanes(dt)
         if params is None:
             h = HEURISTIC[target.isa]
-            W, tr = h["vectors"] * vl, h["tr"]
+            W, tr, vbits = h["vectors"] * target.lanes(dt), h["tr"], target.vector_bits
         else:
-            W, tr = params.get("lanes"), params.get("tr")
+            W, tr, vbits = params.get("lanes"), params.get("tr"), vector_bits(params, target)
+            vl = simd_lanes(target, vbits or 0, dt)
             if not (isinstance(W, int) and W >= vl and W % vl == 0 and W & (W - 1) == 0
-                    and W <= 64 and tr in (0, 1)):
+                    and W <= 64 and tr in (0, 1) and vbits is not None):
                 return None
         render = dict(dtype=dt, W=W, tr=tr, dim=spec.dim, nd=spec.nd, nq=spec.nq,
-                      vbits=target.vector_bits, signature=signature(dt, 3, ["int64"] * 2))
-        return dict(lanes=W, tr=tr, dtype=dt, render=render)
+                      vbits=vbits, signature=signature(dt, 3, ["int64"] * 2))
+        return dict(lanes=W, tr=tr, vbits=vbits, dtype=dt, render=render)
 
     def entry(self, spec, ctx):
         return f"stc_mass_assemble_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
@@ -74,11 +75,13 @@ class AssemblyFamily(Family):
         return AssemblyExecutor(choice)
 
     def space(self, spec, target=None):
-        """lanes: one or two vectors of elements; tr 0, 1."""
-        vl = (target or host()).lanes(spec.dtype)
-        for vectors in (1, 2):
-            for tr in (0, 1):
-                yield dict(lanes=vectors * vl, tr=tr), None
+        """lanes: one or two vectors of elements; tr 0, 1; vbits 512 and 256 on AVX-512."""
+        target = target or host()
+        for vbits in ((512, 256) if target.isa == "avx512" else (0,)):
+            vl = simd_lanes(target, vbits, spec.dtype)
+            for vectors in (1, 2):
+                for tr in (0, 1):
+                    yield dict(lanes=vectors * vl, tr=tr, vbits=vbits), None
 
 
 ASSEMBLY = AssemblyFamily()

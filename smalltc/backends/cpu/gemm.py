@@ -10,7 +10,8 @@ batch split statically over the threads, in one of two forms:
            loop; SLP packs each row into SIMD registers (SIMD along the row)
 =========  =================================================================
 
-Tuning parameters ``form`` and ``rb`` (0 for ``full``; ``rb`` divides m). The
+Tuning parameters ``form``, ``rb`` (0 for ``full``; ``rb`` divides m) and
+``vbits`` (as the action's). The
 heuristic: ``full`` up to ``m*n*k <= 125``, else the largest ``rb`` of 4, 3,
 2, 1 dividing m with ``rb * n`` accumulators within the register budget of
 the target (:data:`ACC_SCALARS`: ``rb * n <= 32``, measured on Zen 5 with
@@ -22,13 +23,15 @@ generic kernel runs (:mod:`.contract`).
 Examples
 --------
 >>> from smalltc.spec import GemmSpec
->>> GEMM.heuristic_params(GemmSpec(batch=1, m=8, n=8, k=8, dtype="float64"))
-{'form': 'rows', 'rb': 4}
+>>> from smalltc.backends.cpu.target import TARGETS
+>>> GEMM.heuristic_params(GemmSpec(batch=1, m=8, n=8, k=8, dtype="float64"), TARGETS["avx512"])
+{'form': 'rows', 'rb': 4, 'vbits': 512}
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .action import vector_bits
 from .family import CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT, signature
 from .target import host
@@ -46,7 +49,7 @@ class GemmFamily(Family):
 
     name = "gemm"
     templates = ("gemm.py.j2",)
-    params = ("form", "rb")
+    params = ("form", "rb", "vbits")
 
     def claims(self, spec):
         return spec.op == "gemm" and max(spec.m, spec.n, spec.k) <= MAX_GEMM
@@ -54,6 +57,9 @@ class GemmFamily(Family):
     def context(self, spec, params=None, target=None):
         target = target or host()
         m, n, k, dt = spec.m, spec.n, spec.k, spec.dtype
+        vbits = vector_bits(params, target)
+        if vbits is None:
+            return None
         if params is None:
             if m * n * k <= FULL_MAX:
                 form, rb = "full", 0
@@ -70,18 +76,15 @@ class GemmFamily(Family):
         flags = dict(trans_a=spec.trans_a, trans_b=spec.trans_b, shared_a=spec.shared_a,
                      shared_b=spec.shared_b, beta_zero=spec.beta_zero)
         render = dict(dtype=dt, m=m, n=n, k_=k, form=form, rb=rb, ctype=f"np.{dt}",
-                      inline_body=True, vbits=target.vector_bits,
+                      inline_body=True, vbits=vbits,
                       signature=signature(dt, 4, [NB_TYPES[dt]] * 2 + ["int64"] * 2), **flags)
-        return dict(form=form, rb=rb, dtype=dt, render=render)
+        return dict(form=form, rb=rb, vbits=vbits, dtype=dt, render=render)
 
     def entry(self, spec, ctx):
         t = ("t" if spec.trans_a else "n") + ("t" if spec.trans_b else "n")
         tags = ("_sa" if spec.shared_a else "") + ("_sb" if spec.shared_b else "") + \
                ("" if spec.beta_zero else "_beta")
         return f"stc_gemm_{t}_{SHORT[spec.dtype]}_m{spec.m}n{spec.n}k{spec.k}{tags}"
-
-    def public(self, ctx):
-        return {"form": ctx["form"], "rb": ctx["rb"]}
 
     def executor(self, choice):
         return GemmExecutor(choice)
@@ -90,11 +93,14 @@ class GemmFamily(Family):
         """``full`` (pruned ``large`` beyond m*n*k = 1000: compile time) and ``rows`` with
         each rb of 1-4 dividing m (pruned ``registers`` beyond 64 accumulator scalars)."""
         m, n, k = spec.m, spec.n, spec.k
-        yield dict(form="full", rb=0), ("large" if m * n * k > 8 * FULL_MAX else None)
-        for rb in (1, 2, 3, 4):
-            if m % rb == 0:
-                yield dict(form="rows", rb=rb), ("registers" if rb > 1 and rb * n > 64
-                                                 else None)
+        target = target or host()
+        for vbits in ((512, 256) if target.isa == "avx512" else (0,)):
+            yield dict(form="full", rb=0, vbits=vbits), ("large" if m * n * k > 8 * FULL_MAX
+                                                         else None)
+            for rb in (1, 2, 3, 4):
+                if m % rb == 0:
+                    yield dict(form="rows", rb=rb, vbits=vbits), (
+                        "registers" if rb > 1 and rb * n > 64 else None)
 
 
 GEMM = GemmFamily()

@@ -23,7 +23,7 @@ MassApplySpec    ``mass_apply.py.j2``       ``stc_mass_op_3d_f64_nd5_nq7_i32``
 MassDiagonalSpec ``mass_diagonal.py.j2``    ``stc_mass_diag_3d_f64_nd5_nq7_i32``
 ===============  =========================  ======================================
 
-Tuning parameters as the action's (``lanes``, ``rb``, ``tr``; ``tr`` moves D
+Tuning parameters as the action's (``lanes``, ``rb``, ``tr``, ``vbits``; ``tr`` moves D
 into the lane buffers with :func:`.simd.tr_rows`); the heuristic is the
 action's. Sizes beyond the action's limits raise ``Unsupported`` (the
 reference path runs them).
@@ -31,7 +31,7 @@ reference path runs them).
 from __future__ import annotations
 
 from ...maps import map_info
-from .action import HEURISTIC, MAX_ND, MAX_NQ, action_steps, lanes_ctx
+from .action import HEURISTIC, MAX_ND, MAX_NQ, action_steps, lanes_ctx, lanes_space
 from .family import CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT
 from .target import host
@@ -50,7 +50,7 @@ class MassApplyFamily(Family):
 
     name = "mass_apply"
     templates = ("mass_apply.py.j2",)
-    params = ("lanes", "rb", "tr")
+    params = ("lanes", "rb", "tr", "vbits")
 
     def claims(self, spec):
         return spec.op == "mass_apply" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
@@ -63,7 +63,7 @@ class MassApplyFamily(Family):
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
         steps, buffers = action_steps(dim, nd, nq)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
-                      nqd=nq ** dim, rb=p["rb"], tr=p["tr"], vbits=target.vector_bits,
+                      nqd=nq ** dim, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
                       signature=_sig(dt, spec.index_dtype, 3, 1, ["int64"] * 2))
         return dict(p, dtype=dt, render=render)
 
@@ -75,8 +75,7 @@ class MassApplyFamily(Family):
         return MassApplyExecutor(choice)
 
     def space(self, spec, target=None):
-        from .action import ACTION
-        yield from ACTION.space(spec, target)
+        yield from lanes_space(spec, target or host())
 
 
 class MassDiagonalFamily(Family):
@@ -84,7 +83,7 @@ class MassDiagonalFamily(Family):
 
     name = "mass_diagonal"
     templates = ("mass_diagonal.py.j2",)
-    params = ("lanes", "rb", "tr")
+    params = ("lanes", "rb", "tr", "vbits")
 
     def claims(self, spec):
         return spec.op == "mass_diagonal" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
@@ -98,7 +97,7 @@ class MassDiagonalFamily(Family):
         steps, buffers = action_steps(dim, nd, nq, back_only=True)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
                       nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"],
-                      vbits=target.vector_bits,
+                      vbits=p["vbits"],
                       signature=_sig(dt, spec.index_dtype, 2, 1, ["int64"]))
         return dict(p, dtype=dt, render=render)
 
@@ -110,8 +109,7 @@ class MassDiagonalFamily(Family):
         return MassDiagonalExecutor(choice)
 
     def space(self, spec, target=None):
-        from .action import ACTION
-        yield from ACTION.space(spec, target)
+        yield from lanes_space(spec, target or host())
 
 
 MASS_APPLY = MassApplyFamily()

@@ -18,6 +18,8 @@ from smalltc.backends.cuda.action import ACTION, action_ctx
 from smalltc.backends.cuda.assembly import assembly_ctx
 from smalltc.backends.cuda.contract9 import contract9_ctx
 from smalltc.backends.cuda.layout import generic_ctx, layout_ctx
+from smalltc.backends.cuda.mass_apply import MASS_APPLY, MASS_DIAGONAL
+from smalltc.spec import MassApplySpec, MassDiagonalSpec
 from smalltc.backends.cuda.runtime import SmalltcCompileError, render, template_names
 
 NVCC = shutil.which("nvcc")
@@ -79,6 +81,19 @@ def _configs():
                 ctx = assembly_ctx(dim, p + 1, p + 2, dt)
                 if ctx is not None:
                     out.append(("assembly.cu.j2", ctx))
+        # the fused FEM operator: the action templates with gather (atomic and per-colour,
+        # ncomp, both index types, the line form with and without prefetch) and the diagonal
+        for dim, p, nc, it, det in ((1, 3, 1, "int32", False), (2, 2, 3, "int64", True),
+                                    (2, 7, 1, "int32", False), (3, 1, 1, "int32", True),
+                                    (3, 4, 3, "int64", False), (3, 7, 1, "int32", True)):
+            s = MassApplySpec(dim=dim, nq=p + 2, nd=p + 1, batch=1, dtype=dt, ndofs=1, ncomp=nc,
+                              comp_axis=nc > 1, index_dtype=it, deterministic=det)
+            for params in (None,) + ((dict(per_block=2, line=1, prefetch=0),) if dim == 3 else ()):
+                ctx = MASS_APPLY.context(s, params)
+                out.append((MASS_APPLY.template(ctx), ctx))
+            d = MassDiagonalSpec(dim=dim, nq=p + 2, nd=p + 1, batch=1, dtype=dt, ndofs=1,
+                                 index_dtype=it, deterministic=det)
+            out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
     return [(t, f"stc_test_{t.split('.')[0]}_{i}", c) for i, (t, c) in enumerate(out)
             if c is not None]
 

@@ -152,7 +152,7 @@ def test_contract_errors(args, kw, exc, match):
 
 
 def test_plan_errors():
-    with pytest.raises(ValueError, match=r"op must be 'action', 'assembly', 'gemm' or 'contract'"):
+    with pytest.raises(ValueError, match=r"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply' or 'mass_diagonal'"):
         smalltc.plan("mass", B1d, D3)
     with pytest.raises(ValueError, match=r"method must be one of"):
         smalltc.batched_contract(B1d, D3, V3, method="fast")

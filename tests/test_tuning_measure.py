@@ -90,7 +90,7 @@ SPECS = [
 def test_prepare_and_verify(spec):
     dev = _device(spec.dtype)
     prob = dev.prepare(spec)
-    for (name, shape, _, positive), a in zip(spec.inputs, prob.big):
+    for (name, shape, _, positive, _), a in zip(spec.inputs, prob.big):
         assert a.shape == shape and a.dtype == np.dtype(spec.dtype)
         assert np.all(a != 0) and (not positive or a.min() >= 0.5)
     assert prob.check_out.shape[0] >= 3 and prob.samples[0] == 0 and prob.samples[-1] == 36

@@ -108,7 +108,7 @@ def _random_host(spec, batch, seed):
     rng = np.random.default_rng(seed)
     s = spec.with_batch(batch)
     out = []
-    for name, shape, _, positive in s.inputs:
+    for name, shape, _, positive, _ in s.inputs:
         a = rng.random(shape) + 0.5 if positive else rng.standard_normal(shape)
         out.append(a)
     return out
@@ -192,7 +192,7 @@ class GpuDevice:
 
     def _operands(self, spec):
         cp, big = self.cp, []
-        for i, (name, shape, _, positive) in enumerate(spec.inputs):
+        for i, (name, shape, _, positive, _) in enumerate(spec.inputs):
             gen = cp.random.default_rng(1000 + i)
             a = gen.random(shape, dtype=cp.float64)
             a = (a + 0.5) if positive else (a - 0.5)
@@ -248,7 +248,7 @@ class GpuDevice:
         idx = problem.samples
         spec = problem.spec.with_batch(len(idx))
         host = []
-        for (name, _, batched, _), a in zip(problem.spec.inputs, problem.big):
+        for (name, _, batched, _, _), a in zip(problem.spec.inputs, problem.big):
             host.append(self.cp.asnumpy(a[idx] if batched else a).astype(np.float64))
         ref = _reference(spec, host)
         return rel_err(self.cp.asnumpy(problem.out[idx]), ref)
@@ -272,7 +272,7 @@ class GpuDevice:
                 raise ValueError(f"{spec} has no 'small' timing form")
             full, spec = spec, spec.with_batch(n)
             ops = [a[:n] if batched else a
-                   for (_, _, batched, _), a in zip(full.inputs, ops)]
+                   for (_, _, batched, _, _), a in zip(full.inputs, ops)]
             out = ops[2] if spec.op == "gemm" and not spec.beta_zero else out[:n]
             if ex.small is None:
                 ex.small = self._build(spec, ex.cand)

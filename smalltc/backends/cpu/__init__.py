@@ -57,7 +57,7 @@ if numba is not None:
     from .family import Choice
     from .gemm import GEMM
     from .mass_apply import MASS_APPLY, MASS_DIAGONAL
-    from .target import host
+    from .target import host, resolve
 
     #: the kernel families, in the order they are asked
     FAMILIES = (GEMM, ACTION, ASSEMBLY, CONTRACT, MASS_APPLY, MASS_DIAGONAL)
@@ -88,7 +88,7 @@ def choose(spec, target=None, params=None):
     heuristic without the tables; a dict: those parameters, ``ValueError`` when they do
     not fit.
     """
-    target = target or host()
+    target = resolve(target)
     fam = family_of(spec)
     if fam is None:
         return None

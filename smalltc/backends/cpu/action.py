@@ -41,7 +41,7 @@ import numpy as np
 
 from .family import CpuExecutor, Family
 from .runtime import SHORT, signature
-from .target import host
+from .target import resolve
 
 __all__ = ["ACTION", "ActionFamily", "action_steps", "lanes_ctx", "lanes_space",
            "vector_bits", "simd_lanes", "MAX_ND", "MAX_NQ", "HEURISTIC"]
@@ -138,7 +138,7 @@ class ActionFamily(Family):
         return spec.op == "action" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
 
     def context(self, spec, params=None, target=None):
-        target = target or host()
+        target = resolve(target)
         p = lanes_ctx(spec, params, target, HEURISTIC)
         if p is None:
             return None
@@ -160,7 +160,7 @@ class ActionFamily(Family):
         coefficients and rb accumulators per vector exceed the register file); tr 0, 1
         (pruned ``small`` below one lanes x lanes block per element); vbits 512 and 256
         on AVX-512."""
-        target = target or host()
+        target = resolve(target)
         yield from lanes_space(spec, target)
 
 

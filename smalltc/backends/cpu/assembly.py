@@ -30,7 +30,7 @@ import numpy as np
 from .action import simd_lanes, vector_bits
 from .family import CpuExecutor, Family
 from .runtime import SHORT, signature
-from .target import host
+from .target import resolve
 
 __all__ = ["ASSEMBLY", "AssemblyFamily", "MAX_ASM_ENTRIES", "MAX_NQ", "HEURISTIC"]
 
@@ -53,7 +53,7 @@ class AssemblyFamily(Family):
                 and spec.nq <= MAX_NQ)
 
     def context(self, spec, params=None, target=None):
-        target = target or host()
+        target = resolve(target)
         dt = spec.dtype
         if params is None:
             h = HEURISTIC[target.isa]
@@ -76,7 +76,7 @@ class AssemblyFamily(Family):
 
     def space(self, spec, target=None):
         """lanes: one or two vectors of elements; tr 0, 1; vbits 512 and 256 on AVX-512."""
-        target = target or host()
+        target = resolve(target)
         for vbits in ((512, 256) if target.isa == "avx512" else (0,)):
             vl = simd_lanes(target, vbits, spec.dtype)
             for vectors in (1, 2):

@@ -21,7 +21,7 @@ import numpy as np
 
 from .family import Choice, CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT, signature
-from .target import host
+from .target import host, resolve
 
 __all__ = ["CONTRACT", "ContractFamily", "generic_executor", "MAX_CONTRACT",
            "SPECIALIZE_CONTRACT"]
@@ -43,7 +43,7 @@ class ContractFamily(Family):
     def context(self, spec, params=None, target=None):
         if params:                            # none to choose
             return None
-        target = target or host()
+        target = resolve(target)
         dt = spec.dtype
         ext = (spec.i, spec.s, spec.j, spec.k, spec.l)
         specialized = SPECIALIZE_CONTRACT and max(ext) <= MAX_CONTRACT

@@ -32,7 +32,7 @@ import numba
 
 from ..base import Executor
 from .runtime import load_kernel
-from .target import host, target_of
+from .target import resolve, target_of
 
 __all__ = ["Family", "Choice", "CpuExecutor"]
 
@@ -83,7 +83,7 @@ class Family:
 
     def heuristic_params(self, spec, target=None):
         """The heuristic's choice in this family's parameters (None: nothing fits)."""
-        ctx = self.context(spec, None, target or host())
+        ctx = self.context(spec, None, resolve(target))
         return None if ctx is None else self.public(ctx)
 
     def adapt(self, spec, entry_spec, params, device=None):

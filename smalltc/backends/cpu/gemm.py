@@ -34,7 +34,7 @@ import numpy as np
 from .action import vector_bits
 from .family import CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT, signature
-from .target import host
+from .target import resolve
 
 __all__ = ["GEMM", "GemmFamily", "MAX_GEMM", "ACC_SCALARS"]
 
@@ -50,12 +50,14 @@ class GemmFamily(Family):
     name = "gemm"
     templates = ("gemm.py.j2",)
     params = ("form", "rb", "vbits")
+    #: a factor 2 in one extent at most (as the CUDA layout family's tables)
+    max_distance = 1.0
 
     def claims(self, spec):
         return spec.op == "gemm" and max(spec.m, spec.n, spec.k) <= MAX_GEMM
 
     def context(self, spec, params=None, target=None):
-        target = target or host()
+        target = resolve(target)
         m, n, k, dt = spec.m, spec.n, spec.k, spec.dtype
         vbits = vector_bits(params, target)
         if vbits is None:
@@ -89,11 +91,19 @@ class GemmFamily(Family):
     def executor(self, choice):
         return GemmExecutor(choice)
 
+    def carry(self, spec, entry_spec, params, target):
+        """The same form and width; ``rb`` lowered to a divisor of m (``full`` only where
+        the product stays small enough to unroll)."""
+        p = dict(params)
+        if p["form"] == "rows":
+            p["rb"] = next(r for r in range(p["rb"], 0, -1) if spec.m % r == 0)
+        return p if self.context(spec, p, target) is not None else None
+
     def space(self, spec, target=None):
         """``full`` (pruned ``large`` beyond m*n*k = 1000: compile time) and ``rows`` with
         each rb of 1-4 dividing m (pruned ``registers`` beyond 64 accumulator scalars)."""
         m, n, k = spec.m, spec.n, spec.k
-        target = target or host()
+        target = resolve(target)
         for vbits in ((512, 256) if target.isa == "avx512" else (0,)):
             yield dict(form="full", rb=0, vbits=vbits), ("large" if m * n * k > 8 * FULL_MAX
                                                          else None)

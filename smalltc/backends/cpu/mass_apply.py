@@ -34,7 +34,7 @@ from ...maps import map_info
 from .action import HEURISTIC, MAX_ND, MAX_NQ, action_steps, lanes_ctx, lanes_space
 from .family import CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT
-from .target import host
+from .target import resolve
 
 __all__ = ["MASS_APPLY", "MASS_DIAGONAL", "MassApplyFamily", "MassDiagonalFamily"]
 
@@ -56,7 +56,7 @@ class MassApplyFamily(Family):
         return spec.op == "mass_apply" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
 
     def context(self, spec, params=None, target=None):
-        target = target or host()
+        target = resolve(target)
         p = lanes_ctx(spec, params, target, HEURISTIC)
         if p is None:
             return None
@@ -75,7 +75,7 @@ class MassApplyFamily(Family):
         return MassApplyExecutor(choice)
 
     def space(self, spec, target=None):
-        yield from lanes_space(spec, target or host())
+        yield from lanes_space(spec, resolve(target))
 
 
 class MassDiagonalFamily(Family):
@@ -89,7 +89,7 @@ class MassDiagonalFamily(Family):
         return spec.op == "mass_diagonal" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
 
     def context(self, spec, params=None, target=None):
-        target = target or host()
+        target = resolve(target)
         p = lanes_ctx(spec, params, target, HEURISTIC)
         if p is None:
             return None
@@ -109,7 +109,7 @@ class MassDiagonalFamily(Family):
         return MassDiagonalExecutor(choice)
 
     def space(self, spec, target=None):
-        yield from lanes_space(spec, target or host())
+        yield from lanes_space(spec, resolve(target))
 
 
 MASS_APPLY = MassApplyFamily()

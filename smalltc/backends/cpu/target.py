@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Target", "TARGETS", "host", "classify", "target_of"]
+__all__ = ["Target", "TARGETS", "host", "classify", "target_of", "resolve"]
 
 
 class Target(NamedTuple):
@@ -130,3 +130,13 @@ def target_of(device: dict | None) -> Target:
     if isa is None or isa == t.isa:
         return t
     return TARGETS[isa]
+
+
+def resolve(target=None) -> Target:
+    """A :class:`Target` from what the families are given: None (the host's), a Target,
+    or a device record (a tuning table's or the tuner's, with ``isa``)."""
+    if target is None:
+        return host()
+    if isinstance(target, Target):
+        return target
+    return target_of(target)

@@ -195,7 +195,8 @@ def smalltc_impl(case, ops, xp, backend="auto", method="auto"):
     plan, t_first = time_once(first, on_gpu=on_gpu)
     info = dict(backend=plan.backend, method=plan.method, kernel=str(plan.kernel),
                 specialized=bool(plan.specialized), params=_jsonable(plan.params),
-                source=str(getattr(plan, "source", "")), fallbacks=list(plan.fallbacks))
+                source=str(getattr(plan, "source", "")), fallbacks=list(plan.fallbacks),
+                table=getattr(plan.executor, "table", None))
     return Impl("smalltc", lambda: plan(*ops, out=out, **kw), out=out,
                 what=f"smalltc plan ({plan.backend}, {plan.method})", info=info,
                 first_call_s=t_first)

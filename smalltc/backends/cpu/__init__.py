@@ -96,7 +96,8 @@ def choose(spec, target=None, params=None):
     if params == "heuristic":
         ctx, source = fam.context(spec, None, target), "heuristic"
     elif params is not None:
-        ctx = fam.context(spec, dict(params), target)
+        unknown = set(params) - set(fam.params)
+        ctx = None if unknown else fam.context(spec, dict(params), target)
         if ctx is None:
             names = ", ".join(fam.params) or "none"
             raise ValueError(f"params {params} do not fit {spec} on the cpu backend ({fam.name} "

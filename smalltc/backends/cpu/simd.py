@@ -155,3 +155,4 @@ def vector_width(typingctx, bits):
         return context.get_dummy_value()
 
     return types.void(bits), codegen
+

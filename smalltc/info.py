@@ -39,7 +39,8 @@ def _cpu():
     try:                 # what the CPU backend compiles for (Numba's target): its ISA
         from .backends.cpu.target import host
         t = host()
-        cpu.update(isa=t.isa, vector_bits=t.vector_bytes * 8, numba_target=t.llvm_cpu,
+        cpu.update(isa=t.isa, vector_bits=t.vector_bits or t.vector_bytes * 8,
+                   max_vector_bits=t.vector_bytes * 8, numba_target=t.llvm_cpu,
                    table_arch=t.arch)
     except Exception:    # numba missing
         pass
@@ -137,8 +138,9 @@ def run(args) -> int:
           + (f", LLVM target {cpu['llvm_target']}" if "llvm_target" in cpu else "")
           + (f", SIMD {'/'.join(cpu['simd'])}" if cpu.get("simd") else ""))
     if "isa" in cpu:
-        print(f"CPU kernels: {cpu['isa']} ({cpu['vector_bits']}-bit vectors), Numba target "
-              f"{cpu['numba_target']}; tables {cpu['table_arch']}-<dtype>.json")
+        print(f"CPU kernels: {cpu['isa']} ({cpu['vector_bits']}-bit vectors by default, "
+              f"{cpu['max_vector_bits']} at most), Numba target {cpu['numba_target']}; tables "
+              f"{cpu['table_arch']}-<dtype>.json")
     if info["gpus"]:
         for g in info["gpus"]:
             print(f"GPU {g['id']}: {g['name']} (cc {g['cc']}, {g['sms']} SMs, "

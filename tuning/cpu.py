@@ -56,7 +56,8 @@ class CpuDevice:
             self._peak = roofline.peak(self.dtype, "cpu")
         t = self.target
         return dict(name=roofline.device_name("cpu"), cc=None, arch=t.arch, isa=t.isa,
-                    llvm_cpu=t.llvm_cpu, vector_bytes=t.vector_bytes, cores=os.cpu_count(),
+                    llvm_cpu=t.llvm_cpu, vector_bytes=t.vector_bytes,
+                    vector_bits=t.vector_bits, cores=os.cpu_count(),
                     threads=numba.get_num_threads(), numba=numba.__version__,
                     bandwidth=self._bw, peak=self._peak, smem_optin=None)
 

@@ -43,11 +43,11 @@ def table_name(info: dict, dtype: str, arch: bool = False) -> str:
     'sm90-nvidia-h200-float64.json'
     >>> table_name(dict(name="NVIDIA H200", cc="90"), "float32", arch=True)
     'sm90-float32.json'
-    >>> table_name(dict(name="Intel Xeon", cc=None, arch="cpu-avx2"), "float64")
+    >>> table_name(dict(name="Intel Xeon", cc=None, isa="avx2"), "float64")
     'cpu-avx2-float64.json'
     """
-    if str(info.get("arch", "")).startswith("cpu-"):
-        return core.table_names(info["arch"], None, dtype)[0]
+    if info.get("isa"):                       # a CPU (the tuner's record, or a table's device)
+        return core.table_names(f"cpu-{info['isa']}", None, dtype)[0]
     names = core.table_names(f"sm{info['cc']}", None if arch else info.get("name"), dtype)
     return names[0]
 
@@ -77,8 +77,8 @@ def new_table(info: dict, dtype: str, dry_run=False) -> dict:
     from .measure import now_iso
     if str(info.get("arch", "")).startswith("cpu-"):            # a CPU: its ISA's table
         arch = info["arch"]
-        device = {k: info.get(k) for k in ("name", "isa", "llvm_cpu", "vector_bytes", "cores",
-                                           "threads")}
+        device = {k: info.get(k) for k in ("name", "isa", "llvm_cpu", "vector_bytes",
+                                           "vector_bits", "cores", "threads")}
         versions = dict(numba=info.get("numba"), smalltc=smalltc.__version__)
     else:
         arch = f"sm{info['cc']}"

@@ -103,7 +103,7 @@ def choose(spec, target=None, params=None):
             raise ValueError(f"params {params} do not fit {spec} on the cpu backend ({fam.name} "
                              f"family, {target.isa}; parameters: {names})")
     else:
-        hit = tables.lookup(spec, fam, target.arch) if fam.params else None
+        hit = _lookup(spec, fam, target) if fam.params else None
         if hit is not None:
             ctx, source, table = fam.context(spec, hit.params, target), hit.source, hit.table
         if ctx is None:
@@ -114,6 +114,19 @@ def choose(spec, target=None, params=None):
         source = "fixed" if ctx.get("specialized", True) else "generic"
     return Choice(fam, spec, fam.template(ctx), fam.entry(spec, ctx), ctx, source, table,
                   target)
+
+
+def _lookup(spec, fam, target):
+    """The first hit among the ISA's tables (``cpu-avx512-float64.json``) tuned for the
+    same default vector width (a table tuned where LLVM prefers 256-bit vectors, an Intel
+    AVX-512 core, does not answer for a 512-bit one, AMD Zen 4/5)."""
+    for t in tables.tables_for(target.arch, None, spec.dtype):
+        if t.device.get("vector_bits", target.vector_bits) != target.vector_bits:
+            continue
+        hit = t.lookup(spec, fam)
+        if hit is not None:
+            return hit
+    return None
 
 
 class CpuBackend(Backend):
@@ -131,7 +144,8 @@ class CpuBackend(Backend):
             return "cpu: numba is not installed"
         t = host()
         return (f"cpu: Numba {numba.__version__}, LLVM target {t.llvm_cpu} ({t.isa}, "
-                f"{t.vector_bytes * 8}-bit vectors), {numba.get_num_threads()} threads")
+                f"{t.vector_bits or t.vector_bytes * 8}-bit vectors), "
+                f"{numba.get_num_threads()} threads")
 
     def build(self, spec, params=None):
         choice = choose(spec, None, params)

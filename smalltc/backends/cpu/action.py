@@ -20,9 +20,10 @@ Tuning parameters:
            elsewhere (the target's only width)
 =========  =================================================================
 
-The heuristic (:data:`HEURISTIC`, per ISA) was measured on this project's
-machines: AVX-512 on an AMD Zen 5 and an Intel Xeon, AVX2 as AVX2 code on the
-Intel Xeon (notes/cpu.md). Sizes beyond ``nd <= 17, nq <= 24`` run the generic
+The heuristic (:data:`HEURISTIC`, per ISA and default vector width) was
+measured on this project's machines: AVX-512 on an AMD Zen 5 (512-bit) and an
+Intel Xeon (256-bit, LLVM's preference there), AVX2 as AVX2 code on the Intel
+Xeon (notes/cpu.md); NEON's is a guess (no ARM machine). Sizes beyond ``nd <= 17, nq <= 24`` run the generic
 kernel (:mod:`.contract`).
 
 Examples
@@ -30,8 +31,10 @@ Examples
 >>> from smalltc.spec import ActionSpec
 >>> from smalltc.backends.cpu.target import TARGETS
 >>> s = ActionSpec(dim=3, nq=8, nd=7, batch=100, dtype="float64")
->>> ACTION.heuristic_params(s, TARGETS["avx512"])
+>>> ACTION.heuristic_params(s, TARGETS["avx512"])          # Zen 5's profile, avx512/512
 {'lanes': 8, 'rb': 3, 'tr': 1, 'vbits': 512}
+>>> ACTION.heuristic_params(s, TARGETS["avx512"]._replace(vector_bits=256))   # Intel's
+{'lanes': 4, 'rb': 3, 'tr': 0, 'vbits': 256}
 >>> ACTION.context(s, dict(lanes=3, rb=1, tr=0), TARGETS["avx2"]) is None   # not a vector multiple
 True
 """
@@ -48,21 +51,30 @@ __all__ = ["ACTION", "ActionFamily", "action_steps", "lanes_ctx", "lanes_space",
 
 MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
 
-#: the measured heuristic per ISA: ``vectors`` per chunk (lanes = vectors x the
-#: vector's scalars), ``rb(dim, nd, dtype)``, block transposes from ``tr_from``
-#: entries per element
+#: the measured heuristic per target profile (:attr:`.target.Target.profile`: the ISA and
+#: its default vector width): ``vectors`` per chunk (lanes = vectors x the vector's
+#: scalars), ``rb(dim, nd, dtype)``, block transposes from ``tr_from`` entries per element
+#: (None: never)
 HEURISTIC = {
-    # Zen 5 (notes/cpu.md, versions 7-8): rb 2-3 for 3D float64 p = 5..8 (0.53-0.59 ->
-    # 0.70-0.79 of Pmax); float32 stays at rb = 1 (rb = 3 compiles in ~45 s at p = 8)
-    "avx512": dict(vectors=1, tr_from=64,
-                   rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64" or not 6 <= nd <= 9
-                                           else 3 if nd >= 7 else 2)),
-    "avx2": dict(vectors=1, tr_from=64,
-                 rb=lambda dim, nd, dt: 1),
-    "neon": dict(vectors=2, tr_from=64,
-                 rb=lambda dim, nd, dt: 1),
-    "sse": dict(vectors=2, tr_from=64,
-                rb=lambda dim, nd, dt: 1),
+    # AMD Zen 5, 512-bit (notes/cpu.md, versions 7-8): rb 2-3 for 3D float64 p = 5..8
+    # (0.53-0.59 -> 0.70-0.79 of Pmax); float32 stays at rb = 1 (rb = 3 compiles in ~45 s
+    # at p = 8); transposes from 64 entries per element
+    "avx512/512": dict(vectors=1, tr_from=64,
+                       rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
+                                               or not 6 <= nd <= 9 else 3 if nd >= 7 else 2)),
+    # Intel Xeon, 256-bit (LLVM's preference there): the AVX-512 tuning of 3D float64
+    # p = 1..8 (notes/cpu.md, version 11): one vector of elements, rb = 3 from p = 2,
+    # no transposes (scalar copies measured faster: 0.46 vs 0.34 of Pmax at p = 6)
+    "avx512/256": dict(vectors=1, tr_from=None,
+                       rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
+                                               else 3 if nd >= 3 else 2)),
+    "avx2/256": dict(vectors=1, tr_from=None,
+                     rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
+                                             else 2 if nd >= 3 else 1)),
+    # not measured (no ARM machine here): two vectors of elements, rb = 2
+    "neon/128": dict(vectors=2, tr_from=64,
+                     rb=lambda dim, nd, dt: 2 if dim == 3 and dt == "float64" else 1),
+    "sse/128": dict(vectors=2, tr_from=64, rb=lambda dim, nd, dt: 1),
 }
 
 
@@ -112,12 +124,11 @@ def lanes_ctx(spec, params, target, heuristic):
     scalars and a power of two (block transposes), 1 <= rb <= 4, tr 0 or 1, vbits as
     :func:`vector_bits` allows."""
     dim, nd, dt = spec.dim, spec.nd, spec.dtype
-    h = heuristic[target.isa]
+    h = heuristic[target.profile]
     if params is None:
-        vl = target.lanes(dt)
-        W = h["vectors"] * vl
-        return dict(lanes=W, rb=h["rb"](dim, nd, dt), tr=int(nd ** dim >= h["tr_from"]),
-                    vbits=target.vector_bits)
+        W = h["vectors"] * target.lanes(dt)
+        tr = h["tr_from"] is not None and nd ** dim >= max(h["tr_from"], W)
+        return dict(lanes=W, rb=h["rb"](dim, nd, dt), tr=int(tr), vbits=target.vector_bits)
     W, rb, tr = params.get("lanes"), params.get("rb"), params.get("tr")
     vbits = vector_bits(params, target)
     vl = simd_lanes(target, vbits, dt)

@@ -20,6 +20,9 @@ Examples
 >>> ASSEMBLY.heuristic_params(AssemblySpec(dim=3, nq=5, nd=4, batch=9, dtype="float32"),
 ...                           TARGETS["avx2"])
 {'lanes': 8, 'tr': 1, 'vbits': 0}
+>>> ASSEMBLY.heuristic_params(AssemblySpec(dim=3, nq=5, nd=4, batch=9, dtype="float64"),
+...                           TARGETS["avx512"])
+{'lanes': 8, 'tr': 1, 'vbits': 512}
 """
 from __future__ import annotations
 
@@ -36,9 +39,11 @@ __all__ = ["ASSEMBLY", "AssemblyFamily", "MAX_ASM_ENTRIES", "MAX_NQ", "HEURISTIC
 
 MAX_ASM_ENTRIES = 2 ** 20  # nd**(2 dim) entries per element
 MAX_NQ = 24
-#: the measured heuristic per ISA: vector registers of elements per chunk, transposes
-HEURISTIC = {"avx512": dict(vectors=1, tr=1), "avx2": dict(vectors=1, tr=1),
-             "neon": dict(vectors=2, tr=1), "sse": dict(vectors=2, tr=1)}
+#: the measured heuristic per target profile (:attr:`.target.Target.profile`): vectors of
+#: elements per chunk, transposes
+HEURISTIC = {"avx512/512": dict(vectors=1, tr=1), "avx512/256": dict(vectors=1, tr=1),
+             "avx2/256": dict(vectors=1, tr=1), "neon/128": dict(vectors=2, tr=1),
+             "sse/128": dict(vectors=2, tr=1)}
 
 
 class AssemblyFamily(Family):
@@ -56,7 +61,7 @@ class AssemblyFamily(Family):
         target = resolve(target)
         dt = spec.dtype
         if params is None:
-            h = HEURISTIC[target.isa]
+            h = HEURISTIC[target.profile]
             W, tr, vbits = h["vectors"] * target.lanes(dt), h["tr"], target.vector_bits
         else:
             W, tr, vbits = params.get("lanes"), params.get("tr"), vector_bits(params, target)

@@ -21,10 +21,15 @@ sse        16 B    16          any other x86-64 (no FMA)
 =========  ======  ==========  ==============================================
 
 On Intel cores LLVM prefers 256-bit vectors even where AVX-512 exists (its
-``prefer-256-bit`` tuning for Skylake-SP and later); the kernels for
-``avx512`` ask for 512 bits per function (:func:`.simd.vector_width`), which
-measured faster here (notes/cpu.md), without changing what Numba compiles
-for anything else in the process.
+``prefer-256-bit`` tuning for Skylake-SP and later Xeons); on AMD Zen 4/5 it
+uses 512. :attr:`Target.vector_bits` is that preference, and the kernels'
+default: on the Intel Xeon of this project 256-bit code measured faster than
+512-bit code (0.46 vs 0.41 of Pmax, 3D action p=6), on the Zen 5 512-bit code
+was the one measured (notes/cpu.md). A kernel may ask for the other width
+per function (the ``vbits`` tuning parameter, :func:`.simd.vector_width`),
+without changing what Numba compiles for anything else in the process. The
+heuristics are keyed by :attr:`Target.profile` (``avx512/256``,
+``avx512/512``, ``avx2/256``, ``neon/128``).
 
 To compile AVX2 code on an AVX-512 machine (what the AVX2 results in
 ``results/`` are): ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=""`` in the
@@ -34,6 +39,8 @@ Examples
 --------
 >>> TARGETS["avx2"].lanes("float64"), TARGETS["avx512"].lanes("float32")
 (4, 16)
+>>> TARGETS["avx512"]._replace(vector_bits=256).profile
+'avx512/256'
 >>> classify("x86_64-unknown-linux-gnu", "haswell", "")
 'avx2'
 >>> classify("x86_64-unknown-linux-gnu", "rocketlake", "+avx2,+avx512f,+fma")
@@ -54,9 +61,9 @@ __all__ = ["Target", "TARGETS", "host", "classify", "target_of", "resolve"]
 class Target(NamedTuple):
     """What a kernel is generated for: an ISA and its vector registers.
 
-    ``vector_bytes``: one SIMD register; ``registers``: how many there are;
-    ``vector_bits``: the width a kernel asks LLVM for (0: LLVM's own choice);
-    ``llvm_cpu``: the LLVM CPU name (informative: the ISA decides).
+    ``vector_bytes``: the widest SIMD register; ``registers``: how many there are;
+    ``vector_bits``: the width the kernels use by default, LLVM's preference for the
+    CPU (0: the only width, nothing to ask for); ``llvm_cpu``: the LLVM CPU name.
     """
 
     isa: str
@@ -66,8 +73,14 @@ class Target(NamedTuple):
     llvm_cpu: str = ""
 
     def lanes(self, dtype) -> int:
-        """Scalars of ``dtype`` in one vector register."""
-        return self.vector_bytes // np.dtype(dtype).itemsize
+        """Scalars of ``dtype`` in one vector of the default width."""
+        width = self.vector_bits // 8 if self.vector_bits else self.vector_bytes
+        return width // np.dtype(dtype).itemsize
+
+    @property
+    def profile(self) -> str:
+        """ISA and default vector width, ``avx512/256``: what the heuristics are keyed by."""
+        return f"{self.isa}/{self.vector_bits or self.vector_bytes * 8}"
 
     @property
     def arch(self) -> str:
@@ -87,6 +100,10 @@ TARGETS = {
     "sse": Target("sse", 16, 16),
 }
 
+# Intel AVX-512 CPUs for which LLVM prefers 256-bit vectors (its TuningPrefer256Bit)
+_PREFER_256 = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake",
+               "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids",
+               "diamondrapids")
 # LLVM CPU names whose default features include AVX-512F / AVX2+FMA, for a target
 # given by name alone (NUMBA_CPU_NAME with empty NUMBA_CPU_FEATURES)
 _AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake",
@@ -115,21 +132,35 @@ def classify(triple: str, cpu: str, features: str) -> str:
     return "sse"
 
 
+def preferred_bits(cpu: str, features: str) -> int:
+    """The vector width LLVM prefers on an AVX-512 target: 256 on Intel cores (unless the
+    features say ``-prefer-256-bit``), else 512."""
+    feats = features.split(",")
+    if "-prefer-256-bit" in feats:
+        return 512
+    return 256 if "+prefer-256-bit" in feats or cpu.startswith(_PREFER_256) else 512
+
+
 @functools.lru_cache(maxsize=None)
 def host() -> Target:
     """The target Numba compiles for in this process (read from its code generator)."""
     from numba.core.registry import cpu_target
     triple, cpu, features = cpu_target.target_context.codegen().magic_tuple()
-    return TARGETS[classify(triple, cpu, features)]._replace(llvm_cpu=cpu)
+    t = TARGETS[classify(triple, cpu, features)]._replace(llvm_cpu=cpu)
+    if t.isa == "avx512":
+        t = t._replace(vector_bits=preferred_bits(cpu, features))
+    return t
 
 
 def target_of(device: dict | None) -> Target:
-    """The target a tuning table's ``device`` record names (its ``isa``), else the host's."""
-    isa = (device or {}).get("isa")
-    t = host()
-    if isa is None or isa == t.isa:
+    """The target a tuning table's ``device`` record names (its ``isa`` and
+    ``vector_bits``), else the host's."""
+    device = device or {}
+    isa, t = device.get("isa"), host()
+    if isa is None or isa == t.isa and device.get("vector_bits", t.vector_bits) == t.vector_bits:
         return t
-    return TARGETS[isa]
+    t = TARGETS[isa]
+    return t._replace(vector_bits=device["vector_bits"]) if "vector_bits" in device else t
 
 
 def resolve(target=None) -> Target:

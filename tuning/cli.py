@@ -128,6 +128,8 @@ def run(args, device=None, clock=None) -> int:
                 device = GpuDevice(args.dtype, repeats=args.repeats, footprint=footprint)
             except RuntimeError as err:
                 return _fail(f"{err}")
+            except ImportError as err:               # no CuPy at all
+                return _fail(f"no CUDA device: {err} (--device cpu tunes the CPU backend)")
     compiler = args.compiler or getattr(device, "compiler", "cuda")
     if compiler == "nvcc" and shutil.which("nvcc") is None:
         compiler = "none"

@@ -78,7 +78,7 @@ def test_empty_mesh_gives_zeros():
 def test_no_allocation_of_the_result_when_out_is_given(op):
     """A call with ``out`` allocates no NumPy memory of the result's size (the kernels'
     own per-thread buffers are a few KB, outside NumPy)."""
-    B1d, D, x, m = _problem(3, 2, 4, n=8)
+    B1d, D, x, m = _problem(3, 2, 4, n=16)          # x: 35,937 entries
     if op == "action":
         ops = (B1d, D, x[m])
     elif op == "mass_apply":

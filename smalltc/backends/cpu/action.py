@@ -34,7 +34,7 @@ Examples
 >>> ACTION.heuristic_params(s, TARGETS["avx512"])          # Zen 5's profile, avx512/512
 {'lanes': 8, 'rb': 3, 'tr': 1, 'vbits': 512}
 >>> ACTION.heuristic_params(s, TARGETS["avx512"]._replace(vector_bits=256))   # Intel's
-{'lanes': 4, 'rb': 3, 'tr': 0, 'vbits': 256}
+{'lanes': 4, 'rb': 2, 'tr': 0, 'vbits': 256}
 >>> ACTION.context(s, dict(lanes=3, rb=1, tr=0), TARGETS["avx2"]) is None   # not a vector multiple
 True
 """
@@ -63,14 +63,16 @@ HEURISTIC = {
                        rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
                                                or not 6 <= nd <= 9 else 3 if nd >= 7 else 2)),
     # Intel Xeon, 256-bit (LLVM's preference there): the AVX-512 tuning of 3D float64
-    # p = 1..8 (notes/cpu.md, version 11): one vector of elements, rb = 3 from p = 2,
-    # no transposes (scalar copies measured faster: 0.46 vs 0.34 of Pmax at p = 6)
-    "avx512/256": dict(vectors=1, tr_from=None,
-                       rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
-                                               else 3 if nd >= 3 else 2)),
-    "avx2/256": dict(vectors=1, tr_from=None,
-                     rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
-                                             else 2 if nd >= 3 else 1)),
+    # p = 1..8 (notes/cpu.md, version 18): one vector of elements; rb = 2 (within 0-6% of
+    # rb = 3 at every p, rb = 1 4-28% slower) up to nd = 10 (rb x nd coefficients in
+    # registers); transposes from 512 entries per element (3D p >= 7: 1.0 vs 0.86-0.88;
+    # below, the scalar copies measured faster: 0.46 vs 0.34 of Pmax at p = 6)
+    "avx512/256": dict(vectors=1, tr_from=512,
+                       rb=lambda dim, nd, dt: (2 if dim == 3 and dt == "float64" and nd <= 10
+                                               else 1)),
+    "avx2/256": dict(vectors=1, tr_from=512,
+                     rb=lambda dim, nd, dt: (2 if dim == 3 and dt == "float64" and nd <= 7
+                                             else 1)),
     # not measured (no ARM machine here): two vectors of elements, rb = 1 (rb = 2 left a
     # quarter of the FMAs scalar in the AArch64 build of the 3D p = 4 kernel)
     "neon/128": dict(vectors=2, tr_from=64, rb=lambda dim, nd, dt: 1),

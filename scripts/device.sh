@@ -45,6 +45,8 @@
 #            pass carry=["build/tune"] to that call; `--resume` continues from the
 #            checkpoints. A finished table is installed by copying it from
 #            build/tune/tables/ to tuning/tables/.
+#   TUNE_SIZES  `--sizes` of the searches (default: the tuner's sizes of the op), e.g.
+#            "3:1-8:p+1,p+2" to search the 3D action first.
 #   NCU      cases to profile with Nsight Compute, space separated, each
 #            SUITE[:KEY=VALUE...] with the bench's case filters as keys (sizes, p, dim,
 #            dtype; default dtype: the first of DTYPES; a KEY alone is a flag),
@@ -57,6 +59,12 @@
 #            kernel whose name starts with stc_, after the check and a warm-up call).
 #            Output: ncu/<entry>.txt.
 #   DEMO=1   `smalltc demo` (its output folder: demo/).
+#   MPI=1    the MPI tests on the GPU (tests/test_fem_distributed_mpi.py -k "gpu or share":
+#            ranks on the device, two ranks sharing one GPU) and
+#            `mpiexec -n 2 smalltc demo --mpi --device gpu` (mpi.log, demo-mpi.log).
+#   WHEELS   a folder of wheels (inside the repository, carried) installed first with
+#            `pip install --no-index --no-deps`, e.g. WHEELS=.whl for mpi4py and the MPICH
+#            wheel, which the device image lacks and cannot download.
 #
 #   Limits: LIMIT (default 570 s) is the time the whole script may take (the device tool
 #   stops a command at 600 s); a step gets at most its own limit and never more than what
@@ -124,6 +132,16 @@ trap 'note "stopped by a signal"; FAILED=1; exit' INT TERM
 
 # ---- install, info --------------------------------------------------------------------
 t=$(box "${T_INSTALL:-180}")
+if [ -n "${WHEELS:-}" ]; then
+  if ! timeout -k 10 "$t" python3 -m pip install -q --no-index --no-deps "$WHEELS"/*.whl \
+      > "$W/install-wheels.log" 2>&1; then
+    cat "$W/install-wheels.log"
+    note "wheels: install from $WHEELS FAILED (install-wheels.log)"
+    FAILED=1
+  else
+    note "wheels: $(cd "$WHEELS" && ls *.whl | tr '\n' ' ')"
+  fi
+fi
 if ! timeout -k 10 "$t" python3 -m pip install -q --no-deps --no-build-isolation -e . \
     > "$W/install.log" 2>&1; then
   cat "$W/install.log"
@@ -195,6 +213,27 @@ if [ -n "${TESTS:-}" ]; then
     fi
   fi
   pack
+fi
+
+# ---- MPI on the GPU -------------------------------------------------------------------
+if [ "${MPI:-}" = 1 ]; then
+  t=$(box "${T_MPI:-150}")
+  if [ "$t" -lt 20 ]; then
+    note "mpi: skipped (no time left)"; FAILED=1
+  else
+    timeout -k 10 "$t" python3 -m pytest -q -rs -p no:cacheprovider \
+      tests/test_fem_distributed_mpi.py -k "gpu or share" > "$W/mpi.log" 2>&1
+    rc=$?
+    last=$(grep -E "(passed|failed|error|no tests ran)" "$W/mpi.log" | tail -n 1)
+    [ "$rc" -eq 0 ] && note "mpi tests: PASS: $last" || { note "mpi tests: FAIL (rc $rc): $last"; FAILED=1; }
+    t=$(box "${T_DEMO:-150}")
+    timeout -k 10 "$t" mpiexec -n 2 python3 -m smalltc.cli demo --mpi --device gpu \
+      --out "$W/demo-mpi" > "$W/demo-mpi.log" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] && note "demo --mpi (2 ranks, one GPU): ok (demo-mpi.log)" \
+      || { note "demo --mpi: rc $rc (demo-mpi.log)"; FAILED=1; }
+    pack
+  fi
 fi
 
 # ---- bench (and the BEFORE tree) ------------------------------------------------------
@@ -311,7 +350,8 @@ if [ -n "${TUNE:-}" ]; then
     [ "$budget" -lt 20 ] && budget=$(( t - 20 ))
     echo "=== tune $op $dt, budget ${budget} s ($(date -u +%H:%M:%S))" >> "$W/tune.log"
     timeout -k 10 "$t" python3 -m smalltc.cli tune --op "$op" --dtype "$dt" --budget-seconds "$budget" \
-      --resume --work build/tune --out build/tune/tables --no-progress --plot >> "$W/tune.log" 2>&1
+      ${TUNE_SIZES:+--sizes "$TUNE_SIZES"} --resume --work build/tune --out build/tune/tables \
+      --no-progress --plot >> "$W/tune.log" 2>&1
     rc=$?
     case $rc in
       0) note "tune $op $dt: search done (build/tune/tables)";;

@@ -36,6 +36,14 @@ def _cpu():
         cpu["simd"] = [f for f in ("avx2", "avx512f", "neon", "sve") if feats.get(f)]
     except Exception:  # llvmlite missing or too old
         pass
+    try:                 # what the CPU backend compiles for (Numba's target): its ISA
+        from .backends.cpu.target import host
+        t = host()
+        cpu.update(isa=t.isa, vector_bits=t.vector_bits or t.vector_bytes * 8,
+                   max_vector_bits=t.vector_bytes * 8, numba_target=t.llvm_cpu,
+                   table_arch=t.arch)
+    except Exception:    # numba missing
+        pass
     return cpu
 
 
@@ -57,9 +65,9 @@ def _gpus():
 
 
 def _tables():
-    """The tuning tables the CUDA backend would read: file, device, date, entries per op,
-    and which device of this machine reads it (its own model's table, or its
-    architecture's)."""
+    """The tuning tables the backends would read: file, device, date, entries per op,
+    and which device of this machine reads it (a GPU: its own model's table, or its
+    architecture's; the CPU: its ISA's, ``cpu-avx512-float64.json``)."""
     import collections
     from . import tables as T
     dirs = T.table_dirs()
@@ -100,9 +108,12 @@ def collect(kernels: bool = False) -> dict:
     gpus, gpu_note = _gpus()
     tables = _tables()
     from .tables import table_names
+    cpu = _cpu()
     for row in tables:                   # which GPU here reads it: its model's, its arch's
         row["used_by"] = [g["id"] for g in gpus if "dtype" in row and row["file"] in table_names(
             "sm" + g["cc"].replace(".", ""), g["name"], row["dtype"])]
+        if "dtype" in row and row.get("arch") == cpu.get("table_arch"):
+            row["used_by"].append("cpu")
     vers = {"python": platform.python_version(), "numpy": np.__version__}
     for mod in ("numba", "jinja2", "cupy"):
         try:
@@ -110,7 +121,7 @@ def collect(kernels: bool = False) -> dict:
         except Exception:
             pass
     return {"version": smalltc.__version__, "versions": vers, "backends": be,
-            "cpu": _cpu(), "gpus": gpus, "gpu_note": gpu_note, "tuning_tables": tables,
+            "cpu": cpu, "gpus": gpus, "gpu_note": gpu_note, "tuning_tables": tables,
             "caches": cache_report(kernels)}
 
 
@@ -131,6 +142,10 @@ def run(args) -> int:
     print(f"CPU: {cpu['name']}, {cpu['cores']} cores"
           + (f", LLVM target {cpu['llvm_target']}" if "llvm_target" in cpu else "")
           + (f", SIMD {'/'.join(cpu['simd'])}" if cpu.get("simd") else ""))
+    if "isa" in cpu:
+        print(f"CPU kernels: {cpu['isa']} ({cpu['vector_bits']}-bit vectors by default, "
+              f"{cpu['max_vector_bits']} at most), Numba target {cpu['numba_target']}; tables "
+              f"{cpu['table_arch']}-<dtype>.json")
     if info["gpus"]:
         for g in info["gpus"]:
             print(f"GPU {g['id']}: {g['name']} (cc {g['cc']}, {g['sms']} SMs, "
@@ -142,16 +157,18 @@ def run(args) -> int:
         state = "available" if b["available"] else "unavailable"
         print(f"  {name:10s} {state:12s} arrays: {', '.join(b['arrays'])}  {b['detail']}")
     tables = info["tuning_tables"]
-    print("tuning tables:" + ("" if tables else " none (the CUDA backend uses its heuristic)"))
+    print("tuning tables:" + ("" if tables else " none (the backends use their heuristics)"))
     for t in tables:
         if "error" in t:
             print(f"  {t['file']:20s} ignored: {t['error']}")
             continue
         ents = ", ".join(f"{op} {n}" for op, n in t["entries"].items())
         note = "  [dry run: never used]" if t["dry_run"] else ""
-        if info["gpus"] and not t["dry_run"]:
-            note += (f"  [read by GPU {', '.join(map(str, t['used_by']))}]" if t["used_by"]
-                     else "  [not for the GPUs here]")
+        readers = [f"GPU {u}" for u in t["used_by"] if u != "cpu"] + \
+            ["the CPU backend"] * ("cpu" in t["used_by"])
+        if not t["dry_run"]:
+            note += (f"  [read by {', '.join(readers)}]" if readers
+                     else "  [not for the devices here]")
         note += f"  [{t['disabled']}]" if t.get("disabled") else ""
         print(f"  {t['file']:20s} {t['device']}, {t['date']}: {ents}{note}")
     _print_caches(info["caches"])

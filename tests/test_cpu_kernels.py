@@ -16,9 +16,11 @@ import pytest
 
 import smalltc
 from smalltc.backends import get
-from smalltc.backends import _cpu_codegen, _cpu_kernels
+from smalltc.backends.cpu import contract as cpu_contract
+from smalltc.backends.cpu import runtime
+from smalltc.backends.cpu.contract import generic_executor
 from smalltc.backends.reference import action_einsum, assembly_einsum, contract_einsum
-from smalltc.spec import ActionSpec
+from smalltc.spec import ActionSpec, AssemblySpec, GemmSpec
 
 pytest.importorskip("numba")
 
@@ -49,12 +51,18 @@ def _gemm_ref(A, B, C, ta, tb, alpha, beta):
     return alpha * np.matmul(a.astype(np.float64), b.astype(np.float64)) + beta * C
 
 
-def _check_gemm(rng, m, n, k, ta, tb, shared, beta, dtype="float64"):
+def _check_gemm(rng, m, n, k, ta, tb, shared, beta, dtype="float64", generic=False,
+                params=None):
     A, B, C = _gemm_operands(rng, m, n, k, ta, tb, shared, dtype)
     p = smalltc.plan("gemm", A, B, C if beta else None, beta=beta, trans_a=ta,
-                     trans_b=tb, backend="cpu")
+                     trans_b=tb, backend="cpu", params=params)
     out = poisoned((E, m, n), dtype)
-    p(A, B, C if beta else None, alpha=1.5, beta=beta, out=out)
+    if generic:                     # the run-time-sized kernel of the same spec
+        ex = generic_executor(p.spec)
+        assert ex.specialized is False and "generic" in ex.kernel
+        ex.run((A, B, C if beta else None), out, alpha=1.5, beta=beta)
+    else:
+        p(A, B, C if beta else None, alpha=1.5, beta=beta, out=out)
     assert rel(out, _gemm_ref(A, B, C, ta, tb, 1.5, beta)) < TOL[dtype]
     return p
 
@@ -64,10 +72,18 @@ def _check_gemm(rng, m, n, k, ta, tb, shared, beta, dtype="float64"):
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("shared", [None, "A", "B"])
 @pytest.mark.parametrize("beta", [0.0, 0.5])
-def test_gemm_generic_all_combinations(monkeypatch, ta, tb, shared, beta):
-    monkeypatch.setattr(_cpu_kernels, "MAX_GEMM", 0)
-    p = _check_gemm(np.random.default_rng(1), 3, 5, 4, ta, tb, shared, beta)
-    assert p.specialized is False and "generic" in p.kernel
+def test_gemm_generic_all_combinations(ta, tb, shared, beta):
+    _check_gemm(np.random.default_rng(1), 3, 5, 4, ta, tb, shared, beta, generic=True)
+
+
+def test_gemm_beyond_the_specialised_limit_runs_generic(caplog):
+    rng = np.random.default_rng(1)
+    A, B = rng.standard_normal((3, 65, 2)), rng.standard_normal((3, 2, 3))
+    with caplog.at_level("WARNING", logger="smalltc"):
+        p = smalltc.plan("gemm", A, B, backend="cpu")
+    assert p.specialized is False and p.kernel == "stc_gemm_generic_f64"
+    assert "generic" in caplog.text
+    assert rel(p(A, B), A @ B) < 1e-12
 
 
 # a covering set on the specialised kernels: each flag value in each form
@@ -86,9 +102,17 @@ GEMM_SPECIALISED = [  # (m, n, k, ta, tb, shared, beta)
 @pytest.mark.parametrize("case", GEMM_SPECIALISED, ids=str)
 def test_gemm_specialised(case):
     m, n, k, ta, tb, shared, beta = case
-    p = _check_gemm(np.random.default_rng(2), m, n, k, ta, tb, shared, beta)
+    p = _check_gemm(np.random.default_rng(2), m, n, k, ta, tb, shared, beta,
+                    params="heuristic")
     assert p.specialized and p.backend == "cpu"
     assert p.params["form"] == ("full" if m * n * k <= 125 else "rows")
+
+
+@pytest.mark.parametrize("params", [dict(form="rows", rb=1), dict(form="rows", rb=3),
+                                    dict(form="full", rb=0)], ids=str)
+def test_gemm_forms_by_parameters(params):
+    p = _check_gemm(np.random.default_rng(2), 6, 5, 4, False, True, None, 1.0, params=params)
+    assert {k: p.params[k] for k in params} == params and p.source == "params"
 
 
 def test_gemm_float32_and_in_place():
@@ -117,13 +141,12 @@ def _action_inputs(rng, dim, p, nq, dtype, ncomp=None):
 
 
 @pytest.mark.parametrize("dim,p,nq", [(1, 3, 4), (2, 2, 4), (3, 2, 3)])
-def test_action_generic_matches_specialised(monkeypatch, dim, p, nq):
+def test_action_generic_matches_specialised(dim, p, nq):
     B1d, D, V = _action_inputs(np.random.default_rng(5), dim, p, nq, "float64", ncomp=2)
     ref = action_einsum(B1d, D, V, dim)
     fast = smalltc.plan("action", B1d, D, V, backend="cpu")
     assert fast.specialized and fast.kernel.startswith(f"stc_mass_apply_{dim}d_f64")
-    monkeypatch.setattr(_cpu_kernels, "MAX_ND", 0)
-    slow = get("cpu").build(fast.spec)
+    slow = generic_executor(fast.spec)
     assert slow.specialized is False
     u_fast, u_slow = poisoned(V.shape, V.dtype), poisoned(V.shape, V.dtype)
     fast.executor.run((B1d, D, V), u_fast)
@@ -132,15 +155,14 @@ def test_action_generic_matches_specialised(monkeypatch, dim, p, nq):
     assert rel(u_fast, u_slow) < 1e-13
 
 
-def test_fallback_is_reported(monkeypatch, caplog):
-    monkeypatch.setattr(_cpu_kernels, "MAX_ND", 2)
-    B1d, D, V = _action_inputs(np.random.default_rng(6), 2, 3, 5, "float32")
+def test_fallback_is_reported(caplog):
+    B1d, D, V = _action_inputs(np.random.default_rng(6), 1, 17, 25, "float32")   # nq > 24
     with caplog.at_level("WARNING", logger="smalltc"):
         p = smalltc.plan("action", B1d, D, V, backend="cpu")
     assert p.specialized is False and "generic" in p.kernel
     assert "generic" in caplog.text
     out = p(B1d, D, V, out=poisoned(V.shape, V.dtype))
-    assert rel(out, action_einsum(B1d.astype(float), D.astype(float), V.astype(float), 2)) \
+    assert rel(out, action_einsum(B1d.astype(float), D.astype(float), V.astype(float), 1)) \
         < TOL["float32"]
 
 
@@ -154,14 +176,13 @@ def test_action_p16_3d():
 
 
 @pytest.mark.parametrize("dim,p,nq,dtype", [(2, 2, 3, "float64"), (3, 1, 3, "float32")])
-def test_assembly_generic_matches_specialised(monkeypatch, dim, p, nq, dtype):
+def test_assembly_generic_matches_specialised(dim, p, nq, dtype):
     rng = np.random.default_rng(8)
     B1d, D, _ = _action_inputs(rng, dim, p, nq, dtype)
     ref = assembly_einsum(B1d.astype(float), D.astype(float), dim)
     fast = smalltc.plan("assembly", B1d, D, backend="cpu")
     assert fast.specialized
-    monkeypatch.setattr(_cpu_kernels, "MAX_ASM_ENTRIES", 0)
-    slow = get("cpu").build(fast.spec)
+    slow = generic_executor(fast.spec)
     assert slow.specialized is False
     m_fast, m_slow = poisoned(fast.out_shape, dtype), poisoned(fast.out_shape, dtype)
     fast.executor.run((B1d, D), m_fast)
@@ -176,9 +197,9 @@ def test_assembly_generic_matches_specialised(monkeypatch, dim, p, nq, dtype):
 ])
 @pytest.mark.parametrize("generic", [False, True])
 def test_contract_kernels(monkeypatch, kind, xs, ys, generic):
-    monkeypatch.setattr(_cpu_kernels, "SPECIALIZE_CONTRACT", True)
+    monkeypatch.setattr(cpu_contract, "SPECIALIZE_CONTRACT", True)
     if generic:
-        monkeypatch.setattr(_cpu_kernels, "MAX_CONTRACT", 0)
+        monkeypatch.setattr(cpu_contract, "MAX_CONTRACT", 0)
     rng = np.random.default_rng(9)
     X, Y = rng.standard_normal(xs), rng.standard_normal(ys)
     spec = smalltc.plan("contract", X, Y, kind=kind, backend="reference").spec
@@ -250,54 +271,69 @@ def test_auto_picks_cpu_for_numpy():
     assert smalltc.plan("action", B1d, D, V).backend == "cpu"
 
 
-@pytest.mark.parametrize("params", [{"W": 8}, {}])
-def test_cpu_backend_has_no_tuning_parameters(params):
-    """``build(spec, params)`` with any dict (even an empty one) says the CPU backend has
-    none, naming what it got; ``smalltc.plan(..., params=)`` reaches it."""
-    spec = ActionSpec(dim=2, nq=3, nd=2, batch=5, dtype="float64")
-    with pytest.raises(ValueError, match=r"cpu backend has no tuning parameters yet; got "
-                                          rf"params {re.escape(str(params))}"):
+UNFIT = [  # (spec, params that do not fit it, what the message names)
+    (ActionSpec(dim=2, nq=3, nd=2, batch=5, dtype="float64"), {"W": 8}, "action family"),
+    (ActionSpec(dim=2, nq=3, nd=2, batch=5, dtype="float64"), dict(lanes=3, rb=1, tr=0),
+     "lanes, rb, tr"),
+    (AssemblySpec(dim=2, nq=3, nd=2, batch=5, dtype="float32"), dict(lanes=16, tr=2),
+     "assembly family"),
+    (GemmSpec(batch=5, m=6, n=6, k=6, dtype="float64"), dict(form="rows", rb=4), "form, rb"),
+]
+
+
+@pytest.mark.parametrize("spec,params,names", UNFIT, ids=lambda v: str(v)[:30])
+def test_params_that_do_not_fit_raise(spec, params, names):
+    """``build(spec, params)`` with parameters the family rejects raises ``ValueError``
+    naming them and the family's parameters; ``smalltc.plan(..., params=)`` reaches it."""
+    with pytest.raises(ValueError, match=rf"params {re.escape(str(params))} do not fit .*"
+                                          rf"{names}"):
         get("cpu").build(spec, params=params)
-    B1d, D, V = _action_inputs(np.random.default_rng(12), 2, 1, 3, "float64")
-    with pytest.raises(ValueError, match="cpu backend has no tuning parameters"):
-        smalltc.plan("action", B1d, D, V, backend="cpu", params=params)
+    rng = np.random.default_rng(12)
+    if spec.op == "action":
+        B1d, D, V = _action_inputs(rng, 2, 1, 3, "float64")
+        with pytest.raises(ValueError, match="do not fit"):
+            smalltc.plan("action", B1d, D, V, backend="cpu", params=params)
 
 
 def test_templates_reject_missing_parameters():
     import jinja2
     with pytest.raises(jinja2.UndefinedError, match="is undefined"):
-        _cpu_codegen.render("action.py.j2", entry="x", signature="void()", dtype="float64")
+        runtime.render("action.py.j2", entry="x", signature="void()", dtype="float64")
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_tr_block_moves_one_transposed_block(dtype):
+@pytest.mark.parametrize("dtype,L", [("float64", 8), ("float64", 4), ("float32", 16),
+                                     ("float32", 8), ("float64", 2)])
+def test_tr_block_moves_one_transposed_block(dtype, L):
     import numba
-    from smalltc.backends._cpu_simd import block_lanes, tr_block
+    from smalltc.backends.cpu.simd import tr_block, tr_rows
 
     @numba.njit
-    def move(dst, dr, dc, src, sr, sc):
-        tr_block(dst, dr, dc, src, sr, sc)
+    def move(dst, src, rows):
+        tr_block(dst, 3, 5, src, 7, 11, L)
+        tr_rows(dst, 3 + L, 5, src, rows, 1, 11, L)
 
-    L = block_lanes(dtype)
     src = np.random.default_rng(10).standard_normal((40, 50)).astype(dtype)
-    dst = np.zeros((30, 45), dtype)
-    move(dst, 3, 5, src, 7, 11)
+    rows = np.array([0, 30, 2, 9, 4, 25, 6, 33, 8, 1, 10, 11, 12, 13, 14, 15, 16, 39],
+                    dtype=np.int32)
+    dst = np.zeros((3 + 2 * L, 45), dtype)
+    move(dst, src, rows)
     ref = np.zeros_like(dst)
     ref[3:3 + L, 5:5 + L] = src[7:7 + L, 11:11 + L].T
+    ref[3 + L:3 + 2 * L, 5:5 + L] = src[rows[1:1 + L], 11:11 + L].T
     assert np.array_equal(dst, ref)
 
 
 @pytest.mark.parametrize("rb", [1, 2, 3])
-def test_action_register_blocks(monkeypatch, rb):
+def test_action_register_blocks(rb):
     """Every register-block size (with a remainder block: nd = 3, nq = 4),
     with the block transposes (27 entries: the last block overlaps)."""
-    monkeypatch.setattr(_cpu_kernels, "ACTION_RB", rb)
-    monkeypatch.setattr(_cpu_kernels, "ACTION_TR", True)
     rng = np.random.default_rng(11)
     B1d = rng.standard_normal((4, 3))
     D, V = rng.standard_normal((21, 4, 4, 4)), rng.standard_normal((21, 2, 3, 3, 3))
-    ex = get("cpu").build(smalltc.plan("action", B1d, D, V, backend="cpu").spec)
-    assert ex.params["rb"] == rb and ex.params["tr"]
+    spec = smalltc.plan("action", B1d, D, V, backend="cpu").spec
+    lanes = get("cpu").build(spec).params["lanes"]
+    ex = get("cpu").build(spec, params=dict(lanes=lanes, rb=rb, tr=1))
+    assert ex.params["rb"] == rb and ex.params["tr"] and ex.source == "params"
     out = poisoned(V.shape, V.dtype)
     ex.run((B1d, D, V), out)
     assert rel(out, action_einsum(B1d, D, V, 3)) < 1e-12

@@ -311,7 +311,8 @@ PARAMS_ERRORS = [  # (plan keywords, exception, pattern)
     (dict(backend="reference", params={"T": 4}), ValueError,
      r"the reference backend has no tuning parameters; got params \{'T': 4\}"),
     (dict(backend="reference", params={}), ValueError, r"reference backend .* got params \{\}"),
-    (dict(backend="cpu", params={"W": 8}), ValueError, r"cpu backend has no tuning parameters"),
+    (dict(backend="cpu", params={"W": 8}), ValueError,
+     r"params \{'W': 8\} do not fit .* on the cpu backend \(action family"),
     (dict(method="pairwise", params={"T": 4}), ValueError,
      r"params choose the fused kernel's tuning; method='pairwise'"),
 ]

@@ -1,12 +1,13 @@
 """``smalltc tune``: search kernel variants on this GPU and write its lookup table.
 
-Examples (one H100/H200; each command stops cleanly at its budget and
-``--resume`` continues it)::
+Examples (one H100/H200, or ``--device cpu``; each command stops cleanly at its
+budget and ``--resume`` continues it)::
 
     smalltc tune --op gemm --dtype float64 --budget-seconds 480 --resume
     smalltc tune --op action --dtype float64 --sizes 3:1-8:p+1,p+2 --resume --plot
     smalltc tune --op assembly --dtype float32 --dry-run --out /tmp/t   # no GPU: made-up times
     smalltc tune --op gemm --dtype float32 --reconfirm   # re-time the best few in every form
+    smalltc tune --device cpu --op action --sizes 3:1-8:p+2 --resume   # cpu-<isa>-float64.json
 
 Exit status: 0 when every size is done (the table is written), 3 when the
 budget ran out first (the checkpoint holds the work; run again with
@@ -33,6 +34,10 @@ EXIT_BUDGET = 3
 
 
 def add_arguments(parser):
+    parser.add_argument("--device", default="gpu", choices=("gpu", "cpu"),
+                        help="tune the CUDA backend on this GPU (default) or the CPU backend "
+                             "on this CPU (its ISA's table, cpu-avx512-float64.json; "
+                             "compiled for Numba's target, NUMBA_CPU_NAME to choose another)")
     parser.add_argument("--op", required=True, choices=OPS,
                         help="what to tune (pairwise: the reshaped kernels of the "
                              "catalogue's steps)")
@@ -63,7 +68,7 @@ def add_arguments(parser):
                         help="no GPU: compile with nvcc (resources, pruning) and make up "
                              "times; the table is marked dry_run and never used")
     parser.add_argument("--cc", default="90", help="compute capability of a --dry-run (90)")
-    parser.add_argument("--compiler", choices=("cuda", "nvcc", "none"), default=None,
+    parser.add_argument("--compiler", choices=("cuda", "cpu", "nvcc", "none"), default=None,
                         help="cuda: NVRTC through the CUDA backend (default on a GPU); nvcc: "
                              "ptxas resources only (default of --dry-run when nvcc exists)")
     parser.add_argument("--jobs", type=int, default=None,
@@ -110,7 +115,12 @@ def run(args, device=None, clock=None) -> int:
         return _fail(str(err))
     footprint = int(args.footprint_mb * 2 ** 20)
     if device is None:
-        if args.dry_run:
+        if args.device == "cpu":
+            if args.dry_run:
+                return _fail("--dry-run is for the GPU tuner; --device cpu measures")
+            from .cpu import CpuDevice
+            device = CpuDevice(args.dtype, repeats=args.repeats, footprint=footprint)
+        elif args.dry_run:
             device = DryRunDevice(args.dtype, cc=args.cc, repeats=args.repeats,
                                   footprint=footprint)
         else:
@@ -118,12 +128,15 @@ def run(args, device=None, clock=None) -> int:
                 device = GpuDevice(args.dtype, repeats=args.repeats, footprint=footprint)
             except RuntimeError as err:
                 return _fail(f"{err}")
+            except ImportError as err:               # no CuPy at all
+                return _fail(f"no CUDA device: {err} (--device cpu tunes the CPU backend)")
     compiler = args.compiler or getattr(device, "compiler", "cuda")
     if compiler == "nvcc" and shutil.which("nvcc") is None:
         compiler = "none"
     specs = [sized(s, footprint) for s in specs]
     info = device.info()
-    ckpt = work / f"sm{info['cc']}-{args.op}-{args.dtype}.checkpoint.json"
+    arch = info.get("arch") or f"sm{info['cc']}"
+    ckpt = work / f"{arch}-{args.op}-{args.dtype}.checkpoint.json"
     if args.reconfirm and not ckpt.exists():
         return _fail(f"--reconfirm: no checkpoint {ckpt} to re-decide")
     if args.reconfirm:
@@ -139,7 +152,8 @@ def run(args, device=None, clock=None) -> int:
         search = Search(args.op, args.dtype, specs, device, **kw)
     except ValueError as err:                     # a checkpoint of another search
         return _fail(str(err))
-    print(f"smalltc tune: {args.op} {args.dtype} on {info['name']} (sm_{info['cc']}), "
+    where = arch if info.get("arch") else f"sm_{info['cc']}"
+    print(f"smalltc tune: {args.op} {args.dtype} on {info['name']} ({where}), "
           f"{len(specs)} sizes, {len(search.results)} done before, compiler {compiler}, "
           f"{search.jobs} jobs", file=sys.stderr)
     if args.reconfirm:
@@ -164,7 +178,7 @@ def run(args, device=None, clock=None) -> int:
         try:
             from .plot import pick_size, plot_search
             res = pick_size(search.results, args.plot)
-            png = work / f"search-sm{info['cc']}-{args.dtype}-{_slug(res['key'])}.png"
+            png = work / f"search-{arch}-{args.dtype}-{_slug(res['key'])}.png"
             work.mkdir(parents=True, exist_ok=True)
             plot_search(res, png, info["name"])
             print(f"plot: {png}")

@@ -9,6 +9,8 @@ Two compilers, both plain functions of picklable arguments so that
   through the backend's own runtime and CuPy's disk cache holds the kernel
   when the parent process builds it again to time it. Returns the compiled
   kernel's attributes (``num_regs``, ``local_size_bytes``).
+- :func:`compile_cpu` (``--device cpu``): builds the executor through the CPU
+  backend, which leaves the kernel in Numba's disk cache for the parent.
 - :func:`compile_nvcc` (no GPU needed): renders the candidate's template
   and runs ``nvcc -arch=sm_XX -cubin -Xptxas -v``; registers, spills and
   stack come from ptxas' report (:func:`parse_ptxas`).
@@ -26,8 +28,8 @@ import subprocess
 import tempfile
 import time
 
-__all__ = ["compile_cuda", "compile_nvcc", "compile_none", "parse_ptxas", "nvcc_resources",
-           "COMPILERS"]
+__all__ = ["compile_cuda", "compile_cpu", "compile_nvcc", "compile_none", "parse_ptxas",
+           "nvcc_resources", "COMPILERS"]
 
 _PTXAS_FN = re.compile(r"Compiling entry function '(\w+)'")
 _PTXAS_USED = re.compile(r"Used (\d+) registers")
@@ -140,9 +142,22 @@ def compile_cuda(spec, params, arch=None, smem_optin=None):
                 seconds=time.perf_counter() - t0)
 
 
+def compile_cpu(spec, params, arch=None, smem_optin=None):
+    """Worker (CPU): build the candidate through the CPU backend (``params`` None: the
+    heuristic); the compiled kernel lands in Numba's disk cache for the parent to load."""
+    from smalltc.backends import get
+    t0 = time.perf_counter()
+    try:
+        ex = get("cpu").build(spec, params="heuristic" if params is None else params)
+    except Exception as err:     # unfitting params, a compile failure: never timed
+        return dict(ok=False, error=str(err)[:2000], seconds=time.perf_counter() - t0)
+    return dict(ok=True, compile_s=ex.compile_s, seconds=time.perf_counter() - t0)
+
+
 def compile_none(spec, params, arch=None, smem_optin=None):
     """Worker that compiles nothing (a dry run without nvcc): no resources known."""
     return dict(ok=True, seconds=0.0)
 
 
-COMPILERS = {"cuda": compile_cuda, "nvcc": compile_nvcc, "none": compile_none}
+COMPILERS = {"cuda": compile_cuda, "cpu": compile_cpu, "nvcc": compile_nvcc,
+             "none": compile_none}

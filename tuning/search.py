@@ -33,7 +33,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from smalltc.backends.cuda import family_of
 
 from .compile import COMPILERS
-from .measure import TOL, forms, now_iso
+from .measure import TOL, now_iso
+from .measure import forms as gpu_forms
 from .space import MAX_LOCAL_BYTES, generate, prune_compiled
 
 __all__ = ["Search", "OutOfBudget", "CHECKPOINT_KIND", "load_checkpoint"]
@@ -135,6 +136,9 @@ class Search:
         self.max_local_bytes = max_local_bytes
         self.info = device.info()
         self.arch = f"sm_{self.info['cc']}"
+        # the device's backend (CUDA by default; the CPU device brings the CPU's)
+        self.family_of = getattr(device, "family_of", family_of)
+        self.forms = getattr(device, "forms", gpu_forms)
         self._pool = None
         self._t0 = None
         self.state = self._fresh_state()
@@ -163,6 +167,10 @@ class Search:
                              f"{old['device'].get('name')}, this device is {self.info['name']}: "
                              f"times of two devices do not compare (start over in another "
                              f"--work folder)")
+        if old["device"].get("arch") != self.info.get("arch"):     # CPU: the ISA
+            raise ValueError(f"checkpoint {self.checkpoint} was written for "
+                             f"{old['device'].get('arch')}, this device is "
+                             f"{self.info.get('arch')}")
         if old["device"].get("cc") != self.info["cc"]:
             raise ValueError(f"checkpoint {self.checkpoint} was written on sm_"
                              f"{old['device'].get('cc')}, this device is {self.arch}")
@@ -205,7 +213,7 @@ class Search:
         and checkpoint as for :meth:`run`; a resumed reconfirm skips the sizes it has done
         (they now hold every form). Returns "done" or "budget".
         """
-        keep = keep or (lambda spec, result: not set(forms(spec)) <= set(
+        keep = keep or (lambda spec, result: not set(self.forms(spec)) <= set(
             (result["winner"].get("form_times_s") or {})))
 
         def todo():
@@ -258,7 +266,7 @@ class Search:
             if r["status"] != "ok":
                 pruned[r["status"]] -= 1
         pruned = +pruned
-        space = generate(spec, self.info)
+        space = generate(spec, self.info, self.family_of)
         part = dict(timed=timed, heuristic=heur, compiled=defaultdict(dict))
         problem = self.device.prepare(spec)
         try:
@@ -300,7 +308,7 @@ class Search:
                 del self.state["partial"][key]
 
     def _tune_size_inner(self, spec, key, part):
-        space = generate(spec, self.info)
+        space = generate(spec, self.info, self.family_of)
         if space.family is None or not space.candidates:
             self.log(f"{key}: only the generic kernel runs this size; nothing to tune")
             self.results[key] = dict(key=key, spec=_spec_dict(spec), family=None,
@@ -319,7 +327,7 @@ class Search:
         for c in space.candidates:
             res = part["compiled"][c.label]
             why = "failed" if not res.get("ok") else prune_compiled(
-                res, c.ctx["threads"], self.max_local_bytes)
+                res, c.ctx.get("threads", 1), self.max_local_bytes)
             if why:
                 pruned[why] += 1
             else:
@@ -388,7 +396,7 @@ class Search:
         rec = dict(params=params, kernel={k: ex.params.get(k) for k in (
             "threads", "smem_bytes", "registers", "local_bytes")})
         if params is None:
-            rec["params"] = {k: ex.params[k] for k in family_of(spec).params
+            rec["params"] = {k: ex.params[k] for k in self.family_of(spec).params
                              if k in ex.params}
         if params is not None and (ex.params.get("local_bytes") or 0) > self.max_local_bytes:
             return dict(rec, status="spills")
@@ -433,7 +441,7 @@ class Search:
         separate form, ``form_times_s`` the median of each form."""
         exs = [self.device.build(spec, e["params"] if e.get("label") != "heuristic" else None)
                for e in entries]
-        fs = forms(spec)
+        fs = self.forms(spec)
         times = [{f: [] for f in fs} for _ in entries]
         for _ in range(self.confirm_rounds):
             for f in fs:

@@ -1,7 +1,8 @@
 """Search spaces: the kernel variants worth compiling for one size (seed 002, Figure 4 step 3).
 
 Each CUDA kernel family (:mod:`smalltc.backends.cuda.layout`, ``.contract9``,
-``.action``, ``.assembly``) lists its raw space (``family.space(spec)``:
+``.action``, ``.assembly``), and each CPU one (:mod:`smalltc.backends.cpu`), lists
+its raw space (``family.space(spec)``:
 parameter sets, each with a reason to drop it before compiling or None) and
 turns parameters into a rendering context (``family.context``), or None when
 they do not fit. This module keeps the variants that render distinct kernels:
@@ -64,16 +65,20 @@ def _register_cap(threads, min_blocks):
 
 
 def _fingerprint(ctx):
-    """What distinguishes two rendered kernels (the context; min_blocks by its register cap)."""
+    """What distinguishes two rendered kernels (the context; a CUDA kernel's min_blocks by
+    its register cap)."""
     items = dict(ctx)
     mb = items.pop("min_blocks", 0)
-    items["register_cap"] = _register_cap(ctx["threads"], mb)
+    if "threads" in ctx:
+        items["register_cap"] = _register_cap(ctx["threads"], mb)
     return tuple(sorted((k, repr(v)) for k, v in items.items()))
 
 
-def generate(spec, device=DEFAULT_DEVICE) -> Space:
+def generate(spec, device=DEFAULT_DEVICE, family_of=family_of) -> Space:
     """The search space of ``spec`` on ``device``: variants to compile, and what was
-    pruned and why.
+    pruned and why. ``family_of``: the backend's (default the CUDA backend's; the
+    CPU's for ``smalltc tune --device cpu``, whose ``device`` is the tuner's record
+    of the CPU, with its ``isa``).
 
     Examples
     --------

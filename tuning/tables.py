@@ -19,7 +19,8 @@ registers after it, a wrong result); ``compiled`` counts the compiles that
 succeeded.
 
 Files are named by :func:`table_name`: the device model's table by default
-(``sm90-nvidia-h200-float64.json``), the architecture's with ``arch=True``.
+(``sm90-nvidia-h200-float64.json``), the architecture's with ``arch=True``; a CPU's
+table is its ISA's (``cpu-avx512-float64.json``), which the CPU backend reads.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import os
 import pathlib
 
 from smalltc import tables as core
-from smalltc.backends.cuda import family_of
+from smalltc.backends.cuda import family_of as cuda_family_of
 
 __all__ = ["table_name", "load", "validate", "new_table", "add_results", "demote", "save"]
 
@@ -42,30 +43,50 @@ def table_name(info: dict, dtype: str, arch: bool = False) -> str:
     'sm90-nvidia-h200-float64.json'
     >>> table_name(dict(name="NVIDIA H200", cc="90"), "float32", arch=True)
     'sm90-float32.json'
+    >>> table_name(dict(name="Intel Xeon", cc=None, isa="avx2"), "float64")
+    'cpu-avx2-float64.json'
     """
+    if info.get("isa"):                       # a CPU (the tuner's record, or a table's device)
+        return core.table_names(f"cpu-{info['isa']}", None, dtype)[0]
     names = core.table_names(f"sm{info['cc']}", None if arch else info.get("name"), dtype)
     return names[0]
 
 
+def family_of(table):
+    """The ``family_of`` of the backend a table is for (its ``arch``: ``cpu-*`` or ``sm*``)."""
+    if str(table.get("arch", "")).startswith("cpu-"):
+        from smalltc.backends.cpu import family_of as cpu_family_of
+        return cpu_family_of
+    return cuda_family_of
+
+
 def validate(table: dict, where="table") -> dict:
     """:func:`smalltc.tables.validate` with each entry's parameters checked against its family's."""
-    return core.validate(table, where, family_of)
+    return core.validate(table, where, family_of(table) if isinstance(table, dict) else None)
 
 
 def load(path) -> dict:
     """The table at ``path``, validated with the families' parameter names."""
-    return core.load(path, family_of)
+    with open(path, encoding="utf-8") as f:
+        return validate(json.load(f), str(path))
 
 
 def new_table(info: dict, dtype: str, dry_run=False) -> dict:
     """An empty table for the device ``info`` (from a device's ``info()``)."""
     import smalltc
     from .measure import now_iso
-    t = dict(schema=core.SCHEMA, arch=f"sm{info['cc']}", dtype=dtype,
-             device={k: info.get(k) for k in ("name", "cc", "sms", "smem_optin")},
-             versions=dict(cuda_runtime=info.get("cuda_runtime"),
-                           cuda_driver=info.get("cuda_driver"), nvrtc=info.get("nvrtc"),
-                           cupy=info.get("cupy"), smalltc=smalltc.__version__),
+    if str(info.get("arch", "")).startswith("cpu-"):            # a CPU: its ISA's table
+        arch = info["arch"]
+        device = {k: info.get(k) for k in ("name", "isa", "llvm_cpu", "vector_bytes",
+                                           "vector_bits", "cores", "threads")}
+        versions = dict(numba=info.get("numba"), smalltc=smalltc.__version__)
+    else:
+        arch = f"sm{info['cc']}"
+        device = {k: info.get(k) for k in ("name", "cc", "sms", "smem_optin")}
+        versions = dict(cuda_runtime=info.get("cuda_runtime"),
+                        cuda_driver=info.get("cuda_driver"), nvrtc=info.get("nvrtc"),
+                        cupy=info.get("cupy"), smalltc=smalltc.__version__)
+    t = dict(schema=core.SCHEMA, arch=arch, dtype=dtype, device=device, versions=versions,
              date=now_iso(), bandwidth=info.get("bandwidth"), peak=info.get("peak"),
              runs=[], entries={})
     if dry_run:

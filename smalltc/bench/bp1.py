@@ -81,8 +81,10 @@ def _rec(b, times, what, **extra):
 
 
 def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
-    """Seconds per CG iteration: (t(5 + K) - t(5)) / K, median over ``repeats`` pairs,
-    the iterations done, and the seconds of the first (2-iteration) solve. Raises
+    """Seconds per CG iteration: (t(5 + K) - t(5)) / K, median over ``repeats`` pairs
+    (where noise makes a pair's difference non-positive, as on a tiny problem, that pair
+    gives t(5 + K) / (5 + K), which includes the solve's setup: an upper bound), the
+    iterations done, and the seconds of the first (2-iteration) solve. Raises
     RuntimeError when the solve stopped before its ``maxiter`` (a time of fewer
     iterations is no iteration's time)."""
     from ..fem import cg
@@ -98,7 +100,7 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
         if r.iterations != 5 + CG_EXTRA:
             raise RuntimeError(f"CG stopped after {r.iterations} of {5 + CG_EXTRA} iterations "
                                f"(relative residual {r.residuals[-1]:.1e})")
-        per.append(max(t1 - t0, 1e-12) / CG_EXTRA)
+        per.append((t1 - t0) / CG_EXTRA if t1 > t0 else t1 / (5 + CG_EXTRA))
     return per, r.iterations, first
 
 
@@ -176,7 +178,8 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
                 rec["impls"][name] = dict(what=f"{what} ({how})", status="failed",
                                           error=str(err))
                 continue
-            rec["impls"][name] = _rec(bcg, [int(t * 1e9) for t in per], f"{what} ({how})",
+            rec["impls"][name] = _rec(bcg, [max(1, round(t * 1e9)) for t in per],
+                                      f"{what} ({how})",
                                       iterations=its, first_call_s=first_cg,
                                       vector_passes=VECTOR_PASSES - (2 if lumped else 0),
                                       preconditioner=None if lumped else "jacobi")

@@ -167,10 +167,10 @@ def table(doc, file=None) -> None:
             continue
         base = baselines_in(rows)
         u = unit(rows[0])[0]
-        head = (f"{'case':44s} {'smalltc':>9s} {'bound':>9s} {'%bound':>7s} "
+        head = (f"{'case':44s} {'smalltc':>9s} {'bound':>9s} {'%bound':>7s} {'by':>2s} "
                 + " ".join(f"{'x ' + b:>20s}" for b in base))
-        print(f"\n== {suite} ({u}; x NAME = smalltc speed / NAME speed, same inputs) ==",
-              file=file)
+        print(f"\n== {suite} ({u}; by: the bound that applies, bw bandwidth, fl arithmetic; "
+              f"x NAME = smalltc speed / NAME speed, same inputs) ==", file=file)
         print(head, file=file)
         for c in rows:
             label = c["id"].replace(f" {c['dtype']}", "")
@@ -180,10 +180,11 @@ def table(doc, file=None) -> None:
             st = c["impls"].get("smalltc")
             mine = speed(c, "smalltc")
             bound = _bound_rate(c)
+            by = {"bandwidth": "bw", "compute": "fl"}.get(c["bound"].get("limited_by"), "?")
             if mine is None:
-                cells = f"{_status(st):>9s} {bound:9.3g} {'':>7s}"
+                cells = f"{_status(st):>9s} {bound:9.3g} {'':>7s} {by:>2s}"
             else:
-                cells = f"{mine:9.3g} {bound:9.3g} {100 * st['fraction']:6.1f}%"
+                cells = f"{mine:9.3g} {bound:9.3g} {100 * st['fraction']:6.1f}% {by:>2s}"
             ratios = []
             for b in base:
                 other = speed(c, b)

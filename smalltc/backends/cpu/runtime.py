@@ -1,4 +1,4 @@
-"""Render the CPU kernel templates, compile them with Numba, cache them.
+"""Render the CPU kernel templates, compile them with Numba, cache them (the CPU runtime).
 
 A kernel is a Jinja2 template under ``templates/cpu/`` rendered with every
 size a constant into a small Python module, written to the cache directory
@@ -12,6 +12,9 @@ module is imported. They compile with LLVM's SLP vectoriser on and its loop
 vectoriser off (Numba's defaults are the opposite): the templates spell out
 one statement per SIMD lane and leave the vector packing to SLP, while the
 loop vectoriser would otherwise turn the fixed-trip outer loops into gathers.
+What they compile for is Numba's target for the process (:mod:`.target`);
+Numba's disk cache keys on it, so AVX2 and AVX-512 builds of one source
+coexist.
 """
 from __future__ import annotations
 
@@ -30,12 +33,16 @@ from pathlib import Path
 import jinja2
 import numba
 
-__all__ = ["render", "load_kernel", "cache_dir", "compile_log", "CompileError"]
+__all__ = ["render", "load_kernel", "cache_dir", "compile_log", "CompileError", "signature",
+           "NB_TYPES", "SHORT"]
 
 log = logging.getLogger("smalltc")
 
 #: bump when the generated code changes meaning without its text changing
-CODEGEN_VERSION = "1"
+CODEGEN_VERSION = "2"
+#: Numba type and entry-name tag of each dtype
+NB_TYPES = {"float64": "float64", "float32": "float32"}
+SHORT = {"float64": "f64", "float32": "f32"}
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(files("smalltc.templates") / "cpu")),
@@ -56,6 +63,13 @@ def cache_dir() -> Path:
     root = os.environ.get("SMALLTC_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "smalltc"
     return base / "cpu"
+
+
+def signature(dtype, n_arrays, tail) -> str:
+    """A Numba signature string: ``n_arrays`` 2D C-contiguous arrays of ``dtype``, then
+    the types ``tail`` (``"int64"``, ``"int32[::1]"``, ...)."""
+    a = f"{NB_TYPES[dtype]}[:, ::1]"
+    return f"void({', '.join([a] * n_arrays + list(tail))})"
 
 
 def render(template: str, **params) -> str:

@@ -1,0 +1,163 @@
+"""The CPU backend: size-specialised Numba kernels generated from templates.
+
+Walk from a spec to its kernel: :meth:`CpuBackend.build` asks the kernel
+families in :data:`FAMILIES` which one claims the spec; :func:`choose` takes
+that family's parameters (the ISA's tuning table, else its measured
+heuristic) and its rendering context for the target Numba compiles for
+(:mod:`.target`: AVX-512, AVX2, NEON); the family's executor compiles the
+rendered module (:mod:`.runtime`) and runs it, the work split statically over
+``numba.get_num_threads()`` threads (``SMALLTC_NUM_THREADS`` sets it at
+import, :func:`set_num_threads` later).
+
+================  ======================  ==========================================
+family            module                  templates (``templates/cpu/``)
+================  ======================  ==========================================
+``gemm``          :mod:`.gemm`            ``gemm.py.j2``
+``action``        :mod:`.action`          ``action.py.j2``, ``_lanes.j2``
+``assembly``      :mod:`.assembly`        ``assembly.py.j2``, ``_lanes.j2``
+``contract``      :mod:`.contract`        ``contract.py.j2`` (8a, 8b, 9)
+``mass_apply``    :mod:`.mass_apply`      ``mass_apply.py.j2`` (the fused FEM operator)
+``mass_diagonal``  :mod:`.mass_apply`     ``mass_diagonal.py.j2``
+================  ======================  ==========================================
+
+What no family claims (sizes beyond the specialised kernels' limits) runs
+``generic.py.j2`` with every size at run time and says so
+(``specialized=False``, a log line); :mod:`.simd` holds the intrinsics the
+templates call (block transposes, the vector-width request).
+
+Examples
+--------
+>>> import numpy as np, smalltc
+>>> B1d = np.random.rand(3, 2); D = np.random.rand(20, 3, 3); V = np.random.rand(20, 2, 2)
+>>> p = smalltc.plan("action", B1d, D, V, backend="cpu")
+>>> p.kernel, p.specialized
+('stc_mass_apply_2d_f64_nd2_nq3', True)
+>>> bool(np.allclose(p(B1d, D, V), smalltc.batched_contract(B1d, D, V, backend="reference")))
+True
+"""
+from __future__ import annotations
+
+import os
+
+from ... import tables
+from .. import register
+from ..base import Backend, Unsupported
+
+__all__ = ["CpuBackend", "set_num_threads", "FAMILIES", "family_of", "choose"]
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency
+    numba = None
+
+if numba is not None:
+    from .action import ACTION
+    from .assembly import ASSEMBLY
+    from .contract import CONTRACT, generic_executor
+    from .family import Choice
+    from .gemm import GEMM
+    from .mass_apply import MASS_APPLY, MASS_DIAGONAL
+    from .target import host, resolve
+
+    #: the kernel families, in the order they are asked
+    FAMILIES = (GEMM, ACTION, ASSEMBLY, CONTRACT, MASS_APPLY, MASS_DIAGONAL)
+else:  # pragma: no cover
+    FAMILIES = ()
+
+
+def set_num_threads(n: int):
+    """Threads the CPU kernels use from now on (at most the cores Numba saw)."""
+    numba.set_num_threads(int(n))
+
+
+def family_of(spec):
+    """The family whose specialised kernel runs ``spec``, or None (only a generic path)."""
+    for fam in FAMILIES:
+        if fam.claims(spec):
+            return fam
+    return None
+
+
+def choose(spec, target=None, params=None):
+    """What :meth:`CpuBackend.build` builds for ``spec`` on ``target`` (default: the
+    host's, :func:`.target.host`), decided without compiling: a :class:`.family.Choice`,
+    or None when only a generic path runs it.
+
+    ``params`` None: the ISA's tuning table (:mod:`smalltc.tables`,
+    ``cpu-<isa>-<dtype>.json``), else the family's heuristic; ``"heuristic"``: the
+    heuristic without the tables; a dict: those parameters, ``ValueError`` when they do
+    not fit.
+    """
+    target = resolve(target)
+    fam = family_of(spec)
+    if fam is None:
+        return None
+    ctx, source, table = None, "params", None
+    if params == "heuristic":
+        ctx, source = fam.context(spec, None, target), "heuristic"
+    elif params is not None:
+        unknown = set(params) - set(fam.params)
+        ctx = None if unknown else fam.context(spec, dict(params), target)
+        if ctx is None:
+            names = ", ".join(fam.params) or "none"
+            raise ValueError(f"params {params} do not fit {spec} on the cpu backend ({fam.name} "
+                             f"family, {target.isa}; parameters: {names})")
+    else:
+        hit = _lookup(spec, fam, target) if fam.params else None
+        if hit is not None:
+            ctx, source, table = fam.context(spec, hit.params, target), hit.source, hit.table
+        if ctx is None:
+            ctx, source, table = fam.context(spec, None, target), "heuristic", None
+    if ctx is None:
+        return None
+    if not fam.params:
+        source = "fixed" if ctx.get("specialized", True) else "generic"
+    return Choice(fam, spec, fam.template(ctx), fam.entry(spec, ctx), ctx, source, table,
+                  target)
+
+
+def _lookup(spec, fam, target):
+    """The first hit among the ISA's tables (``cpu-avx512-float64.json``) tuned for the
+    same default vector width (a table tuned where LLVM prefers 256-bit vectors, an Intel
+    AVX-512 core, does not answer for a 512-bit one, AMD Zen 4/5)."""
+    for t in tables.tables_for(target.arch, None, spec.dtype):
+        if t.device.get("vector_bits", target.vector_bits) != target.vector_bits:
+            continue
+        hit = t.lookup(spec, fam)
+        if hit is not None:
+            return hit
+    return None
+
+
+class CpuBackend(Backend):
+    """NumPy arrays on the host: Numba kernels for the target's ISA."""
+
+    name = "cpu"
+    array_modules = ("numpy",)
+    priority = 10
+
+    def available(self) -> bool:
+        return numba is not None
+
+    def describe(self) -> str:
+        if numba is None:
+            return "cpu: numba is not installed"
+        t = host()
+        return (f"cpu: Numba {numba.__version__}, LLVM target {t.llvm_cpu} ({t.isa}, "
+                f"{t.vector_bits or t.vector_bytes * 8}-bit vectors), "
+                f"{numba.get_num_threads()} threads")
+
+    def build(self, spec, params=None):
+        choice = choose(spec, None, params)
+        if choice is not None:
+            return choice.family.executor(choice)
+        ex = generic_executor(spec)
+        if ex is None:
+            raise Unsupported(f"cpu backend has no kernel for {spec}")
+        return ex
+
+
+if numba is not None and os.environ.get("SMALLTC_NUM_THREADS"):
+    set_num_threads(int(os.environ["SMALLTC_NUM_THREADS"]))
+
+register(CpuBackend())

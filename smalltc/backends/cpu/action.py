@@ -1,0 +1,211 @@
+"""The fused action family: ``U_e = B^T D_e B V_e`` in one pass per chunk of elements.
+
+``action.py.j2`` (with the macros of ``_lanes.j2``) vectorises across elements:
+a chunk of ``lanes`` elements is copied into per-thread buffers
+``buf[entry, lane]``, each sum-factorisation step is a fixed-trip loop nest
+whose body is one statement per lane, and LLVM's SLP vectoriser packs the
+lane statements into SIMD registers (notes/cpu.md, versions 1-9).
+
+Tuning parameters:
+
+=========  =================================================================
+``lanes``  elements per chunk: one vector register of them (8 float64 with
+           AVX-512, 4 with AVX2, 2 with NEON) or two
+``rb``     outputs per register block in each step: each buffer load feeds
+           ``rb`` FMAs (1-3; more needs ``rb * nin`` coefficients in registers)
+``tr``     1: full chunks move between the arrays and the buffers in
+           ``lanes x lanes`` block transposes (:func:`.simd.tr_block`)
+``vbits``  the vector width asked of LLVM (:func:`.simd.vector_width`): 512 or
+           256 on AVX-512 (LLVM's own choice on Intel cores is 256), 0
+           elsewhere (the target's only width)
+=========  =================================================================
+
+The heuristic (:data:`HEURISTIC`, per ISA and default vector width) was
+measured on this project's machines: AVX-512 on an AMD Zen 5 (512-bit) and an
+Intel Xeon (256-bit, LLVM's preference there), AVX2 as AVX2 code on the Intel
+Xeon (notes/cpu.md); NEON's is a guess (no ARM machine). Sizes beyond ``nd <= 17, nq <= 24`` run the generic
+kernel (:mod:`.contract`).
+
+Examples
+--------
+>>> from smalltc.spec import ActionSpec
+>>> from smalltc.backends.cpu.target import TARGETS
+>>> s = ActionSpec(dim=3, nq=8, nd=7, batch=100, dtype="float64")
+>>> ACTION.heuristic_params(s, TARGETS["avx512"])          # Zen 5's profile, avx512/512
+{'lanes': 8, 'rb': 3, 'tr': 1, 'vbits': 512}
+>>> ACTION.heuristic_params(s, TARGETS["avx512"]._replace(vector_bits=256))   # Intel's
+{'lanes': 4, 'rb': 2, 'tr': 0, 'vbits': 256}
+>>> ACTION.context(s, dict(lanes=3, rb=1, tr=0), TARGETS["avx2"]) is None   # not a vector multiple
+True
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .family import CpuExecutor, Family
+from .runtime import SHORT, signature
+from .target import resolve
+
+__all__ = ["ACTION", "ActionFamily", "action_steps", "lanes_ctx", "lanes_space",
+           "vector_bits", "simd_lanes", "MAX_ND", "MAX_NQ", "HEURISTIC"]
+
+MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
+
+#: the measured heuristic per target profile (:attr:`.target.Target.profile`: the ISA and
+#: its default vector width): ``vectors`` per chunk (lanes = vectors x the vector's
+#: scalars), ``rb(dim, nd, dtype)``, block transposes from ``tr_from`` entries per element
+#: (None: never)
+HEURISTIC = {
+    # AMD Zen 5, 512-bit (notes/cpu.md, versions 7-8): rb 2-3 for 3D float64 p = 5..8
+    # (0.53-0.59 -> 0.70-0.79 of Pmax); float32 stays at rb = 1 (rb = 3 compiles in ~45 s
+    # at p = 8); transposes from 64 entries per element
+    "avx512/512": dict(vectors=1, tr_from=64,
+                       rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
+                                               or not 6 <= nd <= 9 else 3 if nd >= 7 else 2)),
+    # Intel Xeon, 256-bit (LLVM's preference there): the AVX-512 tuning of 3D float64
+    # p = 1..8 (notes/cpu.md, version 18): one vector of elements; rb = 2 (within 0-6% of
+    # rb = 3 at every p, rb = 1 4-28% slower) up to nd = 10 (rb x nd coefficients in
+    # registers); transposes from 512 entries per element (3D p >= 7: 1.0 vs 0.86-0.88;
+    # below, the scalar copies measured faster: 0.46 vs 0.34 of Pmax at p = 6)
+    "avx512/256": dict(vectors=1, tr_from=512,
+                       rb=lambda dim, nd, dt: (2 if dim == 3 and dt == "float64" and nd <= 10
+                                               else 1)),
+    "avx2/256": dict(vectors=1, tr_from=512,
+                     rb=lambda dim, nd, dt: (2 if dim == 3 and dt == "float64" and nd <= 7
+                                             else 1)),
+    # not measured (no ARM machine here): two vectors of elements, rb = 1 (rb = 2 left a
+    # quarter of the FMAs scalar in the AArch64 build of the 3D p = 4 kernel)
+    "neon/128": dict(vectors=2, tr_from=64, rb=lambda dim, nd, dt: 1),
+    "sse/128": dict(vectors=2, tr_from=64, rb=lambda dim, nd, dt: 1),
+}
+
+
+def action_steps(dim, nd, nq, back_only=False):
+    """The sum-factorisation steps of the fused action, as template data.
+
+    Shapes are padded to 3 axes; buffers ping-pong between ``ta`` and ``tb``
+    and the last step writes back into ``vt``. ``back_only``: only the
+    transposed half, from ``dt`` (the quadrature data) with coefficients ``B2``
+    (the diagonal: ``B^2`` applied along each axis).
+    """
+    shape = [1] * (3 - dim) + [nd if not back_only else nq] * dim
+    steps, sizes = [], {"ta": 0, "tb": 0}
+    axes = list(range(2, 2 - dim, -1))
+    moves = [(a, True) for a in axes] if back_only else \
+        [(a, False) for a in axes] + [(a, True) for a in axes]
+    bufs = (["dt"] if back_only else ["vt"]) + ["ta", "tb"] * dim
+    for n, (ax, back) in enumerate(moves):
+        out = list(shape)
+        out[ax] = nd if back else nq
+        dst = "vt" if n == len(moves) - 1 else bufs[n + 1]
+        if dst != "vt":
+            sizes[dst] = max(sizes[dst], out[0] * out[1] * out[2])
+        coef = ("B2[{s}, {i}]" if back_only else "B[{s}, {i}]") if back else "B[{i}, {s}]"
+        steps.append(dict(src=bufs[n], dst=dst, out=tuple(out), inp=tuple(shape), axis=ax,
+                          nin=shape[ax], coef=coef, scale=(not back_only and n == dim - 1)))
+        shape = out
+    return steps, [(b, sz) for b, sz in sizes.items() if sz]
+
+
+def vector_bits(params, target):
+    """The ``vbits`` of ``params`` (the target's own when absent), or None when the target
+    has no such choice: 512 or 256 with AVX-512, 0 elsewhere."""
+    v = (params or {}).get("vbits", target.vector_bits)
+    ok = (256, 512) if target.isa == "avx512" else (0,)
+    return v if v in ok else None
+
+
+def simd_lanes(target, vbits, dtype):
+    """Scalars of ``dtype`` in one vector of ``vbits`` bits (0: the target's width)."""
+    return (vbits // 8 if vbits else target.vector_bytes) // np.dtype(dtype).itemsize
+
+
+def lanes_ctx(spec, params, target, heuristic):
+    """``lanes``, ``rb``, ``tr``, ``vbits`` for an action-like spec (the heuristic's, or
+    ``params`` checked), or None when they do not fit: lanes a multiple of the vector's
+    scalars and a power of two (block transposes), 1 <= rb <= 4, tr 0 or 1, vbits as
+    :func:`vector_bits` allows."""
+    dim, nd, dt = spec.dim, spec.nd, spec.dtype
+    h = heuristic[target.profile]
+    if params is None:
+        W = h["vectors"] * target.lanes(dt)
+        tr = h["tr_from"] is not None and nd ** dim >= max(h["tr_from"], W)
+        return dict(lanes=W, rb=h["rb"](dim, nd, dt), tr=int(tr), vbits=target.vector_bits)
+    W, rb, tr = params.get("lanes"), params.get("rb"), params.get("tr")
+    vbits = vector_bits(params, target)
+    vl = simd_lanes(target, vbits, dt)
+    if not (isinstance(W, int) and W >= vl and W % vl == 0 and W & (W - 1) == 0 and W <= 64
+            and rb in (1, 2, 3, 4) and tr in (0, 1) and vbits is not None):
+        return None
+    return dict(lanes=W, rb=rb, tr=tr, vbits=vbits)
+
+
+class ActionFamily(Family):
+    """The fused action (``action.py.j2``); see the module docstring."""
+
+    name = "action"
+    templates = ("action.py.j2",)
+    params = ("lanes", "rb", "tr", "vbits")
+
+    def claims(self, spec):
+        return spec.op == "action" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
+
+    def context(self, spec, params=None, target=None):
+        target = resolve(target)
+        p = lanes_ctx(spec, params, target, HEURISTIC)
+        if p is None:
+            return None
+        dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
+        steps, buffers = action_steps(dim, nd, nq)
+        render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
+                      nqd=nq ** dim, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
+                      signature=signature(dt, 4, ["int64"] * 4))
+        return dict(p, dtype=dt, render=render)
+
+    def entry(self, spec, ctx):
+        return f"stc_mass_apply_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+
+    def executor(self, choice):
+        return ActionExecutor(choice)
+
+    def space(self, spec, target=None):
+        """lanes: one or two vectors; rb 1-3 (pruned ``registers`` where the rb x nin
+        coefficients and rb accumulators per vector exceed the register file); tr 0, 1
+        (pruned ``small`` below one lanes x lanes block per element); vbits 512 and 256
+        on AVX-512."""
+        target = resolve(target)
+        yield from lanes_space(spec, target)
+
+
+ACTION = ActionFamily()
+
+
+def lanes_space(spec, target):
+    """The search space of the lane-vectorised families (action, FEM operator)."""
+    nin = max(spec.nd, spec.nq)
+    widths = (512, 256) if target.isa == "avx512" else (0,)
+    for vbits in widths:
+        vl = simd_lanes(target, vbits, spec.dtype)
+        for vectors in (1, 2):
+            for rb in (1, 2, 3):
+                for tr in (0, 1):
+                    W = vectors * vl
+                    why = ("registers" if rb * nin + rb * vectors > target.registers + 8 else
+                           "small" if tr and spec.nd ** spec.dim < W else None)
+                    yield dict(lanes=W, rb=rb, tr=tr, vbits=vbits), why
+
+
+class ActionExecutor(CpuExecutor):
+    """Chunks of ``lanes`` elements, split statically over the threads."""
+
+    def __init__(self, choice):
+        super().__init__(choice)
+        self.W = choice.ctx["lanes"]
+
+    def run(self, operands, out, **_):
+        s = self.spec
+        B, D, V = operands
+        E = D.shape[0]
+        nch = -(-E // self.W)
+        self.fn(B, D.reshape(E, -1), V.reshape(E, -1), out.reshape(E, -1), E, s.ncomp, nch,
+                self.nparts(nch))

@@ -1,0 +1,142 @@
+"""The fused FEM operator family: ``y = sum_e R_e^T B^T D_e B R_e x``, and its diagonal.
+
+``mass_apply.py.j2`` is the action of :mod:`.action` (same lanes, steps and
+register blocks) with the element restriction inside: a chunk's V is gathered
+from the global vector ``x`` through the element-to-DoF map and its U added
+into ``y`` through the map, so the E-vectors never reach memory. One kernel
+call per operator application: it zeroes ``y``, then runs the element colours
+of :func:`smalltc.maps.element_colors` in turn, each colour's chunks split
+over the threads. Elements of one colour share no DoF, so no two threads add
+into one entry of ``y`` (no atomics, no races), and every entry receives its
+additions in colour order: the result has the same bits for any thread
+count. ``deterministic=False`` runs the same kernel (a CPU has no cheap
+floating-point atomics to do otherwise); the colouring is computed once per
+map object (:func:`smalltc.maps.map_info`).
+
+``mass_diagonal.py.j2``: the element diagonals (the action's transposed half
+with ``B^2``) added into ``y`` the same way.
+
+===============  =========================  ======================================
+spec             template                   entry point (example)
+===============  =========================  ======================================
+MassApplySpec    ``mass_apply.py.j2``       ``stc_mass_op_3d_f64_nd5_nq7_i32``
+MassDiagonalSpec ``mass_diagonal.py.j2``    ``stc_mass_diag_3d_f64_nd5_nq7_i32``
+===============  =========================  ======================================
+
+Tuning parameters as the action's (``lanes``, ``rb``, ``tr``, ``vbits``; ``tr`` moves D
+into the lane buffers with :func:`.simd.tr_rows`); the heuristic is the
+action's. Sizes beyond the action's limits raise ``Unsupported`` (the
+reference path runs them).
+"""
+from __future__ import annotations
+
+from ...maps import map_info
+from .action import HEURISTIC, MAX_ND, MAX_NQ, action_steps, lanes_ctx, lanes_space
+from .family import CpuExecutor, Family
+from .runtime import NB_TYPES, SHORT
+from .target import resolve
+
+__all__ = ["MASS_APPLY", "MASS_DIAGONAL", "MassApplyFamily", "MassDiagonalFamily"]
+
+
+def _sig(dtype, index_dtype, n_float_before, n_float_after, tail):
+    a = f"{NB_TYPES[dtype]}[:, ::1]"
+    args = [a] * n_float_before + [f"{index_dtype}[:, ::1]"] + [a] * n_float_after
+    return f"void({', '.join(args + ['int32[::1]', 'int64[::1]'] + list(tail))})"
+
+
+class MassApplyFamily(Family):
+    """The fused operator (``mass_apply.py.j2``); see the module docstring."""
+
+    name = "mass_apply"
+    templates = ("mass_apply.py.j2",)
+    params = ("lanes", "rb", "tr", "vbits")
+
+    def claims(self, spec):
+        return spec.op == "mass_apply" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
+
+    def context(self, spec, params=None, target=None):
+        target = resolve(target)
+        p = lanes_ctx(spec, params, target, HEURISTIC)
+        if p is None:
+            return None
+        dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
+        steps, buffers = action_steps(dim, nd, nq)
+        render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
+                      nqd=nq ** dim, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
+                      signature=_sig(dt, spec.index_dtype, 3, 1, ["int64"] * 2))
+        return dict(p, dtype=dt, render=render)
+
+    def entry(self, spec, ctx):
+        return (f"stc_mass_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+                f"_i{spec.index_dtype[3:]}")
+
+    def executor(self, choice):
+        return MassApplyExecutor(choice)
+
+    def space(self, spec, target=None):
+        yield from lanes_space(spec, resolve(target))
+
+
+class MassDiagonalFamily(Family):
+    """The operator's diagonal (``mass_diagonal.py.j2``); see the module docstring."""
+
+    name = "mass_diagonal"
+    templates = ("mass_diagonal.py.j2",)
+    params = ("lanes", "rb", "tr", "vbits")
+
+    def claims(self, spec):
+        return spec.op == "mass_diagonal" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
+
+    def context(self, spec, params=None, target=None):
+        target = resolve(target)
+        p = lanes_ctx(spec, params, target, HEURISTIC)
+        if p is None:
+            return None
+        dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
+        steps, buffers = action_steps(dim, nd, nq, back_only=True)
+        render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
+                      nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"],
+                      vbits=p["vbits"],
+                      signature=_sig(dt, spec.index_dtype, 2, 1, ["int64"]))
+        return dict(p, dtype=dt, render=render)
+
+    def entry(self, spec, ctx):
+        return (f"stc_mass_diag_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+                f"_i{spec.index_dtype[3:]}")
+
+    def executor(self, choice):
+        return MassDiagonalExecutor(choice)
+
+    def space(self, spec, target=None):
+        yield from lanes_space(spec, resolve(target))
+
+
+MASS_APPLY = MassApplyFamily()
+MASS_DIAGONAL = MassDiagonalFamily()
+
+
+class MassApplyExecutor(CpuExecutor):
+    """One kernel call: y = 0, then the colours in turn (the map's colouring, once per map)."""
+
+    def run(self, operands, out, **_):
+        B, D, X, MAP = operands
+        E, n = D.shape[0], out.shape[-1]
+        if E == 0:
+            out[...] = 0
+            return
+        order, offsets = map_info(MAP, n).colors(MAP)
+        self.fn(B, D.reshape(E, -1), X.reshape(-1, n), MAP.reshape(E, -1), out.reshape(-1, n),
+                order, offsets, out.size // n, self.nparts(E))
+
+
+class MassDiagonalExecutor(CpuExecutor):
+    def run(self, operands, out, **_):
+        B, D, MAP = operands
+        E, n = D.shape[0], out.shape[-1]
+        if E == 0:
+            out[...] = 0
+            return
+        order, offsets = map_info(MAP, n).colors(MAP)
+        self.fn(B, D.reshape(E, -1), MAP.reshape(E, -1), out.reshape(1, n), order, offsets,
+                self.nparts(E))

@@ -1,0 +1,158 @@
+"""SIMD building blocks the CPU templates call that plain Numba cannot express.
+
+The action and the assembly vectorise across elements (lanes = elements of
+a chunk), so their inputs and outputs must change layout between
+``array[element, entry]`` and the lane buffers ``buf[entry, lane]``. Written
+as scalar loops, every entry is one scalar load and one scalar store
+(the assembly's output was 137 ``vmovsd`` stores to 14 zmm FMAs at p=6, see
+notes/cpu.md). :func:`tr_block` moves one L x L block with L vector loads,
+log2(L) * L two-source shuffles and L vector stores; :func:`tr_rows` does the
+same from rows given by an index array (the elements of one colour, which
+are not consecutive). L is the kernel's lane count (a compile-time literal):
+one vector register of the target or a multiple of it, which LLVM splits.
+
+:func:`vector_width` asks LLVM for vectors of a given width in the function
+that calls it (the ``prefer-vector-width`` function attribute): on Intel
+AVX-512 cores LLVM otherwise stays at 256 bits.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = ["tr_block", "tr_rows", "vector_width"]
+
+_FLOATS = (types.float64, types.float32)
+
+
+def _butterfly_masks(L):
+    """Shuffle masks of the log2(L) stages: stage s swaps bit s of row and column."""
+    stages, s = [], 1
+    while s < L:
+        lo = [j if not j & s else L + j - s for j in range(L)]
+        hi = [j + s if not j & s else L + j for j in range(L)]
+        stages.append((s, lo, hi))
+        s *= 2
+    return stages
+
+
+def _is_2d_c(arr):
+    return isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C"
+
+
+def _transpose(builder, rows, L):
+    """The L vectors ``rows`` (row b = source row b) transposed: vector a = column a."""
+    mty = ir.VectorType(ir.IntType(32), L)
+    for s, lo, hi in _butterfly_masks(L):
+        new = list(rows)
+        for a in range(L):
+            if not a & s:
+                new[a] = builder.shuffle_vector(rows[a], rows[a + s], ir.Constant(mty, lo))
+                new[a + s] = builder.shuffle_vector(rows[a], rows[a + s], ir.Constant(mty, hi))
+        rows = new
+    return rows
+
+
+def _block_codegen(L, gathered):
+    def codegen(context, builder, signature, args):
+        if gathered:
+            dty, drt, dct, sty, ity, i0t, sct, _ = signature.args
+            dval, dr_, dc_, sval, ival, i0_, sc_, _ = args
+        else:
+            dty, drt, dct, sty, srt, sct, _ = signature.args
+            dval, dr_, dc_, sval, sr_, sc_, _ = args
+        intp = context.get_value_type(types.intp)
+        darr = context.make_array(dty)(context, builder, dval)
+        sarr = context.make_array(sty)(context, builder, sval)
+        dcols = cgutils.unpack_tuple(builder, darr.shape, 2)[1]
+        scols = cgutils.unpack_tuple(builder, sarr.shape, 2)[1]
+
+        def cast(v, t):
+            return context.cast(builder, v, t, types.intp)
+
+        dr_, dc_, sc_ = cast(dr_, drt), cast(dc_, dct), cast(sc_, sct)
+        elt = context.get_data_type(dty.dtype)
+        vty = ir.VectorType(elt, L)
+        align = dty.dtype.bitwidth // 8
+
+        def vec_ptr(arr, cols, row, c0):
+            idx = builder.add(builder.mul(row, cols), c0)
+            return builder.bitcast(builder.gep(arr.data, [idx]), vty.as_pointer())
+
+        if gathered:
+            iarr = context.make_array(ity)(context, builder, ival)
+            i0_ = cast(i0_, i0t)
+            src_rows = []
+            for b in range(L):
+                k = builder.add(i0_, ir.Constant(intp, b))
+                r = builder.load(builder.gep(iarr.data, [k]))
+                src_rows.append(cast(r, ity.dtype))
+        else:
+            sr_ = cast(sr_, srt)
+            src_rows = [builder.add(sr_, ir.Constant(intp, b)) for b in range(L)]
+        rows = [builder.load(vec_ptr(sarr, scols, r, sc_), align=align) for r in src_rows]
+        rows = _transpose(builder, rows, L)
+        for a in range(L):
+            builder.store(rows[a], vec_ptr(darr, dcols, builder.add(dr_, ir.Constant(intp, a)),
+                                           dc_), align=align)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def tr_block(typingctx, dst, dr, dc, src, sr, sc, L):
+    """``dst[dr + a, dc + b] = src[sr + b, sc + a]`` for ``a, b < L`` (L a literal power of 2).
+
+    Both arrays are 2D, C-contiguous, of one float dtype; rows of L
+    consecutive entries are read and written as whole vectors (no alignment
+    needed). No bounds checks: the caller keeps the block inside both arrays.
+    """
+    if not isinstance(L, types.IntegerLiteral):
+        return None
+    n = L.literal_value
+    if not (_is_2d_c(dst) and _is_2d_c(src) and dst.dtype in _FLOATS
+            and dst.dtype == src.dtype and n >= 1 and n & (n - 1) == 0):
+        return None
+    return types.void(dst, dr, dc, src, sr, sc, L), _block_codegen(n, False)
+
+
+@intrinsic
+def tr_rows(typingctx, dst, dr, dc, src, rows, r0, sc, L):
+    """``dst[dr + a, dc + b] = src[rows[r0 + b], sc + a]`` for ``a, b < L``: :func:`tr_block`
+    from the rows that an integer array names (the elements of a chunk that are not
+    consecutive). No bounds checks."""
+    if not isinstance(L, types.IntegerLiteral):
+        return None
+    n = L.literal_value
+    if not (_is_2d_c(dst) and _is_2d_c(src) and dst.dtype in _FLOATS
+            and dst.dtype == src.dtype and isinstance(rows, types.Array) and rows.ndim == 1
+            and isinstance(rows.dtype, types.Integer) and n >= 1 and n & (n - 1) == 0):
+        return None
+    return types.void(dst, dr, dc, src, rows, r0, sc, L), _block_codegen(n, True)
+
+
+@intrinsic
+def vector_width(typingctx, bits):
+    """Ask LLVM for ``bits``-wide vectors (a literal, e.g. 512) in the calling function.
+
+    Adds the function attributes ``prefer-vector-width`` and ``min-legal-vector-width``
+    (what clang's ``-mprefer-vector-width`` sets); ``bits`` 0 adds nothing. It changes
+    only the function whose body calls it (inlined bodies: their caller).
+    """
+    if not isinstance(bits, types.IntegerLiteral):
+        return None
+    n = bits.literal_value
+
+    def codegen(context, builder, signature, args):
+        if n:
+            attrs = builder.function.attributes
+            # string attributes: llvmlite's set validates names, so add them to the set
+            # itself; the IR printer writes them as they are ("key"="value")
+            set.add(attrs, f'"prefer-vector-width"="{n}"')
+            set.add(attrs, f'"min-legal-vector-width"="{n}"')
+        return context.get_dummy_value()
+
+    return types.void(bits), codegen
+

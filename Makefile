@@ -19,7 +19,7 @@ demo: $(VENV)/.installed-$(EXTRAS)
 	$(VENV)/bin/smalltc demo
 
 test: $(VENV)/.installed-$(EXTRAS)
-	$(PY) -m pytest -q --doctest-modules smalltc fem tuning tests
+	$(PY) -m pytest -q -n auto --doctest-modules smalltc fem tuning tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

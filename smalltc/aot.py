@@ -78,6 +78,20 @@ def _files(folder: Path) -> dict:
     return out
 
 
+def _numba_cache_of(folder: Path):
+    """Where Numba keeps the machine code of the modules in ``folder`` when
+    ``NUMBA_CACHE_DIR`` is set (its user-provided locator's folder), else None
+    (Numba writes beside the modules)."""
+    try:
+        from numba.core import caching, config
+    except ImportError:
+        return None
+    if not config.CACHE_DIR:
+        return None
+    sub = caching.UserProvidedCacheLocator.get_suitable_cache_subpath(str(folder / "m.py"))
+    return Path(config.CACHE_DIR) / sub
+
+
 def cache_report(kernels: bool = False) -> dict:
     """What the kernel caches hold.
 
@@ -93,6 +107,9 @@ def cache_report(kernels: bool = False) -> dict:
     dirs = cache_dirs()
     cpu = _files(dirs["cpu"])
     modules = sorted(Path(f).stem for f in cpu if "/" not in f and f.endswith(".py"))
+    numba_dir = _numba_cache_of(dirs["cpu"])
+    if numba_dir is not None:             # NUMBA_CACHE_DIR: the machine code is kept there
+        cpu.update({f"<numba>/{k}": v for k, v in _files(numba_dir).items()})
     indexed = {Path(f).name.split(".")[0] for f in cpu if f.endswith(".nbi")}
     compiled = [m for m in modules if m in indexed]
     rep = {"cpu": dict(dir=str(dirs["cpu"]), kernels=len(modules), compiled=len(compiled),

@@ -69,8 +69,9 @@ def test_second_process_after_precompile_compiles_nothing(tmp_path, device):
     (rec,) = json.loads(records.read_text())
     assert rec["compiled"] and rec["new_files"] > 0 and not rec["nothing_to_compile"]
     warm = _first_call(env, device)
-    assert warm["new_files"] == 0                       # nothing compiled
-    assert warm["seconds"] < rec["seconds"]             # loosely: faster than compiling
+    assert warm["new_files"] == 0                       # nothing compiled (no timing:
+    #                                                     a p=1 CUDA module compiles in
+    #                                                     about the time CuPy takes to start)
     cold = _first_call(_env(tmp_path, "cold"), device)  # the control: no precompile
     assert cold["new_files"] > 0
 

@@ -38,7 +38,10 @@ def _mpiexec():
         return None
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
     openmpi = "open mpi" in (version.stdout + version.stderr).lower()
-    return [exe] + (["--oversubscribe"] if openmpi else [])     # MPICH oversubscribes as is
+    if not openmpi:
+        return [exe]                                  # MPICH oversubscribes as is
+    root = hasattr(os, "geteuid") and os.geteuid() == 0   # containers, CI images
+    return [exe, "--oversubscribe"] + (["--allow-run-as-root"] if root else [])
 
 
 MPIEXEC = _mpiexec()

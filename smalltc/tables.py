@@ -8,12 +8,12 @@ per target and dtype, in the folders :func:`table_dirs` lists:
 - ``sm90-float64.json``: the architecture's table (tuned on one of its
   devices, named in the file), used by every device of that architecture.
 
-For one spec the device's own table answers first, then the architecture's,
-then the backend's measured heuristic (:func:`lookup` returns None). Within a
-table: the entry of the spec's exact size key (``spec.size_key``), else the
-nearest entry of the same variant (:func:`distance`, at most the family's
-``max_distance``), its parameters carried over to the new size by the family
-(``family.adapt``), which also rejects what no longer fits.
+For one spec: the entry of the spec's exact size key (``spec.size_key``) in the
+device's own table, else in the architecture's; else the nearest entry of the
+same variant (:func:`distance`, at most the family's ``max_distance``) in the
+device's table, else in the architecture's, its parameters carried over to the
+new size by the family (``family.adapt``), which also rejects what no longer
+fits; else the backend's measured heuristic (:func:`lookup` returns None).
 
 Schema 1::
 
@@ -208,17 +208,29 @@ class Table:
         self.device = dict(data.get("device") or {})
 
     def lookup(self, spec, family, max_distance=None):
-        """A :class:`Hit` for ``spec`` (tuned by ``family``), or None."""
+        """A :class:`Hit` for ``spec`` (tuned by ``family``): :meth:`exact`, else
+        :meth:`nearest`; None when neither answers."""
+        return self.exact(spec, family) or self.nearest(spec, family, max_distance)
+
+    def exact(self, spec, family):
+        """The :class:`Hit` of the spec's own size key, or None."""
         if family is None or spec.dtype != self.data["dtype"]:
             return None
-        if max_distance is None:
-            max_distance = family.max_distance
         key = spec.size_key
         e = self.entries.get(key)
         if e is not None:
             p = family.adapt(spec, spec_from_dict(e["spec"]), e["params"], self.device)
             if p is not None:
                 return Hit(p, "exact", key, self.name)
+        return None
+
+    def nearest(self, spec, family, max_distance=None):
+        """The :class:`Hit` of the nearest other entry that adapts to ``spec``, or None."""
+        if family is None or spec.dtype != self.data["dtype"]:
+            return None
+        if max_distance is None:
+            max_distance = family.max_distance
+        key = spec.size_key
         near = sorted((distance(key, k), k) for k in self.entries if k != key)
         for d, k in near:
             if d > max_distance:
@@ -261,9 +273,17 @@ def tables_for(arch: str, device_name: str | None, dtype: str) -> list:
 
 
 def lookup(spec, family, arch: str, device_name: str | None = None):
-    """The first :class:`Hit` for ``spec`` among :func:`tables_for`, or None."""
-    for t in tables_for(arch, device_name, spec.dtype):
-        hit = t.lookup(spec, family)
+    """The :class:`Hit` for ``spec`` among :func:`tables_for`, or None: an exact entry
+    of any table (the device's first) before a nearest one of any table. (On the H200,
+    the device table's 3D ncomp = 1 action entry carried to ncomp = 3 ran at 0.74x the
+    H100 table's own ncomp = 3 entry: the size is a stronger match than the device.)"""
+    tables = tables_for(arch, device_name, spec.dtype)
+    for t in tables:
+        hit = t.exact(spec, family)
+        if hit is not None:
+            return hit
+    for t in tables:
+        hit = t.nearest(spec, family)
         if hit is not None:
             return hit
     return None

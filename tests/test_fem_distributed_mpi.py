@@ -37,7 +37,8 @@ def _mpiexec():
     if exe is None:
         return None
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
-    openmpi = "open mpi" in (version.stdout + version.stderr).lower()
+    text = (version.stdout + version.stderr).lower()
+    openmpi = "open mpi" in text or "openrte" in text     # 5.x and 4.x say it so
     if not openmpi:
         return [exe]                                  # MPICH oversubscribes as is
     root = hasattr(os, "geteuid") and os.geteuid() == 0   # containers, CI images

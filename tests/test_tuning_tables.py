@@ -176,7 +176,8 @@ def _use_dir(monkeypatch, path):
 
 
 def test_runtime_lookup_order(tmp_path, monkeypatch, table):
-    """The device model's table answers first, the architecture's next, then the heuristic."""
+    """The device model's table answers first, the architecture's next, then the heuristic;
+    an exact entry of either before a nearest one of either."""
     _use_dir(monkeypatch, tmp_path)
     exact = GemmSpec(batch=3, m=8, n=8, k=8, dtype=F64)
     near = GemmSpec(batch=3, m=9, n=9, k=9, dtype=F64)
@@ -198,6 +199,11 @@ def test_runtime_lookup_order(tmp_path, monkeypatch, table):
     other = choose(exact, dict(H100, name="NVIDIA H200"))        # same arch, no own table
     assert other.table == "sm90-float64.json"
     assert choose(near, H100).table == "sm90-nvidia-h100-80gb-hbm3-float64.json"
+    # an exact entry of the architecture's table beats a nearest one of the device's
+    del own["entries"]["gemm/nn/m8n8k8"]
+    T.save(own, tmp_path / T.table_name(H100, F64))
+    c = choose(exact, H100)
+    assert (c.source, c.table) == ("table-exact", "sm90-float64.json")
     monkeypatch.setenv("SMALLTC_TUNING", "off")
     assert choose(exact, H100).source == "heuristic"
     assert core.lookup(exact, family_of(exact), "sm90", H100["name"]) is None

@@ -9,6 +9,7 @@ CUDA device answers.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -65,15 +66,24 @@ def mpirun(n, args, timeout):
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def lines(res):
+    """The ranks' output lines without terminal escapes (Open MPI's forwarding puts
+    a reset code, ESC [0m, before a line that follows another rank's)."""
+    return [_ANSI.sub("", ln) for ln in res.stdout.splitlines()]
+
+
 def cases(res):
-    return [json.loads(ln[5:]) for ln in res.stdout.splitlines() if ln.startswith("CASE ")]
+    return [json.loads(ln[5:]) for ln in lines(res) if ln.startswith("CASE ")]
 
 
 def check_against_serial(res, n, ncases):
     assert res.returncode == 0, res.stdout + res.stderr
     found = cases(res)
     assert len(found) == ncases, res.stdout + res.stderr
-    assert sorted(ln for ln in res.stdout.splitlines() if ln.startswith("DONE")) == \
+    assert sorted(ln for ln in lines(res) if ln.startswith("DONE")) == \
         [f"DONE rank {r}" for r in range(n)]
     for c in found:
         what = f"dim={c['dim']} p={c['p']} on {n} ranks (grid {c['grid']})"
@@ -117,11 +127,11 @@ def test_four_ranks_share_edges_and_corners():
 def test_a_bad_call_errors_on_every_rank(case, n, expect):
     res = mpirun(n, [sys.executable, CASES, case], timeout=120)
     assert res.returncode == 3, res.stdout + res.stderr
-    lines = {int(ln.split()[2].rstrip(":")): ln for ln in res.stdout.splitlines()
-             if ln.startswith("ERROR rank")}
-    assert sorted(lines) == list(range(n)), res.stdout + res.stderr
+    errs = {int(ln.split()[2].rstrip(":")): ln for ln in lines(res)
+            if ln.startswith("ERROR rank")}
+    assert sorted(errs) == list(range(n)), res.stdout + res.stderr
     for r, text in enumerate(expect):
-        assert text in lines[r], lines[r]
+        assert text in errs[r], errs[r]
 
 
 @needs_mpi
@@ -130,7 +140,7 @@ def test_demo_mpi(tmp_path):
     cmd = [smalltc_cli] if smalltc_cli.exists() else [sys.executable, "-m", "smalltc.cli"]
     res = mpirun(2, cmd + ["demo", "--mpi", "--quick", "--out", tmp_path], timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
-    out = res.stdout
+    out = "\n".join(lines(res))
     assert "over 2 ranks (grid 1 x 1 x 2)" in out and "MDoF/s per CG iteration" in out
     rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["0", "1"], out

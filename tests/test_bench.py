@@ -278,3 +278,26 @@ def test_bp1_suite_end_to_end(tmp_path, capsys):
         assert c["cg_bound"]["bytes"] - c["bound"]["bytes"] == passes * 8 * ndofs
     assert "== bp1" in capsys.readouterr().out
     assert (tmp_path / "bp1-p1-bp1-float64.png").exists()
+
+
+def test_footprint_sizes_the_cpu_cases():
+    """--footprint: the CPU cases move about that many bytes (GEMM at most that), so a large
+    last-level cache cannot hold them; the LLC size is parsed as sysfs writes it."""
+    from smalltc.bench.cases import footprint
+    from smalltc.bench.cli import _llc_bytes
+    from smalltc.bench.suites import cases
+    target = 96 * 2 ** 20
+    for suite in ("action", "assembly", "gemm"):
+        got = cases(suite, "float64", "cpu", ps=[2, 5], dims=[3], sizes=[4, 32],
+                    footprint=target)
+        assert got
+        for c in got:
+            f = footprint(c)
+            assert 0.5 * target <= f <= (target if suite == "gemm" else 2 * target), (c.id, f)
+            assert "--footprint" in c.note
+    default = cases("action", "float64", "cpu", ps=[2], dims=[3])
+    assert max(footprint(c) for c in default) < target
+    assert cases("action", "float64", "gpu", ps=[2], dims=[3], footprint=target)[0].batch == \
+        cases("action", "float64", "gpu", ps=[2], dims=[3])[0].batch     # GPU sizes as is
+    assert _llc_bytes("480M") == 480 << 20 and _llc_bytes("32768K") == 32 << 20
+    assert _llc_bytes("") is None and _llc_bytes("big") is None

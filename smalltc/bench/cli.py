@@ -44,6 +44,11 @@ def add_arguments(parser):
                         help="timed calls per implementation (median reported; default 20, "
                              "5 with --quick)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
+    parser.add_argument("--footprint", type=float, default=None, metavar="MIB",
+                        help="CPU: bytes each case moves, in MiB, instead of the default "
+                             "sizes (which a large last-level cache can hold: then the "
+                             "bandwidth bound does not apply and the bench says so), "
+                             "e.g. --footprint 1024")
     parser.add_argument("--quick", action="store_true",
                         help="few sizes, small batches, 5 repeats: a smoke test")
     parser.add_argument("--threads", type=int, default=None,
@@ -183,8 +188,10 @@ def main_run(args) -> dict:
             raise SystemExit(f"smalltc bench: unknown suite {s!r}; known: {', '.join(SUITES)}")
     ps = _ints(args.p) if args.p else None
     dims = _ints(args.dim) if args.dim else None
+    footprint = None if args.footprint is None else int(args.footprint * 2 ** 20)
     todo = [c for s in suites for c in cases(s, args.dtype, kind, sizes=_sizes(args.sizes),
-                                             ps=ps, dims=dims, quick=quick)]
+                                             ps=ps, dims=dims, quick=quick,
+                                             footprint=footprint)]
     print(f"smalltc bench: {len(todo)} cases on {roofline.device_name(kind)} ({args.dtype}, "
           f"backend {args.backend}, {repeats} repeats); measuring bandwidth and peak ...",
           file=sys.stderr, flush=True)
@@ -201,7 +208,8 @@ def main_run(args) -> dict:
     doc["options"] = dict(backend=args.backend, method=args.method, dtype=args.dtype,
                           suites=suites, sizes=args.sizes, p=args.p, dim=args.dim,
                           repeats=repeats, warmup=args.warmup, quick=quick, threads=threads,
-                          baselines=not args.no_baselines)
+                          baselines=not args.no_baselines, footprint_mib=args.footprint)
+    _warn_in_cache(kind, todo, doc)
     doc["equivalent_command"] = _equivalent_command(args)
     doc["cases"] = []
     bar = _progress(todo, not args.no_progress)
@@ -274,6 +282,35 @@ def merge(paths, out_dir=None, plot=True) -> dict:
                           suites=list(dict.fromkeys(s for d in docs for s in d["options"]["suites"])))
     _finish(doc, out_dir or os.path.dirname(os.path.abspath(paths[0])), "", plot=plot)
     return doc
+
+
+def _warn_in_cache(kind, todo, doc):
+    """On a CPU: say when cases fit in the last-level cache (their fraction of the DRAM
+    copy bound can then exceed 1) and record it in the JSON (``in_cache_cases``)."""
+    from .cases import footprint
+    if kind != "cpu":
+        return
+    llc = _llc_bytes(doc["device"].get("properties", {}).get("l3"))
+    if not llc:
+        return
+    small = [c.id for c in todo if c.op != "bp1" and footprint(c) < llc]
+    doc["in_cache_cases"] = dict(llc_bytes=llc, cases=len(small))
+    if small:
+        print(f"  note: {len(small)} of {len(todo)} cases fit in the {llc >> 20} MiB last-level "
+              "cache: their fraction of the bandwidth bound (a DRAM copy) can exceed 100%; "
+              f"--footprint {2 * (llc >> 20)} sizes them beyond it", file=sys.stderr, flush=True)
+
+
+def _llc_bytes(text):
+    """'480M' / '32768K' / '1048576' (sysfs cache size) -> bytes, None if unreadable."""
+    if not text:
+        return None
+    text = str(text).strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    try:
+        return int(float(text.rstrip("KMG")) * mult)
+    except ValueError:
+        return None
 
 
 def _equivalent_command(args) -> str:

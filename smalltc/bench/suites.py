@@ -57,8 +57,11 @@ RECT = (
 class Sizing:
     """Batch-size rules for one device kind (``"gpu"`` or ``"cpu"``)."""
 
-    def __init__(self, kind, quick=False):
-        self.kind, self.quick = kind, quick
+    def __init__(self, kind, quick=False, footprint=None):
+        """``footprint`` (bytes): the CPU cases' target footprint instead of the defaults
+        (GEMM at most, the action and assembly about that much); e.g. twice the last-level
+        cache, so that the bandwidth bound (a DRAM copy) applies."""
+        self.kind, self.quick, self.footprint = kind, quick, footprint
         gpu = kind == "gpu"
         shrink = 16 if quick else 1
         self.gemm_paper = 100_000 // (1 if not quick else (10 if gpu else 50))
@@ -66,10 +69,16 @@ class Sizing:
         self.gemm_large = (512 * MiB // shrink) if gpu else None    # GPU: beyond the L2
         self.action_dofs = (2 ** 25 if gpu else 2 ** 20) // shrink
         self.fem_bytes = (512 * MiB if gpu else 32 * MiB) // shrink
+        if footprint is not None and not gpu:
+            self.gemm_cap = self.fem_bytes = int(footprint)
+            self.gemm_paper = max(self.gemm_paper, 1 << 30)          # the cap decides
+            self.action_dofs = max(1, int(footprint) // 24)          # ~3 float64 per DoF
 
     def note(self):
         if self.kind == "gpu":
             return ""
+        if self.footprint is not None:
+            return f"CPU sizes: footprint ~{self.footprint // MiB} MiB (--footprint)"
         return ("CPU sizes: smaller batches than on a GPU (GEMM footprint <= "
                 f"{self.gemm_cap // MiB} MiB, action {self.action_dofs} DoFs, "
                 f"assembly/pairwise ~{self.fem_bytes // MiB} MiB)")
@@ -161,13 +170,15 @@ def _pairwise_cases(dtype, sz, ps):
     return out
 
 
-def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False) -> list:
+def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
+          footprint=None) -> list:
     """The cases of ``suite`` for ``dtype`` on a device of ``kind`` ("cpu"/"gpu").
 
     ``sizes`` filters the square GEMM sizes (add ``"rect"`` to keep the
-    rectangular ones); ``ps`` the polynomial orders; ``dims`` the dimensions.
+    rectangular ones); ``ps`` the polynomial orders; ``dims`` the dimensions;
+    ``footprint`` (bytes) sets the CPU cases' size (:class:`Sizing`).
     """
-    sz = Sizing(kind, quick)
+    sz = Sizing(kind, quick, footprint)
     dims = list(dims) if dims else [2, 3]
     if suite == "gemm":
         return _gemm_cases(dtype, sz, sizes, quick)

@@ -77,14 +77,15 @@ def test_empty_mesh_gives_zeros():
 @pytest.mark.parametrize("op", ["action", "mass_apply", "mass_diagonal", "assembly"])
 def test_no_allocation_of_the_result_when_out_is_given(op):
     """A call with ``out`` allocates no NumPy memory of the result's size (the kernels'
-    own per-thread buffers are a few KB, outside NumPy)."""
+    own per-thread buffers are a few KB, outside NumPy; on the 16-core device machine a
+    call's transient Python allocations peaked at 55 KB, so results are >= 280 KB)."""
     B1d, D, x, m = _problem(3, 2, 4, n=16)          # x: 35,937 entries
     if op == "action":
         ops = (B1d, D, x[m])
     elif op == "mass_apply":
         ops = (B1d, D, x, m)
     elif op == "assembly":
-        ops = (B1d, D[:37])                         # a padded last chunk (37 = 4 * 8 + 5)
+        ops = (B1d, D[:293])                        # a padded last chunk (293 = 36 * 8 + 5)
     else:
         ops = (B1d, D, m)
     kw = dict(ndofs=x.size) if op == "mass_diagonal" else {}
@@ -97,4 +98,4 @@ def test_no_allocation_of_the_result_when_out_is_given(op):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < min(out.nbytes // 4, 64 * 1024), (peak, out.nbytes)
+    assert peak < out.nbytes // 4, (peak, out.nbytes)

@@ -140,15 +140,19 @@ def lanes_ctx(spec, params, target, heuristic):
     return dict(lanes=W, rb=rb, tr=tr, vbits=vbits)
 
 
-class ActionFamily(Family):
-    """The fused action (``action.py.j2``); see the module docstring."""
+class LanesFamily(Family):
+    """The lane-vectorised families (the action, the FEM operator and its diagonal): one
+    claim rule, parameters, context and search space; a subclass names its template and
+    gives :meth:`signature` (and :attr:`back_only` for the diagonal's half action)."""
 
-    name = "action"
-    templates = ("action.py.j2",)
     params = ("lanes", "rb", "tr", "vbits")
+    back_only = False
 
     def claims(self, spec):
-        return spec.op == "action" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
+        return spec.op == self.name and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
+
+    def signature(self, spec):
+        raise NotImplementedError
 
     def context(self, spec, params=None, target=None):
         target = resolve(target)
@@ -156,25 +160,34 @@ class ActionFamily(Family):
         if p is None:
             return None
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
-        steps, buffers = action_steps(dim, nd, nq)
+        steps, buffers = action_steps(dim, nd, nq, back_only=self.back_only)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
-                      nqd=nq ** dim, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
-                      signature=signature(dt, 4, ["int64"] * 4))
+                      nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
+                      signature=self.signature(spec))
         return dict(p, dtype=dt, render=render)
-
-    def entry(self, spec, ctx):
-        return f"stc_mass_apply_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
-
-    def executor(self, choice):
-        return ActionExecutor(choice)
 
     def space(self, spec, target=None):
         """lanes: one or two vectors; rb 1-3 (pruned ``registers`` where the rb x nin
         coefficients and rb accumulators per vector exceed the register file); tr 0, 1
         (pruned ``small`` below one lanes x lanes block per element); vbits 512 and 256
         on AVX-512."""
-        target = resolve(target)
-        yield from lanes_space(spec, target)
+        yield from lanes_space(spec, resolve(target))
+
+
+class ActionFamily(LanesFamily):
+    """The fused action (``action.py.j2``); see the module docstring."""
+
+    name = "action"
+    templates = ("action.py.j2",)
+
+    def signature(self, spec):
+        return signature(spec.dtype, 4, ["int64"] * 4)
+
+    def entry(self, spec, ctx):
+        return f"stc_mass_apply_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+
+    def executor(self, choice):
+        return ActionExecutor(choice)
 
 
 ACTION = ActionFamily()

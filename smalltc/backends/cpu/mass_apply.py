@@ -31,10 +31,9 @@ reference path runs them).
 from __future__ import annotations
 
 from ...maps import map_info
-from .action import HEURISTIC, MAX_ND, MAX_NQ, action_steps, lanes_ctx, lanes_space
-from .family import CpuExecutor, Family
+from .action import LanesFamily
+from .family import CpuExecutor
 from .runtime import NB_TYPES, SHORT
-from .target import resolve
 
 __all__ = ["MASS_APPLY", "MASS_DIAGONAL", "MassApplyFamily", "MassDiagonalFamily"]
 
@@ -45,27 +44,14 @@ def _sig(dtype, index_dtype, n_float_before, n_float_after, tail):
     return f"void({', '.join(args + ['int32[::1]', 'int64[::1]'] + list(tail))})"
 
 
-class MassApplyFamily(Family):
+class MassApplyFamily(LanesFamily):
     """The fused operator (``mass_apply.py.j2``); see the module docstring."""
 
     name = "mass_apply"
     templates = ("mass_apply.py.j2",)
-    params = ("lanes", "rb", "tr", "vbits")
 
-    def claims(self, spec):
-        return spec.op == "mass_apply" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
-
-    def context(self, spec, params=None, target=None):
-        target = resolve(target)
-        p = lanes_ctx(spec, params, target, HEURISTIC)
-        if p is None:
-            return None
-        dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
-        steps, buffers = action_steps(dim, nd, nq)
-        render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
-                      nqd=nq ** dim, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
-                      signature=_sig(dt, spec.index_dtype, 3, 1, ["int64"] * 2))
-        return dict(p, dtype=dt, render=render)
+    def signature(self, spec):
+        return _sig(spec.dtype, spec.index_dtype, 3, 1, ["int64"] * 2)
 
     def entry(self, spec, ctx):
         return (f"stc_mass_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
@@ -74,32 +60,16 @@ class MassApplyFamily(Family):
     def executor(self, choice):
         return MassApplyExecutor(choice)
 
-    def space(self, spec, target=None):
-        yield from lanes_space(spec, resolve(target))
 
-
-class MassDiagonalFamily(Family):
+class MassDiagonalFamily(LanesFamily):
     """The operator's diagonal (``mass_diagonal.py.j2``); see the module docstring."""
 
     name = "mass_diagonal"
     templates = ("mass_diagonal.py.j2",)
-    params = ("lanes", "rb", "tr", "vbits")
+    back_only = True
 
-    def claims(self, spec):
-        return spec.op == "mass_diagonal" and spec.nd <= MAX_ND and spec.nq <= MAX_NQ
-
-    def context(self, spec, params=None, target=None):
-        target = resolve(target)
-        p = lanes_ctx(spec, params, target, HEURISTIC)
-        if p is None:
-            return None
-        dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
-        steps, buffers = action_steps(dim, nd, nq, back_only=True)
-        render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
-                      nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"],
-                      vbits=p["vbits"],
-                      signature=_sig(dt, spec.index_dtype, 2, 1, ["int64"]))
-        return dict(p, dtype=dt, render=render)
+    def signature(self, spec):
+        return _sig(spec.dtype, spec.index_dtype, 2, 1, ["int64"])
 
     def entry(self, spec, ctx):
         return (f"stc_mass_diag_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
@@ -107,9 +77,6 @@ class MassDiagonalFamily(Family):
 
     def executor(self, choice):
         return MassDiagonalExecutor(choice)
-
-    def space(self, spec, target=None):
-        yield from lanes_space(spec, resolve(target))
 
 
 MASS_APPLY = MassApplyFamily()

@@ -28,6 +28,21 @@ def array_modules():
     return mods
 
 
+def backend_params():
+    """``(xp, backend)`` pytest params: every backend for NumPy arrays and, where a GPU
+    answers, for CuPy arrays (marked ``gpu``); one skipped ``cupy-nogpu`` param without."""
+    out = []
+    for xp in ("numpy", "cupy"):
+        if xp == "cupy" and not gpu_available():
+            out.append(pytest.param("cupy", "-", id="cupy-nogpu", marks=[
+                pytest.mark.gpu, pytest.mark.skip(reason="no CUDA device")]))
+            continue
+        for be in backends.candidates(xp):
+            out.append(pytest.param(xp, be.name, id=f"{xp}-{be.name}",
+                                    marks=[pytest.mark.gpu] if xp == "cupy" else []))
+    return out
+
+
 def xp_of(name):
     return np if name == "numpy" else cupy_or_none()
 

@@ -11,28 +11,15 @@ import numpy as np
 import pytest
 
 import smalltc
-from smalltc import backends, maps
+from smalltc import maps
 from smalltc._arrays import gpu_available
 from smalltc.backends.reference import mass_apply_unfused, mass_diagonal_unfused
 from smalltc.fem import H1Space, box_mesh
 
-from conftest import TOL, rel_err, to_numpy, xp_of
+from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
 
 
-def _backend_params():
-    out = []
-    for xp in ("numpy", "cupy"):
-        if xp == "cupy" and not gpu_available():
-            out.append(pytest.param("cupy", "-", id="cupy-nogpu", marks=[
-                pytest.mark.gpu, pytest.mark.skip(reason="no CUDA device")]))
-            continue
-        for be in backends.candidates(xp):
-            out.append(pytest.param(xp, be.name, id=f"{xp}-{be.name}",
-                                    marks=[pytest.mark.gpu] if xp == "cupy" else []))
-    return out
-
-
-BACKENDS = _backend_params()
+BACKENDS = backend_params()
 
 
 # (dim, p, nq, ncomp, dtype, index dtype, deterministic, shuffled map)

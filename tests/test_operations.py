@@ -12,29 +12,14 @@ import numpy as np
 import pytest
 
 import smalltc
-from smalltc import backends
-from smalltc._arrays import gpu_available
 
 import oracle
-from conftest import TOL, rel_err, to_numpy, xp_of
+from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
 
 FULL = os.environ.get("SMALLTC_TEST_FULL", "") not in ("", "0")
 
 
-def _backend_params():
-    out = []
-    for xp in ("numpy", "cupy"):
-        if xp == "cupy" and not gpu_available():
-            out.append(pytest.param("cupy", "-", id="cupy-nogpu", marks=[
-                pytest.mark.gpu, pytest.mark.skip(reason="no CUDA device")]))
-            continue
-        for be in backends.candidates(xp):
-            out.append(pytest.param(xp, be.name, id=f"{xp}-{be.name}",
-                                    marks=[pytest.mark.gpu] if xp == "cupy" else []))
-    return out
-
-
-BACKENDS = _backend_params()
+BACKENDS = backend_params()
 METHODS = ["fused", "pairwise"]
 
 # (dim, p, nq, dtype, ncomp, core): core cases also run on compiled backends

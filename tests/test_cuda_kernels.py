@@ -242,6 +242,80 @@ def test_action_line_streams_with_different_b1d():
     assert rel(o_full, refs[0]) < 1e-12 and rel(o_half, refs[1][:E // 2]) < 1e-12
 
 
+def _bulk_per_block(spec, per_block, stages=2):
+    """The line form's bulk parameters (prefetch 3) at the first item count from
+    ``per_block`` on whose slabs are whole 16-byte multiples, or None."""
+    from smalltc.backends.cuda.action import ACTION
+    from smalltc.backends.cuda.runtime import current_device
+    for n in range(per_block, 1025):
+        params = dict(per_block=n, min_blocks=0, line=1, prefetch=3, stages=stages)
+        if ACTION.context(spec, params, current_device()[1]) is not None:
+            return params
+    return None
+
+
+def _bulk_or_why(spec, per_block, stages=2):
+    """The bulk parameters, or the test's assertion that none fit: building them fails."""
+    if current_cc() < 90:
+        pytest.skip("the bulk form (cp.async.bulk) needs compute capability 9.0")
+    params = _bulk_per_block(spec, per_block, stages)
+    if params is None:
+        with pytest.raises(ValueError, match="do not fit"):
+            _build_forced(spec, dict(per_block=per_block, min_blocks=0, line=1, prefetch=3))
+    return params
+
+
+def current_cc():
+    from smalltc.backends.cuda.runtime import current_device
+    return int(current_device()[1]["cc"])
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("p,nq,nc,per_block,min_blocks,dt", ACTION_LINE_CASES)
+def test_action_line_bulk(p, nq, nc, per_block, min_blocks, dt, stages):
+    """The bulk form (prefetch 3: V and D slabs by cp.async.bulk into STAGES slots), blocks
+    looping over many groups, a partial last group whose slabs end off 16 bytes (its tail
+    loaded by the threads), odd and even ND (V read in its slot, or copied to the padded
+    layout first)."""
+    from smalltc.spec import ActionSpec
+    E = 1003
+    spec = ActionSpec(dim=3, nq=nq, nd=p + 1, batch=E, dtype=dt, ncomp=nc, comp_axis=nc > 1)
+    params = _bulk_or_why(spec, per_block, stages)
+    if params is None:
+        return
+    B1d, D, V = _action_inputs(3, p, nq, nc, E)
+    ref = R.action_einsum(B1d, D, V, 3)
+    ex = _build_forced(spec, params)
+    assert ex.params["prefetch"] == 3 and ex.params["stages"] == stages
+    assert ex.ctx["direct"] == (p + 1) % 2 and ex.max_blocks is not None
+    ex.max_blocks = 5                        # every block loops over many groups and slots
+    out = poisoned(V.shape, dt)
+    ex.run(tuple(dev(a, dt) for a in (B1d, D, V)), out)
+    assert rel(out, ref) < TOL[dt] * (10 if p >= 8 else 1)
+    assert ex.unaligned is None
+
+
+def test_action_line_bulk_unaligned_operands():
+    """V or D starting off 16 bytes (a view one element in) cannot be copied by slabs: the
+    bulk executor runs the register-prefetch kernel for that call, with the right result."""
+    from smalltc.spec import ActionSpec
+    p, nq, E, dt = 4, 5, 501, "float64"        # an element: 125 doubles, 1000 bytes
+    spec = ActionSpec(dim=3, nq=nq, nd=p + 1, batch=E, dtype=dt)
+    params = _bulk_or_why(spec, 2)
+    B1d, D, V = _action_inputs(3, p, nq, 1, E + 1)
+    ex = _build_forced(spec, params)
+    Dd, Vd = dev(D, dt), dev(V, dt)
+    for d_off, v_off in ((1, 0), (0, 1)):
+        out = poisoned(V[1:].shape, dt)
+        ex.run((dev(B1d, dt), Dd[d_off:d_off + E], Vd[v_off:v_off + E]), out)
+        assert rel(out, R.action_einsum(B1d, D[d_off:d_off + E], V[v_off:v_off + E], 3)) < 1e-12
+    assert ex.unaligned is not None and ex.unaligned.params["prefetch"] == 1
+    assert ex.unaligned.kernel == ex.kernel            # the same entry name, other module
+    out = poisoned(V[1:].shape, dt)                    # aligned again: the bulk kernel
+    ex.run((dev(B1d, dt), Dd[:E], Vd[:E]), out)
+    assert rel(out, R.action_einsum(B1d, D[:E], V[:E], 3)) < 1e-12
+
+
 @pytest.mark.parametrize("method", ["fused", "pairwise"])
 @pytest.mark.parametrize("dim,p,nq,dt", [(d, p, nq, dt) for d in (1, 2, 3)
                                         for (p, nq) in ((1, 2), (2, 4), (3, 5), (6, 8))

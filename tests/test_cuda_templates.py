@@ -66,6 +66,14 @@ def _configs():
                 ctx = action_ctx(dim, p + 1, p + 2, nc, dt, params=dict(
                     per_block=2, min_blocks=0, line=1, prefetch=pf))
                 out.append((ACTION.template(ctx), ctx))
+            # the bulk form (prefetch 3, sm_90 only): odd and even ND, 2 and 3 stages, ncomp
+            for p, nc, pb, st in ((8, 1, 2, 2), (7, 1, 2, 3), (5, 3, 6, 2), (2, 1, 4, 3)) \
+                    if dim == 3 else ():
+                pb *= 2 if dt == "float32" else 1        # slabs of 16-byte multiples
+                ctx = action_ctx(dim, p + 1, p + 2, nc, dt, params=dict(
+                    per_block=pb, min_blocks=0, line=1, prefetch=3, stages=st))
+                assert ctx is not None, (p, nc, pb, dt)
+                out.append((ACTION.template(ctx), ctx))
             for p in (4, 8) if dim == 3 else ():
                 ctx = action_ctx(dim, p + 1, p + 2, 1, dt,
                                    params=dict(per_block=2, min_blocks=0, rb=1, line=0))
@@ -135,10 +143,10 @@ def test_compile_error_carries_source_options_log():
     assert "oops is undefined" in str(err) and "   2   oops" in str(err)
 
 
-def _translation_unit(template):
+def _translation_unit(template, arch):
     parts = []
     for t, entry, ctx in CONFIGS:
-        if t == template:
+        if t == template and (arch >= "sm_90" or ctx.get("prefetch") != 3 or "stages" not in ctx):
             parts.append(f"namespace {entry}_ns {{\n{render(t, dict(ctx, entry=entry))}\n}}\n")
     return "".join(parts)
 
@@ -155,9 +163,9 @@ def _nvcc(args):
 def test_every_template_compiles_with_nvcc(tmp_path):
     jobs = []
     for template in template_names():
-        src = _translation_unit(template)
-        for arch in ARCHS:
-            jobs.append((src, arch, tmp_path / f"{template.split('.')[0]}_{arch}.cu"))
+        for arch in ARCHS:          # the bulk form (cp.async.bulk) only for sm_90
+            jobs.append((_translation_unit(template, arch), arch,
+                         tmp_path / f"{template.split('.')[0]}_{arch}.cu"))
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(_nvcc, jobs))
     failed = [f"{name} ({arch}):\n{log}" for arch, name, rc, log in results if rc != 0]

@@ -114,16 +114,18 @@ def test_pruning_counts_by_hand():
     heur = sp.heuristic
     assert heur["rb"] == 1 and len(combos) == 8 * (12 + 14 + 14 + 16) == 448
     # and the line form (3D): TT*T = 5*4 = 20 threads per element, nice counts up to
-    # 1024/20 = 51 (11 of them), x min_blocks 0, 2, 4, x prefetch 0, 1, 2
+    # 1024/20 = 51 (11 of them), x min_blocks 0, 2, 4, x prefetch 0, 1, 2 and the bulk
+    # form (prefetch 3) with 2 and 3 stages
+    forms = ((0, 0), (1, 0), (2, 0), (3, 2), (3, 3))
     line = [(ne, mb, pf) for ne in nice if ne * 20 <= 1024 for mb in (0, 2, 4)
-            for pf in (0, 1, 2)]
-    assert len(line) == 99
-    assert sp.generated == 448 + 99 + (heur["per_block"] not in nice)
+            for pf in forms]
+    assert len(line) == 165
+    assert sp.generated == 448 + 165 + (heur["per_block"] not in nice)
     threads = [c for c in combos if c[1] * c[3] < 64]         # < 64 threads per block
-    assert sp.pruned["threads"] == len(threads) + 3 * 3 * 3 == 8 * (3 + 5 + 5 + 7) + 27
+    assert sp.pruned["threads"] == len(threads) + 3 * 3 * 5 == 8 * (3 + 5 + 5 + 7) + 45
     over = [c for c in combos if c[1] * c[3] >= 64 and c[2] * c[1] * c[3] > 2048]
     over_line = [ne for ne, mb, _ in line if ne * 20 >= 64 and mb * ne * 20 > 2048]  # 32, 48
-    assert sp.pruned["resident"] == len(over) + len(over_line) == 60 + 6
+    assert sp.pruned["resident"] == len(over) + len(over_line) == 60 + 10
     # rb 4 at 256 elements: 256 * (2 * 64 + 1) doubles > 227 KiB (min_blocks 0, 1, 2)
     assert sp.pruned["invalid"] == 3
     kept = {c.params["rb"] for c in sp.candidates}
@@ -132,6 +134,9 @@ def test_pruning_counts_by_hand():
                for c in sp.candidates if not c.params["line"])
     assert all(c.ctx["tpi"] == 20 and c.ctx["line"] == 1
                for c in sp.candidates if c.params["line"])
+    # the bulk form: whole 16-byte slabs, so an even element count at nd = 3 (27 doubles)
+    bulk = [c.params for c in sp.candidates if c.params["prefetch"] == 3]
+    assert bulk and all(b["per_block"] % 2 == 0 and b["stages"] in (2, 3) for b in bulk)
     # 1D: no register blocking; 2D: T threads per element over rb (T = 6: 6, 3, 2, 2)
     assert {c.params["rb"] for c in S.generate(ActionSpec(dim=1, nq=6, nd=5, batch=1,
                                                           dtype=F64)).candidates} == {1}

@@ -272,7 +272,7 @@ def test_action_rb_is_optional_and_carried(table):
     params, how, _ = lookup(old, spec.with_batch(9))
     assert how == "exact" and params["rb"] == 1
     assert adapt(spec, spec, {"per_block": 4, "min_blocks": 2}) == \
-        {"per_block": 4, "min_blocks": 2, "rb": 1, "line": 0, "prefetch": 0}
+        {"per_block": 4, "min_blocks": 2, "rb": 1, "line": 0, "prefetch": 0, "stages": 0}
     # an entry with rb: valid; a neighbour gets the same rb and threads per block
     new = copy.deepcopy(table)
     new["entries"][key]["params"] = {"per_block": 4, "min_blocks": 0, "rb": 2}
@@ -315,10 +315,18 @@ def test_nearest_carries_the_action_line_form():
     params = {"per_block": 3, "min_blocks": 4, "rb": 1, "line": 1, "prefetch": 1}
     three = adapt(ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64, ncomp=3, comp_axis=True),
                     e, params)
-    assert three == params
+    assert three == dict(params, stages=0)
     wider = adapt(ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype=F64), e, params)
     assert wider["line"] == 1 and wider["per_block"] == 2          # 243 threads / 110 per item
     assert wider["prefetch"] == 1
+    # the bulk form (prefetch 3) is carried where its slabs are 16-byte multiples (two
+    # elements of 729 doubles), else the register prefetch (prefetch 1) takes its place
+    bulk = dict(params, per_block=2, prefetch=3, stages=3)
+    wide = adapt(ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype=F64), e, bulk)
+    assert (wide["prefetch"], wide["stages"], wide["per_block"]) == (3, 3, 2)
+    odd = adapt(ActionSpec(dim=3, nq=9, nd=9, batch=1, dtype=F64, ncomp=3, comp_axis=True),
+                e, bulk)              # 1..3 items: no whole elements of 16-byte multiples
+    assert (odd["prefetch"], odd["stages"]) == (1, 0)
     flat = adapt(ActionSpec(dim=2, nq=9, nd=9, batch=1, dtype=F64), e, params)
     assert flat["line"] == 0 and flat["rb"] == 1 and flat["prefetch"] == 0
 

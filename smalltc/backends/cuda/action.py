@@ -54,7 +54,7 @@ _MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)
 _RB = (1, 2, 3, 4)
 
 
-def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
+def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None, cc="90"):
     """Context of ``action.cu.j2`` (``action_rb.cu.j2`` when ``rb > 1``), or None when
     one item does not fit in shared memory.
 
@@ -79,7 +79,7 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
     T = max(nd, nq)
     line = (params.get("line", 0) if params else int(dim == 3 and T >= LINE_FROM_T))
     if line:
-        return action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin, params)
+        return action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin, params, cc)
     rb = params.get("rb", 1) if params else 1
     if rb < 1 or (dim == 1 and rb > 1):
         return None
@@ -103,10 +103,10 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
         return None
     return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, tpi=tpi, per_block=ne,
                 threads=tpi * ne, smem_bytes=smem(ne), min_blocks=min_blocks, rb=rb, tb=tb,
-                line=0, prefetch=0)
+                line=0, prefetch=0, stages=0)
 
 
-def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None):
+def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None, cc="90"):
     """Context of ``action_line.cu.j2``, the 3D action's *line* form, or None.
 
     Every step is done by whole 1D lines (a thread loads a line into registers and
@@ -117,7 +117,13 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     ``min_blocks`` and ``prefetch``: 1, the next group's V and D are loaded into
     registers during the current group's steps (blocks loop over groups); 2, the
     same with V copied straight into a third shared buffer by ``cp.async``; 0, no
-    overlap. The heuristic fills ~160 threads, prefetch :data:`LINE_PREFETCH`.
+    overlap; 3, the *bulk* form (compute capability 9.0 on: ``cc``): thread 0 copies
+    each group's V and D slabs into one of ``stages`` (2 or 3) slots of shared memory
+    by ``cp.async.bulk`` (no registers held, one instruction a slab), ``stages - 1``
+    groups in flight while one computes. The bulk form needs whole elements in a group
+    (``per_block`` a multiple of ``ncomp``) and slabs that are 16-byte multiples; the
+    executor checks that V and D start 16-byte aligned. The heuristic fills ~160
+    threads, prefetch :data:`LINE_PREFETCH`.
 
     >>> c = action_line_ctx(3, 8, 9, 1, "float64")
     >>> c["T"], c["TT"], c["tpi"], c["per_block"], c["line"], c["prefetch"]
@@ -125,6 +131,11 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     >>> c["istr"], action_line_ctx(3, 8, 9, 1, "float64", params=dict(per_block=2, prefetch=2))["istr"]
     (1459, 2187)
     >>> action_line_ctx(2, 8, 9, 1, "float64") is None        # 3D only
+    True
+    >>> c = action_line_ctx(3, 9, 10, 1, "float64", params=dict(per_block=2, prefetch=3))
+    >>> c["stages"], c["direct"], c["vst"], c["slot"], c["smem_bytes"]
+    (2, 1, 1458, 3458, 90568)
+    >>> action_line_ctx(3, 9, 10, 1, "float64", params=dict(per_block=1, prefetch=3)) is None
     True
     """
     if dim != 3:
@@ -139,16 +150,29 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     if params:
         ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
         prefetch = params.get("prefetch", 0)
-    if prefetch not in (0, 1, 2):
+    if prefetch not in (0, 1, 2, 3) or ne < 1:
         return None
     nbuf = 3 if prefetch == 2 else 2         # the cp.async form stages V in a third buffer
     istr = nbuf * buf + 1 - (nbuf * buf) % 2     # odd: items start on different banks
-    smem = s * (ne * istr + 1)
-    if ne < 1 or smem > smem_optin or tpi * ne > 1024:
+    bulk = {}
+    head = 0                                 # reals before the items' buffers
+    if prefetch == 3:
+        stages = (params.get("stages") or 2) if params else 2
+        per16 = 16 // s                      # reals in 16 bytes
+        vst, dst = ne * nd ** 3, ne // ncomp * nq ** 3
+        if (int(cc) < 90 or stages not in (2, 3) or ne % ncomp
+                or vst % per16 or dst % per16):
+            return None
+        bar = -(-8 * stages // 16) * per16   # the mbarriers, 8 bytes each, 16-byte multiple
+        head = bar + stages * (vst + dst)
+        bulk = dict(stages=stages, bar_reals=bar, vst=vst, slot=vst + dst, direct=nd % 2)
+    smem = s * (head + ne * istr + 1)
+    if smem > smem_optin or tpi * ne > 1024:
         return None
     return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, TT=TT, istr=istr,
                 tpi=tpi, per_block=ne, threads=tpi * ne, smem_bytes=smem,
-                min_blocks=min_blocks, rb=1, tb=T, line=1, prefetch=prefetch)
+                min_blocks=min_blocks, rb=1, tb=T, line=1, prefetch=prefetch,
+                **(bulk or dict(stages=0)))
 
 
 def _threads_per_item(spec, rb, line):
@@ -174,8 +198,8 @@ class ActionFamily(Family):
 
     name = "action"
     templates = ("action.cu.j2", "action_rb.cu.j2", "action_line.cu.j2")
-    params = ("per_block", "min_blocks", "rb", "line", "prefetch")
-    optional = {"rb": 1, "line": 0, "prefetch": 0}
+    params = ("per_block", "min_blocks", "rb", "line", "prefetch", "stages")
+    optional = {"rb": 1, "line": 0, "prefetch": 0, "stages": 0}
     #: the ncomp=3 entries carried from the ncomp=1 ones (distance 1.58) won on the H100
     max_distance = 2.0
 
@@ -184,7 +208,7 @@ class ActionFamily(Family):
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
         return action_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype,
-                          device["smem_optin"], params)
+                          device["smem_optin"], params, device.get("cc", "90"))
 
     def template(self, ctx):
         if ctx.get("line"):
@@ -209,9 +233,10 @@ class ActionFamily(Family):
     def space(self, spec):
         """The shared-memory form with ``rb`` 1..4 (1 in 1D), every items-per-block count
         that fits (or 1, 2, 3, 4, 6, 8, 12, ... above 16), min_blocks 0..8; in 3D also
-        the line form with min_blocks 0, 2, 4 and prefetch 0, 1, 2. Pruned: ``threads``
-        (under 64 per block where more items would fit), ``resident`` (min_blocks x
-        threads over the SM's 2048)."""
+        the line form with min_blocks 0, 2, 4 and prefetch 0, 1, 2, and its bulk form
+        (prefetch 3, stages 2 and 3; sm_90 on). Pruned: ``threads`` (under 64 per block
+        where more items would fit), ``resident`` (min_blocks x threads over the SM's
+        2048); the bulk form's sizes that are not 16-byte multiples are ``invalid``."""
         T = max(spec.nd, spec.nq)
         for rb in _RB if spec.dim > 1 else (1,):
             tpi = _threads_per_item(spec, rb, False)
@@ -221,7 +246,8 @@ class ActionFamily(Family):
                 for mb in _MIN_BLOCKS:
                     why = ("threads" if threads < MIN_THREADS and ne < upto else
                            "resident" if mb * threads > SM_THREADS else None)
-                    yield dict(per_block=ne, min_blocks=mb, rb=rb, line=0, prefetch=0), why
+                    yield dict(per_block=ne, min_blocks=mb, rb=rb, line=0, prefetch=0,
+                               stages=0), why
         if spec.dim == 3:
             tpi = (T | 1) * T
             upto = MAX_THREADS // tpi
@@ -230,8 +256,9 @@ class ActionFamily(Family):
                 for mb in (0, 2, 4):
                     why = ("threads" if threads < MIN_THREADS and ne < upto else
                            "resident" if mb * threads > SM_THREADS else None)
-                    for pf in (0, 1, 2):
-                        yield dict(per_block=ne, min_blocks=mb, rb=1, line=1, prefetch=pf), why
+                    for pf, st in ((0, 0), (1, 0), (2, 0), (3, 2), (3, 3)):
+                        yield dict(per_block=ne, min_blocks=mb, rb=1, line=1, prefetch=pf,
+                                   stages=st), why
 
     def carry(self, spec, entry_spec, params, device):
         """The same threads per block, register blocking and form (the line form in 3D
@@ -248,9 +275,17 @@ class ActionFamily(Family):
         mb = params.get("min_blocks", 0)
         while mb and mb * ne * t1 > SM_THREADS:
             mb -= 1
-        pf = int(bool(params.get("prefetch", 0))) if line else 0
+        pf = params.get("prefetch", 0) if line else 0
+        if pf == 3:    # the bulk form at a near item count whose slabs fit, else prefetch 1
+            d = max(1, ne // 2)
+            near = range(max(1, ne - d), min(MAX_THREADS // t1, ne + d) + 1)
+            for n in sorted(near, key=lambda n: (abs(n - ne), -n)):
+                got = dict(per_block=n, min_blocks=mb, rb=1, line=1, prefetch=3,
+                           stages=params.get("stages", 2))
+                if mb * n * t1 <= SM_THREADS and self.context(spec, got, device) is not None:
+                    return got
         return self.first_valid(spec, dict(per_block=ne, min_blocks=mb, rb=rb, line=int(line),
-                                           prefetch=pf), device)
+                                           prefetch=int(bool(pf)), stages=0), device)
 
 
 ACTION = ActionFamily()
@@ -261,19 +296,39 @@ class ActionExecutor(KernelExecutor):
     (``stc_cB``): each call first copies B1d there on the current stream, after the
     previous launch of this kernel on any other stream has finished (an event), so
     calls on several streams with different B1d do not race. (Inside a CUDA-graph
-    capture that wait is left out: the graph orders its own nodes.)"""
+    capture that wait is left out: the graph orders its own nodes.)
+
+    The bulk form (``prefetch`` 3) copies V and D by 16-byte-aligned slabs: a call whose
+    V or D does not start on 16 bytes (a view at an odd offset) runs the same
+    parameters with ``prefetch`` 1 instead (:attr:`unaligned`, built on first need)."""
 
     def __init__(self, choice, device):
         super().__init__(choice, device)
         spec = choice.spec
         self.nbatch = spec.batch * spec.ncomp
         self._line = bool(self.ctx.get("line"))
+        self._bulk = self.ctx.get("prefetch") == 3
+        self._device = device
+        self.unaligned = None                # the prefetch-1 executor for unaligned V or D
         self._slots = {}                     # device id -> get_global's shared slot of stc_cB
+
+    def _unaligned(self):
+        if self.unaligned is None:
+            fam, spec = self.choice.family, self.choice.spec
+            params = dict({k: self.ctx[k] for k in fam.params}, prefetch=1, stages=0)
+            ctx = fam.context(spec, params, self._device)
+            self.unaligned = ActionExecutor(self.choice._replace(
+                ctx=ctx, entry=fam.entry(spec, ctx), template=fam.template(ctx),
+                source=f"{self.choice.source}, unaligned operands"), self._device)
+        return self.unaligned
 
     def run(self, operands, out, **_):
         B1d, D, V = operands
         if not self._line:
             self._run_arrays(self.nbatch, (B1d, D, V, out))
+            return
+        if self._bulk and (D.data.ptr | V.data.ptr) & 15:
+            self._unaligned().run(operands, out)
             return
         self._load_constant_bank(B1d)
         self._run_arrays(self.nbatch, (D, V, out))

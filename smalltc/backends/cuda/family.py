@@ -91,7 +91,7 @@ class Family:
     #: what an executor reports as its parameters (those of its context that exist)
     public_keys = ("BLK_M", "BLK_N", "BLK_K", "dim_x", "dim_y", "thr_m", "thr_n", "T",
                    "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad", "rb",
-                   "line", "prefetch")
+                   "line", "prefetch", "stages")
 
     def claims(self, spec) -> bool:
         raise NotImplementedError

@@ -236,6 +236,24 @@ def test_process_pool_compile():
     assert r["space"]["compiled"] == r["space"]["candidates"]
 
 
+def compile_crashing(spec, params, arch=None, smem_optin=None):
+    """A compiler process that dies (as ptxas once did, a segfault) on one variant."""
+    import os
+    if params.get("per_block") == 2:
+        os._exit(139)
+    return compile_none(spec, params, arch, smem_optin)
+
+
+def test_a_compile_process_that_dies_fails_its_variants_not_the_search():
+    logs = []
+    s = Search("mixed", F64, [SPECS[2], SPECS[3]], MockDevice(), compiler=compile_crashing,
+               jobs=2, progress=False, log=logs.append)
+    assert s.run() == "done" and len(s.results) == 2          # the next size got a new pool
+    assert any("a compile process died" in m for m in logs)
+    assert all(r["winner"]["params"]["per_block"] != 2 for r in s.results.values())
+    assert s.results[size_key(SPECS[2])]["space"]["failed"] >= 1
+
+
 def test_sizes_without_a_specialised_kernel_are_skipped():
     big = GemmSpec(batch=100_000, m=200, n=200, k=200, dtype=F64)   # generic kernel only
     dev = MockDevice()

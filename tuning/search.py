@@ -29,6 +29,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
 from smalltc.backends.cuda import family_of
 
@@ -371,6 +372,7 @@ class Search:
                     max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
             futs = {self._pool.submit(self.compile_fn, spec, c.params, *args): c for c in todo}
             pending = set(futs)
+            broken = 0
             try:
                 while pending:
                     done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -379,11 +381,17 @@ class Search:
                             part["compiled"][futs[f].label] = f.result()
                         except Exception as err:   # a worker that died: a failed compile
                             part["compiled"][futs[f].label] = dict(ok=False, error=repr(err))
+                            broken += isinstance(err, BrokenProcessPool)
                         bar.update()
                     self._check_budget()
             finally:
                 for f in pending:
                     f.cancel()
+                if broken:      # a compiler crashed (a segfault in ptxas): a new pool next time
+                    self.log(f"{key}: a compile process died; {broken} variants counted as "
+                             "failed compiles, the next size gets a new pool")
+                    self._pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = None
         finally:
             bar.close()
 

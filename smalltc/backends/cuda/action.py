@@ -37,7 +37,7 @@ from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_LOCAL_BYTES, MAX_THREADS,
                      SM_THREADS, SMEM_TARGET, THREADS, Family, KernelExecutor, even)
 
 __all__ = ["ACTION", "ActionFamily", "action_ctx", "action_line_ctx", "LINE_FROM_T",
-           "LINE_PREFETCH"]
+           "LINE_PREFETCH", "BULK_FROM_CC"]
 
 #: the 3D heuristic takes the line form from this T = max(nd, nq) on: on an H100 it ran
 #: 1.13-1.46x the *tuned* register-blocked kernels at p = 5..8, float64, and lost at
@@ -47,6 +47,10 @@ LINE_FROM_T = 5
 #: 1.18-1.49x the plain line form (0) at the heuristic's own per_block, on an H100 at 3D
 #: p = 4..8, nq = p+1, float64 (notes/cuda.md, "Session 5")
 LINE_PREFETCH = 1
+#: from this compute capability on, the line form's heuristic is the bulk form
+#: (``prefetch`` 3, cp.async.bulk); on the H200 the tuner's winners at 3D p = 2..8 were
+#: the bulk form at 11 of 16 sizes, 1.05-1.28x the register prefetch (prefetch 1)
+BULK_FROM_CC = 90
 #: ``__launch_bounds__`` minimum blocks searched (0 and 1 give the same register cap)
 _MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)
 #: register blocking searched; an rb that the context normalises to a smaller one
@@ -122,12 +126,17 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     by ``cp.async.bulk`` (no registers held, one instruction a slab), ``stages - 1``
     groups in flight while one computes. The bulk form needs whole elements in a group
     (``per_block`` a multiple of ``ncomp``) and slabs that are 16-byte multiples; the
-    executor checks that V and D start 16-byte aligned. The heuristic fills ~160
-    threads, prefetch :data:`LINE_PREFETCH`.
+    executor checks that V and D start 16-byte aligned. The heuristic: the bulk form
+    from compute capability :data:`BULK_FROM_CC` on (2 stages, ~160 threads or the
+    next count whose slabs fit, a register cap for 2 blocks an SM), else ~160 threads
+    with prefetch :data:`LINE_PREFETCH`.
 
-    >>> c = action_line_ctx(3, 8, 9, 1, "float64")
+    >>> c = action_line_ctx(3, 8, 9, 1, "float64", cc="80")
     >>> c["T"], c["TT"], c["tpi"], c["per_block"], c["line"], c["prefetch"]
     (9, 9, 81, 2, 1, 1)
+    >>> c = action_line_ctx(3, 8, 9, 1, "float64")       # sm_90: the bulk form
+    >>> c["per_block"], c["min_blocks"], c["prefetch"], c["stages"]
+    (2, 2, 3, 2)
     >>> c["istr"], action_line_ctx(3, 8, 9, 1, "float64", params=dict(per_block=2, prefetch=2))["istr"]
     (1459, 2187)
     >>> action_line_ctx(2, 8, 9, 1, "float64") is None        # 3D only
@@ -146,6 +155,15 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     tpi = TT * T
     buf = T * T * TT
     ne = max(1, round(160 / tpi))
+    if params is None and int(cc) >= BULK_FROM_CC:
+        # the heuristic on sm_90: the bulk form, 2 stages, the fewest items from ~160
+        # threads on whose slabs are 16-byte multiples, a register cap for 2 blocks
+        for n in range(max(2, ne), MAX_THREADS // tpi + 1):
+            mb = 2 if 2 * n * tpi <= SM_THREADS else 0
+            ctx = action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin,
+                                  dict(per_block=n, min_blocks=mb, prefetch=3, stages=2), cc)
+            if ctx is not None:
+                return ctx
     min_blocks, prefetch = 0, LINE_PREFETCH
     if params:
         ne, min_blocks = params["per_block"], params.get("min_blocks", 0)

@@ -34,7 +34,8 @@ import math
 from ..._arrays import cupy_or_none
 from . import runtime as RT
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_LOCAL_BYTES, MAX_THREADS, MIN_THREADS,
-                     SM_THREADS, SMEM_TARGET, THREADS, Family, KernelExecutor, even)
+                     SM_REGISTERS, SM_THREADS, SMEM_TARGET, THREADS, Family, KernelExecutor,
+                     even)
 
 __all__ = ["ACTION", "ActionFamily", "action_ctx", "action_line_ctx", "LINE_FROM_T",
            "LINE_PREFETCH", "BULK_FROM_CC"]
@@ -128,8 +129,9 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     (``per_block`` a multiple of ``ncomp``) and slabs that are 16-byte multiples; the
     executor checks that V and D start 16-byte aligned. The heuristic: the bulk form
     from compute capability :data:`BULK_FROM_CC` on (2 stages, ~160 threads or the
-    next count whose slabs fit, a register cap for 2 blocks an SM), else ~160 threads
-    with prefetch :data:`LINE_PREFETCH`.
+    next count whose slabs fit, at most 512; a register cap for 2 blocks an SM where
+    it leaves ~11 nd registers a thread), else ~160 threads with prefetch
+    :data:`LINE_PREFETCH`.
 
     >>> c = action_line_ctx(3, 8, 9, 1, "float64", cc="80")
     >>> c["T"], c["TT"], c["tpi"], c["per_block"], c["line"], c["prefetch"]
@@ -157,9 +159,11 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     ne = max(1, round(160 / tpi))
     if params is None and int(cc) >= BULK_FROM_CC:
         # the heuristic on sm_90: the bulk form, 2 stages, the fewest items from ~160
-        # threads on whose slabs are 16-byte multiples, a register cap for 2 blocks
-        for n in range(max(2, ne), MAX_THREADS // tpi + 1):
-            mb = 2 if 2 * n * tpi <= SM_THREADS else 0
+        # threads on whose slabs are 16-byte multiples, up to 512 threads; a register cap
+        # for 2 blocks an SM where it leaves the ~11 * nd registers a thread needs (H200
+        # tuning runs: p = 8 kernels hold 98-102, a tighter cap spilled and lost 1.34x)
+        for n in range(max(2, ne), 512 // tpi + 1):
+            mb = 2 if SM_REGISTERS // (2 * n * tpi) >= 11 * nd else 0
             ctx = action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin,
                                   dict(per_block=n, min_blocks=mb, prefetch=3, stages=2), cc)
             if ctx is not None:

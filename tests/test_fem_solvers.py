@@ -109,7 +109,11 @@ def test_fused_cg_matches_the_plain_loop(xp_name, use_jacobi, dtype):
     tol = 1e-10 if dtype == "float64" else 1e-5
     plain = cg(M, b, tol=tol, precond=P, fused=False)
     fused = cg(M, b, tol=tol, precond=P)
-    assert fused.iterations == plain.iterations and fused.converged
+    # without a preconditioner the residuals drift apart by the end (below), so the one
+    # that first falls under tol may come an iteration earlier or later (GPU: 154 vs 155
+    # once, the atomic additions' order); with Jacobi they agree to rounding throughout
+    slack = 0 if use_jacobi else 1
+    assert fused.converged and abs(fused.iterations - plain.iterations) <= slack
     eps = 1e-9 if dtype == "float64" else 1e-3
     x0, x1 = to_numpy(plain.x), to_numpy(fused.x)
     assert np.abs(x1 - x0).max() <= eps * np.abs(x0).max()

@@ -55,7 +55,7 @@ def test_nvcc_probe_of_a_rendered_kernel():
 def test_nvcc_probe_finds_spills_and_the_space_prunes_them():
     # nd=9, nq=10: 81 threads per element; 10 elements with min_blocks=2 caps registers at 40
     spec = ActionSpec(dim=3, nq=10, nd=9, batch=1, dtype="float64")
-    tight = dict(per_block=10, min_blocks=2, rb=1, line=0, prefetch=0)
+    tight = dict(per_block=10, min_blocks=2, rb=1, line=0, prefetch=0, stages=0)
     assert tight in [c.params for c in generate(spec).candidates]
     res = C.compile_nvcc(spec, tight)
     assert res["ok"] and res["spill_stores"] > 0 and res["registers"] <= 40

@@ -19,13 +19,17 @@ line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_apply_3d_f64_nd6nq7
 - line form (3D only): every step by whole 1D lines, a thread per line, B1d in
   the constant bank (``stc_cB``, copied there before each launch), about nd
   FMAs per shared load; ``prefetch`` 1 loads the next group's V and D into
-  registers during the current group's steps, 2 copies V by ``cp.async``.
+  registers during the current group's steps, 2 copies V by ``cp.async``, 3 (the
+  *bulk* form, sm_90 on) copies the V and D slabs of the next ``stages - 1`` groups
+  into shared-memory slots by ``cp.async.bulk``, no registers held.
 
 The heuristic, measured on an H100 (float64, notes/cuda.md): the line form from
-T = :data:`LINE_FROM_T` on with ``prefetch`` :data:`LINE_PREFETCH`; below, the
-shared-memory form with ~128 threads per block (T <= 4) and, from T = 5, a
-register cap for ~768 resident threads per SM; it never picks ``rb`` > 1.
-Tuning parameters: ``per_block, min_blocks, rb, line, prefetch``.
+T = :data:`LINE_FROM_T` on with ``prefetch`` :data:`LINE_PREFETCH` (from compute
+capability :data:`BULK_FROM_CC` on the bulk form, measured on the H200 and the
+H100: notes/cuda.md, "The bulk form, session 9"); below, the shared-memory form
+with ~128 threads per block (T <= 4) and, from T = 5, a register cap for ~768
+resident threads per SM; it never picks ``rb`` > 1. Tuning parameters:
+``per_block, min_blocks, rb, line, prefetch, stages``.
 """
 from __future__ import annotations
 
@@ -50,7 +54,9 @@ LINE_FROM_T = 5
 LINE_PREFETCH = 1
 #: from this compute capability on, the line form's heuristic is the bulk form
 #: (``prefetch`` 3, cp.async.bulk); on the H200 the tuner's winners at 3D p = 2..8 were
-#: the bulk form at 11 of 16 sizes, 1.05-1.28x the register prefetch (prefetch 1)
+#: the bulk form at 11 of 16 sizes, 1.05-1.28x the register prefetch (prefetch 1); the
+#: heuristic alone ran 1.073x the old one on the H200, 1.023x on the H100 (notes/cuda.md,
+#: "The bulk form, session 9")
 BULK_FROM_CC = 90
 #: ``__launch_bounds__`` minimum blocks searched (0 and 1 give the same register cap)
 _MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)

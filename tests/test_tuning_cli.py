@@ -87,6 +87,21 @@ def test_mock_device_budget_then_resume(tmp_path, capsys):
                                                                                "assembly"]
 
 
+def test_resume_with_other_sizes_writes_every_finished_size(tmp_path):
+    """A checkpoint filled by runs with different --sizes: the run that finishes writes
+    all of the checkpoint's finished sizes to its table, not only its own --sizes (the
+    first run's table is gone here, as when a search goes on into a fresh --out)."""
+    clock = Clock()
+    common = ("--op", "action", "--work", str(tmp_path / "w"), "--compiler", "none",
+              "--jobs", "1", "--no-progress", "--resume")
+    assert cli.run(_args(*common, "--sizes", "1:1:p+1", "--out", str(tmp_path / "a")),
+                   device=TickingDevice("float64", clock), clock=clock) == 0
+    assert cli.run(_args(*common, "--sizes", "1:2:p+1", "--out", str(tmp_path / "b")),
+                   device=TickingDevice("float64", clock), clock=clock) == 0
+    table = T.load(tmp_path / "b" / "sm90-float64.json")
+    assert set(table["entries"]) == {"action/1d/nd2nq2c1", "action/1d/nd3nq3c1"}
+
+
 @pytest.mark.parametrize("argv,match", [
     (("--op", "gemm", "--sizes", "4x4"), "MxNxK"),
     (("--op", "gemm", "--repeats", "5"), "repeats"),

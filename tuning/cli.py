@@ -169,7 +169,9 @@ def run(args, device=None, clock=None) -> int:
         dry = bool(getattr(device, "dry_run", False))       # made-up times: no device model
         path = out / T.table_name(info, args.dtype, arch=args.arch_table or dry)
         table = _load_or_new(path, info, args.dtype, bool(getattr(device, "dry_run", False)))
-        results = {k: search.results[k] for k in keys}
+        # every finished size of the checkpoint: also those an earlier run with other
+        # --sizes finished (a search resumed for a few sizes must not drop the rest)
+        results = {k: r for k, r in search.results.items() if r.get("winner")}
         seconds = sum(r.get("seconds", 0) for r in search.state["runs"])
         T.add_results(table, results, args.op, seconds)
         T.save(table, path)

@@ -107,6 +107,81 @@ def action_steps(dim, nd, nq, back_only=False):
     return steps, [(b, sz) for b, sz in sizes.items() if sz]
 
 
+def _round_up(n, m):
+    return -(-n // m) * m
+
+
+def inner_steps(dim, nd, nq, vl, jb):
+    """The steps of the inner form (SIMD within an element), as template data.
+
+    Every intermediate is a per-thread buffer whose rows end in the vector axis: the
+    innermost axis of the tensor, padded to ``ndp``/``nqp`` (multiples of ``vl``, the
+    scalars of one vector), except where a run is read or written unpadded. Three
+    kinds of step:
+
+    ``run``    contract the outermost axis of a contiguous ``nin x R`` block (3D: V and
+               U, R = nd^2): ``dst[i, r] = sum_s c(i, s) src[s, r]``, SIMD along r in
+               chunks of ``jb`` scalars (the last one overlapping the one before);
+    ``rows``   contract a non-innermost axis, SIMD along the rows' ``L`` entries:
+               ``dst[z, i, :L] = sum_s c(i, s) src[z, s, :L]`` (rows may be read past
+               their end into the next row or the buffer's slack: those lanes are
+               padding, never read as data);
+    ``inner``  contract the innermost axis, SIMD along the output index:
+               ``dst[m, :L] = sum_s src[m, s] ct[s, :L]`` with ``ct`` the transposed or
+               padded coefficients (``bt[s, t] = B[t, s]``, ``bp[s, t] = B[s, t]``,
+               zero beyond the true extent).
+
+    ``src``/``dst`` are format strings of a flat index; ``scale``: the step multiplies
+    by D (its rows are the unpadded ``nq``-long runs of D). Returns the steps and the
+    buffers ``[(name, size)]`` (with slack for the reads past a row's end).
+    """
+    ndp, nqp = _round_up(nd, vl), _round_up(nq, vl)
+    src_v, dst_u = "V[ev, {}]", "U[ev, {}]"     # rows of (element, component)
+    fwd, bwd = "B[{i}, {s}]", "bt[{i}, {s}]"     # both adjacent along s (SLP)
+    slack = max(ndp - nd, nqp - nq, vl)
+    if dim == 3:
+        R = nd * nd
+        w2_slab = nd * nd + ndp - nd        # B2's rows spill ndp - nd entries past a slab
+        steps = [
+            dict(kind="run", src=src_v, dst="t1[{}]", nin=nd, nout=nq, R=R, sstride=R,
+                 dstride=R, coef=fwd, jb=min(jb, R)),
+            dict(kind="rows", src="t1[{}]", dst="t2[{}]", nin=nd, nout=nq, nz=nq,
+                 sslab=R, srow=nd, dslab=nq * ndp, drow=ndp, L=ndp, coef=fwd, scale=False, zblock=False),
+            dict(kind="inner", src="t2[{}]", dst="t3[{}]", nin=nd, M=nq * nq, srow=ndp,
+                 drow=nq, L=nq, ct="bt", scale=True),
+            dict(kind="inner", src="t3[{}]", dst="t4[{}]", nin=nq, M=nq * nq, srow=nq,
+                 drow=ndp, L=ndp, ct="bp", scale=False),
+            dict(kind="rows", src="t4[{}]", dst="t5[{}]", nin=nq, nout=nd, nz=nq,
+                 sslab=nq * ndp, srow=ndp, dslab=w2_slab, drow=nd, L=ndp, coef=bwd,
+                 scale=False, zblock=True),
+            dict(kind="run", src="t5[{}]", dst=dst_u, nin=nq, nout=nd, R=R, sstride=w2_slab,
+                 dstride=R, coef=bwd, jb=min(jb, R)),
+        ]
+        buffers = [("t1", nq * R + slack), ("t2", nq * nq * ndp), ("t3", nq ** 3),
+                   ("t4", nq * nq * ndp), ("t5", nq * w2_slab + slack)]
+    elif dim == 2:
+        steps = [
+            dict(kind="inner", src=src_v, dst="t1[{}]", nin=nd, M=nd, srow=nd, drow=nqp,
+                 L=nqp, ct="bt", scale=False),
+            dict(kind="rows", src="t1[{}]", dst="t2[{}]", nin=nd, nout=nq, nz=1, sslab=0,
+                 srow=nqp, dslab=0, drow=nqp, L=nq, coef=fwd, scale=True, zblock=False),
+            dict(kind="rows", src="t2[{}]", dst="t3[{}]", nin=nq, nout=nd, nz=1, sslab=0,
+                 srow=nqp, dslab=0, drow=nqp, L=nqp, coef=bwd, scale=False, zblock=False),
+            dict(kind="inner", src="t3[{}]", dst=dst_u, nin=nq, M=nd, srow=nqp, drow=nd,
+                 L=nd, ct="bp", scale=False),
+        ]
+        buffers = [("t1", nd * nqp), ("t2", nq * nqp), ("t3", nd * nqp)]
+    else:
+        steps = [
+            dict(kind="inner", src=src_v, dst="t1[{}]", nin=nd, M=1, srow=nd, drow=nq,
+                 L=nq, ct="bt", scale=True),
+            dict(kind="inner", src="t1[{}]", dst=dst_u, nin=nq, M=1, srow=nq, drow=nd,
+                 L=nd, ct="bp", scale=False),
+        ]
+        buffers = [("t1", nqp)]
+    return steps, buffers, ndp, nqp
+
+
 def vector_bits(params, target):
     """The ``vbits`` of ``params`` (the target's own when absent), or None when the target
     has no such choice: 512 or 256 with AVX-512, 0 elsewhere."""
@@ -163,8 +238,11 @@ class LanesFamily(Family):
         steps, buffers = action_steps(dim, nd, nq, back_only=self.back_only)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
                       nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
-                      signature=self.signature(spec))
+                      signature=self.signature(spec), **self.extra_render)
         return dict(p, dtype=dt, render=render)
+
+    #: constants a subclass's template needs besides the lanes' (the action's form)
+    extra_render: dict = {}
 
     def space(self, spec, target=None):
         """lanes: one or two vectors; rb 1-3 (pruned ``registers`` where the rb x nin
@@ -175,10 +253,48 @@ class LanesFamily(Family):
 
 
 class ActionFamily(LanesFamily):
-    """The fused action (``action.py.j2``); see the module docstring."""
+    """The fused action (``action.py.j2``) in its two forms; see the module docstring."""
 
     name = "action"
     templates = ("action.py.j2",)
+    params = ("form", "lanes", "rb", "tr", "vbits", "jb")
+    optional = {"form": "lanes"}
+    extra_render = dict(form="lanes")
+
+    def context(self, spec, params=None, target=None):
+        target = resolve(target)
+        if params is None:
+            rule = HEURISTIC[target.profile].get("inner")
+            inner = rule(spec.dim, spec.nd, spec.nq, spec.dtype) if rule else None
+            if inner is not None:
+                return self.inner_context(spec, dict(inner, form="inner"), target)
+            ctx = super().context(spec, None, target)
+            return None if ctx is None else dict(ctx, form="lanes")
+        params = dict(params)
+        form = params.pop("form", "lanes")
+        if form == "inner":
+            return self.inner_context(spec, dict(params, form=form), target)
+        if form != "lanes" or "jb" in params:
+            return None
+        ctx = super().context(spec, params, target)
+        return None if ctx is None else dict(ctx, form="lanes")
+
+    def inner_context(self, spec, params, target):
+        """The inner form's context for ``params`` (``form``, ``rb``, ``jb``, ``vbits``),
+        or None when they do not fit: rb 1-4, jb 1 or 2 vectors, vbits as
+        :func:`vector_bits` allows, no ``lanes``/``tr``."""
+        rb, jb = params.get("rb"), params.get("jb")
+        vbits = vector_bits(params, target)
+        if set(params) - {"form", "rb", "jb", "vbits"} or rb not in (1, 2, 3, 4) \
+                or jb not in (1, 2) or vbits is None:
+            return None
+        dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
+        vl = simd_lanes(target, vbits, dt)
+        steps, buffers, ndp, nqp = inner_steps(dim, nd, nq, vl, jb * vl)
+        render = dict(dtype=dt, form="inner", W=1, tr=0, steps=steps, buffers=buffers,
+                      nv=nd ** dim, nqd=nq ** dim, nd=nd, nq=nq, ndp=ndp, nqp=nqp, rb=rb,
+                      vbits=vbits, signature=self.signature(spec))
+        return dict(form="inner", rb=rb, jb=jb, vbits=vbits, dtype=dt, render=render)
 
     def signature(self, spec):
         return signature(spec.dtype, 4, ["int64"] * 4)
@@ -213,12 +329,13 @@ class ActionExecutor(CpuExecutor):
 
     def __init__(self, choice):
         super().__init__(choice)
-        self.W = choice.ctx["lanes"]
+        self.W = choice.ctx.get("lanes", 1)          # the inner form: one element an item
 
     def run(self, operands, out, **_):
         s = self.spec
         B, D, V = operands
         E = D.shape[0]
         nch = -(-E // self.W)
-        self.fn(B, D.reshape(E, -1), V.reshape(E, -1), out.reshape(E, -1), E, s.ncomp, nch,
+        rows = E * s.ncomp if self.W == 1 else E     # the inner form: a row per component
+        self.fn(B, D.reshape(E, -1), V.reshape(rows, -1), out.reshape(rows, -1), E, s.ncomp, nch,
                 self.nparts(nch))

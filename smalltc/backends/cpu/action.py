@@ -111,7 +111,7 @@ def _round_up(n, m):
     return -(-n // m) * m
 
 
-def inner_steps(dim, nd, nq, vl, jb):
+def inner_steps(dim, nd, nq, vl, jb, rb=1, pf=0, itemsize=8):
     """The steps of the inner form (SIMD within an element), as template data.
 
     Every intermediate is a per-thread buffer whose rows end in the vector axis: the
@@ -132,8 +132,12 @@ def inner_steps(dim, nd, nq, vl, jb):
                zero beyond the true extent).
 
     ``src``/``dst`` are format strings of a flat index; ``scale``: the step multiplies
-    by D (its rows are the unpadded ``nq``-long runs of D). Returns the steps and the
-    buffers ``[(name, size)]`` (with slack for the reads past a row's end).
+    by D (its rows are the unpadded ``nq``-long runs of D). Each step works in blocks of
+    ``rr`` (up to ``rb``) outputs, ``nb`` blocks of ``trip`` iterations of its innermost
+    loop. With ``pf`` > 0, those iterations also prefetch the cache lines of the
+    element (D) and row (V, U) ``pf`` ahead, spread evenly over all steps (``st["pf"]``:
+    :func:`_prefetch_jobs`). Returns the steps, the buffers ``[(name, size)]`` (with
+    slack for the reads past a row's end), ``ndp`` and ``nqp``.
     """
     ndp, nqp = _round_up(nd, vl), _round_up(nq, vl)
     src_v, dst_u = "V[ev, {}]", "U[ev, {}]"     # rows of (element, component)
@@ -179,7 +183,40 @@ def inner_steps(dim, nd, nq, vl, jb):
                  L=nd, ct="bp", scale=False),
         ]
         buffers = [("t1", nqp)]
+    for st in steps:
+        blocked = st["nz"] if st.get("zblock") else st.get("nout", st.get("M"))
+        st["rr"] = min(rb, blocked)
+        st["nb"] = -(-blocked // st["rr"])
+        st["trip"] = (-(-st["R"] // st["jb"]) if st["kind"] == "run" else
+                      st["nout"] if st.get("zblock") else
+                      st["nz"] if st["kind"] == "rows" else 1)
+        st["pf"] = []
+    if pf:
+        _prefetch_jobs(steps, nd ** dim, nq ** dim, 64 // itemsize, pf)
     return steps, buffers, ndp, nqp
+
+
+def _prefetch_jobs(steps, nv, nqd, ls, pf):
+    """Spread the prefetches of the next rows over the steps' iterations: the lines of
+    D's row ``e + pf``, V's and U's (write) rows ``ev + pf``, in that order, split in
+    proportion to the steps' iterations; a job ``(arr, row, first, last, k, n, write)``
+    prefetches lines ``first + it * k + i`` (``i < k``, at most ``last``) of a row of
+    ``n`` scalars in iteration ``it`` (a line is ``ls`` scalars; a row's last scalar
+    is its own line, rows are not aligned)."""
+    rows = [("D", "e + %d" % pf, nqd, 0), ("V", "ev + %d" % pf, nv, 0),
+            ("U", "ev + %d" % pf, nv, 1)]
+    lines = [(a, r, n, w, j) for a, r, n, w in rows for j in range(-(-n // ls) + 1)]
+    total = sum(st["nb"] * st["trip"] for st in steps)
+    done = 0
+    for st in steps:
+        its = st["nb"] * st["trip"]
+        lo, hi = len(lines) * done // total, len(lines) * (done + its) // total
+        done += its
+        for arr, row, n, write in {(a, r, n, w): 0 for a, r, n, w, _ in lines[lo:hi]}:
+            js = [j for a, _, _, _, j in lines[lo:hi] if a == arr]
+            k = -(-len(js) // its)
+            st["pf"].append(dict(arr=arr, row=row, first=js[0], last=js[-1], k=k, n=n,
+                                 write=write, ls=ls))
 
 
 def vector_bits(params, target):
@@ -257,7 +294,7 @@ class ActionFamily(LanesFamily):
 
     name = "action"
     templates = ("action.py.j2",)
-    params = ("form", "lanes", "rb", "tr", "vbits", "jb")
+    params = ("form", "lanes", "rb", "tr", "vbits", "jb", "pf")
     optional = {"form": "lanes"}
     extra_render = dict(form="lanes")
 
@@ -274,7 +311,7 @@ class ActionFamily(LanesFamily):
         form = params.pop("form", "lanes")
         if form == "inner":
             return self.inner_context(spec, dict(params, form=form), target)
-        if form != "lanes" or "jb" in params:
+        if form != "lanes" or {"jb", "pf"} & set(params):
             return None
         ctx = super().context(spec, params, target)
         return None if ctx is None else dict(ctx, form="lanes")
@@ -283,18 +320,19 @@ class ActionFamily(LanesFamily):
         """The inner form's context for ``params`` (``form``, ``rb``, ``jb``, ``vbits``),
         or None when they do not fit: rb 1-4, jb 1 or 2 vectors, vbits as
         :func:`vector_bits` allows, no ``lanes``/``tr``."""
-        rb, jb = params.get("rb"), params.get("jb")
+        rb, jb, pf = params.get("rb"), params.get("jb"), params.get("pf", 0)
         vbits = vector_bits(params, target)
-        if set(params) - {"form", "rb", "jb", "vbits"} or rb not in (1, 2, 3, 4) \
-                or jb not in (1, 2) or vbits is None:
+        if set(params) - {"form", "rb", "jb", "vbits", "pf"} or rb not in (1, 2, 3, 4) \
+                or jb not in (1, 2) or pf not in range(0, 9) or vbits is None:
             return None
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
         vl = simd_lanes(target, vbits, dt)
-        steps, buffers, ndp, nqp = inner_steps(dim, nd, nq, vl, jb * vl)
+        steps, buffers, ndp, nqp = inner_steps(dim, nd, nq, vl, jb * vl, rb, pf,
+                                               np.dtype(dt).itemsize)
         render = dict(dtype=dt, form="inner", W=1, tr=0, steps=steps, buffers=buffers,
                       nv=nd ** dim, nqd=nq ** dim, nd=nd, nq=nq, ndp=ndp, nqp=nqp, rb=rb,
-                      vbits=vbits, signature=self.signature(spec))
-        return dict(form="inner", rb=rb, jb=jb, vbits=vbits, dtype=dt, render=render)
+                      pf=pf, vbits=vbits, signature=self.signature(spec))
+        return dict(form="inner", rb=rb, jb=jb, pf=pf, vbits=vbits, dtype=dt, render=render)
 
     def signature(self, spec):
         return signature(spec.dtype, 4, ["int64"] * 4)

@@ -111,7 +111,7 @@ def _round_up(n, m):
     return -(-n // m) * m
 
 
-def inner_steps(dim, nd, nq, vl, jb, rb=1, pf=0, itemsize=8):
+def inner_steps(dim, nd, nq, vl, jb, rb=1, pf=0, itemsize=8, pad=None):
     """The steps of the inner form (SIMD within an element), as template data.
 
     Every intermediate is a per-thread buffer whose rows end in the vector axis: the
@@ -139,50 +139,52 @@ def inner_steps(dim, nd, nq, vl, jb, rb=1, pf=0, itemsize=8):
     :func:`_prefetch_jobs`). Returns the steps, the buffers ``[(name, size)]`` (with
     slack for the reads past a row's end), ``ndp`` and ``nqp``.
     """
-    ndp, nqp = _round_up(nd, vl), _round_up(nq, vl)
+    pad = pad or vl
+    ndp, nqp = _round_up(nd, pad), _round_up(nq, pad)
     src_v, dst_u = "V[ev, {}]", "U[ev, {}]"     # rows of (element, component)
     fwd, bwd = "B[{i}, {s}]", "bt[{i}, {s}]"     # both adjacent along s (SLP)
     slack = max(ndp - nd, nqp - nq, vl)
+    # the intermediates ping-pong between two buffers, ta and tb (L1 footprint)
     if dim == 3:
         R = nd * nd
         w2_slab = nd * nd + ndp - nd        # B2's rows spill ndp - nd entries past a slab
         steps = [
-            dict(kind="run", src=src_v, dst="t1[{}]", nin=nd, nout=nq, R=R, sstride=R,
+            dict(kind="run", src=src_v, dst="ta[{}]", nin=nd, nout=nq, R=R, sstride=R,
                  dstride=R, coef=fwd, jb=min(jb, R)),
-            dict(kind="rows", src="t1[{}]", dst="t2[{}]", nin=nd, nout=nq, nz=nq,
-                 sslab=R, srow=nd, dslab=nq * ndp, drow=ndp, L=ndp, coef=fwd, scale=False, zblock=False),
-            dict(kind="inner", src="t2[{}]", dst="t3[{}]", nin=nd, M=nq * nq, srow=ndp,
+            dict(kind="rows", src="ta[{}]", dst="tb[{}]", nin=nd, nout=nq, nz=nq, sslab=R,
+                 srow=nd, dslab=nq * ndp, drow=ndp, L=ndp, coef=fwd, scale=False,
+                 zblock=False),
+            dict(kind="inner", src="tb[{}]", dst="ta[{}]", nin=nd, M=nq * nq, srow=ndp,
                  drow=nq, L=nq, ct="bt", scale=True),
-            dict(kind="inner", src="t3[{}]", dst="t4[{}]", nin=nq, M=nq * nq, srow=nq,
+            dict(kind="inner", src="ta[{}]", dst="tb[{}]", nin=nq, M=nq * nq, srow=nq,
                  drow=ndp, L=ndp, ct="bp", scale=False),
-            dict(kind="rows", src="t4[{}]", dst="t5[{}]", nin=nq, nout=nd, nz=nq,
+            dict(kind="rows", src="tb[{}]", dst="ta[{}]", nin=nq, nout=nd, nz=nq,
                  sslab=nq * ndp, srow=ndp, dslab=w2_slab, drow=nd, L=ndp, coef=bwd,
                  scale=False, zblock=True),
-            dict(kind="run", src="t5[{}]", dst=dst_u, nin=nq, nout=nd, R=R, sstride=w2_slab,
+            dict(kind="run", src="ta[{}]", dst=dst_u, nin=nq, nout=nd, R=R, sstride=w2_slab,
                  dstride=R, coef=bwd, jb=min(jb, R)),
         ]
-        buffers = [("t1", nq * R + slack), ("t2", nq * nq * ndp), ("t3", nq ** 3),
-                   ("t4", nq * nq * ndp), ("t5", nq * w2_slab + slack)]
+        buffers = [("ta", max(nq * R, nq ** 3, nq * w2_slab) + slack), ("tb", nq * nq * ndp)]
     elif dim == 2:
         steps = [
-            dict(kind="inner", src=src_v, dst="t1[{}]", nin=nd, M=nd, srow=nd, drow=nqp,
+            dict(kind="inner", src=src_v, dst="ta[{}]", nin=nd, M=nd, srow=nd, drow=nqp,
                  L=nqp, ct="bt", scale=False),
-            dict(kind="rows", src="t1[{}]", dst="t2[{}]", nin=nd, nout=nq, nz=1, sslab=0,
+            dict(kind="rows", src="ta[{}]", dst="tb[{}]", nin=nd, nout=nq, nz=1, sslab=0,
                  srow=nqp, dslab=0, drow=nqp, L=nq, coef=fwd, scale=True, zblock=False),
-            dict(kind="rows", src="t2[{}]", dst="t3[{}]", nin=nq, nout=nd, nz=1, sslab=0,
+            dict(kind="rows", src="tb[{}]", dst="ta[{}]", nin=nq, nout=nd, nz=1, sslab=0,
                  srow=nqp, dslab=0, drow=nqp, L=nqp, coef=bwd, scale=False, zblock=False),
-            dict(kind="inner", src="t3[{}]", dst=dst_u, nin=nq, M=nd, srow=nqp, drow=nd,
+            dict(kind="inner", src="ta[{}]", dst=dst_u, nin=nq, M=nd, srow=nqp, drow=nd,
                  L=nd, ct="bp", scale=False),
         ]
-        buffers = [("t1", nd * nqp), ("t2", nq * nqp), ("t3", nd * nqp)]
+        buffers = [("ta", nd * nqp), ("tb", nq * nqp)]
     else:
         steps = [
-            dict(kind="inner", src=src_v, dst="t1[{}]", nin=nd, M=1, srow=nd, drow=nq,
+            dict(kind="inner", src=src_v, dst="ta[{}]", nin=nd, M=1, srow=nd, drow=nq,
                  L=nq, ct="bt", scale=True),
-            dict(kind="inner", src="t1[{}]", dst=dst_u, nin=nq, M=1, srow=nq, drow=nd,
+            dict(kind="inner", src="ta[{}]", dst=dst_u, nin=nq, M=1, srow=nq, drow=nd,
                  L=nd, ct="bp", scale=False),
         ]
-        buffers = [("t1", nqp)]
+        buffers = [("ta", nqp)]
     for st in steps:
         blocked = st["nz"] if st.get("zblock") else st.get("nout", st.get("M"))
         st["rr"] = min(rb, blocked)
@@ -327,8 +329,9 @@ class ActionFamily(LanesFamily):
             return None
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
         vl = simd_lanes(target, vbits, dt)
+        import os
         steps, buffers, ndp, nqp = inner_steps(dim, nd, nq, vl, jb * vl, rb, pf,
-                                               np.dtype(dt).itemsize)
+                                               np.dtype(dt).itemsize, int(os.environ.get("PAD", 0)))
         render = dict(dtype=dt, form="inner", W=1, tr=0, steps=steps, buffers=buffers,
                       nv=nd ** dim, nqd=nq ** dim, nd=nd, nq=nq, ndp=ndp, nqp=nqp, rb=rb,
                       pf=pf, vbits=vbits, signature=self.signature(spec))

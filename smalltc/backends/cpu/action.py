@@ -51,14 +51,34 @@ __all__ = ["ACTION", "ActionFamily", "action_steps", "lanes_ctx", "lanes_space",
 
 MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
 
+def _inner_intel(dim, nd, nq, dt):
+    """The inner form where it measured faster on the Intel Xeon (notes/cpu.md, version
+    22; 1 GiB per call, interleaved with the lanes form): 3D with rows of at least 20
+    bytes (float64 p >= 2, float32 p >= 4), 2D float64 from p = 4; vectors of 256 bits
+    while a row fits in one, else 512; two outputs per register block; the next
+    element's lines prefetched."""
+    row = nd * np.dtype(dt).itemsize
+    if not (dim == 3 and row >= 20 or dim == 2 and dt == "float64" and nd >= 5):
+        return None
+    return dict(rb=2, jb=1, pf=1, vbits=256 if row <= 32 else 512)
+
+
+def _inner_avx2(dim, nd, nq, dt):
+    """AVX2 code on the Xeon (version 22): the inner form for 3D float64 from p = 2."""
+    return dict(rb=2, jb=1, pf=1, vbits=0) if dim == 3 and dt == "float64" and nd >= 3 \
+        else None
+
+
 #: the measured heuristic per target profile (:attr:`.target.Target.profile`: the ISA and
-#: its default vector width): ``vectors`` per chunk (lanes = vectors x the vector's
-#: scalars), ``rb(dim, nd, dtype)``, block transposes from ``tr_from`` entries per element
-#: (None: never)
+#: its default vector width). The lanes form: ``vectors`` per chunk (lanes = vectors x
+#: the vector's scalars), ``rb(dim, nd, dtype)``, block transposes from ``tr_from``
+#: entries per element (None: never). ``inner(dim, nd, nq, dtype)``: the inner form's
+#: parameters where it is the better form (None: the lanes form)
 HEURISTIC = {
     # AMD Zen 5, 512-bit (notes/cpu.md, versions 7-8): rb 2-3 for 3D float64 p = 5..8
     # (0.53-0.59 -> 0.70-0.79 of Pmax); float32 stays at rb = 1 (rb = 3 compiles in ~45 s
-    # at p = 8); transposes from 64 entries per element
+    # at p = 8); transposes from 64 entries per element. The inner form was not measured
+    # there.
     "avx512/512": dict(vectors=1, tr_from=64,
                        rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
                                                or not 6 <= nd <= 9 else 3 if nd >= 7 else 2)),
@@ -66,11 +86,12 @@ HEURISTIC = {
     # p = 1..8 (notes/cpu.md, version 18): one vector of elements; rb = 2 (within 0-6% of
     # rb = 3 at every p, rb = 1 4-28% slower) up to nd = 10 (rb x nd coefficients in
     # registers); transposes from 512 entries per element (3D p >= 7: 1.0 vs 0.86-0.88;
-    # below, the scalar copies measured faster: 0.46 vs 0.34 of Pmax at p = 6)
-    "avx512/256": dict(vectors=1, tr_from=512,
+    # below, the scalar copies measured faster: 0.46 vs 0.34 of Pmax at p = 6). The
+    # inner form where it measured faster (version 22)
+    "avx512/256": dict(vectors=1, tr_from=512, inner=_inner_intel,
                        rb=lambda dim, nd, dt: (2 if dim == 3 and dt == "float64" and nd <= 10
                                                else 1)),
-    "avx2/256": dict(vectors=1, tr_from=512,
+    "avx2/256": dict(vectors=1, tr_from=512, inner=_inner_avx2,
                      rb=lambda dim, nd, dt: (2 if dim == 3 and dt == "float64" and nd <= 7
                                              else 1)),
     # not measured (no ARM machine here): two vectors of elements, rb = 1 (rb = 2 left a
@@ -111,7 +132,7 @@ def _round_up(n, m):
     return -(-n // m) * m
 
 
-def inner_steps(dim, nd, nq, vl, jb, rb=1, pf=0, itemsize=8, pad=None):
+def inner_steps(dim, nd, nq, vl, jb, rb=1, pf=0, itemsize=8):
     """The steps of the inner form (SIMD within an element), as template data.
 
     Every intermediate is a per-thread buffer whose rows end in the vector axis: the
@@ -139,8 +160,7 @@ def inner_steps(dim, nd, nq, vl, jb, rb=1, pf=0, itemsize=8, pad=None):
     :func:`_prefetch_jobs`). Returns the steps, the buffers ``[(name, size)]`` (with
     slack for the reads past a row's end), ``ndp`` and ``nqp``.
     """
-    pad = pad or vl
-    ndp, nqp = _round_up(nd, pad), _round_up(nq, pad)
+    ndp, nqp = _round_up(nd, vl), _round_up(nq, vl)
     src_v, dst_u = "V[ev, {}]", "U[ev, {}]"     # rows of (element, component)
     fwd, bwd = "B[{i}, {s}]", "bt[{i}, {s}]"     # both adjacent along s (SLP)
     slack = max(ndp - nd, nqp - nq, vl)
@@ -318,6 +338,23 @@ class ActionFamily(LanesFamily):
         ctx = super().context(spec, params, target)
         return None if ctx is None else dict(ctx, form="lanes")
 
+    def space(self, spec, target=None):
+        """The lanes form's space (:func:`lanes_space`), then the inner form's: rb 1-3
+        (pruned ``registers`` where ``rb`` rows of coefficients and accumulators exceed
+        the register file), jb 1-2, the next element prefetched, vbits 512 and 256 on
+        AVX-512."""
+        target = resolve(target)
+        for params, why in lanes_space(spec, target):
+            yield dict(params, form="lanes"), why
+        nin = max(spec.nd, spec.nq)
+        for vbits in ((512, 256) if target.isa == "avx512" else (0,)):
+            vl = simd_lanes(target, vbits, spec.dtype)
+            for rb in (1, 2, 3):
+                for jb in (1, 2):
+                    acc = rb * max(jb, -(-max(spec.nd, spec.nq) // vl))
+                    why = "registers" if rb * nin + acc > target.registers + 8 else None
+                    yield dict(form="inner", rb=rb, jb=jb, pf=1, vbits=vbits), why
+
     def inner_context(self, spec, params, target):
         """The inner form's context for ``params`` (``form``, ``rb``, ``jb``, ``vbits``),
         or None when they do not fit: rb 1-4, jb 1 or 2 vectors, vbits as
@@ -329,9 +366,8 @@ class ActionFamily(LanesFamily):
             return None
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
         vl = simd_lanes(target, vbits, dt)
-        import os
         steps, buffers, ndp, nqp = inner_steps(dim, nd, nq, vl, jb * vl, rb, pf,
-                                               np.dtype(dt).itemsize, int(os.environ.get("PAD", 0)))
+                                               np.dtype(dt).itemsize)
         render = dict(dtype=dt, form="inner", W=1, tr=0, steps=steps, buffers=buffers,
                       nv=nd ** dim, nqd=nq ** dim, nd=nd, nq=nq, ndp=ndp, nqp=nqp, rb=rb,
                       pf=pf, vbits=vbits, signature=self.signature(spec))

@@ -1,30 +1,44 @@
-"""The fused action family: ``U_e = B^T D_e B V_e`` in one pass per chunk of elements.
+"""The fused action family: ``U_e = B^T D_e B V_e``, in one of two forms (``form``).
 
-``action.py.j2`` (with the macros of ``_lanes.j2``) vectorises across elements:
-a chunk of ``lanes`` elements is copied into per-thread buffers
+``lanes``: ``action.py.j2`` with the macros of ``_lanes.j2`` vectorises across
+elements: a chunk of ``lanes`` elements is copied into per-thread buffers
 ``buf[entry, lane]``, each sum-factorisation step is a fixed-trip loop nest
 whose body is one statement per lane, and LLVM's SLP vectoriser packs the
 lane statements into SIMD registers (notes/cpu.md, versions 1-9).
 
-Tuning parameters:
+``inner``: one element at a time, SIMD within it (:func:`inner_steps`): each
+step is a small GEMM with the vector along a contiguous run (the element's
+rows of V and U read and written in place, no layout copies), the
+intermediates in two per-thread buffers whose rows are padded to whole
+vectors; the cache lines of the next element are prefetched, spread over the
+steps (notes/cpu.md, version 22).
+
+Tuning parameters (one set for both forms; an older table entry without
+``form``, ``jb``, ``pf`` is the lanes form):
 
 =========  =================================================================
+``form``   ``"lanes"`` or ``"inner"``
 ``lanes``  elements per chunk: one vector register of them (8 float64 with
-           AVX-512, 4 with AVX2, 2 with NEON) or two
+           AVX-512, 4 with AVX2, 2 with NEON) or two; 1 in the inner form
 ``rb``     outputs per register block in each step: each buffer load feeds
            ``rb`` FMAs (1-3; more needs ``rb * nin`` coefficients in registers)
 ``tr``     1: full chunks move between the arrays and the buffers in
-           ``lanes x lanes`` block transposes (:func:`.simd.tr_block`)
+           ``lanes x lanes`` block transposes (:func:`.simd.tr_block`); 0 in
+           the inner form
 ``vbits``  the vector width asked of LLVM (:func:`.simd.vector_width`): 512 or
            256 on AVX-512 (LLVM's own choice on Intel cores is 256), 0
            elsewhere (the target's only width)
+``jb``     the inner form: vectors per chunk of a run step (1, 2); 0 in lanes
+``pf``     the inner form: prefetch the element ``pf`` ahead (0: none); 0 in
+           lanes
 =========  =================================================================
 
 The heuristic (:data:`HEURISTIC`, per ISA and default vector width) was
 measured on this project's machines: AVX-512 on an AMD Zen 5 (512-bit) and an
 Intel Xeon (256-bit, LLVM's preference there), AVX2 as AVX2 code on the Intel
-Xeon (notes/cpu.md); NEON's is a guess (no ARM machine). Sizes beyond ``nd <= 17, nq <= 24`` run the generic
-kernel (:mod:`.contract`).
+Xeon (notes/cpu.md); NEON's is a guess (no ARM machine). The inner form is
+chosen where it measured faster (the Intel Xeon's AVX-512 and AVX2 code).
+Sizes beyond ``nd <= 17, nq <= 24`` run the generic kernel (:mod:`.contract`).
 
 Examples
 --------
@@ -32,11 +46,14 @@ Examples
 >>> from smalltc.backends.cpu.target import TARGETS
 >>> s = ActionSpec(dim=3, nq=8, nd=7, batch=100, dtype="float64")
 >>> ACTION.heuristic_params(s, TARGETS["avx512"])          # Zen 5's profile, avx512/512
-{'lanes': 8, 'rb': 3, 'tr': 1, 'vbits': 512}
+{'form': 'lanes', 'lanes': 8, 'rb': 3, 'tr': 1, 'vbits': 512, 'jb': 0, 'pf': 0}
 >>> ACTION.heuristic_params(s, TARGETS["avx512"]._replace(vector_bits=256))   # Intel's
-{'lanes': 4, 'rb': 2, 'tr': 0, 'vbits': 256}
+{'form': 'inner', 'lanes': 1, 'rb': 2, 'tr': 0, 'vbits': 512, 'jb': 1, 'pf': 1}
 >>> ACTION.context(s, dict(lanes=3, rb=1, tr=0), TARGETS["avx2"]) is None   # not a vector multiple
 True
+>>> steps, buffers, ndp, nqp = inner_steps(3, 7, 8, vl=8, jb=8)
+>>> [st["kind"] for st in steps], ndp, nqp
+(['run', 'rows', 'inner', 'inner', 'rows', 'run'], 8, 8)
 """
 from __future__ import annotations
 
@@ -46,7 +63,7 @@ from .family import CpuExecutor, Family
 from .runtime import SHORT, signature
 from .target import resolve
 
-__all__ = ["ACTION", "ActionFamily", "action_steps", "lanes_ctx", "lanes_space",
+__all__ = ["ACTION", "ActionFamily", "action_steps", "inner_steps", "lanes_ctx", "lanes_space",
            "vector_bits", "simd_lanes", "MAX_ND", "MAX_NQ", "HEURISTIC"]
 
 MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
@@ -317,7 +334,9 @@ class ActionFamily(LanesFamily):
     name = "action"
     templates = ("action.py.j2",)
     params = ("form", "lanes", "rb", "tr", "vbits", "jb", "pf")
-    optional = {"form": "lanes"}
+    #: an entry without them (older tables): the lanes form, which has no run chunks and
+    #: no prefetch
+    optional = {"form": "lanes", "jb": 0, "pf": 0}
     extra_render = dict(form="lanes")
 
     def context(self, spec, params=None, target=None):
@@ -328,15 +347,15 @@ class ActionFamily(LanesFamily):
             if inner is not None:
                 return self.inner_context(spec, dict(inner, form="inner"), target)
             ctx = super().context(spec, None, target)
-            return None if ctx is None else dict(ctx, form="lanes")
+            return None if ctx is None else dict(ctx, form="lanes", jb=0, pf=0)
         params = dict(params)
         form = params.pop("form", "lanes")
         if form == "inner":
-            return self.inner_context(spec, dict(params, form=form), target)
-        if form != "lanes" or {"jb", "pf"} & set(params):
+            return self.inner_context(spec, params, target)
+        if form != "lanes" or params.pop("jb", 0) != 0 or params.pop("pf", 0) != 0:
             return None
         ctx = super().context(spec, params, target)
-        return None if ctx is None else dict(ctx, form="lanes")
+        return None if ctx is None else dict(ctx, form="lanes", jb=0, pf=0)
 
     def space(self, spec, target=None):
         """The lanes form's space (:func:`lanes_space`), then the inner form's: rb 1-3
@@ -345,7 +364,7 @@ class ActionFamily(LanesFamily):
         AVX-512."""
         target = resolve(target)
         for params, why in lanes_space(spec, target):
-            yield dict(params, form="lanes"), why
+            yield dict(params, form="lanes", jb=0, pf=0), why
         nin = max(spec.nd, spec.nq)
         for vbits in ((512, 256) if target.isa == "avx512" else (0,)):
             vl = simd_lanes(target, vbits, spec.dtype)
@@ -353,15 +372,17 @@ class ActionFamily(LanesFamily):
                 for jb in (1, 2):
                     acc = rb * max(jb, -(-max(spec.nd, spec.nq) // vl))
                     why = "registers" if rb * nin + acc > target.registers + 8 else None
-                    yield dict(form="inner", rb=rb, jb=jb, pf=1, vbits=vbits), why
+                    yield dict(form="inner", lanes=1, rb=rb, tr=0, vbits=vbits, jb=jb,
+                               pf=1), why
 
     def inner_context(self, spec, params, target):
-        """The inner form's context for ``params`` (``form``, ``rb``, ``jb``, ``vbits``),
-        or None when they do not fit: rb 1-4, jb 1 or 2 vectors, vbits as
-        :func:`vector_bits` allows, no ``lanes``/``tr``."""
+        """The inner form's context for ``params`` (``rb``, ``jb``, ``pf``, ``vbits``; and
+        ``lanes`` 1, ``tr`` 0 where given: one element at a time, no transposes), or None
+        when they do not fit: rb 1-4, jb 1 or 2 vectors, pf 0-8 elements, vbits as
+        :func:`vector_bits` allows."""
         rb, jb, pf = params.get("rb"), params.get("jb"), params.get("pf", 0)
         vbits = vector_bits(params, target)
-        if set(params) - {"form", "rb", "jb", "vbits", "pf"} or rb not in (1, 2, 3, 4) \
+        if params.get("lanes", 1) != 1 or params.get("tr", 0) != 0 or rb not in (1, 2, 3, 4) \
                 or jb not in (1, 2) or pf not in range(0, 9) or vbits is None:
             return None
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
@@ -371,7 +392,8 @@ class ActionFamily(LanesFamily):
         render = dict(dtype=dt, form="inner", W=1, tr=0, steps=steps, buffers=buffers,
                       nv=nd ** dim, nqd=nq ** dim, nd=nd, nq=nq, ndp=ndp, nqp=nqp, rb=rb,
                       pf=pf, vbits=vbits, signature=self.signature(spec))
-        return dict(form="inner", rb=rb, jb=jb, pf=pf, vbits=vbits, dtype=dt, render=render)
+        return dict(form="inner", lanes=1, rb=rb, tr=0, jb=jb, pf=pf, vbits=vbits, dtype=dt,
+                    render=render)
 
     def signature(self, spec):
         return signature(spec.dtype, 4, ["int64"] * 4)
@@ -406,13 +428,14 @@ class ActionExecutor(CpuExecutor):
 
     def __init__(self, choice):
         super().__init__(choice)
-        self.W = choice.ctx.get("lanes", 1)          # the inner form: one element an item
+        self.W = choice.ctx["lanes"]                 # the inner form: one element an item
+        self.inner = choice.ctx["form"] == "inner"
 
     def run(self, operands, out, **_):
         s = self.spec
         B, D, V = operands
         E = D.shape[0]
         nch = -(-E // self.W)
-        rows = E * s.ncomp if self.W == 1 else E     # the inner form: a row per component
+        rows = E * s.ncomp if self.inner else E      # the inner form: a row per component
         self.fn(B, D.reshape(E, -1), V.reshape(rows, -1), out.reshape(rows, -1), E, s.ncomp, nch,
                 self.nparts(nch))

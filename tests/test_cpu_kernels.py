@@ -175,6 +175,81 @@ def test_action_p16_3d():
     assert rel(out, action_einsum(B1d, D, V, 3)) < 1e-12
 
 
+# the action's inner form (SIMD within the element) by explicit parameters: 1D/2D/3D,
+# odd and even nd, nq = p + 1 and p + 2, one and three components, both dtypes, both
+# vector widths where the host has two (E = 13 elements: a partial last part)
+INNER_CASES = [  # (dim, p, nq, dtype, ncomp, params)
+    (3, 2, 4, "float64", None, dict(rb=1, jb=2, pf=0, vbits=256)),
+    (3, 3, 4, "float64", 3, dict(rb=2, jb=1, pf=1, vbits=512)),
+    (3, 6, 8, "float64", None, dict(rb=3, jb=1, pf=1, vbits=512)),
+    (3, 4, 5, "float32", None, dict(rb=2, jb=1, pf=1, vbits=256)),
+    (3, 5, 7, "float32", 3, dict(rb=1, jb=2, pf=2, vbits=512)),
+    (2, 3, 5, "float64", None, dict(rb=2, jb=1, pf=1, vbits=512)),
+    (2, 4, 5, "float64", 3, dict(rb=3, jb=2, pf=1, vbits=256)),
+    (2, 5, 7, "float32", None, dict(rb=2, jb=1, pf=1, vbits=512)),
+    (1, 3, 5, "float64", 2, dict(rb=2, jb=1, pf=1, vbits=256)),
+]
+
+
+def _host_params(params):
+    """``params`` with the vector width this host can be asked for (0 without AVX-512)."""
+    from smalltc.backends.cpu.target import host
+    return dict(params, form="inner", vbits=params["vbits"] if host().isa == "avx512" else 0)
+
+
+@pytest.mark.parametrize("case", INNER_CASES, ids=str)
+def test_action_inner_form(case):
+    dim, p, nq, dtype, ncomp, params = case
+    B1d, D, V = _action_inputs(np.random.default_rng(13), dim, p, nq, dtype, ncomp=ncomp)
+    spec = smalltc.plan("action", B1d, D, V, backend="reference").spec
+    params = _host_params(params)
+    ex = get("cpu").build(spec, params=params)
+    assert ex.source == "params" and {k: ex.params[k] for k in params} == params
+    out = poisoned(V.shape, dtype)
+    ex.run((B1d, D, V), out)
+    ref = action_einsum(B1d.astype(float), D.astype(float), V.astype(float), dim)
+    assert rel(out, ref) < TOL[dtype]
+
+
+def test_action_inner_form_in_place_and_one_element():
+    """U may be V (each element's V is read before its U is written); one element."""
+    B1d, D, V = _action_inputs(np.random.default_rng(14), 3, 4, 6, "float64", ncomp=2)
+    ref = action_einsum(B1d, D, V, 3)
+    ex = get("cpu").build(smalltc.plan("action", B1d, D, V, backend="reference").spec,
+                          params=_host_params(dict(rb=2, jb=1, pf=1, vbits=512)))
+    U = V.copy()
+    ex.run((B1d, D, U), U)
+    assert rel(U, ref) < 1e-12
+    one = poisoned(V[:1].shape, V.dtype)
+    ex.run((B1d, D[:1], V[:1]), one)
+    assert rel(one, ref[:1]) < 1e-12
+
+
+def test_action_forms_parameters():
+    """The family's parameters: entries without ``form`` are the lanes form (older
+    tables); the inner form takes ``rb``, ``jb``, ``pf``, ``vbits`` and not the lanes'."""
+    from smalltc.backends.cpu import ACTION
+    from smalltc.backends.cpu.target import host
+    spec = ActionSpec(dim=3, nq=6, nd=5, batch=5, dtype="float64")
+    t = host()
+    vb = 256 if t.isa == "avx512" else 0
+    lanes = dict(lanes=t.lanes("float64"), rb=2, tr=0, vbits=vb)
+    assert ACTION.adapt(spec, spec, lanes, None) == dict(lanes, form="lanes", jb=0, pf=0)
+    assert ACTION.public(ACTION.context(spec, lanes, t)) == dict(lanes, form="lanes", jb=0,
+                                                                  pf=0)
+    inner = dict(form="inner", rb=2, jb=1, pf=1, vbits=vb)
+    assert ACTION.public(ACTION.context(spec, inner, t)) == dict(inner, lanes=1, tr=0)
+    for bad in (dict(inner, tr=1), dict(inner, rb=5), dict(inner, jb=3), dict(lanes, jb=1),
+                dict(lanes, pf=1), dict(inner, form="other")):
+        assert ACTION.context(spec, bad, t) is None, bad
+    with pytest.raises(ValueError, match="do not fit .*form, lanes, rb, tr, vbits, jb, pf"):
+        get("cpu").build(spec, params=dict(inner, lanes=4))
+    forms = {p["form"] for p, why in ACTION.space(spec, t) if why is None}
+    assert forms == {"lanes", "inner"}
+    assert all(ACTION.context(spec, p, t) is not None for p, why in ACTION.space(spec, t)
+               if why is None)
+
+
 @pytest.mark.parametrize("dim,p,nq,dtype", [(2, 2, 3, "float64"), (3, 1, 3, "float32")])
 def test_assembly_generic_matches_specialised(dim, p, nq, dtype):
     rng = np.random.default_rng(8)

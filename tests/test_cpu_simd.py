@@ -78,7 +78,7 @@ def _asm(module, fn):
 def test_host_kernels_use_vector_fmas_of_their_width(fam, spec):
     t = host()
     module, fn = _fresh(fam, spec, t)
-    bits = t.vector_bits or t.vector_bytes * 8
+    bits = fam.heuristic_params(spec, t).get("vbits") or t.vector_bits or t.vector_bytes * 8
     full, narrow, scalar = fma_counts(_asm(module, fn), t.isa, spec.dtype, bits)
     assert full >= 16, (t, full, narrow, scalar)
     assert scalar <= full // 8 and narrow <= full // 4, (t, full, narrow, scalar)
@@ -87,8 +87,10 @@ def test_host_kernels_use_vector_fmas_of_their_width(fam, spec):
 @pytest.mark.skipif(host().isa != "avx512", reason="an AVX-512 host")
 @pytest.mark.parametrize("fam,spec,params", [
     (ACTION, KERNELS[0][1], dict(lanes=8, rb=2, tr=1, vbits=512)),
+    (ACTION, ActionSpec(dim=3, nq=8, nd=7, batch=1, dtype="float64"),
+     dict(form="inner", rb=2, jb=1, pf=1, vbits=512)),
     (GEMM, KERNELS[3][1], dict(form="rows", rb=4, vbits=512)),
-], ids=["action", "gemm"])
+], ids=["action", "action-inner", "gemm"])
 def test_avx512_full_width_when_asked(fam, spec, params):
     """``vbits=512``: zmm FMAs on any AVX-512 host, also where LLVM prefers 256 bits."""
     module, fn = _fresh(fam, spec, host(), params=params)

@@ -1,30 +1,44 @@
-"""The fused action family: ``U_e = B^T D_e B V_e`` in one pass per chunk of elements.
+"""The fused action family: ``U_e = B^T D_e B V_e``, in one of two forms (``form``).
 
-``action.py.j2`` (with the macros of ``_lanes.j2``) vectorises across elements:
-a chunk of ``lanes`` elements is copied into per-thread buffers
+``lanes``: ``action.py.j2`` with the macros of ``_lanes.j2`` vectorises across
+elements: a chunk of ``lanes`` elements is copied into per-thread buffers
 ``buf[entry, lane]``, each sum-factorisation step is a fixed-trip loop nest
 whose body is one statement per lane, and LLVM's SLP vectoriser packs the
 lane statements into SIMD registers (notes/cpu.md, versions 1-9).
 
-Tuning parameters:
+``inner``: one element at a time, SIMD within it (:func:`inner_steps`): each
+step is a small GEMM with the vector along a contiguous run (the element's
+rows of V and U read and written in place, no layout copies), the
+intermediates in two per-thread buffers whose rows are padded to whole
+vectors; the cache lines of the next element are prefetched, spread over the
+steps (notes/cpu.md, version 22).
+
+Tuning parameters (one set for both forms; an older table entry without
+``form``, ``jb``, ``pf`` is the lanes form):
 
 =========  =================================================================
+``form``   ``"lanes"`` or ``"inner"``
 ``lanes``  elements per chunk: one vector register of them (8 float64 with
-           AVX-512, 4 with AVX2, 2 with NEON) or two
+           AVX-512, 4 with AVX2, 2 with NEON) or two; 1 in the inner form
 ``rb``     outputs per register block in each step: each buffer load feeds
            ``rb`` FMAs (1-3; more needs ``rb * nin`` coefficients in registers)
 ``tr``     1: full chunks move between the arrays and the buffers in
-           ``lanes x lanes`` block transposes (:func:`.simd.tr_block`)
+           ``lanes x lanes`` block transposes (:func:`.simd.tr_block`); 0 in
+           the inner form
 ``vbits``  the vector width asked of LLVM (:func:`.simd.vector_width`): 512 or
            256 on AVX-512 (LLVM's own choice on Intel cores is 256), 0
            elsewhere (the target's only width)
+``jb``     the inner form: vectors per chunk of a run step (1, 2); 0 in lanes
+``pf``     the inner form: prefetch the element ``pf`` ahead (0: none); 0 in
+           lanes
 =========  =================================================================
 
 The heuristic (:data:`HEURISTIC`, per ISA and default vector width) was
 measured on this project's machines: AVX-512 on an AMD Zen 5 (512-bit) and an
 Intel Xeon (256-bit, LLVM's preference there), AVX2 as AVX2 code on the Intel
-Xeon (notes/cpu.md); NEON's is a guess (no ARM machine). Sizes beyond ``nd <= 17, nq <= 24`` run the generic
-kernel (:mod:`.contract`).
+Xeon (notes/cpu.md); NEON's is a guess (no ARM machine). The inner form is
+chosen where it measured faster (the Intel Xeon's AVX-512 and AVX2 code).
+Sizes beyond ``nd <= 17, nq <= 24`` run the generic kernel (:mod:`.contract`).
 
 Examples
 --------
@@ -32,11 +46,14 @@ Examples
 >>> from smalltc.backends.cpu.target import TARGETS
 >>> s = ActionSpec(dim=3, nq=8, nd=7, batch=100, dtype="float64")
 >>> ACTION.heuristic_params(s, TARGETS["avx512"])          # Zen 5's profile, avx512/512
-{'lanes': 8, 'rb': 3, 'tr': 1, 'vbits': 512}
+{'form': 'lanes', 'lanes': 8, 'rb': 3, 'tr': 1, 'vbits': 512, 'jb': 0, 'pf': 0}
 >>> ACTION.heuristic_params(s, TARGETS["avx512"]._replace(vector_bits=256))   # Intel's
-{'lanes': 4, 'rb': 2, 'tr': 0, 'vbits': 256}
+{'form': 'inner', 'lanes': 1, 'rb': 2, 'tr': 0, 'vbits': 512, 'jb': 1, 'pf': 1}
 >>> ACTION.context(s, dict(lanes=3, rb=1, tr=0), TARGETS["avx2"]) is None   # not a vector multiple
 True
+>>> steps, buffers, ndp, nqp = inner_steps(3, 7, 8, vl=8, jb=8)
+>>> [st["kind"] for st in steps], ndp, nqp
+(['run', 'rows', 'inner', 'inner', 'rows', 'run'], 8, 8)
 """
 from __future__ import annotations
 
@@ -46,19 +63,39 @@ from .family import CpuExecutor, Family
 from .runtime import SHORT, signature
 from .target import resolve
 
-__all__ = ["ACTION", "ActionFamily", "action_steps", "lanes_ctx", "lanes_space",
+__all__ = ["ACTION", "ActionFamily", "action_steps", "inner_steps", "lanes_ctx", "lanes_space",
            "vector_bits", "simd_lanes", "MAX_ND", "MAX_NQ", "HEURISTIC"]
 
 MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
 
+def _inner_intel(dim, nd, nq, dt):
+    """The inner form where it measured faster on the Intel Xeon (notes/cpu.md, version
+    22; 1 GiB per call, interleaved with the lanes form): 3D with rows of at least 20
+    bytes (float64 p >= 2, float32 p >= 4), 2D float64 from p = 4; vectors of 256 bits
+    while a row fits in one, else 512; two outputs per register block; the next
+    element's lines prefetched."""
+    row = nd * np.dtype(dt).itemsize
+    if not (dim == 3 and row >= 20 or dim == 2 and dt == "float64" and nd >= 5):
+        return None
+    return dict(rb=2, jb=1, pf=1, vbits=256 if row <= 32 else 512)
+
+
+def _inner_avx2(dim, nd, nq, dt):
+    """AVX2 code on the Xeon (version 22): the inner form for 3D float64 from p = 2."""
+    return dict(rb=2, jb=1, pf=1, vbits=0) if dim == 3 and dt == "float64" and nd >= 3 \
+        else None
+
+
 #: the measured heuristic per target profile (:attr:`.target.Target.profile`: the ISA and
-#: its default vector width): ``vectors`` per chunk (lanes = vectors x the vector's
-#: scalars), ``rb(dim, nd, dtype)``, block transposes from ``tr_from`` entries per element
-#: (None: never)
+#: its default vector width). The lanes form: ``vectors`` per chunk (lanes = vectors x
+#: the vector's scalars), ``rb(dim, nd, dtype)``, block transposes from ``tr_from``
+#: entries per element (None: never). ``inner(dim, nd, nq, dtype)``: the inner form's
+#: parameters where it is the better form (None: the lanes form)
 HEURISTIC = {
     # AMD Zen 5, 512-bit (notes/cpu.md, versions 7-8): rb 2-3 for 3D float64 p = 5..8
     # (0.53-0.59 -> 0.70-0.79 of Pmax); float32 stays at rb = 1 (rb = 3 compiles in ~45 s
-    # at p = 8); transposes from 64 entries per element
+    # at p = 8); transposes from 64 entries per element. The inner form was not measured
+    # there.
     "avx512/512": dict(vectors=1, tr_from=64,
                        rb=lambda dim, nd, dt: (1 if dim != 3 or dt != "float64"
                                                or not 6 <= nd <= 9 else 3 if nd >= 7 else 2)),
@@ -66,11 +103,12 @@ HEURISTIC = {
     # p = 1..8 (notes/cpu.md, version 18): one vector of elements; rb = 2 (within 0-6% of
     # rb = 3 at every p, rb = 1 4-28% slower) up to nd = 10 (rb x nd coefficients in
     # registers); transposes from 512 entries per element (3D p >= 7: 1.0 vs 0.86-0.88;
-    # below, the scalar copies measured faster: 0.46 vs 0.34 of Pmax at p = 6)
-    "avx512/256": dict(vectors=1, tr_from=512,
+    # below, the scalar copies measured faster: 0.46 vs 0.34 of Pmax at p = 6). The
+    # inner form where it measured faster (version 22)
+    "avx512/256": dict(vectors=1, tr_from=512, inner=_inner_intel,
                        rb=lambda dim, nd, dt: (2 if dim == 3 and dt == "float64" and nd <= 10
                                                else 1)),
-    "avx2/256": dict(vectors=1, tr_from=512,
+    "avx2/256": dict(vectors=1, tr_from=512, inner=_inner_avx2,
                      rb=lambda dim, nd, dt: (2 if dim == 3 and dt == "float64" and nd <= 7
                                              else 1)),
     # not measured (no ARM machine here): two vectors of elements, rb = 1 (rb = 2 left a
@@ -105,6 +143,119 @@ def action_steps(dim, nd, nq, back_only=False):
                           nin=shape[ax], coef=coef, scale=(not back_only and n == dim - 1)))
         shape = out
     return steps, [(b, sz) for b, sz in sizes.items() if sz]
+
+
+def _round_up(n, m):
+    return -(-n // m) * m
+
+
+def inner_steps(dim, nd, nq, vl, jb, rb=1, pf=0, itemsize=8):
+    """The steps of the inner form (SIMD within an element), as template data.
+
+    Every intermediate is a per-thread buffer whose rows end in the vector axis: the
+    innermost axis of the tensor, padded to ``ndp``/``nqp`` (multiples of ``vl``, the
+    scalars of one vector), except where a run is read or written unpadded. Three
+    kinds of step:
+
+    ``run``    contract the outermost axis of a contiguous ``nin x R`` block (3D: V and
+               U, R = nd^2): ``dst[i, r] = sum_s c(i, s) src[s, r]``, SIMD along r in
+               chunks of ``jb`` scalars (the last one overlapping the one before);
+    ``rows``   contract a non-innermost axis, SIMD along the rows' ``L`` entries:
+               ``dst[z, i, :L] = sum_s c(i, s) src[z, s, :L]`` (rows may be read past
+               their end into the next row or the buffer's slack: those lanes are
+               padding, never read as data);
+    ``inner``  contract the innermost axis, SIMD along the output index:
+               ``dst[m, :L] = sum_s src[m, s] ct[s, :L]`` with ``ct`` the transposed or
+               padded coefficients (``bt[s, t] = B[t, s]``, ``bp[s, t] = B[s, t]``,
+               zero beyond the true extent).
+
+    ``src``/``dst`` are format strings of a flat index; ``scale``: the step multiplies
+    by D (its rows are the unpadded ``nq``-long runs of D). Each step works in blocks of
+    ``rr`` (up to ``rb``) outputs, ``nb`` blocks of ``trip`` iterations of its innermost
+    loop. With ``pf`` > 0, those iterations also prefetch the cache lines of the
+    element (D) and row (V, U) ``pf`` ahead, spread evenly over all steps (``st["pf"]``:
+    :func:`_prefetch_jobs`). Returns the steps, the buffers ``[(name, size)]`` (with
+    slack for the reads past a row's end), ``ndp`` and ``nqp``.
+    """
+    ndp, nqp = _round_up(nd, vl), _round_up(nq, vl)
+    src_v, dst_u = "V[ev, {}]", "U[ev, {}]"     # rows of (element, component)
+    fwd, bwd = "B[{i}, {s}]", "bt[{i}, {s}]"     # both adjacent along s (SLP)
+    slack = max(ndp - nd, nqp - nq, vl)
+    # the intermediates ping-pong between two buffers, ta and tb (L1 footprint)
+    if dim == 3:
+        R = nd * nd
+        w2_slab = nd * nd + ndp - nd        # B2's rows spill ndp - nd entries past a slab
+        steps = [
+            dict(kind="run", src=src_v, dst="ta[{}]", nin=nd, nout=nq, R=R, sstride=R,
+                 dstride=R, coef=fwd, jb=min(jb, R)),
+            dict(kind="rows", src="ta[{}]", dst="tb[{}]", nin=nd, nout=nq, nz=nq, sslab=R,
+                 srow=nd, dslab=nq * ndp, drow=ndp, L=ndp, coef=fwd, scale=False,
+                 zblock=False),
+            dict(kind="inner", src="tb[{}]", dst="ta[{}]", nin=nd, M=nq * nq, srow=ndp,
+                 drow=nq, L=nq, ct="bt", scale=True),
+            dict(kind="inner", src="ta[{}]", dst="tb[{}]", nin=nq, M=nq * nq, srow=nq,
+                 drow=ndp, L=ndp, ct="bp", scale=False),
+            dict(kind="rows", src="tb[{}]", dst="ta[{}]", nin=nq, nout=nd, nz=nq,
+                 sslab=nq * ndp, srow=ndp, dslab=w2_slab, drow=nd, L=ndp, coef=bwd,
+                 scale=False, zblock=True),
+            dict(kind="run", src="ta[{}]", dst=dst_u, nin=nq, nout=nd, R=R, sstride=w2_slab,
+                 dstride=R, coef=bwd, jb=min(jb, R)),
+        ]
+        buffers = [("ta", max(nq * R, nq ** 3, nq * w2_slab) + slack), ("tb", nq * nq * ndp)]
+    elif dim == 2:
+        steps = [
+            dict(kind="inner", src=src_v, dst="ta[{}]", nin=nd, M=nd, srow=nd, drow=nqp,
+                 L=nqp, ct="bt", scale=False),
+            dict(kind="rows", src="ta[{}]", dst="tb[{}]", nin=nd, nout=nq, nz=1, sslab=0,
+                 srow=nqp, dslab=0, drow=nqp, L=nq, coef=fwd, scale=True, zblock=False),
+            dict(kind="rows", src="tb[{}]", dst="ta[{}]", nin=nq, nout=nd, nz=1, sslab=0,
+                 srow=nqp, dslab=0, drow=nqp, L=nqp, coef=bwd, scale=False, zblock=False),
+            dict(kind="inner", src="ta[{}]", dst=dst_u, nin=nq, M=nd, srow=nqp, drow=nd,
+                 L=nd, ct="bp", scale=False),
+        ]
+        buffers = [("ta", nd * nqp), ("tb", nq * nqp)]
+    else:
+        steps = [
+            dict(kind="inner", src=src_v, dst="ta[{}]", nin=nd, M=1, srow=nd, drow=nq,
+                 L=nq, ct="bt", scale=True),
+            dict(kind="inner", src="ta[{}]", dst=dst_u, nin=nq, M=1, srow=nq, drow=nd,
+                 L=nd, ct="bp", scale=False),
+        ]
+        buffers = [("ta", nqp)]
+    for st in steps:
+        blocked = st["nz"] if st.get("zblock") else st.get("nout", st.get("M"))
+        st["rr"] = min(rb, blocked)
+        st["nb"] = -(-blocked // st["rr"])
+        st["trip"] = (-(-st["R"] // st["jb"]) if st["kind"] == "run" else
+                      st["nout"] if st.get("zblock") else
+                      st["nz"] if st["kind"] == "rows" else 1)
+        st["pf"] = []
+    if pf:
+        _prefetch_jobs(steps, nd ** dim, nq ** dim, 64 // itemsize, pf)
+    return steps, buffers, ndp, nqp
+
+
+def _prefetch_jobs(steps, nv, nqd, ls, pf):
+    """Spread the prefetches of the next rows over the steps' iterations: the lines of
+    D's row ``e + pf``, V's and U's (write) rows ``ev + pf``, in that order, split in
+    proportion to the steps' iterations; a job ``(arr, row, first, last, k, n, write)``
+    prefetches lines ``first + it * k + i`` (``i < k``, at most ``last``) of a row of
+    ``n`` scalars in iteration ``it`` (a line is ``ls`` scalars; a row's last scalar
+    is its own line, rows are not aligned)."""
+    rows = [("D", "e + %d" % pf, nqd, 0), ("V", "ev + %d" % pf, nv, 0),
+            ("U", "ev + %d" % pf, nv, 1)]
+    lines = [(a, r, n, w, j) for a, r, n, w in rows for j in range(-(-n // ls) + 1)]
+    total = sum(st["nb"] * st["trip"] for st in steps)
+    done = 0
+    for st in steps:
+        its = st["nb"] * st["trip"]
+        lo, hi = len(lines) * done // total, len(lines) * (done + its) // total
+        done += its
+        for arr, row, n, write in {(a, r, n, w): 0 for a, r, n, w, _ in lines[lo:hi]}:
+            js = [j for a, _, _, _, j in lines[lo:hi] if a == arr]
+            k = -(-len(js) // its)
+            st["pf"].append(dict(arr=arr, row=row, first=js[0], last=js[-1], k=k, n=n,
+                                 write=write, ls=ls))
 
 
 def vector_bits(params, target):
@@ -163,8 +314,11 @@ class LanesFamily(Family):
         steps, buffers = action_steps(dim, nd, nq, back_only=self.back_only)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
                       nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
-                      signature=self.signature(spec))
+                      signature=self.signature(spec), **self.extra_render)
         return dict(p, dtype=dt, render=render)
+
+    #: constants a subclass's template needs besides the lanes' (the action's form)
+    extra_render: dict = {}
 
     def space(self, spec, target=None):
         """lanes: one or two vectors; rb 1-3 (pruned ``registers`` where the rb x nin
@@ -175,10 +329,71 @@ class LanesFamily(Family):
 
 
 class ActionFamily(LanesFamily):
-    """The fused action (``action.py.j2``); see the module docstring."""
+    """The fused action (``action.py.j2``) in its two forms; see the module docstring."""
 
     name = "action"
     templates = ("action.py.j2",)
+    params = ("form", "lanes", "rb", "tr", "vbits", "jb", "pf")
+    #: an entry without them (older tables): the lanes form, which has no run chunks and
+    #: no prefetch
+    optional = {"form": "lanes", "jb": 0, "pf": 0}
+    extra_render = dict(form="lanes")
+
+    def context(self, spec, params=None, target=None):
+        target = resolve(target)
+        if params is None:
+            rule = HEURISTIC[target.profile].get("inner")
+            inner = rule(spec.dim, spec.nd, spec.nq, spec.dtype) if rule else None
+            if inner is not None:
+                return self.inner_context(spec, dict(inner, form="inner"), target)
+            ctx = super().context(spec, None, target)
+            return None if ctx is None else dict(ctx, form="lanes", jb=0, pf=0)
+        params = dict(params)
+        form = params.pop("form", "lanes")
+        if form == "inner":
+            return self.inner_context(spec, params, target)
+        if form != "lanes" or params.pop("jb", 0) != 0 or params.pop("pf", 0) != 0:
+            return None
+        ctx = super().context(spec, params, target)
+        return None if ctx is None else dict(ctx, form="lanes", jb=0, pf=0)
+
+    def space(self, spec, target=None):
+        """The lanes form's space (:func:`lanes_space`), then the inner form's: rb 1-3
+        (pruned ``registers`` where ``rb`` rows of coefficients and accumulators exceed
+        the register file), jb 1-2, the next element prefetched, vbits 512 and 256 on
+        AVX-512."""
+        target = resolve(target)
+        for params, why in lanes_space(spec, target):
+            yield dict(params, form="lanes", jb=0, pf=0), why
+        nin = max(spec.nd, spec.nq)
+        for vbits in ((512, 256) if target.isa == "avx512" else (0,)):
+            vl = simd_lanes(target, vbits, spec.dtype)
+            for rb in (1, 2, 3):
+                for jb in (1, 2):
+                    acc = rb * max(jb, -(-max(spec.nd, spec.nq) // vl))
+                    why = "registers" if rb * nin + acc > target.registers + 8 else None
+                    yield dict(form="inner", lanes=1, rb=rb, tr=0, vbits=vbits, jb=jb,
+                               pf=1), why
+
+    def inner_context(self, spec, params, target):
+        """The inner form's context for ``params`` (``rb``, ``jb``, ``pf``, ``vbits``; and
+        ``lanes`` 1, ``tr`` 0 where given: one element at a time, no transposes), or None
+        when they do not fit: rb 1-4, jb 1 or 2 vectors, pf 0-8 elements, vbits as
+        :func:`vector_bits` allows."""
+        rb, jb, pf = params.get("rb"), params.get("jb"), params.get("pf", 0)
+        vbits = vector_bits(params, target)
+        if params.get("lanes", 1) != 1 or params.get("tr", 0) != 0 or rb not in (1, 2, 3, 4) \
+                or jb not in (1, 2) or pf not in range(0, 9) or vbits is None:
+            return None
+        dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
+        vl = simd_lanes(target, vbits, dt)
+        steps, buffers, ndp, nqp = inner_steps(dim, nd, nq, vl, jb * vl, rb, pf,
+                                               np.dtype(dt).itemsize)
+        render = dict(dtype=dt, form="inner", W=1, tr=0, steps=steps, buffers=buffers,
+                      nv=nd ** dim, nqd=nq ** dim, nd=nd, nq=nq, ndp=ndp, nqp=nqp, rb=rb,
+                      pf=pf, vbits=vbits, signature=self.signature(spec))
+        return dict(form="inner", lanes=1, rb=rb, tr=0, jb=jb, pf=pf, vbits=vbits, dtype=dt,
+                    render=render)
 
     def signature(self, spec):
         return signature(spec.dtype, 4, ["int64"] * 4)
@@ -213,12 +428,14 @@ class ActionExecutor(CpuExecutor):
 
     def __init__(self, choice):
         super().__init__(choice)
-        self.W = choice.ctx["lanes"]
+        self.W = choice.ctx["lanes"]                 # the inner form: one element an item
+        self.inner = choice.ctx["form"] == "inner"
 
     def run(self, operands, out, **_):
         s = self.spec
         B, D, V = operands
         E = D.shape[0]
         nch = -(-E // self.W)
-        self.fn(B, D.reshape(E, -1), V.reshape(E, -1), out.reshape(E, -1), E, s.ncomp, nch,
+        rows = E * s.ncomp if self.inner else E      # the inner form: a row per component
+        self.fn(B, D.reshape(E, -1), V.reshape(rows, -1), out.reshape(rows, -1), E, s.ncomp, nch,
                 self.nparts(nch))

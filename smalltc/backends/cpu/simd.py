@@ -13,7 +13,8 @@ one vector register of the target or a multiple of it, which LLVM splits.
 
 :func:`vector_width` asks LLVM for vectors of a given width in the function
 that calls it (the ``prefer-vector-width`` function attribute): on Intel
-AVX-512 cores LLVM otherwise stays at 256 bits.
+AVX-512 cores LLVM otherwise stays at 256 bits. :func:`prefetch` asks for a
+cache line ahead of its use (``llvm.prefetch``: ``prefetcht0``/``prefetchw``).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["tr_block", "tr_rows", "vector_width"]
+__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch"]
 
 _FLOATS = (types.float64, types.float32)
 
@@ -156,3 +157,30 @@ def vector_width(typingctx, bits):
 
     return types.void(bits), codegen
 
+
+
+@intrinsic
+def prefetch(typingctx, arr, row, col, write):
+    """Prefetch the cache line of ``arr[row, col]`` into L1 (``write`` a literal: 1 for a
+    line about to be written, ``prefetchw``). A prefetch never faults, so the address
+    may lie past the array; no bounds checks."""
+    if not (_is_2d_c(arr) and isinstance(write, types.IntegerLiteral)):
+        return None
+    rw = int(bool(write.literal_value))
+
+    def codegen(context, builder, signature, args):
+        aty, rt, ct, _ = signature.args
+        aval, r, c, _ = args
+        a = context.make_array(aty)(context, builder, aval)
+        cols = cgutils.unpack_tuple(builder, a.shape, 2)[1]
+        r = context.cast(builder, r, rt, types.intp)
+        c = context.cast(builder, c, ct, types.intp)
+        idx = builder.add(builder.mul(r, cols), c)
+        ptr = builder.bitcast(builder.gep(a.data, [idx]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(i32, rw), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, row, col, write), codegen

@@ -55,6 +55,31 @@ def test_exact_and_nearest_entries_are_used_and_reported(cpu_table):
     assert far.table != path.name
 
 
+def test_a_nearest_entry_keeps_its_form_only_where_the_heuristic_takes_it():
+    """The action's nearest entries refine the heuristic's form: an inner-form entry at
+    p = 2, nq = 4 does not reach nq = 3 (where the heuristic takes the lanes form, which
+    measured 1.44x faster there); a lanes entry further away does. Targets are given, so
+    this holds on any host."""
+    for isa, vbits in (("avx512", 256), ("avx2", 0)):
+        target = TARGETS[isa]._replace(vector_bits=256)
+        lanes = 4
+        inner = ActionSpec(dim=3, nq=4, nd=3, batch=1, dtype="float64")
+        other = ActionSpec(dim=3, nq=3, nd=2, batch=1, dtype="float64")
+        t = tables.Table(_table(isa, "float64", [
+            (inner, "action", dict(form="inner", lanes=1, rb=2, tr=0, vbits=vbits, jb=1, pf=1)),
+            (other, "action", dict(form="lanes", lanes=lanes, rb=3, tr=0, vbits=vbits, jb=0,
+                                   pf=0))]), f"cpu-{isa}-float64.json")
+        t.device = dict(name="test CPU", isa=isa, vector_bits=256)
+        want = ActionSpec(dim=3, nq=3, nd=3, batch=9, dtype="float64")
+        assert ACTION.context(want, None, target)["form"] == "lanes"
+        hit = t.nearest(want, ACTION)
+        assert hit is not None and hit.params["form"] == "lanes", (isa, hit)
+        # where the heuristic takes the inner form, the inner entry is carried
+        wider = ActionSpec(dim=3, nq=5, nd=3, batch=9, dtype="float64")
+        assert ACTION.context(wider, None, target)["form"] == "inner"
+        assert t.nearest(wider, ACTION).params["form"] == "inner"
+
+
 def test_the_plan_runs_the_tables_kernel(cpu_table):
     _, entries = cpu_table
     rng = np.random.default_rng(0)

@@ -71,19 +71,20 @@ MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
 def _inner_intel(dim, nd, nq, dt):
     """The inner form where it measured faster on the Intel Xeon (notes/cpu.md, version
     22; 1 GiB per call, interleaved with the lanes form): 3D with rows of at least 20
-    bytes (float64 p >= 2, float32 p >= 4), 2D float64 from p = 4; vectors of 256 bits
-    while a row fits in one, else 512; two outputs per register block; the next
-    element's lines prefetched."""
+    bytes (float64 p >= 2, float32 p >= 4) and nq >= 4 (p = 2, nq = 3: the lanes form
+    1.44x, version 23), 2D float64 from p = 4; vectors of 256 bits while a row fits in
+    one, else 512; two outputs per register block; the next element's lines prefetched."""
     row = nd * np.dtype(dt).itemsize
-    if not (dim == 3 and row >= 20 or dim == 2 and dt == "float64" and nd >= 5):
+    if not (dim == 3 and row >= 20 and nq >= 4 or dim == 2 and dt == "float64" and nd >= 5):
         return None
     return dict(rb=2, jb=1, pf=1, vbits=256 if row <= 32 else 512)
 
 
 def _inner_avx2(dim, nd, nq, dt):
-    """AVX2 code on the Xeon (version 22): the inner form for 3D float64 from p = 2."""
+    """AVX2 code on the Xeon (version 22): the inner form for 3D float64 from p = 2 with
+    nq >= 4 (p = 2, nq = 3: the lanes form 1.12x, version 23)."""
     return dict(rb=2, jb=1, pf=1, vbits=0) if dim == 3 and dt == "float64" and nd >= 3 \
-        else None
+        and nq >= 4 else None
 
 
 #: the measured heuristic per target profile (:attr:`.target.Target.profile`: the ISA and
@@ -356,6 +357,16 @@ class ActionFamily(LanesFamily):
             return None
         ctx = super().context(spec, params, target)
         return None if ctx is None else dict(ctx, form="lanes", jb=0, pf=0)
+
+    def carry(self, spec, entry_spec, params, target):
+        """A nearer size's parameters where the heuristic takes the same form for ``spec``
+        (the forms' boundary was measured; an entry refines its form), else None (the next
+        entry, or the heuristic): an inner-form entry at p = 2, nq = 4 carried to nq = 3
+        ran 1.44x slower than the lanes form there (notes/cpu.md, version 23)."""
+        own = self.context(spec, None, target)
+        if own is None or own["form"] != params.get("form", "lanes"):
+            return None
+        return super().carry(spec, entry_spec, params, target)
 
     def space(self, spec, target=None):
         """The lanes form's space (:func:`lanes_space`), then the inner form's: rb 1-3

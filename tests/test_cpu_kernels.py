@@ -406,7 +406,8 @@ def test_action_register_blocks(rb):
     B1d = rng.standard_normal((4, 3))
     D, V = rng.standard_normal((21, 4, 4, 4)), rng.standard_normal((21, 2, 3, 3, 3))
     spec = smalltc.plan("action", B1d, D, V, backend="cpu").spec
-    lanes = get("cpu").build(spec).params["lanes"]
+    from smalltc.backends.cpu.target import host
+    lanes = host().lanes(spec.dtype)        # one vector of elements: the lanes form
     ex = get("cpu").build(spec, params=dict(lanes=lanes, rb=rb, tr=1))
     assert ex.params["rb"] == rb and ex.params["tr"] and ex.source == "params"
     out = poisoned(V.shape, V.dtype)

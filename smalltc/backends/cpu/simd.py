@@ -158,7 +158,6 @@ def vector_width(typingctx, bits):
     return types.void(bits), codegen
 
 
-
 @intrinsic
 def prefetch(typingctx, arr, row, col, write):
     """Prefetch the cache line of ``arr[row, col]`` into L1 (``write`` a literal: 1 for a

@@ -1,5 +1,5 @@
-"""The assembly's tuning variants: the *rows* final stage (``rows >= 1``, 3D) and
-padded rows (``pad = 1``): render, compile, and on a GPU are right.
+"""The assembly's tuning variants: the *rows* final stage (``rows >= 1``, 2D and 3D)
+and padded rows (``pad = 1``): render, compile, and on a GPU are right.
 
 The rows form is a tuning choice (``smalltc tune --op assembly`` times it); the
 heuristic keeps the flat form, whose source it must leave unchanged.
@@ -28,7 +28,9 @@ def test_rows_form_only_when_asked():
     rows = assembly_ctx(3, 4, 5, "float64", params=dict(per_block=3, rows=2))
     assert rows["threads"] == 4 ** 3 * 2 and rows["per_block"] == 3
     assert MARK in render("assembly.cu.j2", dict(rows, entry="k"))
-    assert assembly_ctx(2, 4, 5, "float64", params=dict(per_block=3, rows=2)) is None
+    rows2 = assembly_ctx(2, 4, 5, "float64", params=dict(per_block=3, rows=2))
+    assert rows2["threads"] == 4 ** 2 * 2 and MARK in render("assembly.cu.j2",
+                                                              dict(rows2, entry="k"))
     assert assembly_ctx(1, 4, 5, "float64", params=dict(per_block=3, rows=1)) is None
     assert assembly_ctx(3, 7, 8, "float64", params=dict(per_block=1, rows=3)) is None  # 1029 threads
 
@@ -37,7 +39,8 @@ def test_rows_form_only_when_asked():
 @pytest.mark.parametrize("dim,nd,nq,rows,pad,dt", [
     (3, 2, 3, 8, 0, "float64"), (3, 4, 5, 2, 0, "float64"), (3, 7, 8, 2, 1, "float64"),
     (3, 5, 6, 1, 1, "float32"), (3, 7, 8, 0, 1, "float64"), (2, 3, 4, 0, 1, "float64"),
-    (1, 3, 4, 0, 1, "float32")])
+    (1, 3, 4, 0, 1, "float32"), (2, 7, 8, 2, 1, "float64"), (2, 4, 5, 4, 0, "float32"),
+    (2, 9, 10, 1, 0, "float64")])
 def test_variants_compile(tmp_path, dim, nd, nq, rows, pad, dt):
     ctx = assembly_ctx(dim, nd, nq, dt, params=dict(per_block=2, rows=rows, pad=pad))
     assert ctx["pad"] == pad and ctx["nqp"] == nq + pad
@@ -55,7 +58,10 @@ def test_variants_compile(tmp_path, dim, nd, nq, rows, pad, dt):
     (3, 2, 3, 5, 4, 0, "float64"), (3, 3, 5, 3, 2, 0, "float64"), (3, 4, 5, 2, 1, 0, "float64"),
     (3, 5, 7, 3, 2, 0, "float64"), (3, 7, 8, 2, 2, 0, "float64"), (3, 7, 9, 1, 1, 0, "float64"),
     (3, 4, 6, 3, 2, 0, "float32"), (3, 7, 8, 2, 2, 1, "float64"), (3, 7, 8, 1, 0, 1, "float64"),
-    (3, 3, 4, 5, 0, 1, "float32"), (2, 7, 8, 9, 0, 1, "float64"), (1, 7, 8, 33, 0, 1, "float64")])
+    (3, 3, 4, 5, 0, 1, "float32"), (2, 7, 8, 9, 0, 1, "float64"), (1, 7, 8, 33, 0, 1, "float64"),
+    (2, 2, 3, 7, 8, 0, "float64"), (2, 4, 6, 5, 4, 1, "float64"), (2, 4, 6, 3, 2, 0, "float32"),
+    (2, 6, 7, 2, 1, 0, "float64"), (2, 7, 8, 4, 2, 1, "float64"), (2, 7, 8, 9, 16, 1, "float32"),
+    (2, 9, 10, 3, 4, 1, "float64")])
 def test_variants_on_gpu(dim, nd, nq, per_block, rows, pad, dt):
     cp = cupy_or_none()
     from smalltc.backends import get
@@ -66,7 +72,7 @@ def test_variants_on_gpu(dim, nd, nq, per_block, rows, pad, dt):
     spec = AssemblySpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dt)
     ex = get("cuda").build(spec, params=dict(per_block=per_block, rows=rows, pad=pad))
     assert ex.params["rows"] == rows and ex.params["pad"] == pad and ex.source == "params"
-    assert ex.threads == (nd ** 3 * rows if rows else THREADS)
+    assert ex.threads == (nd ** dim * rows if rows else THREADS)
     out = cp.full((E, nd ** dim, nd ** dim), np.nan, dtype=dt)
     ex.run((cp.asarray(B1d.astype(dt)), cp.asarray(D.astype(dt))), out)
     got = cp.asnumpy(out).astype(np.float64)

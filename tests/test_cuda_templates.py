@@ -89,6 +89,13 @@ def _configs():
                 ctx = assembly_ctx(dim, p + 1, p + 2, dt)
                 if ctx is not None:
                     out.append(("assembly.cu.j2", ctx))
+            # the rows form and the padded rows (even nq) of the assembly, 2D and 3D
+            for p, rows, pad in ((2, 1, 1), (4, 2, 0), (6, 1, 1)) if dim > 1 else ():
+                out.append(("assembly.cu.j2", assembly_ctx(
+                    dim, p + 1, p + 2, dt, params=dict(per_block=2, rows=rows, pad=pad))))
+            if dim == 2:
+                out.append(("assembly.cu.j2", assembly_ctx(
+                    dim, 7, 8, dt, params=dict(per_block=4, rows=0, pad=1))))
         # the fused FEM operator: the action templates with gather (atomic and per-colour,
         # ncomp, both index types, the line form with and without prefetch) and the diagonal
         for dim, p, nc, it, det in ((1, 3, 1, "int32", False), (2, 2, 3, "int64", True),

@@ -101,7 +101,9 @@ def test_pruning_counts_by_hand():
     assert {c.params["pad"] for c in S.generate(   # odd nq: nothing to pad
         AssemblySpec(dim=3, nq=7, nd=6, batch=1, dtype=F64)).candidates} == {0}
     sp2 = S.generate(AssemblySpec(dim=2, nq=8, nd=7, batch=1, dtype=F64))
-    assert {c.params["rows"] for c in sp2.candidates} == {0}      # the rows form is 3D only
+    # 2D: rows 1..16 (7^2 * rows = 49..784 threads; 1 is pruned: 49 threads)
+    assert {c.params["rows"] for c in sp2.candidates} == {0, 2, 4, 8, 16}
+    assert sp2.pruned["threads"] == 2 * 10
     assert sorted(c.params["per_block"] for c in sp.candidates)[-1] <= 8
     # action 3D nd=3 nq=4: T=4; per register blocking rb, ceil(4/rb) threads along the
     # blocked axis: 16 threads per element (rb 1), 8 (rb 2 and 3: rb 3 is rb 2 again),

@@ -11,9 +11,10 @@ AssemblySpec       ``assembly.cu.j2``          ``stc_mass_assemble_3d_f64_nd3nq4
 =================  ==========================  ===================================
 
 Final stage: *flat* (``rows`` = 0, 256 threads, any thread any output) or, in
-3D, the *rows* form (``nd^3 * rows`` threads; thread (i3, j2, j3) keeps
-``BB(i3, j3, :)`` in registers, one shared load per FMA instead of two).
-``pad`` = 1 spaces the rows of BB and A2 an odd stride apart when nq is even.
+2D and 3D, the *rows* form (``nd^dim * rows`` threads; thread (i3, j2, j3) in 3D,
+(i2, j2) in 2D, keeps ``BB(i, j, :)`` in registers, one shared load per FMA instead
+of two). ``pad`` = 1 spaces the rows of BB and of the last intermediate (A2 in 3D,
+A1 in 2D) an odd stride apart when nq is even.
 The heuristic: flat, ~2048 outputs per block, no pad. Tuning parameters:
 ``per_block, rows, pad``.
 """
@@ -33,16 +34,20 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     A unit is (element, i1) in 2D/3D and an element in 1D; units per block
     aim at ~2048 outputs per block of 256 threads.
 
-    ``params``: ``per_block`` (units per block) and, 3D only, ``rows``: 0 (or
+    ``params``: ``per_block`` (units per block) and, 2D and 3D, ``rows``: 0 (or
     absent) for the flat final stage (every thread any output, 256 threads),
-    R >= 1 for the *rows* form: ``nd^3 * R`` threads, thread (i3, j2, j3)
-    keeps ``BB(i3, j3, :)`` in registers and walks R-strided rows (unit, i2,
-    j1), one shared load per FMA instead of two; ``pad`` = 1: rows of BB and
-    A2 an odd stride (nq + 1) apart when nq is even, against bank conflicts.
+    R >= 1 for the *rows* form: ``nd^dim * R`` threads; in 3D thread (i3, j2, j3)
+    keeps ``BB(i3, j3, :)`` in registers and walks R-strided rows (unit, i2, j1),
+    in 2D thread (i2, j2) keeps ``BB(i2, j2, :)`` and walks rows (unit, j1): one
+    shared load per FMA instead of two; ``pad`` = 1: rows of BB and of A2 (3D) or
+    A1 (2D) an odd stride (nq + 1) apart when nq is even, against bank conflicts.
 
     >>> c = assembly_ctx(3, 3, 4, "float64")
     >>> c["out_u"], c["per_block"], c["threads"], c["rows"]
     (243, 9, 256, 0)
+    >>> c = assembly_ctx(2, 7, 8, "float64", params=dict(per_block=4, rows=2, pad=1))
+    >>> c["threads"], c["a1s"], c["smem_bytes"]  # 8 * (442 + 4 * 7*9): BB 7*7*9 made even
+    (98, 'A1P', 5552)
     """
     s = ITEMSIZE[dtype]
     out_u = nd ** (2 * dim - 1) if dim > 1 else nd * nd
@@ -53,12 +58,13 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     # between the rows that the lanes of a warp read); nothing to do for odd nq
     pad = int(bool((params or {}).get("pad", 0)) and nq % 2 == 0)
     nqp = nq + pad
+    a1u = nd * nqp if dim == 2 else a1u      # 2D: A1 rows padded too
     a2u = nd ** 3 * nqp if dim == 3 else 0
     bb = even(nd * nd * nqp)
     threads = THREADS
     if rows:
-        threads = nd ** 3 * rows
-        if dim != 3 or rows < 0 or threads > 1024:
+        threads = nd ** dim * rows
+        if dim == 1 or rows < 0 or threads > 1024:
             return None
 
     def smem(nu):
@@ -70,7 +76,8 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
         return None
     return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, out_u=out_u, bb_pad=bb, per_block=nu,
                 threads=threads, smem_bytes=smem(nu), unroll=4, min_blocks=0, rows=rows,
-                pad=pad, nqp=nqp, nqs="NQP" if pad else "NQ", a2s="A2P" if pad else "A2U")
+                pad=pad, nqp=nqp, nqs="NQP" if pad else "NQ", a2s="A2P" if pad else "A2U",
+                a1s="A1P" if pad and dim == 2 else "A1U")
 
 
 def _outputs_per_unit(spec):
@@ -100,14 +107,15 @@ class AssemblyFamily(Family):
         return AssemblyExecutor(choice, device)
 
     def space(self, spec):
-        """Units per block 1, 2, 4, ... 512; the flat final stage (rows 0) and, in 3D,
-        the rows form with ``nd^3 * rows`` threads (rows 1, 2, 4, ... within 1024);
-        ``pad`` 0, 1 for even nq. Pruned: ``threads`` (a rows form under 64 threads)."""
-        rows = [0] + ([r for r in POW2 if spec.nd ** 3 * r <= MAX_THREADS]
-                      if spec.dim == 3 else [])
+        """Units per block 1, 2, 4, ... 512; the flat final stage (rows 0) and, in 2D
+        and 3D, the rows form with ``nd^dim * rows`` threads (rows 1, 2, 4, ... within
+        1024); ``pad`` 0, 1 for even nq. Pruned: ``threads`` (a rows form under 64
+        threads)."""
+        rows = [0] + ([r for r in POW2 if spec.nd ** spec.dim * r <= MAX_THREADS]
+                      if spec.dim > 1 else [])
         pads = (0, 1) if spec.nq % 2 == 0 else (0,)     # odd nq: rows are odd already
         for r in rows:
-            threads = spec.nd ** 3 * r if r else THREADS
+            threads = spec.nd ** spec.dim * r if r else THREADS
             for pad in pads:
                 for nb in POW2[:10]:
                     why = "threads" if r and threads < MIN_THREADS else None
@@ -119,7 +127,8 @@ class AssemblyFamily(Family):
         nb = max(1, round(params["per_block"] * _outputs_per_unit(entry_spec)
                           / _outputs_per_unit(spec)))
         extra = {k: params.get(k, v) for k, v in self.optional.items()}
-        if extra.get("rows") and (spec.dim != 3 or spec.nd ** 3 * extra["rows"] > MAX_THREADS):
+        if extra.get("rows") and (spec.dim == 1
+                                  or spec.nd ** spec.dim * extra["rows"] > MAX_THREADS):
             extra["rows"] = 0
         return self.first_valid(spec, dict(per_block=nb, **extra), device)
 

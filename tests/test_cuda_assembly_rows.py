@@ -1,8 +1,8 @@
 """The assembly's tuning variants: the *rows* final stage (``rows >= 1``, 2D and 3D)
 and padded rows (``pad = 1``): render, compile, and on a GPU are right.
 
-The rows form is a tuning choice (``smalltc tune --op assembly`` times it); the
-heuristic keeps the flat form, whose source it must leave unchanged.
+The heuristic takes the rows form in 2D and 3D; ``rows`` = 0 (asked for, or 1D) gives
+the flat form.
 """
 import shutil
 import subprocess
@@ -21,10 +21,18 @@ NVCC = shutil.which("nvcc")
 MARK = "final stage, rows form"
 
 
-def test_rows_form_only_when_asked():
-    flat = assembly_ctx(3, 4, 5, "float64")
+def test_rows_form_by_default_in_2d_and_3d():
+    # the heuristic: the rows form in 2D and 3D (~128 and ~256 threads), flat in 1D
+    heur = assembly_ctx(3, 4, 5, "float64")
+    assert heur["rows"] == 4 and heur["threads"] == 4 ** 3 * 4 and heur["pad"] == 0
+    assert MARK in render("assembly.cu.j2", dict(heur, entry="k"))
+    heur2 = assembly_ctx(2, 7, 8, "float64")
+    assert heur2["rows"] == 2 and heur2["threads"] == 98 and heur2["pad"] == 1
+    assert assembly_ctx(2, 7, 8, "float32")["pad"] == 0       # padding lost in float32
+    flat = assembly_ctx(3, 4, 5, "float64", params=dict(per_block=8, rows=0))
     assert flat["rows"] == 0 and flat["threads"] == THREADS
     assert MARK not in render("assembly.cu.j2", dict(flat, entry="k"))
+    assert assembly_ctx(1, 4, 5, "float64")["rows"] == 0
     rows = assembly_ctx(3, 4, 5, "float64", params=dict(per_block=3, rows=2))
     assert rows["threads"] == 4 ** 3 * 2 and rows["per_block"] == 3
     assert MARK in render("assembly.cu.j2", dict(rows, entry="k"))

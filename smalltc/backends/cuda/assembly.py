@@ -15,7 +15,9 @@ Final stage: *flat* (``rows`` = 0, 256 threads, any thread any output) or, in
 (i2, j2) in 2D, keeps ``BB(i, j, :)`` in registers, one shared load per FMA instead
 of two). ``pad`` = 1 spaces the rows of BB and of the last intermediate (A2 in 3D,
 A1 in 2D) an odd stride apart when nq is even.
-The heuristic: flat, ~2048 outputs per block, no pad. Tuning parameters:
+The heuristic (:func:`assembly_ctx`): in 2D and 3D the rows form with ~128 (2D) or
+~256 (3D) threads, 16 KB (2D) or 32 KB (3D) of output per block, ``pad`` for even nq in
+float64; in 1D the flat form, ~2048 outputs per block. Tuning parameters:
 ``per_block, rows, pad``.
 """
 from __future__ import annotations
@@ -31,8 +33,15 @@ __all__ = ["ASSEMBLY", "AssemblyFamily", "assembly_ctx"]
 def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     """Context of ``assembly.cu.j2``, or None when one unit does not fit.
 
-    A unit is (element, i1) in 2D/3D and an element in 1D; units per block
-    aim at ~2048 outputs per block of 256 threads.
+    A unit is (element, i1) in 2D/3D and an element in 1D.
+
+    Heuristic (``params`` None): in 2D and 3D the rows form with ``rows`` the power of
+    two nearest ~128 (2D) or ~256 (3D) threads, units per block the power of two nearest
+    16 KB (2D) or 32 KB (3D) of output, and ``pad`` where nq is even in float64 (padding
+    lost 8-11% in float32). Fitted to the searches' timings of every variant: the H100's
+    3D search (1.02-1.04x the best variant in geometric mean, float64/float32; the flat
+    form read 1.34/1.43x) and the H200's 2D search (1.03/1.11x; flat 1.27/1.44x),
+    notes/cuda.md section 7. In 1D: the flat form, ~2048 outputs per block.
 
     ``params``: ``per_block`` (units per block) and, 2D and 3D, ``rows``: 0 (or
     absent) for the flat final stage (every thread any output, 256 threads),
@@ -42,9 +51,12 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     shared load per FMA instead of two; ``pad`` = 1: rows of BB and of A2 (3D) or
     A1 (2D) an odd stride (nq + 1) apart when nq is even, against bank conflicts.
 
-    >>> c = assembly_ctx(3, 3, 4, "float64")
-    >>> c["out_u"], c["per_block"], c["threads"], c["rows"]
-    (243, 9, 256, 0)
+    >>> c = assembly_ctx(3, 3, 4, "float64")          # 27 * 8 threads, 16 * 243 outputs
+    >>> c["out_u"], c["per_block"], c["threads"], c["rows"], c["pad"]
+    (243, 16, 216, 8, 1)
+    >>> c = assembly_ctx(1, 5, 6, "float32")
+    >>> c["per_block"], c["threads"], c["rows"]
+    (64, 256, 0)
     >>> c = assembly_ctx(2, 7, 8, "float64", params=dict(per_block=4, rows=2, pad=1))
     >>> c["threads"], c["a1s"], c["smem_bytes"]  # 8 * (442 + 4 * 7*9): BB 7*7*9 made even
     (98, 'A1P', 5552)
@@ -52,11 +64,20 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     s = ITEMSIZE[dtype]
     out_u = nd ** (2 * dim - 1) if dim > 1 else nd * nd
     a1u = nd * nq ** (dim - 1) if dim > 1 else 0
+    if params is None and dim > 1 and nd ** dim <= MAX_THREADS:
+        per_thread = 256 if dim == 3 else 128
+        rows = _pow2_near(per_thread / nd ** dim)
+        while nd ** dim * rows > MAX_THREADS:
+            rows //= 2
+        params = dict(per_block=min(512, _pow2_near((32768 if dim == 3 else 16384)
+                                                    / (s * out_u))),
+                      rows=rows, pad=int(s == 8), heuristic=True)
     nu = params["per_block"] if params else max(1, min(64, math.ceil(2048 / out_u)))
     rows = int((params or {}).get("rows", 0) or 0)
     # pad: BB and A2 rows nq + 1 apart when nq is even (odd stride: no bank conflicts
     # between the rows that the lanes of a warp read); nothing to do for odd nq
     pad = int(bool((params or {}).get("pad", 0)) and nq % 2 == 0)
+    shrink = params is None or params.get("heuristic", False)
     nqp = nq + pad
     a1u = nd * nqp if dim == 2 else a1u      # 2D: A1 rows padded too
     a2u = nd ** 3 * nqp if dim == 3 else 0
@@ -70,7 +91,7 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     def smem(nu):
         return s * (bb + nu * (a1u + a2u))
 
-    while params is None and nu > 1 and smem(nu) > SMEM_TARGET:
+    while shrink and nu > 1 and smem(nu) > SMEM_TARGET:
         nu -= 1
     if smem(nu) > smem_optin:
         return None
@@ -78,6 +99,11 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
                 threads=threads, smem_bytes=smem(nu), unroll=4, min_blocks=0, rows=rows,
                 pad=pad, nqp=nqp, nqs="NQP" if pad else "NQ", a2s="A2P" if pad else "A2U",
                 a1s="A1P" if pad and dim == 2 else "A1U")
+
+
+def _pow2_near(x):
+    """The power of two nearest ``x`` on a log scale, at least 1."""
+    return 2 ** max(0, round(math.log2(max(x, 1))))
 
 
 def _outputs_per_unit(spec):

@@ -76,16 +76,33 @@ def test_second_process_after_precompile_compiles_nothing(tmp_path, device):
     assert cold["new_files"] > 0
 
 
-def test_precompile_records_and_cache_report():
-    recs = smalltc.precompile(ops=["action", "assembly"], p=[1], nq=["p+1", 2], dims=[1],
-                              ncomp=[1, 2], device="cpu")
+# precompile twice and report, in a process of its own on an empty cache (in this process
+# the cache folder is shared with the other test workers, whose compiles would count as
+# this call's new files)
+RECORDS_AND_REPORT = r"""
+import json
+import smalltc
+from smalltc import aot
+recs = smalltc.precompile(ops=["action", "assembly"], p=[1], nq=["p+1", 2], dims=[1],
+                          ncomp=[1, 2], device="cpu", progress=False)
+again = smalltc.precompile(ops=["action"], p=[1], nq=[2], dims=[1], device="cpu",
+                           progress=False)
+print(json.dumps(dict(recs=recs, again=again, report=aot.cache_report(kernels=True))))
+"""
+
+
+def test_precompile_records_and_cache_report(tmp_path):
+    out = subprocess.run([sys.executable, "-c", RECORDS_AND_REPORT],
+                         env=_env(tmp_path, "records"), check=True, capture_output=True,
+                         text=True).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    recs, again, rep = got["recs"], got["again"], got["report"]
     # nq p+1 == 2 once; ncomp only for the action
     assert [(r["op"], r["ncomp"]) for r in recs] == [("action", 1), ("action", 2),
                                                      ("assembly", 1)]
     assert all(r["backend"] == "cpu" and r["device"] == "cpu" for r in recs)
-    again = smalltc.precompile(ops=["action"], p=[1], nq=[2], dims=[1], device="cpu")
+    assert recs[0]["compiled"] and recs[0]["new_files"] > 0     # an empty cache: it compiled
     assert not again[0]["compiled"] and again[0]["new_files"] == 0
-    rep = aot.cache_report(kernels=True)
     assert rep["cpu"]["compiled"] >= 1 and "stc_mass_apply_1d_f64_nd2_nq2" in rep["cpu"]["names"]
     assert set(rep["cuda"]) >= {"dir", "modules", "files", "bytes"}
 

@@ -64,6 +64,7 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     s = ITEMSIZE[dtype]
     out_u = nd ** (2 * dim - 1) if dim > 1 else nd * nd
     a1u = nd * nq ** (dim - 1) if dim > 1 else 0
+    shrink = params is None                  # the heuristic's units may shrink to fit
     if params is None and dim > 1 and nd ** dim <= MAX_THREADS:
         per_thread = 256 if dim == 3 else 128
         rows = _pow2_near(per_thread / nd ** dim)
@@ -71,13 +72,12 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
             rows //= 2
         params = dict(per_block=min(512, _pow2_near((32768 if dim == 3 else 16384)
                                                     / (s * out_u))),
-                      rows=rows, pad=int(s == 8), heuristic=True)
+                      rows=rows, pad=int(s == 8))
     nu = params["per_block"] if params else max(1, min(64, math.ceil(2048 / out_u)))
     rows = int((params or {}).get("rows", 0) or 0)
-    # pad: BB and A2 rows nq + 1 apart when nq is even (odd stride: no bank conflicts
-    # between the rows that the lanes of a warp read); nothing to do for odd nq
+    # pad: BB and A2 (3D) or A1 (2D) rows nq + 1 apart when nq is even (odd stride: no
+    # bank conflicts between the rows that the lanes of a warp read); nothing to do for odd nq
     pad = int(bool((params or {}).get("pad", 0)) and nq % 2 == 0)
-    shrink = params is None or params.get("heuristic", False)
     nqp = nq + pad
     a1u = nd * nqp if dim == 2 else a1u      # 2D: A1 rows padded too
     a2u = nd ** 3 * nqp if dim == 3 else 0

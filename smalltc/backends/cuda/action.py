@@ -41,8 +41,8 @@ from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_LOCAL_BYTES, MAX_THREADS,
                      SM_REGISTERS, SM_THREADS, SMEM_TARGET, THREADS, Family, KernelExecutor,
                      even)
 
-__all__ = ["ACTION", "ActionFamily", "action_ctx", "action_line_ctx", "LINE_FROM_T",
-           "LINE_PREFETCH", "BULK_FROM_CC"]
+__all__ = ["ACTION", "ActionFamily", "action_ctx", "action_line_ctx", "qfunc_ctx", "qfunc_of",
+           "LINE_FROM_T", "LINE_PREFETCH", "BULK_FROM_CC", "QFUNCS"]
 
 #: the 3D heuristic takes the line form from this T = max(nd, nq) on: on an H100 it ran
 #: 1.13-1.46x the *tuned* register-blocked kernels at p = 5..8, float64, and lost at
@@ -63,6 +63,86 @@ _MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)
 #: register blocking searched; an rb that the context normalises to a smaller one
 #: (rb = 4 at T = 5 is 3) is a duplicate
 _RB = (1, 2, 3, 4)
+
+
+#: the pointwise stages (issue 27): "mass" is the family's original instance
+QFUNCS = ("mass", "diffusion", "helmholtz")
+#: threads a block the new instances' heuristic aims at (shared-memory and line forms)
+QFUNC_THREADS = 128
+
+
+def qfunc_of(spec):
+    """``(qfunc, collocated)`` of a spec (``("mass", False)`` for a spec without the fields)."""
+    return getattr(spec, "qfunc", "mass"), bool(getattr(spec, "collocated", False))
+
+
+def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, params=None,
+              cc="90"):
+    """Context of the diffusion and helmholtz instances of the action templates, or None.
+
+    The shared-memory form (``action.cu.j2``: T*T threads an item in 3D, T in 2D and 1D;
+    three T^dim buffers an item, two when collocated) or, in 3D, the line form
+    (``action_line.cu.j2`` with ``prefetch`` 0: B1d and G1d in the constant bank, three
+    T*T*TT buffers an item). ``colloc``: Gauss-Lobatto points on the nodes (nq == nd), no
+    B1d. The pointwise stage is ``qfunc.cuh.j2``'s. ``params``: ``per_block``,
+    ``min_blocks``, ``line`` (``rb`` 1 and ``prefetch`` 0 only). The heuristic: the line
+    form in 3D, ~128 threads a block (not yet measured against the alternatives).
+
+    >>> c = qfunc_ctx(3, 5, 6, 1, "float64", "diffusion", False)
+    >>> c["template"], c["line"], c["nbuf"], c["nsym"], c["per_block"], c["uoff"] == 2 * 6 * 6 * 7
+    ('action_line.cu.j2', 1, 3, 6, 3, True)
+    >>> c = qfunc_ctx(2, 5, 5, 1, "float32", "helmholtz", True)
+    >>> c["template"], c["nbuf"], c["goff"], c["head"]
+    ('action.cu.j2', 2, 0, 26)
+    >>> qfunc_ctx(3, 4, 5, 1, "float64", "diffusion", True) is None    # collocated: nq == nd
+    True
+    """
+    if qfunc not in QFUNCS[1:] or (colloc and nd != nq) or dim not in (1, 2, 3):
+        return None
+    params = dict(params) if params else None
+    if params and (params.get("rb", 1) != 1 or params.get("prefetch", 0) != 0):
+        return None
+    s = ITEMSIZE[dtype]
+    T = max(nd, nq)
+    nsym = dim * (dim + 1) // 2
+    line = params.get("line", 0) if params else int(dim == 3)
+    common = dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, qfunc=qfunc,
+                  colloc=int(colloc), nsym=nsym, rb=1, tb=T, prefetch=0, stages=0)
+    if line:
+        if dim != 3:
+            return None
+        TT = T | 1
+        tpi, buf, nbuf = TT * T, T * T * TT, 3
+        istr = nbuf * buf + 1 - (nbuf * buf) % 2
+        ne = max(1, min(8, round(QFUNC_THREADS / tpi)))
+        min_blocks = 0
+        if params:
+            ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
+        smem = s * (ne * istr + 1)
+        if ne < 1 or smem > smem_optin or tpi * ne > MAX_THREADS:
+            return None
+        return dict(common, TT=TT, istr=istr, tpi=tpi, per_block=ne, threads=tpi * ne,
+                    smem_bytes=smem, min_blocks=min_blocks, line=1, nbuf=nbuf,
+                    uoff=0 if colloc else 2 * buf, template="action_line.cu.j2")
+    tpi = T * T if dim == 3 else T
+    nbuf = 2 if colloc else 3
+    goff = 0 if colloc else even(nq * nd)
+    head = goff + even(nq * nd)
+    ne = max(1, QFUNC_THREADS // tpi)
+    min_blocks = 0
+    if params:
+        ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
+
+    def smem(ne):
+        return s * (head + ne * (nbuf * T ** dim + 1))
+
+    while params is None and ne > 1 and smem(ne) > SMEM_TARGET:
+        ne -= 1
+    if ne < 1 or smem(ne) > smem_optin or tpi * ne > MAX_THREADS:
+        return None
+    return dict(common, tpi=tpi, per_block=ne, threads=tpi * ne, smem_bytes=smem(ne),
+                min_blocks=min_blocks, line=0, nbuf=nbuf, goff=goff, head=head,
+                template="action.cu.j2")
 
 
 def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None, cc="90"):

@@ -301,6 +301,21 @@ def _counts(upto):
     return sorted(vals)
 
 
+def _qfunc_space(spec):
+    """The diffusion and helmholtz instances' search space: the shared-memory form and (3D)
+    the line form, every items-per-block count, min_blocks 0, 2, 4; no rb, no prefetch."""
+    T = max(spec.nd, spec.nq)
+    for line in (0, 1) if spec.dim == 3 else (0,):
+        tpi = (T | 1) * T if line else _threads_per_item(spec, 1, False)
+        upto = MAX_THREADS // tpi
+        for ne in _counts(upto):
+            for mb in (0, 2, 4):
+                why = ("threads" if ne * tpi < MIN_THREADS and ne < upto else
+                       "resident" if mb * ne * tpi > SM_THREADS else None)
+                yield dict(per_block=ne, min_blocks=mb, rb=1, line=line, prefetch=0,
+                           stages=0), why
+
+
 class ActionFamily(Family):
     """The fused action; see the module docstring."""
 
@@ -315,15 +330,25 @@ class ActionFamily(Family):
         return spec.op == "action"
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        qf, co = qfunc_of(spec)
+        if qf != "mass" or co:
+            return qfunc_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype, qf, co,
+                             device["smem_optin"], params, device.get("cc", "90"))
         return action_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype,
                           device["smem_optin"], params, device.get("cc", "90"))
 
     def template(self, ctx):
+        if ctx.get("qfunc"):
+            return ctx["template"]
         if ctx.get("line"):
             return "action_line.cu.j2"
         return "action.cu.j2" if ctx["rb"] == 1 else "action_rb.cu.j2"
 
     def entry(self, spec, ctx):
+        if ctx.get("qfunc"):
+            return (f"stc_{ctx['qfunc']}_apply_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}"
+                    f"nq{spec.nq}c{spec.ncomp}{'_co' if ctx['colloc'] else ''}"
+                    f"{'_line' if ctx.get('line') else ''}")
         return (f"stc_mass_apply_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
                 f"c{spec.ncomp}{'_line' if ctx.get('line') else ''}")
 
@@ -346,6 +371,9 @@ class ActionFamily(Family):
         where more items would fit), ``resident`` (min_blocks x threads over the SM's
         2048); the bulk form's sizes that are not 16-byte multiples are ``invalid``."""
         T = max(spec.nd, spec.nq)
+        if qfunc_of(spec) != ("mass", False):
+            yield from _qfunc_space(spec)
+            return
         for rb in _RB if spec.dim > 1 else (1,):
             tpi = _threads_per_item(spec, rb, False)
             upto = MAX_THREADS // tpi
@@ -369,6 +397,11 @@ class ActionFamily(Family):
                                    stages=st), why
 
     def carry(self, spec, entry_spec, params, device):
+        if qfunc_of(spec) != ("mass", False):
+            return None     # no tables for the new instances yet: their heuristic
+        return self._carry_mass(spec, entry_spec, params, device)
+
+    def _carry_mass(self, spec, entry_spec, params, device):
         """The same threads per block, register blocking and form (the line form in 3D
         only), the register cap lowered until it can be met."""
         line0 = bool(params.get("line", 0)) and entry_spec.dim == 3
@@ -419,6 +452,25 @@ class ActionExecutor(KernelExecutor):
         self._device = device
         self.unaligned = None                # the prefetch-1 executor for unaligned V or D
         self._slots = {}                     # device id -> get_global's shared slot of stc_cB
+        self._qfunc = self.ctx.get("qfunc")  # None: the mass instance
+        self._colloc = bool(self.ctx.get("colloc"))
+
+    def _split(self, ops):
+        """Diffusion/helmholtz operands (B1d absent when collocated): (B1d or None, G1d,
+        the arrays the kernel takes after the constant bank's, in call order)."""
+        if self._colloc:
+            return None, ops[0], ops[1:]
+        return ops[0], ops[1], ops[2:]
+
+    def _run_qfunc(self, ops, out):
+        B1d, G1d, rest = self._split(ops)
+        if not self._line:
+            head = ((B1d,) if B1d is not None else ()) + (G1d,)
+            self._run_arrays(self.nbatch, head + tuple(rest) + (out,))
+            return
+        self._load_constant_bank(B1d, G1d)
+        self._run_arrays(self.nbatch, tuple(rest) + (out,))
+        self._after_launch()
 
     def _unaligned(self):
         if self.unaligned is None:
@@ -431,6 +483,9 @@ class ActionExecutor(KernelExecutor):
         return self.unaligned
 
     def run(self, operands, out, **_):
+        if self._qfunc:
+            self._run_qfunc([o for o in operands if o is not None], out)
+            return
         B1d, D, V = operands
         if not self._line:
             self._run_arrays(self.nbatch, (B1d, D, V, out))
@@ -442,8 +497,9 @@ class ActionExecutor(KernelExecutor):
         self._run_arrays(self.nbatch, (D, V, out))
         self._after_launch()
 
-    def _load_constant_bank(self, B1d):
-        """Copy B1d into the module's ``stc_cB`` on the current stream, after the last
+    def _load_constant_bank(self, B1d, G1d=None):
+        """Copy B1d into the module's ``stc_cB`` (and G1d into ``stc_cG``: the diffusion and
+        helmholtz instances; B1d None when collocated) on the current stream, after the last
         launch of this module on another stream (then launch, then :meth:`_after_launch`)."""
         cp = cupy_or_none()
         # one slot per module and device: [stc_cB pointer, event after the last launch,
@@ -452,13 +508,25 @@ class ActionExecutor(KernelExecutor):
         slot = self._slots.get(dev)
         if slot is None:
             slot = self._slots[dev] = RT.get_global(self.template, self.kernel, self.ctx,
-                                                    self.smem, "stc_cB")
+                                                    self.smem,
+                                                    "stc_cG" if self._colloc else "stc_cB")
         if slot[1] is None:
             slot[1] = cp.cuda.Event(disable_timing=True)
-        ptr, event, last = slot
+        ptr, event, last = slot[:3]
         stream = cp.cuda.get_current_stream()
         if last is not None and last != stream.ptr and not stream.is_capturing():
             stream.wait_event(event)
+        if G1d is not None:
+            gptr = ptr
+            if not self._colloc:
+                if len(slot) < 4:
+                    slot.append(RT.get_global(self.template, self.kernel, self.ctx, self.smem,
+                                              "stc_cG")[0])
+                gptr = slot[3]
+            cp.cuda.runtime.memcpyAsync(gptr.ptr, G1d.data.ptr, G1d.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+            if self._colloc:
+                return
         cp.cuda.runtime.memcpyAsync(ptr.ptr, B1d.data.ptr, B1d.nbytes,
                                     cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
 

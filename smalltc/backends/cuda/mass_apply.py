@@ -30,7 +30,7 @@ from __future__ import annotations
 from ..._arrays import cupy_or_none
 from ...maps import map_info
 from . import runtime as RT
-from .action import ACTION, ActionExecutor, action_ctx
+from .action import ACTION, ActionExecutor, action_ctx, qfunc_ctx, qfunc_of
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
                      KernelExecutor, even)
 
@@ -57,6 +57,14 @@ class MassApplyFamily(Family):
         return spec.op == "mass_apply"
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        qf, co = qfunc_of(spec)
+        if qf != "mass" or co:
+            # diffusion, helmholtz: the action's contexts (line form in 3D, prefetch 0)
+            ctx = qfunc_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype, qf, co,
+                            device["smem_optin"], params, device.get("cc", "90"))
+            return None if ctx is None else dict(
+                ctx, gather=1, colored=0, evector=int(spec.deterministic),
+                index_t=_ITYPE[spec.index_dtype])
         if params is not None and (params.get("rb", 1) != 1 or params.get("prefetch", 0) > 1):
             return None
         if params is None and spec.dim == 3:
@@ -85,6 +93,10 @@ class MassApplyFamily(Family):
         return ACTION.template(ctx)
 
     def entry(self, spec, ctx):
+        if ctx.get("qfunc"):
+            return (f"stc_{ctx['qfunc']}_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
+                    f"c{spec.ncomp}_i{spec.index_dtype[3:]}{'_co' if ctx['colloc'] else ''}"
+                    f"{'_line' if ctx.get('line') else ''}{'_ev' if spec.deterministic else ''}")
         return (f"stc_mass_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}"
                 f"_i{spec.index_dtype[3:]}{'_line' if ctx.get('line') else ''}"
                 f"{'_ev' if spec.deterministic else ''}")
@@ -99,6 +111,8 @@ class MassApplyFamily(Family):
                 yield {k: params[k] for k in self.params}, why
 
     def carry(self, spec, entry_spec, params, device):
+        if qfunc_of(spec) != ("mass", False):
+            return None
         p = ACTION.carry(spec, entry_spec, dict(params, rb=1), device)
         return None if p is None else {k: p[k] for k in self.params}
 
@@ -119,18 +133,34 @@ class MassApplyExecutor(ActionExecutor):
         self._evectors = {}                  # device -> the deterministic form's E-vector
 
     def run(self, operands, out, **_):
-        B1d, D, X, MAP = operands
         if self.deterministic:
             dst = self._evector(out)
         else:
             _zero(out)
             dst = out
+        if self._qfunc:     # [B1d], G1d, [D], Q, x, map
+            B1d, G1d, rest = self._split([o for o in operands if o is not None])
+            MAP = rest[-1]
+            if self._line:
+                self._load_constant_bank(B1d, G1d)
+                head = tuple(rest) + (dst,)
+            else:
+                head = ((B1d,) if B1d is not None else ()) + (G1d,) + tuple(rest) + (dst,)
+            self._launch_items(self.nbatch, head, ())
+            if self._line:
+                self._after_launch()
+            self._sum_evector(dst, MAP, out)
+            return
+        B1d, D, X, MAP = operands
         if self._line:
             self._load_constant_bank(B1d)
         head = (D, X, MAP, dst) if self._line else (B1d, D, X, MAP, dst)
         self._launch_items(self.nbatch, head, ())
         if self._line:
             self._after_launch()
+        self._sum_evector(dst, MAP, out)
+
+    def _sum_evector(self, dst, MAP, out):
         if self.deterministic:
             pos, off = map_info(MAP, self.ndofs).transposed(MAP)
             _scatter_sum(dst, pos, off, out, self.ndofs, self.ncomp, self.ndd)
@@ -193,6 +223,35 @@ def diagonal_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
                 smem_bytes=smem(nb), min_blocks=0)
 
 
+def qfunc_diagonal_ctx(dim, nd, nq, dtype, qfunc, colloc, smem_optin=227 * 1024, params=None):
+    """Context of ``mass_diagonal.cu.j2``'s diffusion and helmholtz instances, or None:
+    the per-axis factor tables B^2, B G, G^2 and a group's Q (and D) in shared memory.
+
+    >>> c = qfunc_diagonal_ctx(3, 4, 5, "float64", "helmholtz", False)
+    >>> c["nsym"], c["ndata"], c["per_block"], c["tab"]
+    (6, 7, 6, 20)
+    """
+    if qfunc not in ("diffusion", "helmholtz") or (colloc and nd != nq):
+        return None
+    s = ITEMSIZE[dtype]
+    ndd, nqd = nd ** dim, nq ** dim
+    nsym = dim * (dim + 1) // 2
+    ndata = nsym + (qfunc == "helmholtz")
+    tab = even(nq * nd)
+    nb = params["per_block"] if params else max(1, min(64, 1024 // ndd))
+
+    def smem(nb):
+        return s * (3 * tab + nb * ndata * nqd)
+
+    while params is None and nb > 1 and smem(nb) > SMEM_TARGET:
+        nb -= 1
+    if nb < 1 or smem(nb) > smem_optin:
+        return None
+    return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, per_block=nb, threads=THREADS,
+                smem_bytes=smem(nb), min_blocks=0, qfunc=qfunc, colloc=int(colloc),
+                nsym=nsym, ndata=ndata, tab=tab)
+
+
 class MassDiagonalFamily(Family):
     """The mass matrix's diagonal through the map; see the module docstring."""
 
@@ -205,11 +264,21 @@ class MassDiagonalFamily(Family):
         return spec.op == "mass_diagonal"
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
-        ctx = diagonal_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, device["smem_optin"], params)
+        qf, co = qfunc_of(spec)
+        if qf != "mass" or co:
+            ctx = qfunc_diagonal_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, qf, co,
+                                     device["smem_optin"], params)
+        else:
+            ctx = diagonal_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, device["smem_optin"],
+                               params)
         return None if ctx is None else dict(ctx, colored=int(spec.deterministic),
                                              index_t=_ITYPE[spec.index_dtype])
 
     def entry(self, spec, ctx):
+        if ctx.get("qfunc"):
+            return (f"stc_{ctx['qfunc']}_diag_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}"
+                    f"nq{spec.nq}_i{spec.index_dtype[3:]}{'_co' if ctx['colloc'] else ''}"
+                    f"{'_col' if spec.deterministic else ''}")
         return (f"stc_mass_diag_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
                 f"_i{spec.index_dtype[3:]}{'_col' if spec.deterministic else ''}")
 
@@ -221,6 +290,8 @@ class MassDiagonalFamily(Family):
             yield dict(per_block=nb), None
 
     def carry(self, spec, entry_spec, params, device):
+        if qfunc_of(spec) != ("mass", False):
+            return None
         nb = max(1, round(params["per_block"] * entry_spec.nd ** entry_spec.dim
                           / spec.nd ** spec.dim))
         return self.first_valid(spec, dict(per_block=nb), device)
@@ -236,14 +307,15 @@ class MassDiagonalExecutor(KernelExecutor):
         self.colored = bool(choice.spec.deterministic)
 
     def run(self, operands, out, **_):
-        B1d, D, MAP = operands
+        ops = [o for o in operands if o is not None]   # [B1d], G1d, [D], Q, map (qfunc)
+        MAP = ops[-1]
         _zero(out)
         if not self.colored:
-            self._run_arrays(self.nbatch, (B1d, D, MAP, out))
+            self._run_arrays(self.nbatch, tuple(ops) + (out,))
             return
         order, offsets = map_info(MAP, self.ndofs).colors(MAP)
         for c in range(len(offsets) - 1):
             lo, hi = int(offsets[c]), int(offsets[c + 1])
             if hi > lo:
-                self._run_arrays(hi - lo, (B1d, D, MAP, out, order[lo:hi]))
+                self._run_arrays(hi - lo, tuple(ops) + (out, order[lo:hi]))
 

@@ -19,7 +19,7 @@ from smalltc.backends.cuda.assembly import assembly_ctx
 from smalltc.backends.cuda.contract9 import contract9_ctx
 from smalltc.backends.cuda.layout import generic_ctx, layout_ctx
 from smalltc.backends.cuda.mass_apply import MASS_APPLY, MASS_DIAGONAL
-from smalltc.spec import MassApplySpec, MassDiagonalSpec
+from smalltc.spec import ActionSpec, MassApplySpec, MassDiagonalSpec
 from smalltc.backends.cuda.runtime import SmalltcCompileError, render, template_names
 
 NVCC = shutil.which("nvcc")
@@ -108,6 +108,35 @@ def _configs():
                 out.append((MASS_APPLY.template(ctx), ctx))
             d = MassDiagonalSpec(dim=dim, nq=p + 2, nd=p + 1, batch=1, dtype=dt, ndofs=1,
                                  index_dtype=it, deterministic=det)
+            out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
+        # the operator family's diffusion and helmholtz instances (issue 27): Gauss and
+        # collocated, the shared-memory form 1D-3D and the 3D line form, element level, the
+        # fused map form (atomic, deterministic, ncomp, both index types) and the diagonal
+        for qf, co, dim, p, nc, line, it, det in (
+                ("diffusion", False, 1, 3, 1, 0, "int32", False),
+                ("helmholtz", True, 1, 2, 2, 0, "int64", True),
+                ("diffusion", True, 2, 3, 1, 0, "int32", True),
+                ("helmholtz", False, 2, 2, 3, 0, "int64", False),
+                ("helmholtz", True, 3, 2, 1, 0, "int32", False),
+                ("diffusion", False, 3, 3, 3, 0, "int64", True),
+                ("diffusion", False, 3, 4, 1, 1, "int32", False),
+                ("diffusion", True, 3, 4, 1, 1, "int32", True),
+                ("helmholtz", False, 3, 7, 3, 1, "int64", False),
+                ("diffusion", True, 3, 7, 1, 1, "int32", False),
+                ("diffusion", False, 3, 8, 1, 1, "int32", False)):
+            nd, nq = p + 1, p + 1 if co else p + 2
+            params = dict(per_block=2, min_blocks=0, line=line)
+            a = ActionSpec(dim=dim, nq=nq, nd=nd, batch=1, dtype=dt, ncomp=nc,
+                           comp_axis=nc > 1, qfunc=qf, collocated=co)
+            for fam, sp in ((ACTION, a), (MASS_APPLY, MassApplySpec(
+                    dim=dim, nq=nq, nd=nd, batch=1, dtype=dt, ndofs=1, ncomp=nc,
+                    comp_axis=nc > 1, index_dtype=it, deterministic=det, qfunc=qf,
+                    collocated=co))):
+                for prm in (None, params):
+                    ctx = fam.context(sp, prm)
+                    out.append((fam.template(ctx), ctx))
+            d = MassDiagonalSpec(dim=dim, nq=nq, nd=nd, batch=1, dtype=dt, ndofs=1,
+                                 index_dtype=it, deterministic=det, qfunc=qf, collocated=co)
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
     # device CG (fixed entry names with C linkage: one configuration in the translation unit)
     out.insert(20, ("cg.cu.j2", dict(dtype="float64", threads=256, blocks=1024, jacobi=1)))

@@ -56,6 +56,10 @@ class MassApplyFamily(Family):
     def claims(self, spec):
         return spec.op == "mass_apply"
 
+    def supports(self, spec):
+        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated."""
+        return True
+
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
         qf, co = qfunc_of(spec)
         if qf != "mass" or co:
@@ -262,6 +266,10 @@ class MassDiagonalFamily(Family):
 
     def claims(self, spec):
         return spec.op == "mass_diagonal"
+
+    def supports(self, spec):
+        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated."""
+        return True
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
         qf, co = qfunc_of(spec)

@@ -69,9 +69,12 @@ _RB = (1, 2, 3, 4)
 QFUNCS = ("mass", "diffusion", "helmholtz")
 #: threads a block the new instances' heuristic aims at (shared-memory and line forms)
 QFUNC_THREADS = 128
-#: the line form's default ``qpre``: 1 loads a thread's Q values into registers at the
-#: group's start (their latency overlaps V's gather and the x, y steps), 0 in the z step
-QPRE = 0
+#: how the line form's z step reads Q (tuning parameter ``qmode``): "global" (loads in the
+#: z step), "regs" (a thread's Q values into registers at the group's start: their latency
+#: overlaps V's gather and the x, y steps), "smem" (the group's Q slab copied into shared
+#: memory by the whole block at the group's start; ncomp 1 only)
+QMODES = ("global", "regs", "smem")
+QMODE = "global"
 
 
 def qfunc_of(spec):
@@ -88,8 +91,8 @@ def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, p
     (``action_line.cu.j2`` with ``prefetch`` 0: B1d and G1d in the constant bank, three
     T*T*TT buffers an item). ``colloc``: Gauss-Lobatto points on the nodes (nq == nd), no
     B1d. The pointwise stage is ``qfunc.cuh.j2``'s. ``params``: ``per_block``,
-    ``min_blocks``, ``line`` (``rb`` 1 and ``prefetch`` 0 only), ``qpre`` (line form: Q
-    into registers at the group's start, :data:`QPRE`). The heuristic: the line
+    ``min_blocks``, ``line`` (``rb`` 1 and ``prefetch`` 0 only), ``qmode`` (line form:
+    where the z step reads Q from, :data:`QMODES`). The heuristic: the line
     form in 3D, ~128 threads a block (not yet measured against the alternatives).
 
     >>> c = qfunc_ctx(3, 5, 6, 1, "float64", "diffusion", False)
@@ -125,9 +128,17 @@ def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, p
         smem = s * (ne * istr + 1)
         if ne < 1 or smem > smem_optin or tpi * ne > MAX_THREADS:
             return None
-        qpre = params.get("qpre", QPRE) if params else QPRE
+        qmode = params.get("qmode", QMODE) if params else QMODE
+        if qmode not in QMODES or (qmode == "smem" and ncomp > 1):
+            return None
+        qsm = ne * nsym * nq ** 3 if qmode == "smem" else 0
+        smem += s * qsm
+        if smem > smem_optin:
+            return None
         return dict(common, TT=TT, istr=istr, tpi=tpi, per_block=ne, threads=tpi * ne,
-                    smem_bytes=smem, min_blocks=min_blocks, line=1, nbuf=nbuf, qpre=int(qpre),
+                    smem_bytes=smem, min_blocks=min_blocks, line=1, nbuf=nbuf,
+                    qpre=int(qmode == "regs"), qsmem=int(qmode == "smem"), qmode=qmode,
+                    qoff=ne * istr + 1,
                     uoff=0 if colloc else 2 * buf, template="action_line.cu.j2")
     tpi = T * T if dim == 3 else T
     nbuf = 2 if colloc else 3

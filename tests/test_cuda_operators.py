@@ -70,8 +70,14 @@ def _tol(dtype, p):
     return TOL[dtype] * (20 if dtype == "float32" else 10) * (4 if p >= 4 else 1)
 
 
-def _params(ex_line):
-    return dict(per_block=2, min_blocks=0, rb=1, line=ex_line, prefetch=0, stages=0)
+def _forms(line, ncomp):
+    """The heuristic (None), then the case's form; the line form with each ``qmode`` (where
+    the z step reads Q: "smem" for ncomp 1 only)."""
+    base = dict(per_block=2, min_blocks=0, rb=1, line=line, prefetch=0, stages=0)
+    if not line:
+        return [None, base]
+    return [None] + [dict(base, qmode=m) for m in ("global", "regs", "smem")
+                     if m != "smem" or ncomp == 1]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -85,7 +91,7 @@ def test_action(case):
     ref = oracle.operator_action(qfunc, B1d, G1d, D, Q, V, dim)
     spec = ActionSpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ncomp=ncomp,
                       comp_axis=ncomp > 1, qfunc=qfunc, collocated=co)
-    for params in (None, _params(line)):       # the heuristic, then the form of the case
+    for params in _forms(line, ncomp):
         ex = _backend().build(spec, params)
         assert ex.specialized and qfunc in ex.kernel, ex.kernel
         ops = [a for a in _dev(dtype, B1d, G1d, D, Q, V) if a is not None]
@@ -113,7 +119,7 @@ def test_fused_apply_and_diagonal(case):
         spec = MassApplySpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ndofs=space.ndofs,
                              ncomp=ncomp, comp_axis=ncomp > 1, index_dtype=np.dtype(it).name,
                              deterministic=det, qfunc=qfunc, collocated=co)
-        for params in (None, _params(line)):
+        for params in _forms(line, ncomp):
             ex = _backend().build(spec, params)
             assert ex.specialized and qfunc in ex.kernel, ex.kernel
             out = cp.full(x.shape, np.nan, dtype=dtype)

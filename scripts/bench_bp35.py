@@ -37,10 +37,55 @@ def timeit(cp, fn, reps=10, samples=15):
     return float(np.median(ts))
 
 
+def variants(bp, p):
+    """(name, params) timed per case: the heuristic, the line form at 1 item a block and at
+    ~128 threads with each qmode, and (p <= 4) the shared-memory form."""
+    nd = p + 1
+    nq = nd if bp == "bp5" else p + 2
+    T = max(nd, nq)
+    tpi = (T | 1) * T
+    h = max(1, min(8, round(128 / tpi)))
+    out = [("heuristic", None)]
+    for pb in sorted({1, h}):
+        for qm in ("global", "smem") + (("regs",) if pb == h else ()):
+            out.append((f"line pb{pb} {qm}", dict(per_block=pb, min_blocks=0, line=1, qmode=qm)))
+    if p <= 4:
+        out.append(("smem form", dict(per_block=max(1, 128 // (T * T)), min_blocks=0, line=0)))
+    return out
+
+
+def spec_of(bp, p, E=1, ndofs=1):
+    from smalltc.spec import MassApplySpec
+    nd = p + 1
+    nq = nd if bp == "bp5" else p + 2
+    return MassApplySpec(dim=3, nq=nq, nd=nd, batch=E, dtype="float64", ndofs=ndofs,
+                         qfunc="diffusion", collocated=bp == "bp5")
+
+
+def _compile(job):
+    """Build (compile into CuPy's disk cache) one variant, in a worker process."""
+    bp, p, params = job
+    from smalltc.backends.cuda import CudaBackend
+    try:
+        CudaBackend().build(spec_of(bp, p), params)
+        return None
+    except Exception as err:          # reported again by the timing process
+        return f"{bp} p={p} {params}: {err}"
+
+
+def precompile(ps, workers=14):
+    import multiprocessing as mp
+    jobs = [(bp, p, prm) for p in ps for bp in ("bp3", "bp5") for _, prm in variants(bp, p)]
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        errs = [e for e in pool.map(_compile, jobs, chunksize=1) if e]
+    print(f"precompiled {len(jobs)} kernels in {time.time() - t0:.1f} s", *errs, sep="\n",
+          flush=True)
+
+
 def main():
     import cupy as cp
     from smalltc.backends.cuda import CudaBackend
-    from smalltc.spec import MassApplySpec
     out_path = sys.argv[1]
     ps = [int(a) for a in sys.argv[2:]] or list(range(1, 9))
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"]
@@ -51,6 +96,7 @@ def main():
     bw = 2 * a.nbytes / t
     del a, b
     res = dict(device=dev, copy_bw=bw, cases=[])
+    precompile(ps)
     print(f"{dev}: copy {bw / 1e12:.3f} TB/s", flush=True)
     be = CudaBackend()
     for p in ps:
@@ -69,18 +115,9 @@ def main():
             y = cp.empty(ndofs)
             ops = [o for o in (B1d, G1d, Q, x, mm) if o is not None]
             nbytes = 8 * (2 * ndofs + E * 6 * nq ** 3) + 4 * E * nd ** 3
-            spec = MassApplySpec(dim=3, nq=nq, nd=nd, batch=E, dtype="float64", ndofs=ndofs,
-                                 qfunc="diffusion", collocated=co)
-            T = max(nd, nq)
-            variants = [("heuristic", None)]
-            for pb in sorted({1, 2, max(1, round(256 / ((T | 1) * T)))}):
-                for qpre in (0, 1):
-                    variants.append((f"line pb{pb} q{qpre}",
-                                     dict(per_block=pb, min_blocks=0, line=1, qpre=qpre)))
-            variants.append(("smem", dict(per_block=max(1, 128 // (T * T)), min_blocks=0,
-                                          line=0)))
+            spec = spec_of(bp, p, E, ndofs)
             ref = None
-            for name, params in variants:
+            for name, params in variants(bp, p):
                 try:
                     ex = be.build(spec, params)
                 except Exception as err:            # a form that does not fit
@@ -97,11 +134,11 @@ def main():
                     err = float(cp.linalg.norm(y - ref) / cp.linalg.norm(ref))
                 tt = timeit(cp, lambda: ex.run(ops, y))
                 row = dict(bp=bp, p=p, variant=name, kernel=ex.kernel, params=ex.params,
-                           per_block=ex.ctx["per_block"], qpre=ex.ctx.get("qpre"),
+                           per_block=ex.ctx["per_block"], qmode=ex.ctx.get("qmode"),
                            ndofs=ndofs, E=E, time_s=tt, gdofs=ndofs / tt / 1e9,
                            bound_frac=nbytes / bw / tt, rel_err=err)
                 res["cases"].append(row)
-                print(f"{bp} p={p} {name:14s} pb={ex.ctx['per_block']} {tt * 1e6:8.1f} us {row['gdofs']:6.2f} GDoF/s "
+                print(f"{bp} p={p} {name:16s} pb={ex.ctx['per_block']} {tt * 1e6:8.1f} us {row['gdofs']:6.2f} GDoF/s "
                       f"{100 * row['bound_frac']:5.1f}% regs={ex.params.get('registers')} "
                       f"local={ex.params.get('local_bytes')} err={err}", flush=True)
             del Q, x, y, mm

@@ -74,7 +74,27 @@ QFUNC_THREADS = 128
 #: overlaps V's gather and the x, y steps), "smem" (the group's Q slab copied into shared
 #: memory by the whole block at the group's start; ncomp 1 only)
 QMODES = ("global", "regs", "smem")
-QMODE = "global"
+
+
+def qfunc_line_heuristic(nd, nq, ncomp, colloc):
+    """The line form's heuristic for the diffusion and helmholtz instances: ``(per_block,
+    qmode)``. Measured on an H100 (BP3 and BP5: the fused diffusion apply, 3D, ~2M DoFs,
+    float64, p = 1..8, one run, results/gpu-nvidia-h100-80gb-hbm3/issue27): Gauss, Q in
+    shared memory ("smem") from T = 4 on ("global" at T = 3), ~128 threads a block up to
+    T = 6 and one item a block from T = 7 (p = 5..8: 1.03-1.16x two or three items);
+    collocated, Q in registers ("regs") with ~128 threads up to T = 5, then Q in shared
+    memory with one item a block (p = 5: 1.19x ``regs`` at 3 items). "smem" needs ncomp 1:
+    with components, "global"."""
+    T = max(nd, nq)
+    tpi = (T | 1) * T
+    near128 = max(1, min(8, round(QFUNC_THREADS / tpi)))
+    if colloc:
+        pb, qmode = (near128, "regs") if T <= 5 else (1, "smem")
+    else:
+        pb, qmode = (near128, "global" if T <= 3 else "smem") if T <= 6 else (1, "smem")
+    if qmode == "smem" and ncomp > 1:
+        qmode = "global"
+    return pb, qmode
 
 
 def qfunc_of(spec):
@@ -92,12 +112,14 @@ def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, p
     T*T*TT buffers an item). ``colloc``: Gauss-Lobatto points on the nodes (nq == nd), no
     B1d. The pointwise stage is ``qfunc.cuh.j2``'s. ``params``: ``per_block``,
     ``min_blocks``, ``line`` (``rb`` 1 and ``prefetch`` 0 only), ``qmode`` (line form:
-    where the z step reads Q from, :data:`QMODES`). The heuristic: the line
-    form in 3D, ~128 threads a block (not yet measured against the alternatives).
+    where the z step reads Q from, :data:`QMODES`; missing means "global"). The
+    heuristic: the line form in 3D (:func:`qfunc_line_heuristic`; the shared-memory form
+    ran at 0.67-0.85x the best line variant at p = 1..4), the shared-memory form with ~128 threads a
+    block in 1D and 2D.
 
     >>> c = qfunc_ctx(3, 5, 6, 1, "float64", "diffusion", False)
-    >>> c["template"], c["line"], c["nbuf"], c["nsym"], c["per_block"], c["uoff"] == 2 * 6 * 6 * 7
-    ('action_line.cu.j2', 1, 3, 6, 3, True)
+    >>> c["template"], c["line"], c["nbuf"], c["nsym"], c["per_block"], c["qmode"]
+    ('action_line.cu.j2', 1, 3, 6, 3, 'smem')
     >>> c = qfunc_ctx(2, 5, 5, 1, "float32", "helmholtz", True)
     >>> c["template"], c["nbuf"], c["goff"], c["head"]
     ('action.cu.j2', 2, 0, 26)
@@ -121,14 +143,14 @@ def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, p
         TT = T | 1
         tpi, buf, nbuf = TT * T, T * T * TT, 3
         istr = nbuf * buf + 1 - (nbuf * buf) % 2
-        ne = max(1, min(8, round(QFUNC_THREADS / tpi)))
+        ne, qmode = qfunc_line_heuristic(nd, nq, ncomp, colloc)
         min_blocks = 0
         if params:
             ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
+            qmode = params.get("qmode", "global")
         smem = s * (ne * istr + 1)
         if ne < 1 or smem > smem_optin or tpi * ne > MAX_THREADS:
             return None
-        qmode = params.get("qmode", QMODE) if params else QMODE
         if qmode not in QMODES or (qmode == "smem" and ncomp > 1):
             return None
         qsm = ne * nsym * nq ** 3 if qmode == "smem" else 0

@@ -13,7 +13,32 @@ from smalltc.spec import ActionSpec, MassApplySpec, MassDiagonalSpec
 
 from conftest import TOL, rel_err
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no CUDA device")]
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no CUDA device")]
+H100 = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=232448)
+
+
+@pytest.mark.parametrize("op", ["action", "mass_apply", "mass_diagonal"])
+@pytest.mark.parametrize("qfunc,co", [("diffusion", False), ("helmholtz", False),
+                                      ("diffusion", True), ("helmholtz", True)])
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_choices_without_a_gpu(op, qfunc, co, dim):
+    """Every instance gets a specialised kernel of its own name (no tables: the heuristic);
+    3D the line form, 1D/2D the shared-memory form; assembly stays on the reference path."""
+    from smalltc.backends.cuda import choose, family_of
+    from smalltc.spec import AssemblySpec
+    p = 3
+    nd, nq = p + 1, p + 1 if co else p + 2
+    kw = dict(dim=dim, nq=nq, nd=nd, batch=64, dtype="float64", qfunc=qfunc, collocated=co)
+    spec = {"action": lambda: ActionSpec(**kw),
+            "mass_apply": lambda: MassApplySpec(ndofs=100, **kw),
+            "mass_diagonal": lambda: MassDiagonalSpec(ndofs=100, **kw)}[op]()
+    c = choose(spec, H100)
+    assert c.source == "heuristic" and c.entry.startswith(f"stc_{qfunc}_")
+    assert ("_co" in c.entry) == co and c.ctx["qfunc"] == qfunc
+    if op != "mass_diagonal":
+        assert c.template == ("action_line.cu.j2" if dim == 3 else "action.cu.j2")
+    assert family_of(AssemblySpec(dim=dim, nq=nq, nd=nd, batch=4, dtype="float64",
+                                  qfunc=qfunc, collocated=co)) is None
 
 # (qfunc, collocated, dim, p, dtype, ncomp, line): nq = p + 1 collocated, else p + 2
 CASES = [
@@ -80,7 +105,7 @@ def _forms(line, ncomp):
                      if m != "smem" or ncomp == 1]
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=gpu) for c in CASES], ids=IDS)
 def test_action(case):
     import cupy as cp
     qfunc, co, dim, p, dtype, ncomp, line = case
@@ -100,7 +125,7 @@ def test_action(case):
         assert rel_err(out, ref) <= _tol(dtype, p), (ex.kernel, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=gpu) for c in CASES], ids=IDS)
 def test_fused_apply_and_diagonal(case):
     import cupy as cp
     from smalltc.fem import H1Space, box_mesh
@@ -137,6 +162,8 @@ def test_fused_apply_and_diagonal(case):
         assert rel_err(out, d_ref) <= _tol(dtype, p), (ex.kernel, det, rel_err(out, d_ref))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 def test_public_api_runs_the_kernels():
     """``smalltc.plan`` of a diffusion apply on CuPy arrays picks the specialised kernel."""
     import cupy as cp

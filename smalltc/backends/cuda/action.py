@@ -81,10 +81,14 @@ def qfunc_line_heuristic(nd, nq, ncomp, colloc):
     qmode)``. Measured on an H100 (BP3 and BP5: the fused diffusion apply, 3D, ~2M DoFs,
     float64, p = 1..8, one run, results/gpu-nvidia-h100-80gb-hbm3/issue27): Gauss, Q in
     shared memory ("smem") from T = 4 on ("global" at T = 3), ~128 threads a block up to
-    T = 6 and one item a block from T = 7 (p = 5..8: 1.03-1.16x two or three items);
+    T = 6 and one item a block from T = 7 (p = 5..7: 1.03-1.16x two or three items);
     collocated, Q in registers ("regs") with ~128 threads up to T = 5, then Q in shared
     memory with one item a block (p = 5: 1.19x ``regs`` at 3 items). "smem" needs ncomp 1:
-    with components, "global"."""
+    with components, "global".
+
+    >>> qfunc_line_heuristic(5, 6, 1, False), qfunc_line_heuristic(9, 9, 1, True)
+    ((3, 'smem'), (1, 'smem'))
+    """
     T = max(nd, nq)
     tpi = (T | 1) * T
     near128 = max(1, min(8, round(QFUNC_THREADS / tpi)))
@@ -98,7 +102,13 @@ def qfunc_line_heuristic(nd, nq, ncomp, colloc):
 
 
 def qfunc_of(spec):
-    """``(qfunc, collocated)`` of a spec (``("mass", False)`` for a spec without the fields)."""
+    """``(qfunc, collocated)`` of a spec (``("mass", False)`` for a spec without the fields).
+
+    >>> from smalltc.spec import ActionSpec
+    >>> qfunc_of(ActionSpec(dim=3, nq=5, nd=5, batch=8, dtype="float64", qfunc="diffusion",
+    ...                     collocated=True))
+    ('diffusion', True)
+    """
     return getattr(spec, "qfunc", "mass"), bool(getattr(spec, "collocated", False))
 
 

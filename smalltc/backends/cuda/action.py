@@ -23,6 +23,13 @@ line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_apply_3d_f64_nd6nq7
   *bulk* form, sm_90 on) copies the V and D slabs of the next ``stages - 1`` groups
   into shared-memory slots by ``cp.async.bulk``, no registers held.
 
+The operator family's diffusion and helmholtz instances (issue 27; ``spec.qfunc``,
+``spec.collocated``) are the same templates with the pointwise stage of
+``qfunc.cuh.j2`` (:func:`qfunc_ctx`): the shared-memory form in 1D-3D and the line form
+in 3D (``stc_diffusion_apply_3d_f64_nd5nq6c1_line``, ``..._co_line`` when collocated),
+G1d beside B1d in the constant bank; their heuristic is :func:`qfunc_line_heuristic`
+(notes/cuda.md, section 7c).
+
 The heuristic, measured on an H100 (float64, notes/cuda.md): the line form from
 T = :data:`LINE_FROM_T` on with ``prefetch`` :data:`LINE_PREFETCH` (from compute
 capability :data:`BULK_FROM_CC` on the bulk form, measured on the H200 and the

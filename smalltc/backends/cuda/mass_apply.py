@@ -15,6 +15,11 @@ deterministic      either, then                ``..._ev``, then
 diagonal           ``mass_diagonal.cu.j2``     ``stc_mass_diag_3d_f64_nd5nq7_i32``
 =================  ==========================  ==============================================
 
+The diffusion and helmholtz instances (issue 27) run the same way through the action's
+:func:`.action.qfunc_ctx` contexts (``stc_diffusion_op_3d_f64_nd5nq6c1_i32_line``), and
+their diagonal through ``mass_diagonal.cu.j2``'s per-axis factor tables
+(``stc_diffusion_diag_3d_f64_nd5nq6_i32``); operands ``[B1d,] G1d, [D,] Q, x, map``.
+
 ``deterministic`` specs store U as an E-vector (``evector``) and a second kernel
 adds it into ``y`` through the transposed map (:func:`smalltc.maps.transpose`:
 each DoF's entries in increasing order): no atomics, the same bits every run.

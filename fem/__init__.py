@@ -22,6 +22,7 @@ True
 """
 
 from .basis import Basis1D, barycentric_weights, basis_1d, differentiation_matrix, lagrange_basis
+from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
 from .demo import projection_demo, smooth_function
 from .geometry import (
     QuadratureData,
@@ -35,6 +36,7 @@ from .geometry import (
 )
 from .mesh import BoxMesh, box_mesh, sine_distortion
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
+from .output import to_meshio, write_vtu
 from .operators import AssembledMassOperator, MassOperator, mass_operator
 from .projection import ProjectionResult, l2_error, l2_project, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
@@ -75,6 +77,11 @@ __all__ = [
     "map_points",
     "mass_data",
     "quadrature_data",
+    # boundary conditions
+    "ConstrainedOperator",
+    "DirichletBC",
+    "boundary_load",
+    "dirichlet_bc",
     # operators and solvers
     "AssembledMassOperator",
     "MassOperator",
@@ -83,6 +90,9 @@ __all__ = [
     "ConvergenceError",
     "cg",
     "jacobi",
+    # output
+    "to_meshio",
+    "write_vtu",
     # projection
     "ProjectionResult",
     "l2_error",

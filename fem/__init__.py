@@ -38,6 +38,14 @@ from .mesh import BoxMesh, box_mesh, sine_distortion
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
 from .output import to_meshio, write_vtu
 from .operators import AssembledMassOperator, MassOperator, mass_operator
+from .poisson import (
+    PoissonProblem,
+    PoissonResult,
+    exact_gradient,
+    h1_error,
+    poisson_problem,
+    solve_poisson,
+)
 from .projection import ProjectionResult, l2_error, l2_project, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
 from .solvers import CGResult, ConvergenceError, cg, jacobi
@@ -90,6 +98,13 @@ __all__ = [
     "ConvergenceError",
     "cg",
     "jacobi",
+    # the Poisson problem
+    "PoissonProblem",
+    "PoissonResult",
+    "exact_gradient",
+    "h1_error",
+    "poisson_problem",
+    "solve_poisson",
     # output
     "to_meshio",
     "write_vtu",

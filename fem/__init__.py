@@ -34,7 +34,9 @@ from .geometry import (
     mass_data,
     quadrature_data,
 )
+from . import meshes
 from .mesh import BoxMesh, box_mesh, sine_distortion
+from .meshes import demo_mesh_path, make_demo_mesh
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
 from .output import to_meshio, write_vtu
 from .operators import AssembledMassOperator, MassOperator, mass_operator
@@ -75,6 +77,8 @@ __all__ = [
     "UnstructuredMesh",
     "from_elements",
     "read_mesh",
+    "demo_mesh_path",
+    "make_demo_mesh",
     "H1Space",
     # geometry
     "QuadratureData",

@@ -171,8 +171,11 @@ class PoissonProblem:
     device: str = "cpu"
 
     def solve(self, tol=1e-10, maxiter=None, **cg_kw):
-        """CG on ``A u = b``; returns the :class:`~smalltc.fem.solvers.CGResult`."""
-        return cg(self.A, self.b, tol=tol, maxiter=maxiter, precond=self.precond, **cg_kw)
+        """CG on ``A u = b``; returns the :class:`~smalltc.fem.solvers.CGResult`, its ``x``
+        with the Dirichlet values set exactly (CG reaches them to its tolerance)."""
+        sol = cg(self.A, self.b, tol=tol, maxiter=maxiter, precond=self.precond, **cg_kw)
+        sol.x = self.bc.apply(sol.x)
+        return sol
 
 
 def _as_mesh(mesh):

@@ -21,6 +21,7 @@ Examples
 True
 """
 
+from .api import cg, l2_project, mass_operator
 from .basis import Basis1D, barycentric_weights, basis_1d, differentiation_matrix, lagrange_basis
 from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
 from .demo import projection_demo, smooth_function
@@ -39,7 +40,7 @@ from .mesh import BoxMesh, box_mesh, sine_distortion
 from .meshes import demo_mesh_path, make_demo_mesh
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
 from .output import to_meshio, write_vtu
-from .operators import AssembledMassOperator, MassOperator, mass_operator
+from .operators import AssembledMassOperator, MassOperator
 from .poisson import (
     PoissonProblem,
     PoissonResult,
@@ -48,9 +49,10 @@ from .poisson import (
     poisson_problem,
     solve_poisson,
 )
-from .projection import ProjectionResult, l2_error, l2_project, load_vector
+from .poisson_demo import poisson_demo
+from .projection import ProjectionResult, l2_error, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
-from .solvers import CGResult, ConvergenceError, cg, jacobi
+from .solvers import CGResult, ConvergenceError, jacobi
 from .space import H1Space
 from .tensor import apply_tensor, interp, interp_t
 
@@ -109,6 +111,7 @@ __all__ = [
     "h1_error",
     "poisson_problem",
     "solve_poisson",
+    "poisson_demo",
     # output
     "to_meshio",
     "write_vtu",

@@ -118,6 +118,42 @@ class UnstructuredMesh:
                            f"its boundary regions: {sorted(self.boundary_regions)}")
         return self.boundary_regions[region]
 
+    def refine(self):
+        """Split every element into ``2^dim`` children (uniform refinement).
+
+        A child's map is its parent's restricted to a sub-cube, so the refined
+        mesh has the same geometry (curved elements stay on their parent's curve);
+        regions pass to the children.
+
+        Examples
+        --------
+        >>> m = from_elements(np.array([[[[0.0, 0.0], [1.0, 1.0]], [[0.0, 1.0], [0.0, 1.0]]]]))
+        >>> r = m.refine()
+        >>> r.nelements, r.nvertices, round(r.volume, 12)
+        (4, 9, 1.0)
+        """
+        from .basis import lagrange_basis
+        from .tensor import apply_tensor
+        dim, t = self.dim, self.geom_nodes
+        half = [lagrange_basis(t, (t + 1) / 2 + bit - 1)[0] for bit in (0, 1)]
+        kids = corner_multi_indices(dim)                          # child bits, C order
+        nodes = np.stack([apply_tensor([half[b] for b in bits], self.nodes) for bits in kids],
+                         axis=1)
+        nodes = nodes.reshape((self.nelements * len(kids),) + self.nodes.shape[1:])
+        nk = len(kids)
+        boundary = {}
+        for name, (e, f) in self.boundary_regions.items():
+            ce, cf = [], []
+            for k, bits in enumerate(kids):
+                on = bits[f // 2] == f % 2
+                ce.append(e[on] * nk + k)
+                cf.append(f[on])
+            boundary[name] = (np.concatenate(ce), np.concatenate(cf))
+        volume = {name: (e[:, None] * nk + np.arange(nk)).ravel()
+                  for name, e in self.volume_regions.items()}
+        return from_elements(nodes, boundary_regions=boundary, volume_regions=volume,
+                             source=f"{self.source} (refined)", check=False)
+
     def __repr__(self):
         return (f"UnstructuredMesh(dim={self.dim}, E={self.nelements}, geom_order={self.geom_order}, "
                 f"boundary_regions={sorted(self.boundary_regions)}, "

@@ -3,8 +3,9 @@
 Quadrature rules and 1D nodal bases on the reference interval [-1, 1],
 structured box meshes with curved (distorted) elements, continuous H1
 spaces with gather/scatter, geometry at quadrature points (the ``D`` of the
-mass operator), matrix-free and assembled mass operators built on
-:func:`smalltc.batched_contract` and :func:`smalltc.assemble_mass`,
+mass operator, the ``Q`` of the diffusion operator), matrix-free and assembled
+mass, diffusion and Helmholtz operators built on :func:`smalltc.operator_apply`
+and :func:`smalltc.assemble_operator`,
 preconditioned CG, and L2 projection.
 
 Setup (meshes, geometry, ``D``) is NumPy on the host; the solve path
@@ -29,6 +30,7 @@ from .geometry import (
     QuadratureData,
     check_jacobian,
     det_jacobian,
+    diffusion_data,
     evaluate_field,
     jacobian,
     map_points,
@@ -40,7 +42,14 @@ from .mesh import BoxMesh, box_mesh, sine_distortion
 from .meshes import demo_mesh_path, make_demo_mesh
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
 from .output import to_meshio, write_vtu
-from .operators import AssembledMassOperator, MassOperator
+from .operators import (
+    AssembledMassOperator,
+    AssembledOperator,
+    MassOperator,
+    Operator,
+    diffusion_operator,
+    helmholtz_operator,
+)
 from .poisson import (
     PoissonProblem,
     PoissonResult,
@@ -86,6 +95,7 @@ __all__ = [
     "QuadratureData",
     "check_jacobian",
     "det_jacobian",
+    "diffusion_data",
     "evaluate_field",
     "jacobian",
     "map_points",
@@ -98,8 +108,12 @@ __all__ = [
     "dirichlet_bc",
     # operators and solvers
     "AssembledMassOperator",
+    "AssembledOperator",
     "MassOperator",
+    "Operator",
     "mass_operator",
+    "diffusion_operator",
+    "helmholtz_operator",
     "CGResult",
     "ConvergenceError",
     "cg",

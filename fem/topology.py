@@ -23,8 +23,8 @@ the entity's global vertex ids:
 
 The distinct keys, sorted, are the global DoFs (vertices first, then edges,
 faces and interiors). Nothing here depends on ``p`` beyond the lattice, so every
-order ``p >= 1`` is numbered the same way (docs/math.md section 1 has the
-element-to-DoF map this builds).
+order ``p >= 1`` is numbered the same way. The result is the element-to-DoF map
+that gathers a global vector into E-vectors (docs/math.md section 1).
 """
 
 import numpy as np

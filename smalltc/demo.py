@@ -4,6 +4,9 @@
    L2-projects a smooth function with matrix-free CG (the mass action is
    :func:`smalltc.batched_contract`) and prints the error and iteration count
    (:func:`smalltc.fem.projection_demo`).
+   Then solves a Poisson problem on the shipped curved ``.msh`` mesh
+   (:func:`smalltc.fem.poisson_demo`: Dirichlet and Neumann conditions, the
+   convergence under refinement) and writes ``poisson.vtu`` and its PNGs.
 2. Times :func:`smalltc.batched_contract` (3D, nq = p+2, p = 1..8) and
    :func:`smalltc.assemble_mass` (3D, p = 1..6) on the best available
    backend, each checked against the float64 einsum reference first, and

@@ -498,3 +498,14 @@ def test_poisson_on_a_file_mesh_on_the_gpu_matches_the_cpu(diffusion):
     key = "rtol" if "rtol" in inspect.signature(cupy_cg).parameters else "tol"
     x, info = cupy_cg(prob.A.aslinearoperator(), prob.b, **{key: 1e-12})
     assert info == 0 and float(abs(prob.bc.apply(x).get() - cpu.u).max()) < 1e-8
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_vtu_of_lagrange_cells_reads_back_as_a_mesh(tmp_path, dim):
+    """write_vtu -> read_mesh: the VTK Lagrange orders both ways give the same maps."""
+    m = fem.read_mesh(fem.meshes.demo_mesh_path(dim))
+    V = fem.H1Space(m, m.geom_order)
+    back = fem.read_mesh(fem.write_vtu(str(tmp_path / "m.vtu"), V))
+    assert back.geom_order == m.geom_order and back.nelements == m.nelements
+    pts = np.array([-0.7, 0.1, 0.8])
+    np.testing.assert_allclose(fem.jacobian(back, pts), fem.jacobian(m, pts), atol=1e-12)

@@ -1,8 +1,10 @@
 """smalltc.fem: the high-order FEM layer on top of the smalltc core.
 
 Quadrature rules and 1D nodal bases on the reference interval [-1, 1],
-structured box meshes with curved (distorted) elements, continuous H1
-spaces with gather/scatter, geometry at quadrature points (the ``D`` of the
+structured box meshes with curved (distorted) elements and unstructured
+quadrilateral/hexahedral meshes read from files (:func:`read_mesh`, meshio),
+continuous H1 spaces with gather/scatter, Dirichlet and Neumann conditions,
+the Poisson solve (:func:`solve_poisson`), VTU output (:func:`write_vtu`), geometry at quadrature points (the ``D`` of the
 mass operator, the ``Q`` of the diffusion operator), matrix-free and assembled
 mass, diffusion and Helmholtz operators built on :func:`smalltc.operator_apply`
 and :func:`smalltc.assemble_operator`,

@@ -13,6 +13,10 @@ pairwise   each catalogue step (0a)-(5b) at a few p, nq = p+2
 bp1        CEED BP1: the global mass operator (fused, deterministic, unfused)
            and a Jacobi-CG iteration, 3D p = 1..8 (:mod:`.bp1`); not in the
            default run
+bp3, bp5   CEED BP3 and BP5: the diffusion operator (Gauss points, nq = p+2;
+           collocated Gauss-Lobatto points, nq = p+1), the same measurements
+           plus the einsum chain, ~4M unique DoFs (:mod:`.bp1`); not in the
+           default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core
@@ -35,12 +39,14 @@ import numpy as np
 
 from ..catalogue import STEPS
 
-__all__ = ["SUITES", "DEFAULT_SUITES", "cases", "Sizing"]
+__all__ = ["SUITES", "DEFAULT_SUITES", "BP_SUITES", "cases", "Sizing"]
 
 #: the suites a run without --suite measures: the kernels
 DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
-#: every suite: the kernels, and bp1, the FEM operator and CG (:mod:`.bp1`)
-SUITES = DEFAULT_SUITES + ("bp1",)
+#: the CEED bake-off suites: the FEM operators and CG (:mod:`.bp1`)
+BP_SUITES = ("bp1", "bp3", "bp5")
+#: every suite: the kernels, and the bake-off problems
+SUITES = DEFAULT_SUITES + BP_SUITES
 
 MiB = 2 ** 20
 
@@ -191,7 +197,7 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
     if suite == "pairwise":
         ps_ = ps or ([3] if quick else ([1, 2, 4, 7] if kind == "cpu" else list(range(1, 9))))
         return _pairwise_cases(dtype, sz, ps_)
-    if suite == "bp1":
-        from .bp1 import cases as bp1_cases
-        return bp1_cases(dtype, kind, ps, quick)
+    if suite in BP_SUITES:
+        from .bp1 import cases as bp_cases
+        return bp_cases(dtype, kind, ps, quick, suite)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

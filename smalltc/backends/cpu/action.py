@@ -63,7 +63,8 @@ from .family import CpuExecutor, Family
 from .runtime import SHORT, signature
 from .target import resolve
 
-__all__ = ["ACTION", "ActionFamily", "action_steps", "inner_steps", "lanes_ctx", "lanes_space",
+__all__ = ["ACTION", "ActionFamily", "action_steps", "operator_steps", "inner_steps",
+           "lanes_ctx", "lanes_space",
            "vector_bits", "simd_lanes", "MAX_ND", "MAX_NQ", "HEURISTIC"]
 
 MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
@@ -144,6 +145,111 @@ def action_steps(dim, nd, nq, back_only=False):
                           nin=shape[ax], coef=coef, scale=(not back_only and n == dim - 1)))
         shape = out
     return steps, [(b, sz) for b, sz in sizes.items() if sz]
+
+
+def operator_steps(qfunc, collocated, dim, nd, nq):
+    """The lanes form's steps of a diffusion or Helmholtz action (docs/math.md section 7):
+    the direct sum factorisation, one-axis contractions between lane buffers, and the
+    pointwise stage (kind ``"qfunc"``) between the halves.
+
+    Forward, over the axes last to first: from the all-B node (``vt``, V) a B and a G
+    contraction, from a node that already holds its G a B contraction, so that after
+    the first axis the nodes are the reference gradients ``g_a`` (3D: 2 + 3 + 3 = 8
+    contractions; Helmholtz keeps the all-B node, the interpolated values, for its mass
+    term: 9). Pointwise: ``h_a = sum_b Q^ab g_b`` and ``u = D u``. Back, over the axes
+    first to last: a pending ``h_j`` takes B^T (G^T on its own axis, into the sum), the
+    sum takes B^T; the contributions to the sum are added (``acc``), the last into
+    ``vt``. Collocated (B the identity): ``g_a = G_a V`` and ``U = sum_a G_a^T h_a``
+    (+ D V).
+
+    Returns ``(steps, buffers, qbuffers, gathers, data_args)``: ``buffers`` the
+    intermediates ``[(name, rows)]``, ``qbuffers`` Q's lane buffers, ``gathers`` the
+    data moved into lanes ``(buffer, array, rows, offset)``, ``data_args`` the kernel's
+    leading arguments.
+
+    >>> steps, bufs, qb, g, args = operator_steps("diffusion", False, 3, 3, 4)
+    >>> sum(1 for st in steps if "axis" in st), args
+    (16, 'B, G, Q')
+    >>> steps, *_ = operator_steps("diffusion", True, 3, 4, 4)
+    >>> sum(1 for st in steps if "axis" in st)
+    6
+    """
+    pad = 3 - dim
+    helm = qfunc == "helmholtz"
+    nsym = dim * (dim + 1) // 2
+    steps, buffers = [], []
+    fresh = iter(f"f{i}" for i in range(64))
+
+    def contract(src, shape, ax, mat, back, dst=None, acc=False):
+        out = list(shape)
+        out[ax] = nd if back else nq
+        if dst is None:
+            dst = next(fresh)
+            buffers.append((dst, out[0] * out[1] * out[2]))
+        coef = f"{mat}[{{s}}, {{i}}]" if back else f"{mat}[{{i}}, {{s}}]"
+        steps.append(dict(src=src, dst=dst, out=tuple(out), inp=tuple(shape), axis=ax,
+                          nin=shape[ax], coef=coef, scale=False, acc=acc))
+        return dst, tuple(out)
+
+    vshape = (1,) * pad + (nd,) * dim
+    # forward: nodes (buffer, shape, g) with g the tensor axis of its G (None: all B)
+    if collocated:
+        grads = [contract("vt", vshape, pad + a, "G", False)[0] for a in range(dim)]
+        u = "vt" if helm else None
+    else:
+        nodes = [("vt", vshape, None)]
+        for i, ax in enumerate(range(2, pad - 1, -1)):
+            last = i == dim - 1
+            new = []
+            for buf, shape, g in nodes:
+                if g is None and (not last or helm):
+                    new.append(contract(buf, shape, ax, "B", False) + (None,))
+                if g is None:
+                    new.append(contract(buf, shape, ax, "G", False) + (ax - pad,))
+                else:
+                    new.append(contract(buf, shape, ax, "B", False) + (g,))
+            nodes = new
+        grads = [next(b for b, _, g in nodes if g == a) for a in range(dim)]
+        u = next((b for b, _, g in nodes if g is None), None)
+    sym = [[0] * dim for _ in range(dim)]
+    c = 0
+    for a in range(dim):
+        for b in range(a, dim):
+            sym[a][b] = sym[b][a] = c
+            c += 1
+    steps.append(dict(kind="qfunc", g=grads, u=u, sym=sym, npts=nq ** dim))
+    # back
+    qshape = (1,) * pad + (nq,) * dim
+    if collocated:
+        for a in range(dim):
+            contract(grads[a], qshape, pad + a, "G", True, dst="vt", acc=helm or a > 0)
+    else:
+        pending = [(grads[a], qshape, a) for a in range(dim)]
+        total = (u, qshape) if helm else None
+        for i, ax in enumerate(range(pad, 3)):
+            dst = "vt" if i == dim - 1 else None
+            parts = [(buf, shape, "G" if a == ax - pad else "B", a)
+                     for buf, shape, a in pending]
+            if total is not None:
+                parts.insert(0, (total[0], total[1], "B", None))
+            into = [p for p in parts if p[3] is None or p[2] == "G"]
+            pending = []
+            for buf, shape, mat, a in parts:
+                if (buf, shape, mat, a) in into:
+                    continue
+                pending.append(contract(buf, shape, ax, mat, True) + (a,))
+            target = None
+            for n, (buf, shape, mat, a) in enumerate(into):
+                target, out = contract(buf, shape, ax, mat, True,
+                                       dst=dst if n == 0 else target, acc=n > 0)
+                if n == 0 and dst is None:
+                    dst = target
+            total = (target, out)
+    gathers = ([("dt", "D", nq ** dim, 0)] if helm else []) + \
+        [(f"q{c}", "Q", nq ** dim, c * nq ** dim) for c in range(nsym)]
+    data_args = ", ".join((["G"] if collocated else ["B", "G"]) + (["D"] if helm else [])
+                          + ["Q"])
+    return steps, buffers, [(f"q{c}", nq ** dim) for c in range(nsym)], gathers, data_args
 
 
 def _round_up(n, m):
@@ -306,16 +412,28 @@ class LanesFamily(Family):
     def signature(self, spec):
         raise NotImplementedError
 
+    def supports(self, spec):
+        """Every instance of the operator family (docs/math.md section 7), except where
+        :attr:`back_only` (the diagonal: mass only so far)."""
+        return not self.back_only or super().supports(spec)
+
     def context(self, spec, params=None, target=None):
         target = resolve(target)
         p = lanes_ctx(spec, params, target, HEURISTIC)
         if p is None:
             return None
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
-        steps, buffers = action_steps(dim, nd, nq, back_only=self.back_only)
+        extra = {}
+        if getattr(spec, "qfunc", "mass") == "mass":
+            steps, buffers = action_steps(dim, nd, nq, back_only=self.back_only)
+        else:
+            steps, buffers, qbuffers, gathers, data_args = operator_steps(
+                spec.qfunc, spec.collocated, dim, nd, nq)
+            buffers = buffers + qbuffers
+            extra = dict(gathers=gathers, data_args=data_args)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
                       nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
-                      signature=self.signature(spec), **self.extra_render)
+                      signature=self.signature(spec), **self.extra_render, **extra)
         return dict(p, dtype=dt, render=render)
 
     #: constants a subclass's template needs besides the lanes' (the action's form)
@@ -342,6 +460,14 @@ class ActionFamily(LanesFamily):
 
     def context(self, spec, params=None, target=None):
         target = resolve(target)
+        if getattr(spec, "qfunc", "mass") != "mass":        # the lanes form only, so far
+            if params is not None:
+                params = dict(params)
+                if params.pop("form", "lanes") != "lanes" or params.pop("jb", 0) != 0 \
+                        or params.pop("pf", 0) != 0:
+                    return None
+            ctx = super().context(spec, params, target)
+            return None if ctx is None else dict(ctx, form="lanes", jb=0, pf=0)
         if params is None:
             rule = HEURISTIC[target.profile].get("inner")
             inner = rule(spec.dim, spec.nd, spec.nq, spec.dtype) if rule else None
@@ -407,10 +533,11 @@ class ActionFamily(LanesFamily):
                     render=render)
 
     def signature(self, spec):
-        return signature(spec.dtype, 4, ["int64"] * 4)
+        return signature(spec.dtype, len(spec.inputs) + 1, ["int64"] * 4)
 
     def entry(self, spec, ctx):
-        return f"stc_mass_apply_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+        return (f"stc_{getattr(spec, 'qfunc', 'mass')}_apply_{spec.dim}d_{SHORT[spec.dtype]}"
+                f"_nd{spec.nd}_nq{spec.nq}{'_co' if getattr(spec, 'collocated', False) else ''}")
 
     def executor(self, choice):
         return ActionExecutor(choice)
@@ -444,9 +571,10 @@ class ActionExecutor(CpuExecutor):
 
     def run(self, operands, out, **_):
         s = self.spec
-        B, D, V = operands
-        E = D.shape[0]
+        *data, V = operands                 # the bases (B1d, G1d) and the data (D, Q)
+        E = V.shape[0]
         nch = -(-E // self.W)
         rows = E * s.ncomp if self.inner else E      # the inner form: a row per component
-        self.fn(B, D.reshape(E, -1), V.reshape(rows, -1), out.reshape(rows, -1), E, s.ncomp, nch,
+        data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
+        self.fn(*data, V.reshape(rows, -1), out.reshape(rows, -1), E, s.ncomp, nch,
                 self.nparts(nch))

@@ -1,4 +1,8 @@
-"""The fused FEM operator family: ``y = sum_e R_e^T B^T D_e B R_e x``, and its diagonal.
+"""The fused FEM operator family: ``y = sum_e R_e^T A_e R_e x``, and its diagonal.
+
+``A_e`` is the element action of the spec's ``qfunc`` (docs/math.md section 7): the
+mass action ``B^T D_e B``, or the diffusion or Helmholtz action, whose steps
+(:func:`.action.operator_steps`) run between the same gather and scatter.
 
 ``mass_apply.py.j2`` is the action of :mod:`.action` (same lanes, steps and
 register blocks) with the element restriction inside: a chunk's V is gathered
@@ -51,11 +55,11 @@ class MassApplyFamily(LanesFamily):
     templates = ("mass_apply.py.j2",)
 
     def signature(self, spec):
-        return _sig(spec.dtype, spec.index_dtype, 3, 1, ["int64"] * 2)
+        return _sig(spec.dtype, spec.index_dtype, len(spec.inputs) - 1, 1, ["int64"] * 2)
 
     def entry(self, spec, ctx):
-        return (f"stc_mass_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
-                f"_i{spec.index_dtype[3:]}")
+        return (f"stc_{spec.qfunc}_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+                f"_i{spec.index_dtype[3:]}{'_co' if spec.collocated else ''}")
 
     def executor(self, choice):
         return MassApplyExecutor(choice)
@@ -87,13 +91,14 @@ class MassApplyExecutor(CpuExecutor):
     """One kernel call: y = 0, then the colours in turn (the map's colouring, once per map)."""
 
     def run(self, operands, out, **_):
-        B, D, X, MAP = operands
-        E, n = D.shape[0], out.shape[-1]
+        *data, X, MAP = operands            # the bases (B1d, G1d) and the data (D, Q)
+        E, n = MAP.shape[0], out.shape[-1]
         if E == 0:
             out[...] = 0
             return
         order, offsets = map_info(MAP, n).colors(MAP)
-        self.fn(B, D.reshape(E, -1), X.reshape(-1, n), MAP.reshape(E, -1), out.reshape(-1, n),
+        data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
+        self.fn(*data, X.reshape(-1, n), MAP.reshape(E, -1), out.reshape(-1, n),
                 order, offsets, out.size // n, self.nparts(E))
 
 

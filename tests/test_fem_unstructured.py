@@ -509,3 +509,23 @@ def test_vtu_of_lagrange_cells_reads_back_as_a_mesh(tmp_path, dim):
     assert back.geom_order == m.geom_order and back.nelements == m.nelements
     pts = np.array([-0.7, 0.1, 0.8])
     np.testing.assert_allclose(fem.jacobian(back, pts), fem.jacobian(m, pts), atol=1e-12)
+
+
+def test_kappa_and_the_parts_of_the_problem(diffusion):
+    """kappa = 2 with 2 f gives the solution of kappa = 1 with f; solve_poisson equals the
+    loop over its parts (poisson_problem, fem.cg); a pure Neumann problem is refused."""
+    m = fem.read_mesh(fem.meshes.demo_mesh_path(2))
+    kw = dict(dirichlet={"inner": U2, "outer": U2},
+              neumann={"left": _flux(U2), "bottom": _flux(U2)}, tol=1e-12, device="cpu")
+    r1 = fem.solve_poisson(m, 2, F2, exact=U2, **kw)
+    flux2 = lambda x, n: 2 * _flux(U2)(x, n)              # noqa: E731
+    kw2 = dict(kw, neumann={"left": flux2, "bottom": flux2})
+    r2 = fem.solve_poisson(m, 2, lambda x: 2 * F2(x), kappa=2.0, **kw2)
+    np.testing.assert_allclose(r2.u, r1.u, atol=1e-9)
+    prob = fem.poisson_problem(m, 2, F2, **{k: kw[k] for k in ("dirichlet", "neumann")},
+                               device="cpu")
+    sol = fem.cg(prob.A, prob.b, tol=1e-12, precond=fem.jacobi(prob.A.diagonal()))
+    np.testing.assert_allclose(prob.bc.apply(sol.x), r1.u, atol=1e-9)
+    assert r1.l2_error < 5e-3 and r1.h1_error < 0.1 and r1.iterations == sol.iterations
+    with pytest.raises(ValueError, match="singular"):
+        fem.solve_poisson(m, 2, F2, neumann={"left": 0.0}, device="cpu")

@@ -382,7 +382,9 @@ def read_mesh(source, *, check=True):
     dims = [d[0] for *_, d in typed if d is not None]
     if not dims:
         raise ValueError(f"no quadrilateral or hexahedral cells in {name} "
-                         f"(cell types: {sorted({t for t, _, _ in blocks})})")
+                         f"(cell types: {sorted({t for t, _, _ in blocks})}; gmsh saves only "
+                         "the elements of physical groups when there are any: add one for the "
+                         "cells, or set Mesh.SaveAll)")
     dim = max(dims)
     vol = [(t, conn, i, o) for t, conn, i, (d, o) in
            ((t, c, i, dp) for t, c, i, dp in typed if dp is not None) if d == dim]

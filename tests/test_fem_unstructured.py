@@ -140,6 +140,8 @@ def test_simplices_and_serendipity_are_refused():
     pts = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(ValueError, match="unsupported cell type.*triangle"):
         fem.read_mesh(meshio.Mesh(pts, [("triangle", [[0, 1, 2]])]))
+    with pytest.raises(ValueError, match="no quadrilateral or hexahedral cells.*SaveAll"):
+        fem.read_mesh(meshio.Mesh(pts, [("line", [[0, 1]])]))
     pts8 = np.random.default_rng(0).random((8, 2))
     with pytest.raises(ValueError, match="quad8"):
         fem.read_mesh(meshio.Mesh(pts8, [("quad8", [list(range(8))])]))

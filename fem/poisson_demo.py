@@ -71,6 +71,14 @@ def poisson_demo(out="smalltc-demo", *, p=4, ps=(1, 2, 3, 4), refinements=2, dev
         ``p``, ``elements``, ``dofs``, ``iterations``, ``l2_error``, ``h1_error``,
         ``device``, ``vtu``, ``convergence`` (per ``p``: ``h``, ``l2``, ``h1``, the
         last ``rate_l2`` / ``rate_h1``), ``pngs`` (paths written).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> rep = poisson_demo(tempfile.mkdtemp(), p=1, ps=(1,), refinements=1, device="cpu",
+    ...                    plot=False)
+    >>> rep["elements"], round(rep["convergence"][1]["rate_l2"])
+    (16, 2)
     """
     from .meshes import demo_mesh_path
     from .output import write_vtu

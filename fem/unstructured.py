@@ -224,6 +224,17 @@ def check_mesh(mesh, corners=None):
     faces: a hanging node breaks this); ``|J| > 0`` at the Gauss points of
     every element (:func:`~smalltc.fem.geometry.check_jacobian` names the
     element).
+
+    Examples
+    --------
+    >>> m = from_elements(np.array([[[[0.0, 0.0], [1.0, 1.0]], [[0.0, 1.0], [0.0, 1.0]]]]),
+    ...                   check=False)
+    >>> check_mesh(m)                         # one unit square: fine
+    >>> bad = from_elements(m.nodes[:, :, ::-1], check=False)     # reflected: inverted
+    >>> check_mesh(bad)
+    Traceback (most recent call last):
+    ...
+    ValueError: inverted element in the mesh from arrays: tangled mesh: |J| <= 0 at 9 quadrature point(s) of element 0 (min |J| = -0.25); 1 bad element(s) in all
     """
     from .geometry import det_jacobian, jacobian, check_jacobian
     dim, src = mesh.dim, mesh.source
@@ -362,7 +373,8 @@ def read_mesh(source, *, check=True):
         if not os.path.exists(path):
             raise FileNotFoundError(f"mesh file {path!r} does not exist")
         try:
-            m = meshio.read(path)
+            # a .msh is gmsh's (meshio would try ANSYS's reader first, printing its failure)
+            m = meshio.read(path, file_format="gmsh" if path.lower().endswith(".msh") else None)
         except Exception as err:
             raise ValueError(f"meshio could not read {path!r}: {err}") from err
         name = path

@@ -1,8 +1,10 @@
 """smalltc.fem: the high-order FEM layer on top of the smalltc core.
 
 Quadrature rules and 1D nodal bases on the reference interval [-1, 1],
-structured box meshes with curved (distorted) elements, continuous H1
-spaces with gather/scatter, geometry at quadrature points (the ``D`` of the
+structured box meshes with curved (distorted) elements and unstructured
+quadrilateral/hexahedral meshes read from files (:func:`read_mesh`, meshio),
+continuous H1 spaces with gather/scatter, Dirichlet and Neumann conditions,
+the Poisson solve (:func:`solve_poisson`), VTU output (:func:`write_vtu`), geometry at quadrature points (the ``D`` of the
 mass operator, the ``Q`` of the diffusion operator), matrix-free and assembled
 mass, diffusion and Helmholtz operators built on :func:`smalltc.operator_apply`
 and :func:`smalltc.assemble_operator`,
@@ -22,7 +24,9 @@ Examples
 True
 """
 
+from .api import cg, l2_project, mass_operator
 from .basis import Basis1D, barycentric_weights, basis_1d, differentiation_matrix, lagrange_basis
+from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
 from .demo import projection_demo, smooth_function
 from .geometry import (
     QuadratureData,
@@ -35,7 +39,11 @@ from .geometry import (
     mass_data,
     quadrature_data,
 )
+from . import meshes
 from .mesh import BoxMesh, box_mesh, sine_distortion
+from .meshes import demo_mesh_path, make_demo_mesh
+from .unstructured import UnstructuredMesh, from_elements, read_mesh
+from .output import to_meshio, write_vtu
 from .operators import (
     AssembledMassOperator,
     AssembledOperator,
@@ -43,11 +51,19 @@ from .operators import (
     Operator,
     diffusion_operator,
     helmholtz_operator,
-    mass_operator,
 )
-from .projection import ProjectionResult, l2_error, l2_project, load_vector
+from .poisson import (
+    PoissonProblem,
+    PoissonResult,
+    exact_gradient,
+    h1_error,
+    poisson_problem,
+    solve_poisson,
+)
+from .poisson_demo import poisson_demo
+from .projection import ProjectionResult, l2_error, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
-from .solvers import CGResult, ConvergenceError, cg, jacobi
+from .solvers import CGResult, ConvergenceError, jacobi
 from .space import H1Space
 from .tensor import apply_tensor, interp, interp_t
 
@@ -71,6 +87,11 @@ __all__ = [
     "BoxMesh",
     "box_mesh",
     "sine_distortion",
+    "UnstructuredMesh",
+    "from_elements",
+    "read_mesh",
+    "demo_mesh_path",
+    "make_demo_mesh",
     "H1Space",
     # geometry
     "QuadratureData",
@@ -82,6 +103,11 @@ __all__ = [
     "map_points",
     "mass_data",
     "quadrature_data",
+    # boundary conditions
+    "ConstrainedOperator",
+    "DirichletBC",
+    "boundary_load",
+    "dirichlet_bc",
     # operators and solvers
     "AssembledMassOperator",
     "AssembledOperator",
@@ -94,6 +120,17 @@ __all__ = [
     "ConvergenceError",
     "cg",
     "jacobi",
+    # the Poisson problem
+    "PoissonProblem",
+    "PoissonResult",
+    "exact_gradient",
+    "h1_error",
+    "poisson_problem",
+    "solve_poisson",
+    "poisson_demo",
+    # output
+    "to_meshio",
+    "write_vtu",
     # projection
     "ProjectionResult",
     "l2_error",

@@ -220,8 +220,10 @@ def _mass_apply_counts(sizes, s):
     E, ncomp, ndofs = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1)), \
         _need(sizes, "ndofs", "mass_apply")
     ib = int(sizes.get("index_bytes", 4))
-    nbytes = s * (2 * ncomp * ndofs + E * _qdata(sizes, dim) * nq ** dim + nq * nd) \
-        + ib * E * nd ** dim
+    nbasis = 2 if sizes.get("qfunc", "mass") != "mass" and not sizes.get("collocated") \
+        else 1                              # B1d, and G1d
+    nbytes = s * (2 * ncomp * ndofs + E * _qdata(sizes, dim) * nq ** dim
+                  + nbasis * nq * nd) + ib * E * nd ** dim
     act = _action_counts(dict(dim=dim, nq=nq, nd=nd, batch=E, ncomp=ncomp,
                               qfunc=sizes.get("qfunc", "mass"),
                               collocated=sizes.get("collocated", False)), s)

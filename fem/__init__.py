@@ -21,6 +21,7 @@ Examples
 True
 """
 
+from .chebyshev import Chebyshev, chebyshev, estimate_lambda_max
 from .basis import Basis1D, barycentric_weights, basis_1d, differentiation_matrix, lagrange_basis
 from .demo import projection_demo, smooth_function
 from .geometry import (
@@ -33,6 +34,7 @@ from .geometry import (
     mass_data,
     quadrature_data,
 )
+from .multigrid import PMultigrid, Transfer, pmg, pmg_orders
 from .mesh import BoxMesh, box_mesh, sine_distortion
 from .operators import AssembledMassOperator, MassOperator, mass_operator
 from .projection import ProjectionResult, l2_error, l2_project, load_vector
@@ -79,6 +81,14 @@ __all__ = [
     "ConvergenceError",
     "cg",
     "jacobi",
+    # multigrid (p-multigrid, Chebyshev smoothing, AMG coarse solve)
+    "Chebyshev",
+    "chebyshev",
+    "estimate_lambda_max",
+    "PMultigrid",
+    "Transfer",
+    "pmg",
+    "pmg_orders",
     # projection
     "ProjectionResult",
     "l2_error",

@@ -1,0 +1,236 @@
+"""The coarse solve of the p-multigrid: assembly of a low-order operator and AMG.
+
+* :func:`assemble_csr`: any operator of an order-``p`` H1 space on a box mesh as a
+  SciPy CSR matrix, from ``(2p + 1)^dim`` applications to probe vectors (the DoFs of
+  one colour, ``i_d mod (2p + 1)`` fixed in every direction, share no element row:
+  each column is read off exactly). At ``p = 1``: 27 applications in 3D. An operator
+  with ``to_csr()`` (assembled forms) is taken as it is.
+* :class:`AMGSolver`: the algebraic multigrid of the assembled matrix. ``pyamg``
+  builds the smoothed-aggregation hierarchy on the host (an optional dependency,
+  ``pip install smalltc[amg]``, imported here). The solve phase is either pyamg's own
+  V-cycle (``cycle="pyamg"``, CPU: symmetric Gauss-Seidel) or a portable V-cycle
+  written with the array module of the vectors (``cycle="portable"``, the GPU's: the
+  level matrices as ``cupyx.scipy.sparse`` CSR, Chebyshev-Jacobi smoothing of degree
+  2 (:class:`~smalltc.fem.chebyshev.Chebyshev`), a dense solve on the coarsest level;
+  no host round trip per cycle). One V-cycle per application: a symmetric positive
+  definite preconditioner.
+* :class:`CGSolver`: Jacobi-CG on the matrix-free operator to a relative tolerance
+  (the plain alternative).
+"""
+
+import itertools
+
+import numpy as np
+
+from smalltc._arrays import array_module
+
+from ._device import to_host
+from .chebyshev import Chebyshev, _Preconditioner
+
+__all__ = ["assemble_csr", "AMGSolver", "CGSolver", "COARSE_SOLVERS"]
+
+#: the coarse solvers :func:`smalltc.fem.pmg` takes by name
+COARSE_SOLVERS = ("amg", "cg")
+
+
+def assemble_csr(operator, space):
+    """The global matrix of ``operator`` on ``space`` as ``scipy.sparse.csr_matrix``.
+
+    Parameters
+    ----------
+    operator : callable
+        ``x -> A x`` for vectors of ``space`` (NumPy or CuPy results); an object
+        with ``to_csr()`` returning ``(indptr, indices, data)`` is used directly.
+    space : H1Space
+        Its lattice numbering gives the colouring of the probes.
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix
+        ``(ndofs, ndofs)``, float64, on the host; explicit zeros of the pattern kept.
+
+    Examples
+    --------
+    >>> from smalltc import fem
+    >>> V = fem.H1Space(fem.box_mesh(1, 2), p=1)
+    >>> A = assemble_csr(fem.mass_operator(V, nq=2), V)
+    >>> print(np.round(A.toarray() * 12, 12))
+    [[2. 1. 0.]
+     [1. 4. 1.]
+     [0. 1. 2.]]
+    """
+    import scipy.sparse as sp
+    n = space.ndofs
+    if hasattr(operator, "to_csr"):
+        indptr, indices, data = operator.to_csr()
+        return sp.csr_matrix((to_host(data), to_host(indices), to_host(indptr)), shape=(n, n))
+    xp = getattr(operator, "xp", np)
+    dtype = getattr(operator, "dtype", np.float64)
+    L = np.array(space.lattice_shape)
+    m = 2 * space.p + 1
+    idx = np.indices(tuple(L)).reshape(space.dim, -1)        # lattice index of each DoF
+    rows, cols, vals = [], [], []
+    offsets = np.array(list(itertools.product(range(-space.p, space.p + 1), repeat=space.dim)))
+    for color in itertools.product(range(m), repeat=space.dim):
+        sel = np.all(idx % m == np.array(color)[:, None], axis=0)
+        if not sel.any():
+            continue
+        probe = np.zeros(n, dtype=dtype)
+        probe[sel] = 1
+        y = to_host(operator(xp.asarray(probe)))
+        cj = idx[:, sel]                                       # (dim, ncols)
+        for off in offsets:
+            ri = cj + off[:, None]
+            ok = np.all((ri >= 0) & (ri < L[:, None]), axis=0)
+            r = np.ravel_multi_index(tuple(ri[:, ok]), tuple(L))
+            c = np.flatnonzero(sel)[ok]
+            rows.append(r)
+            cols.append(c)
+            vals.append(y[r])
+    A = sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(n, n)).tocsr()
+    return A
+
+
+def _pyamg():
+    try:
+        import pyamg
+    except ImportError as err:
+        raise ImportError("the AMG coarse solve needs pyamg (pip install 'smalltc[amg]' or "
+                          "pip install pyamg); or pass coarse='cg'") from err
+    return pyamg
+
+
+class _SparseLevel:
+    """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``."""
+
+    def __init__(self, A, xp):
+        if xp is np:
+            self.A = A.tocsr()
+        else:
+            import cupyx.scipy.sparse as csp
+            self.A = csp.csr_matrix(A.tocsr())
+        self.xp = xp
+        self.n = A.shape[0]
+        self.dtype = np.dtype(A.dtype)
+
+    def __call__(self, x):
+        return self.A @ x
+
+    def diagonal(self):
+        return self.xp.asarray(self.A.diagonal())
+
+
+class AMGSolver(_Preconditioner):
+    """One AMG V-cycle of the assembled coarse matrix per application.
+
+    Parameters
+    ----------
+    A : scipy.sparse matrix
+        Symmetric positive definite, on the host.
+    xp : module
+        ``numpy`` or ``cupy``: where the vectors live.
+    cycle : {"auto", "pyamg", "portable"}
+        ``"auto"``: pyamg's cycle for NumPy, the portable one for CuPy.
+    max_coarse : int
+        pyamg's ``max_coarse`` (the coarsest level is solved densely).
+    smoother_degree : int
+        Portable cycle: degree of the Chebyshev-Jacobi smoother on each level.
+    **setup
+        More keyword arguments of ``pyamg.smoothed_aggregation_solver``.
+
+    Attributes
+    ----------
+    ml : pyamg.MultilevelSolver
+        The hierarchy (setup on the host).
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> A = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(50, 50), format="csr")
+    >>> S = AMGSolver(A, cycle="portable")
+    >>> x = S(np.ones(50))
+    >>> bool(np.linalg.norm(A @ x - 1) < 0.5 * np.sqrt(50))
+    True
+    """
+
+    def __init__(self, A, xp=np, *, cycle="auto", max_coarse=200, smoother_degree=2, **setup):
+        pyamg = _pyamg()
+        if cycle not in ("auto", "pyamg", "portable"):
+            raise ValueError(f"cycle must be 'auto', 'pyamg' or 'portable', got {cycle!r}")
+        if cycle == "auto":
+            cycle = "pyamg" if xp is np else "portable"
+        if cycle == "pyamg" and xp is not np:
+            raise ValueError("cycle='pyamg' runs on the host; CuPy vectors need cycle='portable'")
+        A = A.tocsr().astype(np.float64)
+        self.ml = pyamg.smoothed_aggregation_solver(A, max_coarse=max_coarse, **setup)
+        self.cycle, self.xp = cycle, xp
+        self.n, self.dtype = A.shape[0], np.dtype(np.float64)
+        self.nnz = A.nnz
+        if cycle == "pyamg":
+            self._M = self.ml.aspreconditioner(cycle="V")
+            return
+        self.levels = []
+        for lev in self.ml.levels[:-1]:
+            Al = _SparseLevel(lev.A, xp)
+            P = _SparseLevel(lev.P, xp).A
+            R = _SparseLevel(lev.P.T.tocsr(), xp).A
+            self.levels.append((Al, P, R, Chebyshev(Al, degree=smoother_degree)))
+        Ac = self.ml.levels[-1].A.toarray()
+        self.coarse_inv = xp.asarray(np.linalg.pinv(Ac))     # symmetric
+
+    def __call__(self, b):
+        if self.cycle == "pyamg":
+            return self._M.matvec(to_host(b))
+        return self._vcycle(0, b)
+
+    def _vcycle(self, level, b):
+        if level == len(self.levels):
+            return self.coarse_inv @ b
+        A, P, R, S = self.levels[level]
+        x = S.smooth(b)
+        r = b - A(x)
+        x = x + P @ self._vcycle(level + 1, R @ r)
+        return S.smooth(b, x)
+
+    def describe(self):
+        """One line: levels, unknowns, operator complexity, cycle."""
+        sizes = "/".join(str(lev.A.shape[0]) for lev in self.ml.levels)
+        return (f"AMG (pyamg smoothed aggregation, {self.cycle} V-cycle): {len(self.ml.levels)} "
+                f"levels, {sizes} unknowns, operator complexity "
+                f"{self.ml.operator_complexity():.2f}")
+
+    def __repr__(self):
+        return f"AMGSolver({self.describe()})"
+
+
+class CGSolver(_Preconditioner):
+    """Jacobi-CG on ``operator`` to relative tolerance ``tol`` per application.
+
+    Examples
+    --------
+    >>> A = np.diag([1.0, 2.0, 4.0])
+    >>> S = CGSolver(lambda x: A @ x, np.diag(A).copy(), tol=1e-12)
+    >>> print(np.round(S(np.ones(3)), 6))
+    [1.   0.5  0.25]
+    """
+
+    def __init__(self, operator, diagonal, *, tol=1e-10, maxiter=None):
+        from .solvers import jacobi
+        self.operator, self.P = operator, jacobi(diagonal)
+        self.xp = array_module(self.P.inv)
+        self.n, self.dtype = int(self.P.inv.size), self.P.inv.dtype
+        self.tol, self.maxiter = float(tol), maxiter
+        self.iterations = []            # of each application (the last 100)
+
+    def __call__(self, b):
+        from .solvers import cg
+        res = cg(self.operator, b, tol=self.tol, maxiter=self.maxiter, precond=self.P)
+        self.iterations = (self.iterations + [res.iterations])[-100:]
+        return res.x
+
+    def describe(self):
+        return f"Jacobi-CG to relative residual {self.tol:g}"
+
+    def __repr__(self):
+        return f"CGSolver({self.describe()})"

@@ -313,7 +313,7 @@ def chebyshev(operator, degree=4, **kwargs):
     >>> M = fem.mass_operator(fem.H1Space(fem.box_mesh(2, 4), p=2))
     >>> b = M(np.ones(M.shape[0]))
     >>> res = fem.cg(M, b, tol=1e-10, precond=chebyshev(M, degree=3))
-    >>> res.converged, bool(np.allclose(res.x, 1.0))
+    >>> bool(res.converged), bool(np.allclose(res.x, 1.0))
     (True, True)
     """
     return Chebyshev(operator, degree=degree, **kwargs)

@@ -36,6 +36,7 @@ from .geometry import (
 )
 from .multigrid import PMultigrid, Transfer, pmg, pmg_orders
 from .mesh import BoxMesh, box_mesh, sine_distortion
+from .unstructured import UnstructuredMesh, from_elements, read_mesh
 from .operators import AssembledMassOperator, MassOperator, mass_operator
 from .projection import ProjectionResult, l2_error, l2_project, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
@@ -63,6 +64,9 @@ __all__ = [
     "BoxMesh",
     "box_mesh",
     "sine_distortion",
+    "UnstructuredMesh",
+    "from_elements",
+    "read_mesh",
     "H1Space",
     # geometry
     "QuadratureData",

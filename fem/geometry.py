@@ -1,7 +1,10 @@
 """Element maps at quadrature points: coordinates, Jacobians, and the mass data D.
 
-For a :class:`~smalltc.fem.mesh.BoxMesh` with geometry nodes ``X_e`` of
-order ``g`` and the order-``g`` Gauss-Lobatto basis ``Bg``/``Gg`` at the
+For any mesh with per-element geometry nodes ``X_e`` of order ``g`` in tensor
+order (the mesh protocol: ``dim``, ``nelements``, ``geom_order``,
+``geom_nodes``, ``nodes``; :class:`~smalltc.fem.mesh.BoxMesh` and
+:class:`~smalltc.fem.unstructured.UnstructuredMesh` both satisfy it) and the
+order-``g`` Lagrange basis ``Bg``/``Gg`` on its ``geom_nodes`` at the
 tensor-product points ``q``:
 
 * ``x_e(q) = (Bg (x) Bg (x) Bg) X_e``,
@@ -52,7 +55,7 @@ def map_points(mesh, points):
 
     Parameters
     ----------
-    mesh : BoxMesh
+    mesh : BoxMesh or UnstructuredMesh
     points : array_like, shape (nq,)
         1D reference points on [-1, 1].
 
@@ -76,7 +79,7 @@ def jacobian(mesh, points):
 
     Parameters
     ----------
-    mesh : BoxMesh
+    mesh : BoxMesh or UnstructuredMesh
     points : array_like, shape (nq,)
 
     Returns
@@ -193,7 +196,7 @@ def quadrature_data(mesh, nq, *, quadrature="gauss"):
 
     Parameters
     ----------
-    mesh : BoxMesh
+    mesh : BoxMesh or UnstructuredMesh
     nq : int
         Points per direction.
     quadrature : str
@@ -220,7 +223,7 @@ def quadrature_data(mesh, nq, *, quadrature="gauss"):
     points, weights = quadrature_rule(nq, quadrature)
     x = np.moveaxis(map_points(mesh, points), 1, 0)
     detJ = det_jacobian(jacobian(mesh, points))
-    check_jacobian(detJ, mesh.shape)
+    check_jacobian(detJ, getattr(mesh, "shape", None))
     w = weights
     for _ in range(mesh.dim - 1):
         w = np.multiply.outer(w, weights)
@@ -296,7 +299,7 @@ def _wdetj_on(xp, mesh, nq, quadrature, chunk=1 << 18):
         if not bool((detJ > 0).all()):                 # the message is made on the host
             bad = to_host(detJ)
             bad = np.concatenate([np.ones((lo,) + bad.shape[1:]), bad])
-            check_jacobian(bad, mesh.shape)
+            check_jacobian(bad, getattr(mesh, "shape", None))
         out[lo:lo + chunk] = w[None] * detJ
     return out
 
@@ -306,7 +309,7 @@ def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, devic
 
     Parameters
     ----------
-    mesh : BoxMesh
+    mesh : BoxMesh or UnstructuredMesh
     nq : int
         Quadrature points per direction.
     rho : callable or float, optional

@@ -22,6 +22,9 @@ from .quadrature import gauss_lobatto
 
 __all__ = ["BoxMesh", "box_mesh", "sine_distortion"]
 
+#: names of the sides of a box mesh, in local facet order (lower, upper per direction)
+BOX_REGIONS = ("xmin", "xmax", "ymin", "ymax", "zmin", "zmax")
+
 
 def sine_distortion(xhat, amplitude):
     """Smooth distortion of the unit box that fixes its boundary.
@@ -98,6 +101,43 @@ class BoxMesh:
     def volume(self):
         """Volume of the box (distortions keep the boundary fixed)."""
         return float(np.prod(self.upper - self.lower))
+
+    @property
+    def boundary_regions(self):
+        """Names of the box's sides, ``("xmin", "xmax", "ymin", ...)``: the sides at the
+        lower and upper end of each direction."""
+        return BOX_REGIONS[: 2 * self.dim]
+
+    def boundary_facets(self, region=None):
+        """``(elements, facets)`` of the boundary (``region=None``) or of one side.
+
+        Local facet ``f = 2 a + side`` is the element's side at ``xi_a = -1``
+        (side 0) or ``+1`` (side 1); a region is a side of the box, ``"xmin"``
+        (``f = 0`` of the elements with ``e_0 = 0``), ``"xmax"``, ``"ymin"``, ...
+
+        Raises
+        ------
+        KeyError
+            For an unknown region, naming the box's.
+
+        Examples
+        --------
+        >>> e, f = box_mesh(2, 2).boundary_facets("ymax")
+        >>> e.tolist(), f.tolist()
+        ([1, 3], [3, 3])
+        """
+        if region is not None and region not in self.boundary_regions:
+            raise KeyError(f"no boundary region {region!r} in a {self.dim}D box mesh; its "
+                           f"boundary regions: {list(self.boundary_regions)}")
+        sides = range(2 * self.dim) if region is None else [self.boundary_regions.index(region)]
+        multi = np.indices(self.shape).reshape(self.dim, -1)
+        es, fs = [], []
+        for f in sides:
+            a, side = divmod(f, 2)
+            e = np.flatnonzero(multi[a] == (self.shape[a] - 1 if side else 0))
+            es.append(e)
+            fs.append(np.full(e.size, f, dtype=np.int64))
+        return np.concatenate(es).astype(np.int64), np.concatenate(fs)
 
     def __repr__(self):
         return (

@@ -1,4 +1,11 @@
-"""Continuous (H1) order-``p`` nodal spaces on a :class:`~smalltc.fem.mesh.BoxMesh`.
+"""Continuous (H1) order-``p`` nodal spaces on box meshes and unstructured meshes.
+
+On an :class:`~smalltc.fem.unstructured.UnstructuredMesh` the DoFs are numbered
+through the mesh's topology (:func:`smalltc.fem.topology.h1_numbering`: global
+vertices, edges and faces with their orientations, so that neighbours agree on
+their shared nodes whatever their local orientation); the rest of this class,
+and every operator, sees only the resulting map. A box mesh stays the fast
+structured case below.
 
 The global degrees of freedom of order ``p`` on a structured mesh with
 ``n_d`` elements along direction ``d`` form a lattice of ``n_d * p + 1``
@@ -26,6 +33,7 @@ from smalltc._arrays import array_module
 from .basis import lagrange_basis
 from .quadrature import gauss_lobatto
 from .tensor import interp
+from .topology import h1_numbering
 
 __all__ = ["H1Space"]
 
@@ -35,7 +43,7 @@ class H1Space:
 
     Parameters
     ----------
-    mesh : BoxMesh
+    mesh : BoxMesh or UnstructuredMesh
     p : int
         Polynomial order, ``p >= 1``.
 
@@ -44,8 +52,8 @@ class H1Space:
     mesh : BoxMesh
     p, nd, dim : int
         Order, nodes per direction in an element (``p + 1``), dimension.
-    lattice_shape : tuple of int
-        Global nodes per direction, ``n_d * p + 1``.
+    lattice_shape : tuple of int or None
+        Global nodes per direction, ``n_d * p + 1`` (None on an unstructured mesh).
     ndofs : int
         Number of global degrees of freedom.
     elem_dofs : ndarray of int64, shape (E, nd, ..., nd)
@@ -75,6 +83,15 @@ class H1Space:
         self.p = int(p)
         self.nd = self.p + 1
         self.dim = mesh.dim
+        self._device_dofs = {}  # array module name -> elem_dofs on that device
+        if not hasattr(mesh, "shape"):           # unstructured: numbered through its topology
+            if not hasattr(mesh, "vertices"):
+                raise TypeError(f"mesh must be a BoxMesh or an UnstructuredMesh, got "
+                                f"{type(mesh).__name__}")
+            self.lattice_shape = None
+            self.elem_dofs, self.ndofs = h1_numbering(mesh.vertices, mesh.dim, self.p)
+            self._flat = self.elem_dofs.ravel()
+            return
         self.lattice_shape = tuple(n_d * self.p + 1 for n_d in mesh.shape)
         self.ndofs = int(np.prod(self.lattice_shape))
         strides = np.cumprod((self.lattice_shape[1:] + (1,))[::-1])[::-1]
@@ -87,7 +104,6 @@ class H1Space:
             idx = idx + strides[d] * g.reshape(bshape)
         self.elem_dofs = idx.reshape((mesh.nelements,) + (nd,) * dim)
         self._flat = self.elem_dofs.ravel()
-        self._device_dofs = {}  # array module name -> elem_dofs on that device
 
     @property
     def nelements(self):
@@ -204,6 +220,8 @@ class H1Space:
             )
         dtype = v.dtype if np.issubdtype(v.dtype, np.floating) else np.float64
         if xp is not np:
+            if self.lattice_shape is None:
+                return self._scatter_sparse(v.astype(dtype, copy=False), comps)
             return self._scatter_lattice(v.astype(dtype, copy=False), comps)
         if comps is None:
             out = np.bincount(self._flat, weights=v.ravel(), minlength=self.ndofs)
@@ -212,6 +230,65 @@ class H1Space:
         for c in range(comps):
             out[c] = np.bincount(self._flat, weights=v[:, c].ravel(), minlength=self.ndofs)
         return out
+
+    def _scatter_sparse(self, v, comps):
+        """Scatter-add on the device for an unstructured space: a product with the 0/1
+        matrix ``S`` (ndofs x E nd^dim, CSR; cuSPARSE sums each row in a fixed order)."""
+        xp = array_module(v)
+        S = self._device_dofs.get(xp.__name__ + ":S")
+        if S is None:
+            import cupyx.scipy.sparse as sp
+            n = self._flat.size
+            order = np.argsort(self._flat, kind="stable")
+            indptr = np.zeros(self.ndofs + 1, dtype=np.int64)
+            np.cumsum(np.bincount(self._flat, minlength=self.ndofs), out=indptr[1:])
+            S = sp.csr_matrix((xp.ones(n, dtype=v.dtype), xp.asarray(order.astype(np.int32)),
+                               xp.asarray(indptr.astype(np.int32))), shape=(self.ndofs, n))
+            self._device_dofs[xp.__name__ + ":S"] = S
+        S = S.astype(v.dtype) if S.dtype != v.dtype else S
+        if comps is None:
+            return S @ v.reshape(-1)
+        flat = xp.moveaxis(v, 1, 0).reshape(comps, -1)
+        return xp.ascontiguousarray((S @ flat.T).T)
+
+    def boundary_dofs(self, region=None):
+        """Sorted global indices of the DoFs on the boundary, or on a named region of it.
+
+        Parameters
+        ----------
+        region : str or sequence of str, optional
+            A boundary region of the mesh (``mesh.boundary_regions``: the box's
+            sides ``"xmin"``, ``"xmax"``, ...; a file mesh's physical groups), or
+            several; the whole boundary when omitted.
+
+        Returns
+        -------
+        ndarray of int64
+
+        Raises
+        ------
+        KeyError
+            For an unknown region, naming the mesh's regions.
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> V = H1Space(box_mesh(2, 2), p=1)
+        >>> V.boundary_dofs().tolist(), V.boundary_dofs("xmin").tolist()
+        ([0, 1, 2, 3, 5, 6, 7, 8], [0, 1, 2])
+        """
+        from .topology import facet_slices
+        names = [region] if region is None or isinstance(region, str) else list(region)
+        out = []
+        for name in names:
+            elems, facets = self.mesh.boundary_facets(name)
+            for f in np.unique(facets):
+                sel = elems[facets == f]
+                out.append(self.elem_dofs[sel][(slice(None),) + facet_slices(self.dim, self.nd, f)]
+                           .ravel())
+        if not out:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate(out)).astype(np.int64)
 
     def _scatter_lattice(self, v, comps):
         """Scatter-add by strided adds along each lattice direction (any array module).

@@ -1,10 +1,11 @@
 """The coarse solve of the p-multigrid: assembly of a low-order operator and AMG.
 
 * :func:`assemble_csr`: any operator of an order-``p`` H1 space on a box mesh as a
-  SciPy CSR matrix, from ``(2p + 1)^dim`` applications to probe vectors (the DoFs of
-  one colour, ``i_d mod (2p + 1)`` fixed in every direction, share no element row:
-  each column is read off exactly). At ``p = 1``: 27 applications in 3D. An operator
-  with ``to_csr()`` (assembled forms) is taken as it is.
+  SciPy CSR matrix, from one application per colour of probe vectors (the DoFs of
+  one colour share no row: each column is read off exactly): on a box mesh's lattice
+  ``i_d mod (2p + 1)`` in every direction, 27 applications at ``p = 1`` in 3D; on an
+  unstructured mesh a distance-2 colouring of the element graph. An operator with
+  ``to_csr()`` (assembled forms) is taken as it is.
 * :class:`AMGSolver`: the algebraic multigrid of the assembled matrix. ``pyamg``
   builds the smoothed-aggregation hierarchy on the host (an optional dependency,
   ``pip install smalltc[amg]``, imported here). The solve phase is either pyamg's own
@@ -17,8 +18,6 @@
 * :class:`CGSolver`: Jacobi-CG on the matrix-free operator to a relative tolerance
   (the plain alternative).
 """
-
-import itertools
 
 import numpy as np
 
@@ -66,30 +65,65 @@ def assemble_csr(operator, space):
         return sp.csr_matrix((to_host(data), to_host(indices), to_host(indptr)), shape=(n, n))
     xp = getattr(operator, "xp", np)
     dtype = getattr(operator, "dtype", np.float64)
-    L = np.array(space.lattice_shape)
-    m = 2 * space.p + 1
-    idx = np.indices(tuple(L)).reshape(space.dim, -1)        # lattice index of each DoF
+    pattern = _pattern(space)                     # A[i, j] may be nonzero: share an element
     rows, cols, vals = [], [], []
-    offsets = np.array(list(itertools.product(range(-space.p, space.p + 1), repeat=space.dim)))
-    for color in itertools.product(range(m), repeat=space.dim):
-        sel = np.all(idx % m == np.array(color)[:, None], axis=0)
-        if not sel.any():
-            continue
+    for sel in _colours(space, pattern):
         probe = np.zeros(n, dtype=dtype)
         probe[sel] = 1
         y = to_host(operator(xp.asarray(probe)))
-        cj = idx[:, sel]                                       # (dim, ncols)
-        for off in offsets:
-            ri = cj + off[:, None]
-            ok = np.all((ri >= 0) & (ri < L[:, None]), axis=0)
-            r = np.ravel_multi_index(tuple(ri[:, ok]), tuple(L))
-            c = np.flatnonzero(sel)[ok]
-            rows.append(r)
-            cols.append(c)
-            vals.append(y[r])
-    A = sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                      shape=(n, n)).tocsr()
-    return A
+        sub = pattern[:, sel].tocoo()             # rows of the chosen columns
+        rows.append(sub.row)
+        cols.append(sel[sub.col])
+        vals.append(y[sub.row])
+    return sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                         shape=(n, n)).tocsr()
+
+
+def _pattern(space):
+    """The DoFs that share an element, as a CSR pattern (``ndofs x ndofs``, ones)."""
+    import scipy.sparse as sp
+    E = space.nelements
+    dofs = np.asarray(space.elem_dofs).reshape(E, -1)
+    inc = sp.csr_matrix((np.ones(dofs.size), (np.repeat(np.arange(E), dofs.shape[1]),
+                                              dofs.ravel())), shape=(E, space.ndofs))
+    C = (inc.T @ inc).tocsr()
+    C.data[:] = 1.0
+    return C
+
+
+def _colours(space, pattern):
+    """Sets of DoFs (index arrays) no two of which share a row of ``pattern``: on a box
+    lattice the residues ``i_d mod (2p + 1)``; otherwise a distance-2 colouring of the
+    pattern's graph, one maximal independent set of ``pattern @ pattern`` per colour
+    (Luby's rule with fixed random weights)."""
+    if getattr(space, "lattice_shape", None) is not None:
+        L = np.array(space.lattice_shape)
+        m = 2 * space.p + 1
+        idx = np.indices(tuple(L)).reshape(space.dim, -1) % m
+        key = np.ravel_multi_index(tuple(idx), (m,) * space.dim)
+        order = np.argsort(key, kind="stable")
+        bounds = np.searchsorted(key[order], np.arange(m ** space.dim + 1))
+        return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    G = (pattern @ pattern).tocsr()
+    G.setdiag(0)
+    G.eliminate_zeros()
+    G.data[:] = 1.0
+    w = np.random.default_rng(0).permutation(space.ndofs).astype(np.float64) + 1.0
+    uncoloured = np.ones(space.ndofs, dtype=bool)
+    out = []
+    while uncoloured.any():
+        cand = uncoloured.copy()
+        chosen = np.zeros(space.ndofs, dtype=bool)
+        while cand.any():
+            wc = np.where(cand, w, 0.0)
+            nbr_max = G.multiply(wc[None, :]).max(axis=1).toarray().ravel()
+            pick = cand & (wc > nbr_max)
+            chosen |= pick
+            cand &= ~pick
+            cand &= ~(G @ pick.astype(np.float64) > 0)
+        out.append(np.flatnonzero(chosen))
+        uncoloured &= ~chosen
+    return out
 
 
 def _pyamg():

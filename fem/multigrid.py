@@ -56,8 +56,11 @@ def pmg_orders(p):
     return out
 
 
-def boundary_mask(space):
-    """Boolean mask of the DoFs on the boundary of the box, shape (ndofs,).
+def boundary_mask(space, region=None):
+    """Boolean mask of the DoFs on the boundary (or on a region of it), shape (ndofs,).
+
+    From ``space.boundary_dofs(region)`` where the space has it; else (a box mesh's
+    lattice) the whole boundary of the box.
 
     Examples
     --------
@@ -65,6 +68,12 @@ def boundary_mask(space):
     >>> print(boundary_mask(H1Space(box_mesh(1, 2), p=1)))
     [ True False  True]
     """
+    if hasattr(space, "boundary_dofs"):
+        mask = np.zeros(space.ndofs, dtype=bool)
+        mask[space.boundary_dofs(region)] = True
+        return mask
+    if region is not None:
+        raise ValueError(f"this space has no boundary regions (region={region!r})")
     L = np.array(space.lattice_shape)
     idx = np.indices(tuple(L)).reshape(space.dim, -1)
     return np.any((idx == 0) | (idx == (L - 1)[:, None]), axis=0)
@@ -307,8 +316,9 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=2, smoother="fourth
         Chebyshev degree on every level but the coarsest.
     smoother : {"fourth", "first"}
         Chebyshev kind (:mod:`smalltc.fem.chebyshev`).
-    constrained : array of bool, "boundary" or None
-        The constrained (Dirichlet) DoFs of the finest level.
+    constrained : array of bool or int, "boundary", region name(s) or None
+        The constrained (Dirichlet) DoFs of the finest level: a mask, indices,
+        the whole boundary, or boundary regions (``space.boundary_dofs(region)``).
     coarse : {"amg", "cg"}
         The order-1 solve: one AMG V-cycle (pyamg hierarchy) or Jacobi-CG to
         ``coarse_tol``.
@@ -367,10 +377,9 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=2, smoother="fourth
     if coarse not in COARSE_SOLVERS:
         raise ValueError(f"coarse must be one of {list(COARSE_SOLVERS)}, got {coarse!r}")
     fixed = None
-    if isinstance(constrained, str):
-        if constrained != "boundary":
-            raise ValueError(f"constrained must be a mask, 'boundary' or None, got {constrained!r}")
-        fixed = boundary_mask(space)
+    if isinstance(constrained, str) or (isinstance(constrained, (list, tuple)) and constrained
+                                        and isinstance(constrained[0], str)):
+        fixed = boundary_mask(space, None if constrained == "boundary" else constrained)
     elif constrained is not None:
         fixed = np.asarray(to_host(constrained))
         if fixed.dtype != bool:       # an index array

@@ -243,3 +243,22 @@ def test_pmg_on_the_gpu_matches_the_cpu(p):
     rg = fem.cg(gpu.operator, cp.asarray(b), tol=1e-8, precond=gpu)
     assert abs(rg.iterations - rc.iterations) <= 1
     np.testing.assert_allclose(to_numpy(rg.x), rc.x, atol=1e-6 * np.abs(rc.x).max())
+
+
+def test_pmg_and_probing_on_an_unstructured_mesh():
+    """Elements rotated by 180 degrees (their own node orders): the transfers, the
+    boundary and the distance-2 colouring of the probing work through the DoF map."""
+    from smalltc.fem.unstructured import from_elements
+    nodes = fem.box_mesh(2, 4, distortion=0.05).nodes.copy()
+    nodes[::2] = nodes[::2][..., ::-1, ::-1]
+    mesh = from_elements(nodes)
+    V = fem.H1Space(mesh, 3)
+    assert V.lattice_shape is None
+    K = DiffusionStandin(fem.H1Space(mesh, 2))
+    dense = np.stack([K(e) for e in np.eye(K.shape[0])], axis=1)
+    np.testing.assert_allclose(assemble_csr(K, K.space).toarray(), dense, rtol=0, atol=1e-14)
+    M = fem.pmg(V, kind="diffusion", constrained="boundary")
+    assert int(np.count_nonzero(M.levels[0].free)) == (4 * 3 - 1) ** 2
+    b = M.operator(np.random.default_rng(0).random(V.ndofs))
+    res = fem.cg(M.operator, b, tol=1e-8, precond=M)
+    assert res.converged and res.iterations <= 10

@@ -13,6 +13,8 @@ pairwise   each catalogue step (0a)-(5b) at a few p, nq = p+2
 bp1        CEED BP1: the global mass operator (fused, deterministic, unfused)
            and a Jacobi-CG iteration, 3D p = 1..8 (:mod:`.bp1`); not in the
            default run
+solve      Poisson solves to 1e-8: Jacobi-CG, Chebyshev and p-multigrid,
+           3D p = 2..8, distorted mesh (:mod:`.solve`); not in the default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core
@@ -40,7 +42,7 @@ __all__ = ["SUITES", "DEFAULT_SUITES", "cases", "Sizing"]
 #: the suites a run without --suite measures: the kernels
 DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
 #: every suite: the kernels, and bp1, the FEM operator and CG (:mod:`.bp1`)
-SUITES = DEFAULT_SUITES + ("bp1",)
+SUITES = DEFAULT_SUITES + ("bp1", "solve")
 
 MiB = 2 ** 20
 
@@ -194,4 +196,7 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
     if suite == "bp1":
         from .bp1 import cases as bp1_cases
         return bp1_cases(dtype, kind, ps, quick)
+    if suite == "solve":
+        from .solve import cases as solve_cases
+        return solve_cases(dtype, kind, ps, quick)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

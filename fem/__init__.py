@@ -40,7 +40,7 @@ from .unstructured import UnstructuredMesh, from_elements, read_mesh
 from .operators import AssembledMassOperator, MassOperator, mass_operator
 from .projection import ProjectionResult, l2_error, l2_project, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
-from .solvers import CGResult, ConvergenceError, cg, jacobi
+from .solvers import CGResult, ConvergenceError, cg, jacobi, progress_log
 from .space import H1Space
 from .tensor import apply_tensor, interp, interp_t
 
@@ -85,6 +85,7 @@ __all__ = [
     "ConvergenceError",
     "cg",
     "jacobi",
+    "progress_log",
     # multigrid (p-multigrid, Chebyshev smoothing, AMG coarse solve)
     "Chebyshev",
     "chebyshev",

@@ -262,3 +262,17 @@ def test_pmg_and_probing_on_an_unstructured_mesh():
     b = M.operator(np.random.default_rng(0).random(V.ndofs))
     res = fem.cg(M.operator, b, tol=1e-8, precond=M)
     assert res.converged and res.iterations <= 10
+
+
+def test_cg_callback_logs_every_iteration_of_a_pmg_solve(capsys):
+    V = fem.H1Space(fem.box_mesh(2, 3, distortion=0.05), 2)
+    M = fem.pmg(V, kind="diffusion", constrained="boundary")
+    b = M.operator(np.ones(V.ndofs))
+    seen = []
+    res = fem.cg(M.operator, b, tol=1e-8, precond=M, callback=lambda k, r: seen.append((k, r)))
+    assert [k for k, _ in seen] == list(range(1, res.iterations + 1))
+    np.testing.assert_allclose([r for _, r in seen], res.residuals[1:])
+    assert M.cycles == res.iterations + 1          # one V-cycle per iteration, and z_0
+    fem.cg(M.operator, b, tol=1e-8, precond=M, callback=fem.progress_log(1))
+    err = capsys.readouterr().err
+    assert err.count("cg: iteration") == res.iterations and "relative residual" in err

@@ -295,7 +295,7 @@ def _factory(kind, operator, device, nq_offset):
     raise ValueError(f"kind must be 'mass', 'diffusion' or 'helmholtz', got {kind!r}")
 
 
-def pmg(operator_or_space, *, kind=None, orders=None, degree=2, smoother="fourth",
+def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth",
         constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
         operator_factory=None, device=None, nq_offset=2, lambda_steps=10):
     """Build a p-multigrid preconditioner.
@@ -313,7 +313,9 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=2, smoother="fourth
         The levels' orders, finest first, ending in 1; ``p, ceil(p/2), ..., 1`` by
         default (:func:`pmg_orders`).
     degree : int
-        Chebyshev degree on every level but the coarsest.
+        Chebyshev degree on every level but the coarsest: ``2 degree`` applications
+        of the level's operator per V-cycle. 3 by default: on a distorted 3D box
+        (p = 3..8) degree 2 needed 1.4-1.6x the iterations and no less time.
     smoother : {"fourth", "first"}
         Chebyshev kind (:mod:`smalltc.fem.chebyshev`).
     constrained : array of bool or int, "boundary", region name(s) or None

@@ -8,7 +8,7 @@ the operator's class is recorded) is solved by :func:`smalltc.fem.cg` with
 
 ``jacobi``      the Jacobi preconditioner (the fused CG iteration)
 ``chebyshev``   Chebyshev (fourth kind, degree 4) of the Jacobi-preconditioned operator
-``pmg``         the p-multigrid V-cycle (:func:`smalltc.fem.pmg`: Chebyshev degree 2 on
+``pmg``         the p-multigrid V-cycle (:func:`smalltc.fem.pmg`: Chebyshev degree 3 on
                 the levels p, ceil(p/2), ..., 1; one AMG V-cycle on the order-1 level)
 
 from the same right-hand side ``b = A x*`` (``x*`` random). Each records the

@@ -139,11 +139,13 @@ class _SparseLevel:
     """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``."""
 
     def __init__(self, A, xp):
+        A = A.tocsr()
         if xp is np:
-            self.A = A.tocsr()
-        else:
+            self.A = A
+        else:       # from the arrays (SciPy's csr_array or csr_matrix alike)
             import cupyx.scipy.sparse as csp
-            self.A = csp.csr_matrix(A.tocsr())
+            self.A = csp.csr_matrix((xp.asarray(A.data), xp.asarray(A.indices),
+                                     xp.asarray(A.indptr)), shape=A.shape)
         self.xp = xp
         self.n = A.shape[0]
         self.dtype = np.dtype(A.dtype)
@@ -214,9 +216,10 @@ class AMGSolver(_Preconditioner):
         self.coarse_inv = xp.asarray(np.linalg.pinv(Ac))     # symmetric
 
     def __call__(self, b):
+        """One V-cycle on ``A x = b`` from zero (float64 inside; ``x`` in b's dtype)."""
         if self.cycle == "pyamg":
-            return self._M.matvec(to_host(b))
-        return self._vcycle(0, b)
+            return self._M.matvec(to_host(b).astype(np.float64)).astype(b.dtype, copy=False)
+        return self._vcycle(0, b.astype(np.float64, copy=False)).astype(b.dtype, copy=False)
 
     def _vcycle(self, level, b):
         if level == len(self.levels):

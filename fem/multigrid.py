@@ -221,8 +221,9 @@ class PMultigrid(_Preconditioner):
         return self.levels[0].A
 
     def __call__(self, r):
+        """One V-cycle on ``A z = r`` from ``z = 0``; ``z`` in r's dtype."""
         self.cycles += 1
-        return self._vcycle(0, r)
+        return self._vcycle(0, r).astype(r.dtype, copy=False)
 
     def _vcycle(self, l, b):
         if l == len(self.levels) - 1:
@@ -271,7 +272,7 @@ class PMultigrid(_Preconditioner):
         return "\n".join(lines)
 
 
-def _factory(kind, operator, device, nq_offset):
+def _factory(kind, operator, device, nq_offset, dtype=np.float64):
     """``space -> operator`` for the named kind, or from the type of ``operator``."""
     from . import operators as ops
     if kind is None:
@@ -282,7 +283,8 @@ def _factory(kind, operator, device, nq_offset):
             raise TypeError(f"cannot tell the kind of {type(operator).__name__}: pass "
                             f"kind='mass'|'diffusion'|'helmholtz' or operator_factory=")
     if kind == "mass":
-        return lambda space: ops.mass_operator(space, nq=space.p + nq_offset, device=device)
+        return lambda space: ops.mass_operator(space, nq=space.p + nq_offset, device=device,
+                                               dtype=dtype)
     if kind in ("diffusion", "helmholtz"):
         import smalltc.fem as fem_pkg
         make = getattr(fem_pkg, "diffusion_operator", None)
@@ -370,7 +372,8 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
             raise TypeError(f"{type(fine_op).__name__} has no .space (an H1Space): pass the "
                             f"space and kind=, or operator_factory=")
         device = device or getattr(fine_op, "device", "cpu")
-    make = operator_factory or _factory(kind, fine_op, device, nq_offset)
+    make = operator_factory or _factory(kind, fine_op, device, nq_offset,
+                                        getattr(fine_op, "dtype", np.float64))
     orders = pmg_orders(space.p) if orders is None else [int(q) for q in orders]
     if orders[0] != space.p or orders[-1] != 1 or any(a <= b for a, b in zip(orders, orders[1:])):
         raise ValueError(f"orders must decrease strictly from p={space.p} to 1, got {orders}")

@@ -3,8 +3,9 @@
 Quadrature rules and 1D nodal bases on the reference interval [-1, 1],
 structured box meshes with curved (distorted) elements, continuous H1
 spaces with gather/scatter, geometry at quadrature points (the ``D`` of the
-mass operator), matrix-free and assembled mass operators built on
-:func:`smalltc.batched_contract` and :func:`smalltc.assemble_mass`,
+mass operator, the ``Q`` of the diffusion operator), matrix-free and assembled
+mass, diffusion and Helmholtz operators built on :func:`smalltc.operator_apply`
+and :func:`smalltc.assemble_operator`,
 preconditioned CG, and L2 projection.
 
 Setup (meshes, geometry, ``D``) is NumPy on the host; the solve path
@@ -28,6 +29,7 @@ from .geometry import (
     QuadratureData,
     check_jacobian,
     det_jacobian,
+    diffusion_data,
     evaluate_field,
     jacobian,
     map_points,
@@ -37,7 +39,15 @@ from .geometry import (
 from .multigrid import PMultigrid, Transfer, pmg, pmg_orders
 from .mesh import BoxMesh, box_mesh, sine_distortion
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
-from .operators import AssembledMassOperator, MassOperator, mass_operator
+from .operators import (
+    AssembledMassOperator,
+    AssembledOperator,
+    MassOperator,
+    Operator,
+    diffusion_operator,
+    helmholtz_operator,
+    mass_operator,
+)
 from .projection import ProjectionResult, l2_error, l2_project, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
 from .solvers import CGResult, ConvergenceError, cg, jacobi, progress_log
@@ -72,6 +82,7 @@ __all__ = [
     "QuadratureData",
     "check_jacobian",
     "det_jacobian",
+    "diffusion_data",
     "evaluate_field",
     "jacobian",
     "map_points",
@@ -79,8 +90,12 @@ __all__ = [
     "quadrature_data",
     # operators and solvers
     "AssembledMassOperator",
+    "AssembledOperator",
     "MassOperator",
+    "Operator",
     "mass_operator",
+    "diffusion_operator",
+    "helmholtz_operator",
     "CGResult",
     "ConvergenceError",
     "cg",

@@ -13,6 +13,9 @@ tensor-product points ``q``:
 * ``D_e(q) = w(q) * rho(x_e(q)) * det J_e(q)`` with ``w`` the tensor
   product of the 1D weights: the ``D`` of SPEC section 1 for the mass
   operator.
+* ``Q_e^{ab}(q) = w(q) * kappa(x_e(q)) * det J_e(q) * (J_e^{-1} J_e^{-T})_{ab}``,
+  packed as the upper triangle row by row on axis 1: the ``Q`` of the
+  diffusion operator (docs/math.md section 7).
 
 User functions (``rho`` here, ``f`` in projections) are called as
 ``f(x)`` with ``x`` of shape ``(dim, E, nq, ..., nq)``, so ``x[0]`` is the
@@ -40,6 +43,7 @@ __all__ = [
     "quadrature_data",
     "evaluate_field",
     "mass_data",
+    "diffusion_data",
 ]
 
 
@@ -357,3 +361,96 @@ def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, devic
     qd = quadrature_data(mesh, nq, quadrature=quadrature)
     D = qd.wdetJ if rho is None else qd.wdetJ * evaluate_field(rho, qd.x, "rho")
     return xp.asarray(np.ascontiguousarray(D, dtype=dt))
+
+
+def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64,
+                   device="cpu"):
+    """Quadrature data ``Q`` of the diffusion operator, packed.
+
+    ``Q^{ab} = w * kappa(x) * |J| * (J^{-1} J^{-T})_{ab}`` at every tensor-product
+    point (``J[a, b] = d x_a / d xi_b``, :func:`jacobian`), so that ``u^T K u`` is
+    ``int kappa |grad u|^2`` (docs/math.md section 7). The symmetric ``dim x dim``
+    matrix is stored as its upper triangle, row by row (3D: 11, 12, 13, 22, 23, 33;
+    2D: 11, 12, 22; 1D: 11), on axis 1.
+
+    Parameters
+    ----------
+    mesh : BoxMesh
+    nq : int
+        Quadrature points per direction.
+    kappa : callable or float, optional
+        Diffusion coefficient ``kappa(x)``, ``x`` of shape ``(dim, E, nq, ..., nq)``
+        (as ``rho`` of :func:`mass_data`); 1 when omitted.
+    quadrature : str
+        Rule name, ``"gauss"`` by default; ``"gll"`` with ``nq = p + 1`` is the
+        collocated form (BP5).
+    dtype : numpy dtype
+        float64 (default) or float32; computed in float64, then cast.
+    device : {"cpu", "gpu", "auto"}
+        Where ``Q`` is returned (computed on the host).
+
+    Returns
+    -------
+    ndarray, shape (E, dim (dim + 1) / 2, nq, ..., nq)
+
+    Raises
+    ------
+    ValueError
+        If the mesh is tangled (naming the element), ``kappa`` is bad, or ``dtype``
+        is not float32/float64.
+
+    Examples
+    --------
+    >>> from smalltc.fem import box_mesh
+    >>> Q = diffusion_data(box_mesh(2, 2), 3)          # squares of side 1/2: J = I / 4
+    >>> Q.shape
+    (4, 3, 3, 3)
+    >>> print(np.round(Q[0, :, 1, 1], 6))              # w = (8/9)^2, |J| = 1/16, J^-2 = 16
+    [0.790123 0.       0.790123]
+    """
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise ValueError(f"dtype must be float64 or float32, got {dt}")
+    xp = resolve_device(device)
+    points, weights = quadrature_rule(nq, quadrature)
+    J = jacobian(mesh, points)                           # (E, dim, dim, nq, ...)
+    detJ = det_jacobian(J)
+    check_jacobian(detJ, getattr(mesh, "shape", None))
+    dim = J.shape[1]
+    w = weights
+    for _ in range(dim - 1):
+        w = np.multiply.outer(w, weights)
+    scale = w[None] / detJ                               # w |J| / |J|^2 (adj = |J| J^-1)
+    if kappa is not None:
+        if callable(kappa):
+            scale = scale * evaluate_field(kappa, np.moveaxis(map_points(mesh, points), 1, 0),
+                                           "kappa")
+        else:
+            scale = scale * float(evaluate_field(kappa, np.zeros((dim, 1)), "kappa").ravel()[0])
+    adj = _adjugate(J)                                   # adj[a, i] = |J| (J^-1)[a, i]
+    Q = np.empty((J.shape[0], dim * (dim + 1) // 2) + J.shape[3:], dtype=np.float64)
+    c = 0
+    for a in range(dim):
+        for b in range(a, dim):
+            Q[:, c] = sum(adj[:, a, i] * adj[:, b, i] for i in range(dim)) * scale
+            c += 1
+    return xp.asarray(np.ascontiguousarray(Q, dtype=dt))
+
+
+def _adjugate(J):
+    """``adj(J)`` of Jacobians laid out as ``(E, dim, dim, ...)``: ``J adj(J) = |J| I``."""
+    dim = J.shape[1]
+    if dim == 1:
+        return np.ones_like(J)
+    adj = np.empty_like(J)
+    if dim == 2:
+        adj[:, 0, 0], adj[:, 1, 1] = J[:, 1, 1], J[:, 0, 0]
+        adj[:, 0, 1], adj[:, 1, 0] = -J[:, 0, 1], -J[:, 1, 0]
+        return adj
+    for a in range(3):
+        for i in range(3):
+            r = [k for k in range(3) if k != i]      # the cofactor of J[i, a]
+            s = [k for k in range(3) if k != a]
+            adj[:, a, i] = ((-1) ** (a + i)) * (J[:, r[0], s[0]] * J[:, r[1], s[1]]
+                                                - J[:, r[0], s[1]] * J[:, r[1], s[0]])
+    return adj

@@ -9,6 +9,9 @@ arrays (NVIDIA GPUs), with a plan/execute API:
 - :func:`contract`: the reshaping-layout kernels (8a), (8b), (9)
 - :func:`mass_apply`: the global mass operator through an element-to-DoF map, fused
   (gather, action, scatter-add), and :func:`mass_diagonal` (Jacobi)
+- :func:`diffusion_apply`, :func:`diffusion_action`, :func:`diffusion_diagonal`,
+  :func:`assemble_diffusion`: the diffusion operator (CEED BP3/BP5) at every level;
+  :func:`operator_apply` and friends: the family (mass, diffusion, Helmholtz) by name
 - :func:`plan`: build once, call many times
 - :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
 
@@ -24,15 +27,19 @@ Examples
 """
 import logging as _logging
 
-from .api import (assemble_mass, batched_contract, batched_gemm, contract, mass_apply,
-                  mass_diagonal)
+from .api import (assemble_diffusion, assemble_mass, assemble_operator, batched_contract,
+                  batched_gemm, contract, diffusion_action, diffusion_apply,
+                  diffusion_diagonal, mass_apply, mass_diagonal, operator_action,
+                  operator_apply, operator_diagonal)
 from .aot import precompile
 from .catalogue import STEPS
 from .plan import Plan, plan
 
 __version__ = "0.1.0"
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
-           "mass_diagonal", "plan", "precompile",
+           "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
+           "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
+           "assemble_operator", "plan", "precompile",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

@@ -15,11 +15,11 @@ import numpy as np
 from . import _interop
 from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_array,
                       is_cupy, usable)
-from .spec import (ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec,
-                   MassDiagonalSpec)
+from .spec import (QFUNCS, ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec,
+                   MassDiagonalSpec, nsym)
 
 __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec", "mass_apply_spec",
-           "mass_diagonal_spec",
+           "mass_diagonal_spec", "operator_spec", "OPERATOR_LEVELS",
            "check_operands", "check_out", "reshape_like", "as_usable", "check_scalar"]
 
 
@@ -117,12 +117,12 @@ def action_spec(B1d, D, V):
     return spec, xp, (B1d, D, V)
 
 
-def _check_map(elem_dofs, E, nd, dim):
+def _check_map(elem_dofs, E, nd, dim, src="E from D, nd from B1d"):
     """The element-to-DoF map: an integer array (int32 or int64) of shape (E, nd, ...)."""
     want = (E,) + (nd,) * dim
     if tuple(elem_dofs.shape) != want:
         raise ValueError(f"elem_dofs has shape {tuple(elem_dofs.shape)}, expected {want} for "
-                         f"E={E}, nd={nd}, dim={dim} (E from D, nd from B1d)")
+                         f"E={E}, nd={nd}, dim={dim} ({src})")
     dt = np.dtype(elem_dofs.dtype)
     if dt not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise TypeError(f"elem_dofs has dtype {dt}, expected int32 or int64 (global DoF "
@@ -179,6 +179,144 @@ def assembly_spec(B1d, D):
     nq, nd = _check_b1d(B1d)
     dim = _check_d(D, nq)
     return AssemblySpec(dim=dim, nq=nq, nd=nd, batch=D.shape[0], dtype=dtype), xp, (B1d, D)
+
+
+#: the levels of the generalised operators: the public names' suffix -> spec op
+OPERATOR_LEVELS = {"action": "action", "apply": "mass_apply", "diagonal": "mass_diagonal",
+                   "assembly": "assembly"}
+_LEVEL_ARGS = {"action": ("V",), "apply": ("x", "elem_dofs"), "diagonal": ("elem_dofs",),
+               "assembly": ()}
+_DATA_NAMES = {"mass": "D", "diffusion": "Q", "helmholtz": "(D, Q)"}
+
+
+def _operator_data(qfunc, data):
+    """``data`` of :func:`operator_spec` as a dict name -> array: D, Q or both."""
+    if qfunc == "helmholtz":
+        if not isinstance(data, (tuple, list)) or len(data) != 2:
+            raise TypeError(f"data for qfunc 'helmholtz' is the pair (D, Q), got "
+                            f"{type(data).__name__}")
+        return {"D": _as_array("D", data[0]), "Q": _as_array("Q", data[1])}
+    name = _DATA_NAMES[qfunc]
+    if isinstance(data, (tuple, list)):
+        raise TypeError(f"data for qfunc {qfunc!r} is one array {name}, got a "
+                        f"{type(data).__name__} of {len(data)}")
+    return {name: _as_array(name, data)}
+
+
+def _check_q(Q, nq):
+    """Q (E, nsym, nq, ..., nq): the packed symmetric matrix per quadrature point."""
+    dim = Q.ndim - 2
+    if dim not in (1, 2, 3) or Q.shape[1] != nsym(dim):
+        raise ValueError(f"Q has shape {tuple(Q.shape)}, expected (E, nsym, nq, ...) with "
+                         f"nsym = dim (dim + 1) / 2 = 1, 3 or 6 for dim 1, 2, 3 and nq={nq} "
+                         "(nq from the basis)")
+    want = (Q.shape[0], nsym(dim)) + (nq,) * dim
+    if tuple(Q.shape) != want:
+        raise ValueError(f"Q has shape {tuple(Q.shape)}, expected {want} for nq={nq}, "
+                         f"dim={dim} (nq from the basis, dim from Q's rank)")
+    return dim
+
+
+def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndofs=None):
+    """Check the operands of a generalised operator (docs/math.md section 7); return
+    ``(spec, xp, ops)`` with ``ops`` in ``spec.inputs``' order.
+
+    ``level``: "action" (``rest`` = V), "apply" (x, elem_dofs), "diagonal" (elem_dofs;
+    ``ndofs``) or "assembly"; ``qfunc``: "mass" (data D, G1d None), "diffusion" (data Q)
+    or "helmholtz" (data (D, Q)). ``B1d=None`` is the collocated form (nq == nd; not for
+    mass). The input and output bases are the same (B1d, G1d of one shape).
+    """
+    if level not in OPERATOR_LEVELS:
+        raise ValueError(f"level must be one of {tuple(OPERATOR_LEVELS)}, got {level!r}")
+    if qfunc not in QFUNCS:
+        raise ValueError(f"qfunc must be one of {QFUNCS}, got {qfunc!r}")
+    names = _LEVEL_ARGS[level]
+    if len(rest) != len(names):
+        raise TypeError(f"the {level} of an operator takes {', '.join(names) or 'nothing'} "
+                        f"after the data; got {len(rest)} operands")
+    if qfunc == "mass":
+        if G1d is not None:
+            raise ValueError(f"G1d is for qfunc 'diffusion' or 'helmholtz'; the mass operator "
+                             f"takes G1d=None (got an operand of shape "
+                             f"{tuple(getattr(G1d, 'shape', ()))})")
+        if B1d is None:
+            raise ValueError("B1d is None, but the mass operator has no collocated form: "
+                             "pass B1d (nq, nd)")
+        if isinstance(data, (tuple, list)):
+            raise TypeError(f"data for qfunc 'mass' is one array D, got a "
+                            f"{type(data).__name__} of {len(data)}")
+        if level == "action":
+            return action_spec(B1d, data, *rest)
+        if level == "apply":
+            return mass_apply_spec(B1d, data, *rest, deterministic=deterministic)
+        if level == "diagonal":
+            return mass_diagonal_spec(B1d, data, *rest, ndofs, deterministic=deterministic)
+        return assembly_spec(B1d, data)
+    if G1d is None:
+        raise ValueError(f"G1d is None; qfunc {qfunc!r} needs the 1D derivative matrix G1d "
+                         "(nq, nd)")
+    G1d = _as_array("G1d", G1d)
+    named = {} if B1d is None else {"B1d": _as_array("B1d", B1d)}
+    named["G1d"] = G1d
+    named.update(_operator_data(qfunc, data))
+    args = {n: _as_array(n, a) for n, a in zip(names, rest)}
+    floats = dict(named, **{n: a for n, a in args.items() if n != "elem_dofs"})
+    xp = array_module(*named.values(), *args.values())
+    dtype = _dtype(floats)
+    if G1d.ndim != 2 or 0 in G1d.shape:
+        raise ValueError(f"G1d has shape {tuple(G1d.shape)}, expected (nq, nd) with "
+                         "nq, nd >= 1")
+    nq, nd = G1d.shape
+    collocated = B1d is None
+    if collocated and nq != nd:
+        raise ValueError(f"B1d is None (the collocated form) but G1d has shape "
+                         f"{tuple(G1d.shape)}: collocated needs nq == nd (Gauss-Lobatto "
+                         "points on the nodes); pass B1d otherwise")
+    if not collocated and tuple(named["B1d"].shape) != (nq, nd):
+        raise ValueError(f"B1d has shape {tuple(named['B1d'].shape)}, expected {(nq, nd)} "
+                         f"(G1d's shape: the input and output bases are the same)")
+    Q = named["Q"]
+    dim = _check_q(Q, nq)
+    E = Q.shape[0]
+    if qfunc == "helmholtz":
+        want = (E,) + (nq,) * dim
+        if tuple(named["D"].shape) != want:
+            raise ValueError(f"D has shape {tuple(named['D'].shape)}, expected {want} for "
+                             f"E={E}, nq={nq}, dim={dim} (E and dim from Q, nq from G1d)")
+    common = dict(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, qfunc=qfunc,
+                  collocated=collocated)
+    if level == "action":
+        V = args["V"]
+        if V.ndim not in (dim + 1, dim + 2):
+            raise ValueError(f"V has shape {tuple(V.shape)}, expected {(E,) + (nd,) * dim} "
+                             f"or (E, ncomp, {', '.join([str(nd)] * dim)}) for nd={nd}, "
+                             f"dim={dim} (E and dim from Q, nd from G1d)")
+        comp_axis = V.ndim == dim + 2
+        spec = ActionSpec(ncomp=V.shape[1] if comp_axis else 1, comp_axis=comp_axis,
+                          **common)
+        if tuple(V.shape) != spec.v_shape:
+            raise ValueError(f"V has shape {tuple(V.shape)}, expected {spec.v_shape} for "
+                             f"E={E}, nd={nd}, dim={dim} (E and dim from Q, nd from G1d)")
+    elif level == "apply":
+        x, elem_dofs = args["x"], args["elem_dofs"]
+        index_dtype = _check_map(elem_dofs, E, nd, dim, "E from Q, nd from G1d")
+        if x.ndim not in (1, 2) or x.shape[-1] == 0:
+            raise ValueError(f"x has shape {tuple(x.shape)}, expected (ndofs,) or "
+                             "(ncomp, ndofs) with ndofs >= 1")
+        spec = MassApplySpec(ndofs=x.shape[-1], ncomp=x.shape[0] if x.ndim == 2 else 1,
+                             comp_axis=x.ndim == 2, index_dtype=index_dtype,
+                             deterministic=bool(deterministic), **common)
+    elif level == "diagonal":
+        index_dtype = _check_map(args["elem_dofs"], E, nd, dim, "E from Q, nd from G1d")
+        if isinstance(ndofs, bool) or not isinstance(ndofs, (int, np.integer)) or ndofs < 1:
+            raise ValueError(f"ndofs must be a positive integer (the global vector's "
+                             f"length), got {ndofs!r}")
+        spec = MassDiagonalSpec(ndofs=int(ndofs), index_dtype=index_dtype,
+                                deterministic=bool(deterministic), **common)
+    else:
+        spec = AssemblySpec(**common)
+    arrays = dict(named, **args)
+    return spec, xp, tuple(arrays[o.name] for o in spec.inputs)
 
 
 def gemm_spec(A, B, C, *, alpha, beta, trans_a, trans_b):

@@ -18,7 +18,9 @@ from . import _interop, _validate
 from .plan import _PLANS, cached_plan
 
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
-           "mass_diagonal"]
+           "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
+           "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
+           "assemble_operator"]
 
 
 def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stream=None):
@@ -369,3 +371,257 @@ def mass_diagonal(B1d, D, elem_dofs, ndofs, *, out=None, deterministic=False,
         p = cached_plan(key, (B1d, D, elem_dofs), spec, xp, backend, "auto")
         B1d, D, elem_dofs = ops
     return p(B1d, D, elem_dofs, out=out, stream=stream)
+
+
+# --- the generalised operators (docs/math.md section 7) --------------------------------------
+
+def _sig(x):
+    """An operand's part of a plan-cache key (None stays None; a pair of data arrays is a
+    pair); AttributeError for what is not an array (no key then)."""
+    if x is None:
+        return None
+    if isinstance(x, tuple):
+        return tuple(_sig(a) for a in x)
+    return (type(x), x.shape, x.dtype)
+
+
+_REST_NAMES = {"action": ("V",), "apply": ("x", "elem_dofs"), "diagonal": ("elem_dofs",),
+               "assembly": ()}
+
+
+def _operator(level, qfunc, B1d, G1d, data, rest, out, stream, backend, deterministic=False,
+              ndofs=None):
+    """The public operators' common body: the plan of (level, qfunc, call signature),
+    built on the first call; arrays of another library through :mod:`._interop`."""
+    try:
+        key = ("operator", level, qfunc, backend, bool(deterministic), ndofs, _sig(B1d),
+               _sig(G1d), _sig(data)) + tuple(_sig(r) for r in rest)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        key = p = None
+    pair = isinstance(data, (tuple, list))
+    datas = tuple(data) if pair else (data,)
+    flat = (B1d, G1d) + datas + tuple(rest)
+    if p is None:
+        if _interop.any_foreign(*flat, out):
+            dnames = ("D", "Q") if qfunc == "helmholtz" else (("Q",) if qfunc == "diffusion"
+                                                            else ("D",))
+            names = ("B1d", "G1d") + (dnames if len(dnames) == len(datas) else
+                                      tuple(f"data[{i}]" for i in range(len(datas))))
+            names += _REST_NAMES.get(level, ())[:len(rest)]
+
+            def fn(B1d, G1d, *arrays, out):
+                d = tuple(arrays[:len(datas)])
+                return _operator(level, qfunc, B1d, G1d, d if pair else d[0],
+                                 arrays[len(datas):], out, None, backend, deterministic, ndofs)
+            return _interop.call(fn, names, flat, out, stream)
+        spec, xp, ops = _validate.operator_spec(level, qfunc, B1d, G1d, data, *rest,
+                                                deterministic=deterministic, ndofs=ndofs)
+        p = cached_plan(key, [x for x in flat if x is not None], spec, xp, backend, "auto")
+        return p(*ops, out=out, stream=stream)
+    return p(*(x for x in flat if x is not None), out=out, stream=stream)
+
+
+def operator_action(qfunc, B1d, G1d, data, V, *, out=None, backend="auto", stream=None):
+    """The element action of an operator of the family (docs/math.md section 7).
+
+    ``qfunc`` picks the physics at the quadrature points:
+
+    - ``"mass"``: ``U_e = B^T D_e B V_e`` (:func:`batched_contract`; ``G1d=None``,
+      ``data=D``)
+    - ``"diffusion"``: ``U_e = sum_{a,b} G_a^T (Q_e^{ab} * G_b V_e)`` (``data=Q``)
+    - ``"helmholtz"``: the sum of both (``data=(D, Q)``)
+
+    ``G_a`` is the reference gradient along tensor axis ``a``: ``G1d`` on axis ``a``,
+    ``B1d`` on the others. ``Q`` is the symmetric ``dim x dim`` matrix of each
+    quadrature point packed as its upper triangle, row by row (3D: 11, 12, 13, 22, 23,
+    33; 2D: 11, 12, 22; 1D: 11), on axis 1: ``Q[e, c, k1, ..., kd]``.
+
+    Parameters
+    ----------
+    qfunc : {"mass", "diffusion", "helmholtz"}
+    B1d : array, shape (nq, nd), or None
+        ``B1d[k, i] = phi_i(x_k)``. None: the collocated form (Gauss-Lobatto points on
+        the nodes, nq == nd, ``B1d`` the identity; not for mass).
+    G1d : array, shape (nq, nd), or None for mass
+        ``G1d[k, i] = phi_i'(x_k)`` on [-1, 1].
+    data : array or pair of arrays
+        ``D`` (E, nq, ..., nq), ``Q`` (E, nsym, nq, ..., nq) with nsym = 1, 3, 6 in 1D,
+        2D, 3D, or ``(D, Q)``.
+    V : array, shape (E, nd, ..., nd) or (E, ncomp, nd, ..., nd)
+        Element vectors; with a component axis the operator acts on each component.
+    out, backend, stream : as for :func:`batched_contract`.
+
+    Returns
+    -------
+    U : array, V's shape and dtype
+
+    Raises
+    ------
+    ValueError
+        An unknown ``qfunc``; shapes that do not fit together (the message names the
+        operand and the expected shape); B1d and G1d of different shapes (one basis in
+        and out); ``B1d=None`` with nq != nd.
+    TypeError
+        Mixed dtypes or array libraries; ``data`` not a pair for Helmholtz.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> from smalltc import fem
+    >>> b = fem.basis_1d(2, 4)
+    >>> Q = np.random.rand(5, 3, 4, 4)
+    >>> U = smalltc.operator_action("diffusion", b.B1d, b.G1d, Q, np.ones((5, 3, 3)))
+    >>> float(abs(U).max()) < 1e-12                     # constants have no gradient
+    True
+    """
+    return _operator("action", qfunc, B1d, G1d, data, (V,), out, stream, backend)
+
+
+def operator_apply(qfunc, B1d, G1d, data, x, elem_dofs, *, out=None, deterministic=False,
+                   backend="auto", stream=None):
+    """The global operator ``y = sum_e R_e^T A_e R_e x`` of the family, fused.
+
+    ``A_e`` is the element action of :func:`operator_action` (``qfunc``, ``B1d``,
+    ``G1d``, ``data`` as there); gather, action and scatter-add as in
+    :func:`mass_apply` (``x``, ``elem_dofs``, ``out``, ``deterministic``, ``backend``,
+    ``stream`` as there).
+
+    Returns
+    -------
+    y : array, x's shape and dtype
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B1d = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])   # P1 on two elements
+    >>> G1d = np.array([[-0.5, 0.5]] * 3)                      # d phi / d xi
+    >>> Q = np.full((2, 1, 3), 2 / 3) * np.array([1, 4, 1])    # w / J, J = 1/2: length 1
+    >>> elem_dofs = np.array([[0, 1], [1, 2]], dtype=np.int32)
+    >>> print(smalltc.operator_apply("diffusion", B1d, G1d, Q, np.array([0., 1., 0.]),
+    ...                              elem_dofs))
+    [-1.  2. -1.]
+    """
+    return _operator("apply", qfunc, B1d, G1d, data, (x, elem_dofs), out, stream, backend,
+                     deterministic)
+
+
+def operator_diagonal(qfunc, B1d, G1d, data, elem_dofs, ndofs, *, out=None,
+                      deterministic=False, backend="auto", stream=None):
+    """The diagonal of the global operator's matrix, ``sum_e R_e^T diag(A_e)``, without
+    forming any matrix (the Jacobi preconditioner); arguments as for
+    :func:`operator_apply` and :func:`mass_diagonal`.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B1d = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])
+    >>> G1d = np.array([[-0.5, 0.5]] * 3)
+    >>> Q = np.full((2, 1, 3), 2 / 3) * np.array([1, 4, 1])
+    >>> elem_dofs = np.array([[0, 1], [1, 2]], dtype=np.int32)
+    >>> print(smalltc.operator_diagonal("diffusion", B1d, G1d, Q, elem_dofs, 3))
+    [1. 2. 1.]
+    """
+    return _operator("diagonal", qfunc, B1d, G1d, data, (elem_dofs,), out, stream, backend,
+                     deterministic, ndofs)
+
+
+def assemble_operator(qfunc, B1d, G1d, data, *, out=None, backend="auto", stream=None):
+    """Element matrices of the family, ``(E, nd**dim, nd**dim)``, C-order multi-indices
+    (as :func:`assemble_mass`): for diffusion ``K[e, i, j] = sum_{a,b,k} G_a[k, i]
+    Q_e^{ab}[k] G_b[k, j]``; arguments as for :func:`operator_action`. Invariant:
+    ``K_e @ V_e`` is the action's ``U_e``.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B1d = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])
+    >>> G1d = np.array([[-0.5, 0.5]] * 3)
+    >>> Q = np.full((1, 1, 3), 2 / 3) * np.array([1, 4, 1])
+    >>> smalltc.assemble_operator("diffusion", B1d, G1d, Q)[0]
+    array([[ 1., -1.],
+           [-1.,  1.]])
+    """
+    return _operator("assembly", qfunc, B1d, G1d, data, (), out, stream, backend)
+
+
+def diffusion_action(B1d, G1d, Q, V, *, out=None, backend="auto", stream=None):
+    """The diffusion action on element vectors, ``U_e = sum_{a,b} G_a^T (Q_e^{ab} * G_b
+    V_e)`` (CEED BP3, element level): :func:`operator_action` with ``"diffusion"``.
+
+    Parameters
+    ----------
+    B1d : array (nq, nd), or None for the collocated form (nq == nd; BP5)
+    G1d : array (nq, nd)
+    Q : array (E, nsym, nq, ..., nq), the packed symmetric matrices
+    V : array (E, [ncomp,] nd, ..., nd)
+    out, backend, stream : as for :func:`batched_contract`.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> from smalltc import fem
+    >>> b = fem.basis_1d(3, 4, quadrature="gll")              # collocated: nq == nd
+    >>> Q = np.random.rand(2, 6, 4, 4, 4)
+    >>> U = smalltc.diffusion_action(None, b.G1d, Q, np.random.rand(2, 4, 4, 4))
+    >>> U.shape
+    (2, 4, 4, 4)
+    """
+    return _operator("action", "diffusion", B1d, G1d, Q, (V,), out, stream, backend)
+
+
+def diffusion_apply(B1d, G1d, Q, x, elem_dofs, *, out=None, deterministic=False,
+                    backend="auto", stream=None):
+    """The global diffusion operator, fused: ``y = sum_e R_e^T (sum_ab G_a^T Q_e^ab G_b)
+    R_e x`` (CEED BP3; BP5 with ``B1d=None``, collocated); as :func:`mass_apply` with
+    ``G1d`` and ``Q`` (:func:`operator_apply` with ``"diffusion"``).
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> from smalltc import fem
+    >>> space = fem.H1Space(fem.box_mesh(2, 3), p=2)
+    >>> Q = np.random.rand(space.nelements, 3, 4, 4)       # any Q: (11, 12, 22) per point
+    >>> b = fem.basis_1d(2, 4)
+    >>> y = smalltc.diffusion_apply(b.B1d, b.G1d, Q, np.ones(space.ndofs), space.dof_map())
+    >>> float(abs(y).max()) < 1e-12                     # K 1 = 0
+    True
+    """
+    return _operator("apply", "diffusion", B1d, G1d, Q, (x, elem_dofs), out, stream,
+                     backend, deterministic)
+
+
+def diffusion_diagonal(B1d, G1d, Q, elem_dofs, ndofs, *, out=None, deterministic=False,
+                       backend="auto", stream=None):
+    """The diagonal of the global stiffness matrix (Jacobi), without forming it; as
+    :func:`mass_diagonal` with ``G1d`` and ``Q``.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B1d = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])
+    >>> G1d = np.array([[-0.5, 0.5]] * 3)
+    >>> Q = np.full((2, 1, 3), 2 / 3) * np.array([1, 4, 1])
+    >>> elem_dofs = np.array([[0, 1], [1, 2]], dtype=np.int64)
+    >>> print(smalltc.diffusion_diagonal(B1d, G1d, Q, elem_dofs, 3))
+    [1. 2. 1.]
+    """
+    return _operator("diagonal", "diffusion", B1d, G1d, Q, (elem_dofs,), out, stream,
+                     backend, deterministic, ndofs)
+
+
+def assemble_diffusion(B1d, G1d, Q, *, out=None, backend="auto", stream=None):
+    """Element stiffness matrices ``K[e, i, j] = sum_{a,b,k} G_a[k, i] Q_e^{ab}[k]
+    G_b[k, j]``, shape ``(E, nd**dim, nd**dim)`` (C-order multi-indices, as
+    :func:`assemble_mass`); ``B1d=None`` for the collocated form.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> from smalltc import fem
+    >>> b = fem.basis_1d(2, 4)
+    >>> K = smalltc.assemble_diffusion(b.B1d, b.G1d, np.random.rand(3, 3, 4, 4))
+    >>> K.shape, bool(np.allclose(K, K.transpose(0, 2, 1)))
+    ((3, 9, 9), True)
+    """
+    return _operator("assembly", "diffusion", B1d, G1d, Q, (), out, stream, backend)

@@ -188,8 +188,11 @@ class Plan:
             raise ValueError("C is missing: this plan was built for beta != 0, which "
                              "reads C (pass C, or out=C for the in-place update)")
         elif n != self._nargs:
-            names = ", ".join(name for name, _, _ in self._inputs)
-            raise TypeError(f"this plan takes {self._nargs} operands ({names}), got {n}")
+            kept = tuple(x for x in operands if x is not None)   # B1d=None (collocated)
+            if len(kept) != self._nargs:
+                names = ", ".join(name for name, _, _ in self._inputs)
+                raise TypeError(f"this plan takes {self._nargs} operands ({names}), got {n}")
+            operands = kept
         _validate.check_operands(self._inputs, operands, self.xp)
         if self._gemm:
             alpha = _validate.check_scalar("alpha", alpha)
@@ -215,6 +218,9 @@ def build_plan(spec, xp, backend="auto", method="auto", params=None, reshape_inp
     pairwise = method == "pairwise"
     if pairwise and spec.op not in ("action", "assembly"):
         raise ValueError(f"method='pairwise' applies to the action and assembly, not {spec.op}")
+    if pairwise and getattr(spec, "qfunc", "mass") != "mass":
+        raise ValueError(f"method='pairwise' runs the mass action and assembly only, not "
+                         f"{spec}")
     if pairwise and params is not None:
         raise ValueError("params choose the fused kernel's tuning; method='pairwise' runs "
                          "the contraction kernels with their own")
@@ -265,6 +271,11 @@ def _warn_once(key, msg, *args):
         log.warning(msg, *args)
 
 
+#: the generalised operators' plan names: ``diffusion_apply`` -> ("diffusion", "apply")
+_OPERATOR_OPS = {f"{q}_{level}": (q, level) for q in ("diffusion", "helmholtz")
+                 for level in ("action", "apply", "diagonal", "assembly")}
+
+
 def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
          trans_a=False, trans_b=False, kind=None, extents=None, params=None,
          deterministic=False, ndofs=None):
@@ -275,13 +286,19 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
 
     Parameters
     ----------
-    op : {"action", "assembly", "gemm", "contract", "mass_apply", "mass_diagonal"}
-        What to plan: ``batched_contract``, ``assemble_mass``,
-        ``batched_gemm``, ``contract``, ``mass_apply`` or ``mass_diagonal``.
+    op : str
+        What to plan: "action", "assembly", "gemm", "contract", "mass_apply" or
+        "mass_diagonal" (``batched_contract``, ``assemble_mass``, ``batched_gemm``,
+        ``contract``, ``mass_apply``, ``mass_diagonal``); for the diffusion and
+        Helmholtz operators ``"<qfunc>_<level>"``, qfunc "diffusion" or "helmholtz",
+        level "action", "apply", "diagonal" or "assembly" (``diffusion_action``,
+        ``diffusion_apply``, ``diffusion_diagonal``, ``assemble_diffusion``).
     *operands : arrays
         Examples with the shapes and dtype of later calls: ``(B1d, D, V)``,
         ``(B1d, D)``, ``(A, B[, C])``, ``(X, Y)``, ``(B1d, D, x, elem_dofs)`` or
-        ``(B1d, D, elem_dofs)``.
+        ``(B1d, D, elem_dofs)``; for the operators ``(B1d, G1d, Q, ...)`` and
+        ``(B1d, G1d, D, Q, ...)`` (Helmholtz) with the level's operands, ``B1d``
+        None for the collocated form (the plan is then called with or without it).
     backend : str
         "auto", "reference", "cpu" or "cuda".
     method : {"auto", "fused", "pairwise"}
@@ -340,7 +357,19 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         spec, xp, _ = _validate.mass_apply_spec(*operands, deterministic=deterministic)
     elif op == "mass_diagonal":
         spec, xp, _ = _validate.mass_diagonal_spec(*operands, ndofs, deterministic=deterministic)
+    elif op in _OPERATOR_OPS:
+        qfunc, level = _OPERATOR_OPS[op]
+        ndata = 2 if qfunc == "helmholtz" else 1
+        if len(operands) < 2 + ndata:
+            raise TypeError(f"op {op!r} takes B1d (or None), G1d, "
+                            f"{'D, Q' if ndata == 2 else 'Q'} and the level's operands; got "
+                            f"{len(operands)} operands")
+        B1d, G1d, *rest = operands
+        data = tuple(rest[:2]) if ndata == 2 else rest[0]
+        spec, xp, _ = _validate.operator_spec(level, qfunc, B1d, G1d, data, *rest[ndata:],
+                                              deterministic=deterministic, ndofs=ndofs)
     else:
         raise ValueError(f"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply' "
-                         f"or 'mass_diagonal', got {op!r}")
+                         f"or 'mass_diagonal', or an operator's '<qfunc>_<level>' "
+                         f"({', '.join(sorted(_OPERATOR_OPS))}), got {op!r}")
     return build_plan(spec, xp, backend, method, params, reshape_inputs=extents is not None)

@@ -30,6 +30,19 @@ Examples
 ('action/3d/nd4nq5c1', 10, 'mass_apply_3d p=3 nq=5 E=10 float64')
 >>> GemmSpec(batch=3, m=2, n=2, k=2, dtype="float32", beta_zero=False).size_key
 'gemm/nn+beta/m2n2k2'
+
+The FEM operations (action, fused apply, diagonal, assembly) are one family over
+the *quadrature function* ``qfunc`` (docs/math.md section 7): ``"mass"`` (the
+default: every key as before), ``"diffusion"`` and ``"helmholtz"``; ``collocated``
+means Gauss-Lobatto quadrature on the basis nodes (B1d is the identity and not an
+operand):
+
+>>> d = ActionSpec(dim=3, nq=5, nd=5, batch=10, dtype="float64", qfunc="diffusion",
+...                collocated=True)
+>>> [(o.name, o.shape) for o in d.inputs]
+[('G1d', (5, 5)), ('Q', (10, 6, 5, 5, 5)), ('V', (10, 5, 5, 5))]
+>>> d.size_key, str(d)
+('diffusion/action/3d/nd5nq5c1+co', 'diffusion_apply_3d p=4 nq=5 E=10 float64 collocated')
 """
 from __future__ import annotations
 
@@ -37,8 +50,8 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
-           "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES",
-           "spec_from_dict"]
+           "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES", "QFUNCS",
+           "nsym", "spec_from_dict"]
 
 #: kernels (8a), (8b), (9) of SPEC section 3: output axis order per kind.
 CONTRACT_KINDS = {
@@ -61,6 +74,28 @@ class Operand(NamedTuple):
     dtype: str | None = None
 
 
+#: the quadrature functions of the FEM operations (docs/math.md section 7)
+QFUNCS = ("mass", "diffusion", "helmholtz")
+#: fields of the FEM specs left out of keys and dicts while they hold these defaults
+#: (so every mass key, table entry and golden record stays as it was)
+_OPERATOR_DEFAULTS = (("qfunc", "mass"), ("collocated", False))
+
+
+def nsym(dim: int) -> int:
+    """Entries of a symmetric ``dim x dim`` matrix kept: ``dim (dim + 1) / 2``.
+
+    >>> [nsym(d) for d in (1, 2, 3)]
+    [1, 3, 6]
+    """
+    return dim * (dim + 1) // 2
+
+
+def _non_default(spec):
+    """The operator fields that differ from their defaults, as ``(name, value)`` pairs."""
+    return tuple((k, getattr(spec, k)) for k, v in _OPERATOR_DEFAULTS
+                 if getattr(spec, k, v) != v)
+
+
 class _Spec:
     """Common behaviour: the kernel key drops the batch count."""
 
@@ -68,7 +103,8 @@ class _Spec:
 
     def kernel_key(self):
         return (self.op,) + tuple(
-            v for k, v in self.__dict__.items() if k not in ("batch", "comp_axis"))
+            v for k, v in self.__dict__.items()
+            if k not in ("batch", "comp_axis", "qfunc", "collocated")) + _non_default(self)
 
     def with_batch(self, batch: int):
         return replace(self, batch=batch)
@@ -79,8 +115,67 @@ class _Spec:
         return self.batch
 
     def as_dict(self) -> dict:
-        """``op`` and the fields: what a tuning table stores (:func:`spec_from_dict`)."""
-        return dict(op=self.op, **{f.name: getattr(self, f.name) for f in fields(self)})
+        """``op`` and the fields: what a tuning table stores (:func:`spec_from_dict`);
+        ``qfunc`` and ``collocated`` only where they differ from their defaults."""
+        skip = {k for k, v in _OPERATOR_DEFAULTS if getattr(self, k, v) == v}
+        return dict(op=self.op, **{f.name: getattr(self, f.name) for f in fields(self)
+                                   if f.name not in skip})
+
+
+class _Operator(_Spec):
+    """What the FEM specs share: the quadrature function (``qfunc``), the collocated
+    form, and the basis and data operands they imply (docs/math.md section 7):
+
+    ========== =========================== =============================
+    qfunc      basis operands              data operands
+    ========== =========================== =============================
+    mass       B1d (nq, nd)                D (E, nq, ..., nq)
+    diffusion  B1d, G1d (nq, nd)           Q (E, nsym, nq, ..., nq)
+    helmholtz  B1d, G1d                    D, Q
+    ========== =========================== =============================
+
+    B1d is left out when ``collocated`` (nq == nd, Gauss-Lobatto points on the nodes).
+    """
+
+    def _check_operator(self):
+        if self.qfunc not in QFUNCS:
+            raise ValueError(f"qfunc must be one of {QFUNCS}, got {self.qfunc!r}")
+        if self.collocated and self.qfunc == "mass":
+            raise ValueError("collocated=True is for qfunc 'diffusion' or 'helmholtz' (the "
+                             "collocated mass action is the pointwise product D V)")
+        if self.collocated and self.nq != self.nd:
+            raise ValueError(f"collocated=True needs nq == nd, got nq={self.nq}, nd={self.nd}")
+
+    @property
+    def nsym(self):
+        return nsym(self.dim)
+
+    def _basis_operands(self):
+        b = () if self.collocated else (Operand("B1d", (self.nq, self.nd), False),)
+        return b + ((Operand("G1d", (self.nq, self.nd), False),)
+                    if self.qfunc != "mass" else ())
+
+    def _data_operands(self):
+        q = (self.batch,) + (self.nq,) * self.dim
+        d = (Operand("D", q, True, True),) if self.qfunc in ("mass", "helmholtz") else ()
+        return d + ((Operand("Q", (self.batch, self.nsym) + q[1:], True),)
+                    if self.qfunc in ("diffusion", "helmholtz") else ())
+
+    def _key(self, level):
+        """``size_key`` with the qfunc prefix and the collocated suffix (none for mass)."""
+        pre = "" if self.qfunc == "mass" else f"{self.qfunc}/"
+        return pre + level + ("+co" if self.collocated else "")
+
+    def _name(self, what):
+        """``str()``'s first word: ``mass_apply_3d``, ``diffusion_operator_2d``, ..."""
+        return f"{self.qfunc}_{what}_{self.dim}d"
+
+    @property
+    def _co(self):
+        return " collocated" if self.collocated else ""
+
+    def _extra_sizes(self):
+        return dict(_non_default(self))
 
 
 @dataclass(frozen=True)
@@ -199,8 +294,10 @@ class ContractSpec(_Spec):
 
 
 @dataclass(frozen=True)
-class ActionSpec(_Spec):
-    """Partial-assembly mass action ``U_e = B^T D_e B V_e`` (SPEC section 2)."""
+class ActionSpec(_Operator):
+    """Partial-assembly action on element vectors: the mass action ``U_e = B^T D_e B
+    V_e``, the diffusion action ``U_e = sum_ab G_a^T Q_e^ab G_b V_e`` or their sum
+    (``qfunc``; docs/math.md sections 2 and 7)."""
 
     dim: int
     nq: int
@@ -209,9 +306,12 @@ class ActionSpec(_Spec):
     dtype: str
     ncomp: int = 1
     comp_axis: bool = False
+    qfunc: str = "mass"
+    collocated: bool = False
     op = "action"
 
     def __post_init__(self):
+        self._check_operator()
         # V is (batch, ncomp, nd, ...) for ncomp > 1; without the axis its shape would
         # hold 1/ncomp of the items the kernels process (the tuner made such specs once)
         if self.ncomp > 1 and not self.comp_axis:
@@ -234,8 +334,8 @@ class ActionSpec(_Spec):
 
     @property
     def inputs(self):
-        return (Operand("B1d", self.b_shape, False), Operand("D", self.d_shape, True, True),
-                Operand("V", self.v_shape, True))
+        return (self._basis_operands() + self._data_operands()
+                + (Operand("V", self.v_shape, True),))
 
     @property
     def p(self):
@@ -243,27 +343,34 @@ class ActionSpec(_Spec):
 
     @property
     def size_key(self):
-        return f"action/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}"
+        return self._key(f"action/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}")
 
     def sizes(self):
-        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp)
+        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp,
+                    **self._extra_sizes())
 
     def __str__(self):
         comp = f" ncomp={self.ncomp}" if self.comp_axis else ""
-        return (f"mass_apply_{self.dim}d p={self.p} nq={self.nq}{comp} "
-                f"E={self.batch} {self.dtype}")
+        return (f"{self._name('apply')} p={self.p} nq={self.nq}{comp} "
+                f"E={self.batch} {self.dtype}{self._co}")
 
 
 @dataclass(frozen=True)
-class AssemblySpec(_Spec):
-    """Element mass matrices ``M_e = B^T D_e B`` (SPEC section 2)."""
+class AssemblySpec(_Operator):
+    """Element matrices: mass ``M_e = B^T D_e B``, stiffness ``K_e = sum_ab G_a^T Q_e^ab
+    G_b`` or their sum (``qfunc``; docs/math.md sections 2 and 7)."""
 
     dim: int
     nq: int
     nd: int
     batch: int
     dtype: str
+    qfunc: str = "mass"
+    collocated: bool = False
     op = "assembly"
+
+    def __post_init__(self):
+        self._check_operator()
 
     @property
     def b_shape(self):
@@ -280,7 +387,7 @@ class AssemblySpec(_Spec):
 
     @property
     def inputs(self):
-        return (Operand("B1d", self.b_shape, False), Operand("D", self.d_shape, True, True))
+        return self._basis_operands() + self._data_operands()
 
     @property
     def p(self):
@@ -288,23 +395,27 @@ class AssemblySpec(_Spec):
 
     @property
     def size_key(self):
-        return f"assembly/{self.dim}d/nd{self.nd}nq{self.nq}"
+        return self._key(f"assembly/{self.dim}d/nd{self.nd}nq{self.nq}")
 
     def sizes(self):
-        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch)
+        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch,
+                    **self._extra_sizes())
 
     def __str__(self):
-        return f"mass_assemble_{self.dim}d p={self.p} nq={self.nq} E={self.batch} {self.dtype}"
+        return (f"{self._name('assemble')} p={self.p} nq={self.nq} E={self.batch} "
+                f"{self.dtype}{self._co}")
 
 
 INDEX_DTYPES = ("int32", "int64")
 
 
 @dataclass(frozen=True)
-class MassApplySpec(_Spec):
-    """The global mass operator ``y = sum_e R_e^T B^T D_e B R_e x``, fused: each element's
+class MassApplySpec(_Operator):
+    """The global operator ``y = sum_e R_e^T A_e R_e x``, fused: each element's
     values gathered from the global vector ``x`` through the element-to-DoF map
-    ``elem_dofs`` (``R_e``), the action applied, the result added into ``y``.
+    ``elem_dofs`` (``R_e``), the element action ``A_e`` applied (the mass action
+    ``B^T D_e B`` by default; ``qfunc`` as for :class:`ActionSpec`), the result added
+    into ``y``.
 
     ``batch`` is the element count E; ``ndofs`` the global vector's length (per
     component: ``x`` is ``(ndofs,)``, or ``(ncomp, ndofs)`` with ``comp_axis``);
@@ -328,6 +439,8 @@ class MassApplySpec(_Spec):
     comp_axis: bool = False
     index_dtype: str = "int32"
     deterministic: bool = False
+    qfunc: str = "mass"
+    collocated: bool = False
     op = "mass_apply"
 
     def __post_init__(self):
@@ -335,11 +448,12 @@ class MassApplySpec(_Spec):
             raise ValueError(f"ncomp={self.ncomp} needs comp_axis=True (x has a component axis)")
         if self.index_dtype not in INDEX_DTYPES:
             raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {self.index_dtype!r}")
+        self._check_operator()
 
     def kernel_key(self):
         """No batch count and no vector length: one kernel serves every mesh."""
         return (self.op, self.dim, self.nq, self.nd, self.dtype, self.ncomp, self.index_dtype,
-                self.deterministic)
+                self.deterministic) + _non_default(self)
 
     @property
     def x_shape(self):
@@ -349,11 +463,10 @@ class MassApplySpec(_Spec):
 
     @property
     def inputs(self):
-        return (Operand("B1d", (self.nq, self.nd), False),
-                Operand("D", (self.batch,) + (self.nq,) * self.dim, True, True),
-                Operand("x", self.x_shape, False),
-                Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
-                        self.index_dtype))
+        return (self._basis_operands() + self._data_operands()
+                + (Operand("x", self.x_shape, False),
+                   Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
+                           self.index_dtype)))
 
     @property
     def p(self):
@@ -361,24 +474,26 @@ class MassApplySpec(_Spec):
 
     @property
     def size_key(self):
-        return f"mass_apply/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}"
+        return self._key(f"mass_apply/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}")
 
     def sizes(self):
         return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp,
-                    ndofs=self.ndofs, index_bytes=int(self.index_dtype[3:]) // 8)
+                    ndofs=self.ndofs, index_bytes=int(self.index_dtype[3:]) // 8,
+                    **self._extra_sizes())
 
     def __str__(self):
         comp = f" ncomp={self.ncomp}" if self.comp_axis else ""
         det = " deterministic" if self.deterministic else ""
-        return (f"mass_operator_{self.dim}d p={self.p} nq={self.nq}{comp} E={self.batch} "
-                f"ndofs={self.ndofs} {self.dtype} {self.index_dtype}{det}")
+        return (f"{self._name('operator')} p={self.p} nq={self.nq}{comp} E={self.batch} "
+                f"ndofs={self.ndofs} {self.dtype} {self.index_dtype}{det}{self._co}")
 
 
 @dataclass(frozen=True)
-class MassDiagonalSpec(_Spec):
-    """The diagonal of the global mass matrix, ``y = sum_e R_e^T diag(B^T D_e B)``, with
-    the element diagonals ``sum_k prod_a B[k_a, i_a]^2 D_e[k]`` added into ``y`` through
-    the element-to-DoF map (the Jacobi preconditioner of the mass operator).
+class MassDiagonalSpec(_Operator):
+    """The diagonal of the global operator's matrix, ``y = sum_e R_e^T diag(A_e)``: for
+    mass the element diagonals ``sum_k prod_a B[k_a, i_a]^2 D_e[k]`` added into ``y``
+    through the element-to-DoF map (the Jacobi preconditioner); ``qfunc`` as for
+    :class:`ActionSpec`.
 
     >>> MassDiagonalSpec(dim=3, nq=5, nd=4, batch=8, dtype="float32", ndofs=125).out_shape
     (125,)
@@ -392,15 +507,18 @@ class MassDiagonalSpec(_Spec):
     ndofs: int
     index_dtype: str = "int32"
     deterministic: bool = False
+    qfunc: str = "mass"
+    collocated: bool = False
     op = "mass_diagonal"
 
     def __post_init__(self):
         if self.index_dtype not in INDEX_DTYPES:
             raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {self.index_dtype!r}")
+        self._check_operator()
 
     def kernel_key(self):
         return (self.op, self.dim, self.nq, self.nd, self.dtype, self.index_dtype,
-                self.deterministic)
+                self.deterministic) + _non_default(self)
 
     @property
     def out_shape(self):
@@ -408,10 +526,9 @@ class MassDiagonalSpec(_Spec):
 
     @property
     def inputs(self):
-        return (Operand("B1d", (self.nq, self.nd), False),
-                Operand("D", (self.batch,) + (self.nq,) * self.dim, True, True),
-                Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
-                        self.index_dtype))
+        return (self._basis_operands() + self._data_operands()
+                + (Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
+                           self.index_dtype),))
 
     @property
     def p(self):
@@ -419,16 +536,16 @@ class MassDiagonalSpec(_Spec):
 
     @property
     def size_key(self):
-        return f"mass_diagonal/{self.dim}d/nd{self.nd}nq{self.nq}"
+        return self._key(f"mass_diagonal/{self.dim}d/nd{self.nd}nq{self.nq}")
 
     def sizes(self):
         return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ndofs=self.ndofs,
-                    index_bytes=int(self.index_dtype[3:]) // 8)
+                    index_bytes=int(self.index_dtype[3:]) // 8, **self._extra_sizes())
 
     def __str__(self):
         det = " deterministic" if self.deterministic else ""
-        return (f"mass_diagonal_{self.dim}d p={self.p} nq={self.nq} E={self.batch} "
-                f"ndofs={self.ndofs} {self.dtype} {self.index_dtype}{det}")
+        return (f"{self._name('diagonal')} p={self.p} nq={self.nq} E={self.batch} "
+                f"ndofs={self.ndofs} {self.dtype} {self.index_dtype}{det}{self._co}")
 
 
 #: op name -> spec class

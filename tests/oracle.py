@@ -51,3 +51,79 @@ def contract(kind, X, Y):
         return np.einsum("si,sj,...ksl->...kilj", X, X, Y)
     out = "...ijkl" if kind == "8a" else "...iklj"
     return np.einsum(f"...isj,...ksl->{out}", X, Y)
+
+
+# --- the generalised operators (docs/math.md section 7): dense Kronecker matrices ----------
+
+def sym_pairs(dim):
+    """``[(a, b), ...]`` in the packed order of Q: upper triangle, row by row."""
+    return [(a, b) for a in range(dim) for b in range(a, dim)]
+
+
+def _kron(mats):
+    out = np.ones((1, 1))
+    for m in mats:
+        out = np.kron(out, m)
+    return out
+
+
+def gradients(B1d, G1d, dim):
+    """The reference gradients as dense ``(nq**dim, nd**dim)`` matrices, C-order
+    multi-indices: ``G_a = kron(..., G1d on axis a, B1d on the others)``; ``B1d=None``
+    is the identity (collocated)."""
+    G1d = np.asarray(G1d, dtype=np.float64)
+    B = np.eye(G1d.shape[1]) if B1d is None else np.asarray(B1d, dtype=np.float64)
+    return [_kron([G1d if d == a else B for d in range(dim)]) for a in range(dim)], \
+        _kron([B] * dim)
+
+
+def operator_matrices(qfunc, B1d, G1d, D, Q, dim):
+    """Element matrices ``(E, nd**dim, nd**dim)`` straight from the definition:
+    ``sum_ab G_a^T diag(Q^ab) G_b`` (+ ``B^T diag(D) B`` for Helmholtz, or alone for mass)."""
+    if qfunc == "mass":
+        Bk = _kron([np.asarray(B1d, dtype=np.float64)] * dim)
+        Gs = None
+    else:
+        Gs, Bk = gradients(B1d, G1d, dim)
+    E = (Q if Q is not None else D).shape[0]
+    n = Bk.shape[1]
+    K = np.zeros((E, n, n))
+    if qfunc in ("diffusion", "helmholtz"):
+        Qf = np.asarray(Q, dtype=np.float64).reshape(E, Q.shape[1], -1)
+        for c, (a, b) in enumerate(sym_pairs(dim)):
+            K += np.einsum("ki,ek,kj->eij", Gs[a], Qf[:, c], Gs[b])
+            if a != b:
+                K += np.einsum("ki,ek,kj->eij", Gs[b], Qf[:, c], Gs[a])
+    if qfunc in ("mass", "helmholtz"):
+        Df = np.asarray(D, dtype=np.float64).reshape(E, -1)
+        K += np.einsum("ki,ek,kj->eij", Bk, Df, Bk)
+    return K
+
+
+def operator_action(qfunc, B1d, G1d, D, Q, V, dim):
+    """``U_e = K_e V_e`` (per component when V has a component axis)."""
+    K = operator_matrices(qfunc, B1d, G1d, D, Q, dim)
+    V = np.asarray(V, dtype=np.float64)
+    E = V.shape[0]
+    Vf = V.reshape(E, -1, K.shape[1])
+    return np.einsum("eij,ecj->eci", K, Vf).reshape(V.shape)
+
+
+def operator_apply(qfunc, B1d, G1d, D, Q, x, elem_dofs, dim):
+    """``y = sum_e R_e^T K_e R_e x`` by ``np.add.at``."""
+    K = operator_matrices(qfunc, B1d, G1d, D, Q, dim)
+    x = np.asarray(x, dtype=np.float64)
+    xc = x.reshape(-1, x.shape[-1])
+    m = np.asarray(elem_dofs).reshape(elem_dofs.shape[0], -1)
+    y = np.zeros_like(xc)
+    for c in range(xc.shape[0]):
+        np.add.at(y[c], m, np.einsum("eij,ej->ei", K, xc[c][m]))
+    return y.reshape(x.shape)
+
+
+def operator_diagonal(qfunc, B1d, G1d, D, Q, elem_dofs, ndofs, dim):
+    K = operator_matrices(qfunc, B1d, G1d, D, Q, dim)
+    m = np.asarray(elem_dofs).reshape(elem_dofs.shape[0], -1)
+    y = np.zeros(ndofs)
+    np.add.at(y, m, np.einsum("eii->ei", K))
+    return y

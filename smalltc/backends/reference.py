@@ -14,7 +14,9 @@ from . import register
 from .base import Backend, Executor, Unsupported
 
 __all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_einsum",
-           "mass_apply_unfused", "mass_diagonal_unfused"]
+           "mass_apply_unfused", "mass_diagonal_unfused", "operator_action_einsum",
+           "operator_assembly_einsum", "operator_diagonal_einsum", "operator_apply_unfused",
+           "operator_diagonal_unfused", "sym_index", "einsum_executor"]
 
 
 def _xp(x):
@@ -103,6 +105,159 @@ def mass_diagonal_unfused(B1d, D, elem_dofs, ndofs, dim):
     return _scatter_add(xp, elem_dofs.reshape(E, -1), t.reshape(E, 1, -1), ndofs)[0]
 
 
+# --- the generalised operators (docs/math.md section 7) -----------------------------------
+
+def sym_index(dim):
+    """``idx[a][b]``: the packed entry of ``Q^{ab}`` (upper triangle, row by row).
+
+    >>> sym_index(3)
+    [[0, 1, 2], [1, 3, 4], [2, 4, 5]]
+    """
+    idx = [[0] * dim for _ in range(dim)]
+    c = 0
+    for a in range(dim):
+        for b in range(a, dim):
+            idx[a][b] = idx[b][a] = c
+            c += 1
+    return idx
+
+
+def _per_axis(xp, mats, t, first_axis, transpose):
+    """Apply ``mats[d]`` (or its transpose) along axis ``first_axis + d``; ``None`` is the
+    identity (the collocated B1d)."""
+    for d, m in enumerate(mats):
+        if m is not None:
+            t = _apply_axis(xp, m, t, first_axis + d, transpose)
+    return t
+
+
+def _expand(data, comp):
+    return data[:, None] if comp else data
+
+
+def operator_action_einsum(qfunc, B1d, G1d, D, Q, V, dim):
+    """The element action of ``qfunc`` as einsum chains, one per reference gradient
+    (``...`` = batch, component): ``sum_ab G_a^T (Q^ab G_b V)`` for diffusion, plus
+    ``B^T D B V`` for Helmholtz; ``B1d=None`` is the identity (collocated)."""
+    xp = _xp(V)
+    if qfunc == "mass":
+        return action_einsum(B1d, D, V, dim)
+    comp = V.ndim - 1 - dim
+    first = V.ndim - dim
+    basis = [B1d] * dim
+    grads = [_per_axis(xp, [G1d if d == a else B1d for d in range(dim)], V, first, False)
+             for a in range(dim)]
+    idx = sym_index(dim)
+    U = None
+    for a in range(dim):
+        h = sum(_expand(Q[:, idx[a][b]], comp) * grads[b] for b in range(dim))
+        t = _per_axis(xp, [G1d if d == a else B1d for d in range(dim)], h, first, True)
+        U = t if U is None else U + t
+    if qfunc == "helmholtz":
+        mass = _expand(D, comp) * _per_axis(xp, basis, V, first, False)
+        U = U + _per_axis(xp, basis, mass, first, True)
+    return U
+
+
+def _eye_if_none(xp, B1d, G1d):
+    return xp.eye(G1d.shape[1], dtype=G1d.dtype) if B1d is None else B1d
+
+
+def operator_diagonal_einsum(qfunc, B1d, G1d, D, Q, dim):
+    """The element matrices' diagonals ``(E, nd, ..., nd)``: for each pair (a, b) the
+    transposed half of the action with the products of the per-axis 1D matrices."""
+    xp = _xp(Q if Q is not None else D)
+    B = _eye_if_none(xp, B1d, G1d) if qfunc != "mass" else B1d
+    out = None
+    if qfunc in ("diffusion", "helmholtz"):
+        idx = sym_index(dim)
+        for a in range(dim):
+            for b in range(dim):
+                mats = [(G1d if d == a else B) * (G1d if d == b else B) for d in range(dim)]
+                t = _per_axis(xp, mats, Q[:, idx[a][b]], 1, True)
+                out = t if out is None else out + t
+    if qfunc in ("mass", "helmholtz"):
+        t = _per_axis(xp, [B * B] * dim, D, 1, True)
+        out = t if out is None else out + t
+    return out
+
+
+def operator_assembly_einsum(qfunc, B1d, G1d, D, Q, dim):
+    """Element matrices ``(E, nd**dim, nd**dim)``, C-order multi-indices: one einsum per
+    pair (a, b) with left 1D matrices ``G`` on axis a and right ``G`` on axis b."""
+    xp = _xp(Q if Q is not None else D)
+    if qfunc == "mass":
+        return assembly_einsum(B1d, D, dim)
+    B = _eye_if_none(xp, B1d, G1d)
+    E, nd = Q.shape[0], G1d.shape[1]
+    ks, i_s, js = "abc"[:dim], "ikm"[:dim], "jln"[:dim]
+    expr = ",".join([f"{k}{i}" for k, i in zip(ks, i_s)] + [f"{k}{j}" for k, j in zip(ks, js)])
+    expr += f",e{ks}->e{i_s}{js}"
+    idx = sym_index(dim)
+    K = None
+    for a in range(dim):
+        for b in range(dim):
+            mats = ([G1d if d == a else B for d in range(dim)]
+                    + [G1d if d == b else B for d in range(dim)])
+            t = xp.einsum(expr, *mats, Q[:, idx[a][b]], optimize=True)
+            K = t if K is None else K + t
+    if qfunc == "helmholtz":
+        K = K + xp.einsum(expr, *([B] * (2 * dim)), D, optimize=True)
+    return K.reshape(E, nd ** dim, nd ** dim)
+
+
+def operator_apply_unfused(qfunc, B1d, G1d, D, Q, x, elem_dofs, dim):
+    """``y = sum_e R_e^T A_e R_e x`` for the element action of ``qfunc``: gather, the
+    einsum chains, scatter-add (as :func:`mass_apply_unfused`)."""
+    xp = _xp(x)
+    ndofs = x.shape[-1]
+    xc = x.reshape(-1, ndofs)
+    E = elem_dofs.shape[0]
+    V = xp.moveaxis(xc[:, elem_dofs], 0, 1)
+    U = operator_action_einsum(qfunc, B1d, G1d, D, Q, V, dim).reshape(E, xc.shape[0], -1)
+    return _scatter_add(xp, elem_dofs.reshape(E, -1), U, ndofs).reshape(x.shape)
+
+
+def operator_diagonal_unfused(qfunc, B1d, G1d, D, Q, elem_dofs, ndofs, dim):
+    """The global matrix's diagonal for ``qfunc``, scatter-added."""
+    xp = _xp(elem_dofs)
+    t = operator_diagonal_einsum(qfunc, B1d, G1d, D, Q, dim)
+    E = elem_dofs.shape[0]
+    return _scatter_add(xp, elem_dofs.reshape(E, -1), t.reshape(E, 1, -1), ndofs)[0]
+
+
+def _operator_path(spec):
+    """(kernel text, function of the operands) for a non-mass ``spec``."""
+    names = [o.name for o in spec.inputs]
+    q, dim = spec.qfunc, spec.dim
+
+    def parts(operands):
+        a = dict(zip(names, operands))
+        return a, (a.get("B1d"), a["G1d"], a.get("D"), a.get("Q"))
+
+    if spec.op == "action":
+        def fn(*ops):
+            a, b = parts(ops)
+            return operator_action_einsum(q, *b, a["V"], dim)
+        kernel = "einsum chains (sum-factorised, one per gradient)"
+    elif spec.op == "assembly":
+        def fn(*ops):
+            return operator_assembly_einsum(q, *parts(ops)[1], dim)
+        kernel = "einsum (optimize=True), one per (a, b)"
+    elif spec.op == "mass_apply":
+        def fn(*ops):
+            a, b = parts(ops)
+            return operator_apply_unfused(q, *b, a["x"], a["elem_dofs"], dim)
+        kernel = "gather, einsum chains, scatter-add (unfused)"
+    else:
+        def fn(*ops):
+            a, b = parts(ops)
+            return operator_diagonal_unfused(q, *b, a["elem_dofs"], spec.ndofs, dim)
+        kernel = "einsum with products of 1D matrices, scatter-add (unfused)"
+    co = ", collocated" if spec.collocated else ""
+    return f"{q}: {kernel}{co}", fn
+
+
 class _Run(Executor):
     def __init__(self, kernel, fn):
         self.kernel, self._fn = kernel, fn
@@ -138,6 +293,18 @@ _PATHS = {
 }
 
 
+def einsum_executor(spec, backend):
+    """The einsum path of an operator instance that a compiled ``backend`` has no kernel
+    for (docs/math.md section 7): runs the reference code on the same arrays, reported as
+    a generic path (``specialized=False``; the plan logs it)."""
+    kernel, fn = (_operator_path(spec) if getattr(spec, "qfunc", "mass") != "mass" else
+                  _PATHS[spec.op])
+    ex = _Run(f"reference {kernel.format(spec=spec)} (no {backend} kernel for this "
+              "instance)", functools.partial(fn, spec) if spec.qfunc == "mass" else fn)
+    ex.specialized, ex.source = False, "generic"
+    return ex
+
+
 class ReferenceBackend(Backend):
     """NumPy/CuPy ``einsum`` and ``matmul``: every spec, no tuning parameters."""
 
@@ -149,6 +316,9 @@ class ReferenceBackend(Backend):
         if params not in (None, "heuristic"):
             raise ValueError(f"the reference backend has no tuning parameters; got params "
                              f"{params}")
+        if getattr(spec, "qfunc", "mass") != "mass":
+            kernel, fn = _operator_path(spec)
+            return _Run(kernel, fn)
         path = _PATHS.get(spec.op)
         if path is None:
             raise Unsupported(f"reference backend has no path for {spec}")

@@ -42,6 +42,7 @@ import os
 from ... import tables
 from .. import register
 from ..base import Backend, Unsupported
+from ..reference import einsum_executor
 
 __all__ = ["CpuBackend", "set_num_threads", "FAMILIES", "family_of", "choose"]
 
@@ -74,7 +75,7 @@ def family_of(spec):
     """The family whose specialised kernel runs ``spec``, or None (only a generic path)."""
     for fam in FAMILIES:
         if fam.claims(spec):
-            return fam
+            return fam if fam.supports(spec) else None
     return None
 
 
@@ -151,6 +152,8 @@ class CpuBackend(Backend):
         choice = choose(spec, None, params)
         if choice is not None:
             return choice.family.executor(choice)
+        if getattr(spec, "qfunc", "mass") != "mass" or getattr(spec, "collocated", False):
+            return einsum_executor(spec, "cpu")      # an instance without a kernel here
         ex = generic_executor(spec)
         if ex is None:
             raise Unsupported(f"cpu backend has no kernel for {spec}")

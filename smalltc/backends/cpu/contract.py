@@ -143,7 +143,7 @@ _GENERIC_NAMES = {"gemm": "gemm", "action": "mass_apply", "assembly": "mass_asse
 
 def generic_executor(spec, target=None):
     """The run-time-sized kernel of a GEMM, action or assembly ``spec`` (None for others)."""
-    if spec.op not in _GENERIC_SIGNATURES:
+    if spec.op not in _GENERIC_SIGNATURES or getattr(spec, "qfunc", "mass") != "mass":
         return None
     dt = spec.dtype
     ctx = dict(dtype=dt, slp=False, render=dict(

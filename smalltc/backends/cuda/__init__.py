@@ -42,6 +42,7 @@ from ... import tables
 from ..._arrays import gpu_available
 from .. import register
 from ..base import Backend, Executor, Unsupported
+from ..reference import einsum_executor
 from . import runtime as RT
 from .action import ACTION
 from .assembly import ASSEMBLY
@@ -61,7 +62,7 @@ def family_of(spec):
     """The family whose specialised kernel runs ``spec``, or None (only a generic path)."""
     for fam in FAMILIES:
         if fam.claims(spec):
-            return fam
+            return fam if fam.supports(spec) else None
     return None
 
 
@@ -135,6 +136,8 @@ class CudaBackend(Backend):
             return choice.family.executor(choice, device)
         if spec.op in ("gemm", "contract"):
             return generic_executor(spec, device)
+        if getattr(spec, "qfunc", "mass") != "mass":     # an instance without a kernel here
+            return einsum_executor(spec, "cuda")
         if spec.op in ("action", "assembly"):
             return _PairwiseFallback(self, spec, "an element does not fit in shared memory"
                                      if spec.op == "action" else

@@ -96,6 +96,14 @@ class Family:
     def claims(self, spec) -> bool:
         raise NotImplementedError
 
+    def supports(self, spec) -> bool:
+        """Whether its kernels run the spec's operator instance (``qfunc``, ``collocated``:
+        docs/math.md section 7); default the mass operator only. A claimed spec it does not
+        support runs elsewhere: the backend has no kernel for it, and the plan falls back to
+        the reference backend and says so."""
+        return getattr(spec, "qfunc", "mass") == "mass" and not getattr(spec, "collocated",
+                                                                        False)
+
     def tuned_spec(self, spec):
         """The spec the kernel, the table entry and the parameters describe (usually
         ``spec`` itself; kernel (9) folds large slabs into the batch)."""

@@ -22,8 +22,9 @@ Examples
 True
 """
 
-from .chebyshev import Chebyshev, chebyshev, estimate_lambda_max
 from .basis import Basis1D, barycentric_weights, basis_1d, differentiation_matrix, lagrange_basis
+from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
+from .chebyshev import Chebyshev, chebyshev, estimate_lambda_max
 from .demo import projection_demo, smooth_function
 from .geometry import (
     QuadratureData,
@@ -36,9 +37,12 @@ from .geometry import (
     mass_data,
     quadrature_data,
 )
-from .multigrid import PMultigrid, Transfer, pmg, pmg_orders
+from . import meshes
 from .mesh import BoxMesh, box_mesh, sine_distortion
+from .meshes import demo_mesh_path, make_demo_mesh
+from .multigrid import PMultigrid, Transfer, pmg, pmg_orders
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
+from .output import to_meshio, write_vtu
 from .operators import (
     AssembledMassOperator,
     AssembledOperator,
@@ -47,6 +51,14 @@ from .operators import (
     diffusion_operator,
     helmholtz_operator,
     mass_operator,
+)
+from .poisson import (
+    PoissonProblem,
+    PoissonResult,
+    exact_gradient,
+    h1_error,
+    poisson_problem,
+    solve_poisson,
 )
 from .projection import ProjectionResult, l2_error, l2_project, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
@@ -77,6 +89,8 @@ __all__ = [
     "UnstructuredMesh",
     "from_elements",
     "read_mesh",
+    "demo_mesh_path",
+    "make_demo_mesh",
     "H1Space",
     # geometry
     "QuadratureData",
@@ -88,6 +102,11 @@ __all__ = [
     "map_points",
     "mass_data",
     "quadrature_data",
+    # boundary conditions
+    "ConstrainedOperator",
+    "DirichletBC",
+    "boundary_load",
+    "dirichlet_bc",
     # operators and solvers
     "AssembledMassOperator",
     "AssembledOperator",
@@ -109,6 +128,16 @@ __all__ = [
     "Transfer",
     "pmg",
     "pmg_orders",
+    # the Poisson problem
+    "PoissonProblem",
+    "PoissonResult",
+    "exact_gradient",
+    "h1_error",
+    "poisson_problem",
+    "solve_poisson",
+    # output
+    "to_meshio",
+    "write_vtu",
     # projection
     "ProjectionResult",
     "l2_error",

@@ -125,11 +125,11 @@ def _vtk_index(ijk, p, dim):
         if ib and jb:
             return (1 if j == 0 else 2) if i else (0 if j == 0 else 3)
         off = 4
-        if not ib:   # along x: edge 0 (j = 0) or edge 2 (j = p)
-            return off + (i - 1) + (0 if j == 0 else (p - 1) + (p - 1))
-        if not jb:   # along y: edge 1 (i = p) or edge 3 (i = 0)
+        if jb and not ib:   # along x: edge 0 (j = 0) or edge 2 (j = p)
+            return off + (i - 1) + (0 if j == 0 else 2 * (p - 1))
+        if ib and not jb:   # along y: edge 1 (i = p) or edge 3 (i = 0)
             return off + (j - 1) + ((p - 1) if i else 3 * (p - 1))
-        return 0  # unreachable
+        return off + 4 * (p - 1) + (i - 1) + (p - 1) * (j - 1)
     i, j, k = ijk
     ib, jb, kb = i in (0, p), j in (0, p), k in (0, p)
     nb = ib + jb + kb

@@ -1,0 +1,330 @@
+"""Boundary conditions: Dirichlet by elimination, Neumann through a boundary load vector.
+
+Dirichlet conditions ``u = g`` on the DoFs of the boundary (or of named regions
+of it) are imposed by *elimination*, keeping the operator symmetric positive
+definite and the vectors full length:
+
+* :class:`ConstrainedOperator` wraps any operator ``A`` with the linear-operator
+  protocol of :mod:`smalltc.fem` (``shape``, ``dtype``, ``xp``, ``__call__``,
+  ``diagonal()``): ``A_c x = P A P x + (I - P) x`` with ``P`` the diagonal 0/1
+  mask of the free DoFs: on the free DoFs it is ``A_II``, on the constrained
+  ones the identity;
+* :meth:`DirichletBC.lift` moves the known values to the right-hand side:
+  ``b_c = P (b - A g) + (I - P) g`` with ``g`` the values on the constrained
+  DoFs (zero elsewhere). The solution of ``A_c u = b_c`` is ``g`` on the
+  constrained DoFs and solves ``A_II u_I = b_I - A_IC g_C`` on the others.
+
+The values are nodal interpolation of a function at the DoFs' coordinates.
+
+Neumann data ``kappa du/dn = h`` on boundary facets enter the load vector as
+``int_facets h phi_i ds`` (:func:`boundary_load`): for each boundary facet, a
+tensor-product Gauss rule on the facet, the surface measure
+``ds = |det J| |J^-T e_a| dxi`` of the element map on the facet ``xi_a = +-1``.
+
+All of it works with NumPy or CuPy vectors (the mask follows the operator's
+module), so :func:`smalltc.fem.cg`, SciPy's and CuPy's solvers take the
+constrained operator as they take any operator of :mod:`smalltc.fem`.
+"""
+
+import inspect
+
+import numpy as np
+
+from smalltc._arrays import is_cupy
+
+from ._device import to_host
+from .basis import lagrange_basis
+from .geometry import det_jacobian, evaluate_field
+from .quadrature import gauss_lobatto, quadrature_rule
+from .tensor import apply_tensor
+
+__all__ = ["DirichletBC", "ConstrainedOperator", "dirichlet_bc", "boundary_load"]
+
+
+def _regions_of(data):
+    """A Dirichlet/Neumann argument as a list of (region or None, function)."""
+    if data is None:
+        return []
+    if isinstance(data, dict):
+        return list(data.items())
+    return [(None, data)]
+
+
+class DirichletBC:
+    """Dirichlet constraints of a space: DoF indices and their values.
+
+    Build it with :func:`dirichlet_bc`.
+
+    Attributes
+    ----------
+    space : H1Space
+    dofs : ndarray of int64, shape (nc,)
+        Sorted constrained DoFs.
+    values : ndarray of float64, shape (nc,)
+        Their values.
+    """
+
+    def __init__(self, space, dofs, values):
+        dofs = np.asarray(dofs, dtype=np.int64)
+        values = np.asarray(values, dtype=np.float64)
+        if dofs.ndim != 1 or values.shape != dofs.shape:
+            raise ValueError(f"dofs {dofs.shape} and values {values.shape} must be 1D of one length")
+        if dofs.size and (dofs.min() < 0 or dofs.max() >= space.ndofs):
+            raise ValueError(f"dofs must lie in [0, {space.ndofs}), got [{dofs.min()}, {dofs.max()}]")
+        self.space, self.dofs, self.values = space, dofs, values
+        self._masks = {}
+
+    def __repr__(self):
+        return f"DirichletBC(ndofs={self.space.ndofs}, constrained={self.dofs.size})"
+
+    def mask(self, xp=np, dtype=np.float64):
+        """The free-DoF mask ``P`` (1 free, 0 constrained), shape (ndofs,), in ``xp``."""
+        key = (xp.__name__, np.dtype(dtype).str)
+        m = self._masks.get(key)
+        if m is None:
+            h = np.ones(self.space.ndofs, dtype=dtype)
+            h[self.dofs] = 0
+            m = self._masks[key] = xp.asarray(h)
+        return m
+
+    def vector(self, xp=np, dtype=np.float64):
+        """``g``: the values on the constrained DoFs, zero elsewhere, in ``xp``."""
+        g = np.zeros(self.space.ndofs, dtype=dtype)
+        g[self.dofs] = self.values
+        return xp.asarray(g)
+
+    def constrain(self, op):
+        """``op`` with these DoFs eliminated: a :class:`ConstrainedOperator`."""
+        return ConstrainedOperator(op, self)
+
+    def lift(self, op, b):
+        """The right-hand side of the constrained system: ``P (b - A g) + (I - P) g``.
+
+        Parameters
+        ----------
+        op : operator
+            The unconstrained operator ``A`` (anything callable on vectors).
+        b : array, shape (ndofs,)
+            The load vector; its array module and dtype are kept.
+
+        Returns
+        -------
+        array, shape (ndofs,)
+        """
+        xp = getattr(op, "xp", np)
+        b = xp.asarray(b)
+        dtype = b.dtype if b.dtype in (np.float32, np.float64) else np.float64
+        P = self.mask(xp, dtype)
+        g = self.vector(xp, dtype)
+        return P * (xp.asarray(b, dtype=dtype) - xp.asarray(op(g), dtype=dtype)) + (1 - P) * g
+
+    def apply(self, x):
+        """``x`` with the constrained entries set to their values (a copy)."""
+        xp = np if not is_cupy(x) else __import__("cupy")
+        x = xp.array(x, copy=True)
+        x[xp.asarray(self.dofs)] = xp.asarray(self.values, dtype=x.dtype)
+        return x
+
+
+def dirichlet_bc(space, data, *, region=None):
+    """Dirichlet constraints from values on boundary regions.
+
+    Parameters
+    ----------
+    space : H1Space
+    data : callable, number, or dict
+        ``g(x)`` (``x`` of shape ``(dim, n)``, coordinate axis first) or a
+        number, for the whole boundary (or ``region``); or a dict region name
+        -> ``g`` (``None`` as a key: the whole boundary). Where regions meet,
+        the later region's value wins.
+    region : str, optional
+        With a single ``g``: the region it applies to.
+
+    Returns
+    -------
+    DirichletBC
+
+    Raises
+    ------
+    KeyError
+        For an unknown region (naming the mesh's regions).
+    ValueError
+        If ``g`` fails or returns non-finite values or the wrong shape.
+
+    Examples
+    --------
+    >>> from smalltc.fem import H1Space, box_mesh
+    >>> V = H1Space(box_mesh(2, 2), p=1)
+    >>> bc = dirichlet_bc(V, {"xmin": 0.0, "xmax": lambda x: x[1]})
+    >>> bc.dofs.tolist(), bc.values.tolist()
+    ([0, 1, 2, 6, 7, 8], [0.0, 0.0, 0.0, 0.0, 0.5, 1.0])
+    """
+    items = [(region, data)] if not isinstance(data, dict) else list(data.items())
+    coords = None
+    values = np.zeros(space.ndofs)
+    constrained = np.zeros(space.ndofs, dtype=bool)
+    for name, g in items:
+        dofs = space.boundary_dofs(name)
+        if coords is None:
+            coords = space.dof_coordinates()
+        values[dofs] = evaluate_field(g, coords[:, dofs], f"dirichlet[{name!r}]")
+        constrained[dofs] = True
+    dofs = np.flatnonzero(constrained)
+    return DirichletBC(space, dofs, values[dofs])
+
+
+class ConstrainedOperator:
+    """``A_c = P A P + (I - P)``: an operator with Dirichlet DoFs eliminated.
+
+    Parameters
+    ----------
+    op : operator
+        Anything with ``shape``, ``dtype``, ``xp`` and ``__call__`` (the
+        operators of :mod:`smalltc.fem`, or your own); ``diagonal()`` if the
+        Jacobi preconditioner is wanted.
+    bc : DirichletBC
+
+    Examples
+    --------
+    >>> from smalltc.fem import H1Space, box_mesh, mass_operator, cg
+    >>> V = H1Space(box_mesh(1, 4), p=1)
+    >>> M = mass_operator(V)
+    >>> bc = dirichlet_bc(V, 1.0)
+    >>> A = ConstrainedOperator(M, bc)
+    >>> u = cg(A, bc.lift(M, M(np.ones(V.ndofs))), tol=1e-12).x
+    >>> bool(np.allclose(u, 1.0))
+    True
+    """
+
+    def __init__(self, op, bc):
+        self.op, self.bc = op, bc
+        self.xp = getattr(op, "xp", np)
+        self.dtype = np.dtype(getattr(op, "dtype", np.float64))
+        self.shape = tuple(getattr(op, "shape", (bc.space.ndofs, bc.space.ndofs)))
+        if self.shape != (bc.space.ndofs, bc.space.ndofs):
+            raise ValueError(f"operator has shape {self.shape}, the constraints' space has "
+                             f"{bc.space.ndofs} DoFs")
+        self.space = bc.space
+        self._P = bc.mask(self.xp, self.dtype)
+
+    @property
+    def device(self):
+        return "cpu" if self.xp is np else "gpu"
+
+    def __call__(self, x):
+        return self.apply(x)
+
+    def apply(self, x):
+        """``P A (P x) + (I - P) x``."""
+        x = self.xp.asarray(x, dtype=self.dtype)
+        P = self._P
+        y = self.op(x * P)
+        return P * y + (1 - P) * x
+
+    def diagonal(self):
+        """``P diag(A) + (I - P)``."""
+        P = self._P
+        return P * self.xp.asarray(self.op.diagonal(), dtype=self.dtype) + (1 - P)
+
+    def matvec(self, x):
+        from .operators import _like
+        return _like(x, self.apply(x.reshape(-1)).reshape(x.shape))
+
+    def matmat(self, X):
+        from .operators import _like
+        return _like(X, self.xp.stack([self.apply(c) for c in self.xp.asarray(X).T], axis=1))
+
+    rmatvec, rmatmat = matvec, matmat
+
+    def aslinearoperator(self):
+        """As SciPy's (CuPy's, on the GPU) ``LinearOperator``."""
+        from .operators import linear_operator
+        return linear_operator(self)
+
+    def __repr__(self):
+        return f"ConstrainedOperator({self.op!r}, constrained={self.bc.dofs.size})"
+
+
+def _call_flux(h, x, normal, name):
+    """``h(x)`` or ``h(x, n)`` (two positional parameters) at facet points."""
+    if callable(h):
+        try:
+            params = [q for q in inspect.signature(h).parameters.values()
+                      if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            params = []
+        if len(params) >= 2:
+            return evaluate_field(lambda xx: h(xx, normal), x, name)
+    return evaluate_field(h, x, name)
+
+
+def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss"):
+    """Neumann load vector ``b_i = int_Gamma h phi_i ds`` over boundary facets.
+
+    Parameters
+    ----------
+    space : H1Space
+    data : callable, number, or dict
+        ``h(x)`` or ``h(x, n)`` (``x`` and the outward unit normal ``n`` of
+        shape ``(dim, F, nq, ...)``), for the whole boundary (or ``region``);
+        or a dict region name -> ``h``.
+    region : str, optional
+        With a single ``h``: the region.
+    nq : int, optional
+        Gauss points per facet direction, ``p + 2`` by default.
+    quadrature : str
+
+    Returns
+    -------
+    ndarray, shape (ndofs,)
+
+    Examples
+    --------
+    >>> from smalltc.fem import H1Space, box_mesh
+    >>> V = H1Space(box_mesh(2, 2, upper=(2.0, 1.0)), p=2)
+    >>> b = boundary_load(V, 1.0, "xmax")         # the length of the side x = 2
+    >>> print(round(float(b.sum()), 12))
+    1.0
+    >>> b = boundary_load(V, lambda x, n: n[0])    # outward normals: + on xmax, - on xmin
+    >>> abs(float(b.sum())) < 1e-12
+    True
+    """
+    items = [(region, data)] if not isinstance(data, dict) else list(data.items())
+    nq = space.p + 2 if nq is None else int(nq)
+    dim, mesh = space.dim, space.mesh
+    pts, wts = quadrature_rule(nq, quadrature)
+    Bg, Gg = lagrange_basis(mesh.geom_nodes, pts)
+    ref, _ = gauss_lobatto(space.nd)
+    B1d, _ = lagrange_basis(ref, pts)
+    out = np.zeros(space.ndofs)
+    for name, h in items:
+        elems, facets = mesh.boundary_facets(name)
+        for f in np.unique(facets):
+            a, side = divmod(int(f), 2)
+            sel = elems[facets == f]
+            end = np.array([1.0 if side else -1.0])
+            Be, Ge = lagrange_basis(mesh.geom_nodes, end)
+            X = mesh.nodes[sel]
+            geo = [Be if b == a else Bg for b in range(dim)]
+            x = apply_tensor(geo, X)                              # (n, dim, ..1.., nq...)
+            cols = [apply_tensor([(Ge if b == a else Gg) if b == c else geo[b]
+                                  for b in range(dim)], X) for c in range(dim)]
+            J = np.stack(cols, axis=2)                            # (n, dim, dim, ...)
+            x, J = np.squeeze(x, axis=2 + a), np.squeeze(J, axis=3 + a)
+            detJ = det_jacobian(J)
+            Jt = np.moveaxis(J, (1, 2), (-2, -1))                 # (n, ..., dim, dim)
+            inv = np.linalg.inv(Jt)                               # (J^-1)[b, i]
+            nrm = inv[..., a, :] * (1.0 if side else -1.0)        # J^-T e_a, outward
+            length = np.linalg.norm(nrm, axis=-1)
+            ds = np.abs(detJ) * length
+            normal = np.moveaxis(nrm / length[..., None], -1, 0)  # (dim, n, ...)
+            w = np.ones(())
+            for _ in range(dim - 1):
+                w = np.multiply.outer(w, wts)
+            vals = _call_flux(h, np.moveaxis(x, 1, 0), normal, f"neumann[{name!r}]")
+            q = (w * ds * vals)[(slice(None),) + (slice(None),) * a + (None,)]  # axis a back, length 1
+            Bend, _ = lagrange_basis(ref, end)
+            mats = [(Bend.T if b == a else B1d.T) for b in range(dim)]
+            be = apply_tensor(mats, q)                            # (n, nd, ..., nd)
+            np.add.at(out, space.elem_dofs[sel].ravel(), be.ravel())
+    return out

@@ -1,0 +1,188 @@
+"""Results to look at: a space and its fields as high-order VTK (ParaView) or gmsh cells.
+
+:func:`write_vtu` writes an order-``p`` field as ``VTK_LAGRANGE_QUADRILATERAL`` /
+``VTK_LAGRANGE_HEXAHEDRON`` cells through meshio, so ParaView draws the
+polynomial itself (raise its "Nonlinear Subdivision Level" to see the curvature
+of the elements and the field inside them). VTK's Lagrange cells place their
+nodes at *equispaced* reference positions while smalltc's DoFs sit at
+Gauss-Lobatto nodes, so the writer evaluates the element maps and the fields at
+the equispaced nodes of order ``p``: the same polynomials, sampled where VTK
+expects them. Those nodes are numbered as the space's DoFs (the global
+numbering does not depend on where the nodes sit in an element), so the file
+has one point per DoF and its point data are the fields' values there.
+
+:func:`to_meshio` returns the ``meshio.Mesh`` without writing it, in VTK's or
+gmsh's node order (``cells="gmsh"`` also adds the boundary regions as facet
+cells with physical tags, for a ``.msh`` file that :func:`~smalltc.fem.read_mesh`
+reads back with its regions).
+"""
+
+import os
+
+import numpy as np
+
+from ._device import to_host
+from ._ordering import HEX_TYPES, QUAD_TYPES, gmsh_reference, meshio_reference, to_tensor_permutation
+from .basis import lagrange_basis
+from .quadrature import gauss_lobatto
+from .tensor import interp
+
+__all__ = ["to_meshio", "write_vtu"]
+
+
+def _cell_order(ref, p):
+    """``order`` with ``cell_nodes = tensor_nodes[order]``."""
+    # tensor node t is cell node perm[t], so cell node k is tensor node argsort(perm)[k]
+    return np.argsort(to_tensor_permutation(ref, p))
+
+
+def _type_name(dim, p, cells):
+    if cells == "vtk":
+        return "VTK_LAGRANGE_QUADRILATERAL" if dim == 2 else "VTK_LAGRANGE_HEXAHEDRON"
+    table = QUAD_TYPES if dim == 2 else HEX_TYPES
+    for name, o in table.items():
+        if o == p:
+            return name
+    raise ValueError(f"meshio has no gmsh {dim}D cell of order {p}")
+
+
+def _line_name(p):
+    return "line" if p == 1 else f"line{p + 1}"
+
+
+def _check_field(name, u, space):
+    u = to_host(u)
+    u = np.asarray(u, dtype=np.float64)
+    if u.ndim not in (1, 2) or u.shape[-1] != space.ndofs:
+        raise ValueError(f"field {name!r} has shape {u.shape}, expected ({space.ndofs},) or "
+                         f"(ncomp, {space.ndofs}) for this space")
+    return u
+
+
+def to_meshio(space, *, cells="vtk", **fields):
+    """A space (or a mesh) and global fields of it as a ``meshio.Mesh`` of order-``p`` cells.
+
+    Parameters
+    ----------
+    space : H1Space, BoxMesh or UnstructuredMesh
+        A mesh is written with its geometry order.
+    cells : {"vtk", "gmsh"}
+        VTK Lagrange cells (for ``.vtu``) or gmsh's cells (for ``.msh``;
+        facet cells with ``gmsh:physical`` tags carry the boundary regions).
+    **fields : array, shape (ndofs,) or (ncomp, ndofs)
+        Global vectors of ``space`` (NumPy or CuPy); written as point data.
+
+    Returns
+    -------
+    meshio.Mesh
+
+    Examples
+    --------
+    >>> from smalltc.fem import H1Space, box_mesh
+    >>> V = H1Space(box_mesh(2, 2), p=3)
+    >>> m = to_meshio(V, u=np.arange(V.ndofs, dtype=float))
+    >>> m.cells[0].type, m.cells[0].data.shape, m.points.shape
+    ('VTK_LAGRANGE_QUADRILATERAL', (4, 16), (49, 3))
+    """
+    import meshio
+
+    from .space import H1Space
+    if cells not in ("vtk", "gmsh"):
+        raise ValueError(f"cells must be 'vtk' or 'gmsh', got {cells!r}")
+    if not hasattr(space, "elem_dofs"):        # a mesh
+        if fields:
+            raise ValueError("fields need a space (pass an H1Space, not a mesh)")
+        space = H1Space(space, space.geom_order)
+    mesh, dim, p, nd = space.mesh, space.dim, space.p, space.nd
+    if dim not in (2, 3):
+        raise ValueError(f"only 2D and 3D meshes are written, got dim={dim}")
+    eq = np.linspace(-1.0, 1.0, nd)
+    Bx, _ = lagrange_basis(mesh.geom_nodes, eq)
+    xe = interp(Bx, mesh.nodes, dim)                     # (E, dim, nd, ...)
+    points = np.zeros((space.ndofs, 3))
+    for d in range(dim):
+        points[space._flat, d] = xe[:, d].ravel()
+    gll, _ = gauss_lobatto(nd)
+    Bu, _ = lagrange_basis(gll, eq)
+    data = {}
+    for name, u in fields.items():
+        u = _check_field(name, u, space)
+        ue = interp(Bu, space.gather(u), dim)
+        if u.ndim == 1:
+            out = np.empty(space.ndofs)
+            out[space._flat] = ue.ravel()
+        else:
+            out = np.empty((space.ndofs, u.shape[0]))
+            for c in range(u.shape[0]):
+                out[space._flat, c] = ue[:, c].ravel()
+        data[name] = out
+    ctype = _type_name(dim, p, cells)
+    ref = meshio_reference(ctype, nd ** dim)
+    conn = space.elem_dofs.reshape(space.nelements, -1)[:, _cell_order(ref, p)]
+    blocks = [(ctype, conn)]
+    cell_data = {}
+    field_data = {}
+    if cells == "gmsh":
+        tags = [np.zeros(space.nelements, dtype=np.int64)]
+        names = list(getattr(mesh, "boundary_regions", ()))
+        fdim = dim - 1
+        fname = _line_name(p) if dim == 2 else _type_name(2, p, "gmsh")
+        fref = gmsh_reference(fdim, p) if dim == 2 else meshio_reference(fname)
+        forder = _cell_order(fref, p)
+        from .topology import facet_slices
+        for k, rname in enumerate(names, start=1):
+            elems, facets = mesh.boundary_facets(rname)
+            rows = []
+            for e, f in zip(elems, facets):
+                lat = space.elem_dofs[e][facet_slices(dim, nd, f)]
+                rows.append(lat.reshape(-1)[forder])
+            if rows:
+                blocks.append((fname, np.array(rows)))
+                tags.append(np.full(len(rows), k, dtype=np.int64))
+                field_data[rname] = np.array([k, fdim])
+        vol = getattr(mesh, "volume_regions", {}) or {}
+        for k, (rname, elems) in enumerate(vol.items(), start=len(names) + 1):
+            tags[0][np.asarray(elems)] = k
+            field_data[rname] = np.array([k, dim])
+        cell_data = {"gmsh:physical": tags, "gmsh:geometrical": [t.copy() for t in tags]}
+    return meshio.Mesh(points, blocks, point_data=data, cell_data=cell_data,
+                       field_data=field_data)
+
+
+def write_vtu(path, space, **fields):
+    """Write a space's mesh and fields as a ``.vtu`` file of VTK Lagrange cells.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file (``.vtu``).
+    space : H1Space
+    **fields : array, shape (ndofs,) or (ncomp, ndofs)
+        Global vectors of ``space``, e.g. ``u=result.u``; NumPy or CuPy.
+
+    Returns
+    -------
+    str
+        The path written.
+
+    Raises
+    ------
+    ValueError
+        For a field of the wrong length, or a path not ending in ``.vtu``.
+
+    Examples
+    --------
+    >>> import os, tempfile, meshio
+    >>> from smalltc.fem import H1Space, box_mesh
+    >>> V = H1Space(box_mesh(3, 1), p=2)
+    >>> x = V.dof_coordinates()
+    >>> path = write_vtu(os.path.join(tempfile.mkdtemp(), "u.vtu"), V, u=x[0] ** 2)
+    >>> m = meshio.read(path)
+    >>> m.cells[0].type, bool(np.allclose(m.point_data["u"], m.points[:, 0] ** 2))
+    ('VTK_LAGRANGE_HEXAHEDRON', True)
+    """
+    path = os.fspath(path)
+    if not path.endswith(".vtu"):
+        raise ValueError(f"path must end in .vtu, got {path!r}")
+    to_meshio(space, cells="vtk", **fields).write(path, file_format="vtu")
+    return path

@@ -1,0 +1,75 @@
+"""A small stand-in for ``smalltc.fem.diffusion_operator`` (the diffusion operator of the
+generalised operator family), used by the Poisson tests only while the fem package does
+not have it: the same interface (``diffusion_operator(space, nq=None, kappa=None, *,
+quadrature="gauss", device=...)``, the LinearOperator protocol, ``diagonal()``), computed
+with NumPy/CuPy tensor contractions: ``K = sum_e R_e^T (sum_ab G_a^T Q^ab G_b) R_e`` with
+``Q^ab = w kappa |J| (J^-1 J^-T)_ab`` (docs/math.md section 7).
+"""
+import numpy as np
+
+from smalltc.fem import basis_1d, evaluate_field, jacobian, det_jacobian, quadrature_rule
+from smalltc.fem._device import resolve_device
+from smalltc.fem.tensor import apply_tensor
+
+
+def diffusion_data(mesh, nq, kappa=None, quadrature="gauss"):
+    """Q as ``(E, dim, dim, nq, ..., nq)`` (full, symmetric)."""
+    pts, w1 = quadrature_rule(nq, quadrature)
+    J = jacobian(mesh, pts)
+    detJ = det_jacobian(J)
+    Jt = np.moveaxis(J, (1, 2), (-2, -1))
+    inv = np.linalg.inv(Jt)                                    # (J^-1)[a, i]
+    G = np.einsum("...ai,...bi->...ab", inv, inv)              # J^-1 J^-T
+    w = np.ones(())
+    for _ in range(mesh.dim):
+        w = np.multiply.outer(w, w1)
+    scale = w[None] * np.abs(detJ)
+    if kappa is not None:
+        from smalltc.fem.geometry import map_points
+        x = np.moveaxis(map_points(mesh, pts), 1, 0)
+        scale = scale * evaluate_field(kappa, x, "kappa")
+    return np.moveaxis(G, (-2, -1), (1, 2)) * scale[:, None, None]
+
+
+class DiffusionStandIn:
+    def __init__(self, space, nq, kappa, quadrature, xp):
+        b = basis_1d(space.p, nq, quadrature)
+        self.space, self.xp = space, xp
+        self.B, self.G = xp.asarray(b.B1d), xp.asarray(b.G1d)
+        self.Q = xp.asarray(diffusion_data(space.mesh, nq, kappa, quadrature))
+        self.dtype = np.dtype(np.float64)
+        self.shape = (space.ndofs, space.ndofs)
+
+    def _mats(self, a):
+        return [self.G if c == a else self.B for c in range(self.space.dim)]
+
+    def apply(self, x):
+        xp, dim = self.xp, self.space.dim
+        V = self.space.gather(xp.asarray(x, dtype=np.float64))
+        g = [apply_tensor(self._mats(a), V) for a in range(dim)]
+        U = 0
+        for a in range(dim):
+            h = sum(self.Q[:, a, b] * g[b] for b in range(dim))
+            U = U + apply_tensor([m.T for m in self._mats(a)], h)
+        return self.space.scatter(U)
+
+    __call__ = apply
+
+    def diagonal(self):
+        dim = self.space.dim
+        d = 0
+        for a in range(dim):
+            for b in range(dim):
+                mats = [(m1 * m2).T for m1, m2 in zip(self._mats(a), self._mats(b))]
+                d = d + apply_tensor(mats, self.Q[:, a, b])
+        return self.space.scatter(d)
+
+    def matvec(self, x):
+        return self.apply(x.reshape(-1)).reshape(x.shape)
+
+
+def diffusion_operator(space, nq=None, kappa=None, *, assembled=False, quadrature="gauss",
+                       device="cpu", **_):
+    xp = resolve_device(device)
+    nq = space.p + 2 if nq is None else nq
+    return DiffusionStandIn(space, nq, kappa, quadrature, xp)

@@ -272,45 +272,79 @@ class PMultigrid(_Preconditioner):
         return "\n".join(lines)
 
 
-def _factory(kind, operator, device, nq_offset, dtype=np.float64):
-    """``space -> operator`` for the named kind, or from the type of ``operator``."""
+_QUADRATURES_GLL = ("gll", "lobatto", "gauss-lobatto")
+
+
+def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficients=None,
+             options=None):
+    """``space -> operator`` of the family (:func:`~smalltc.fem.operators.mass_operator`,
+    ``diffusion_operator``, ``helmholtz_operator``) for the named kind, or like ``operator``
+    (its ``qfunc``, quadrature rule, ``nq - p``, dtype, backend, fused)."""
     from . import operators as ops
-    if kind is None:
+    options = dict(options or {})
+    if operator is not None:
+        qf = getattr(operator, "qfunc", None)
         name = type(operator).__name__.lower()
-        kind = ("mass" if "mass" in name else "helmholtz" if "helmholtz" in name
-                else "diffusion" if "diffusion" in name else None)
+        if qf is None:
+            qf = ("mass" if "mass" in name else "helmholtz" if "helmholtz" in name
+                  else "diffusion" if "diffusion" in name else None)
+        if kind is None:
+            kind = qf
+        B1d = getattr(operator, "B1d", None)
+        collocated = bool(getattr(operator, "collocated", False)) or (
+            B1d is None and getattr(operator, "G1d", None) is not None)
+        if nq_offset is None:
+            G = B1d if B1d is not None else getattr(operator, "G1d", None)
+            if G is not None:
+                nq_offset = int(G.shape[0]) - operator.space.p
+        if quadrature is None and collocated:
+            quadrature = "gll"
+        for key in ("dtype", "backend", "fused", "deterministic"):
+            if hasattr(operator, key) and key not in options:
+                options[key] = getattr(operator, key)
         if kind is None:
             raise TypeError(f"cannot tell the kind of {type(operator).__name__}: pass "
                             f"kind='mass'|'diffusion'|'helmholtz' or operator_factory=")
-    if kind == "mass":
-        return lambda space: ops.mass_operator(space, nq=space.p + nq_offset, device=device,
-                                               dtype=dtype)
-    if kind in ("diffusion", "helmholtz"):
-        import smalltc.fem as fem_pkg
-        make = getattr(fem_pkg, "diffusion_operator", None)
-        if kind == "diffusion" and make is not None:
-            return lambda space: make(space, nq=space.p + nq_offset, device=device)
-        from ._diffusion_standin import DiffusionStandin
-        shift = 1.0 if kind == "helmholtz" else 0.0
-        return lambda space: DiffusionStandin(space, nq=space.p + nq_offset, shift=shift,
-                                              device=device)
-    raise ValueError(f"kind must be 'mass', 'diffusion' or 'helmholtz', got {kind!r}")
+    if kind not in ("mass", "diffusion", "helmholtz"):
+        raise ValueError(f"kind must be 'mass', 'diffusion' or 'helmholtz', got {kind!r}")
+    quadrature = quadrature or "gauss"
+    if nq_offset is None:
+        nq_offset = 1 if quadrature in _QUADRATURES_GLL else 2
+    c = dict(coefficients or {})
+    options["device"] = device
+    options["quadrature"] = quadrature
+    if options.get("dtype") is not None:
+        options["dtype"] = np.dtype(options["dtype"])
+
+    def make(space):
+        nq = space.p + nq_offset
+        if kind == "mass":
+            return ops.mass_operator(space, nq, c.get("rho"), **options)
+        if kind == "diffusion":
+            return ops.diffusion_operator(space, nq, c.get("kappa"), **options)
+        if c.get("alpha") is None:
+            raise ValueError("a Helmholtz p-multigrid needs alpha= (the mass term's factor)")
+        return ops.helmholtz_operator(space, c["alpha"], nq, c.get("kappa"), **options)
+    return make
 
 
 def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth",
         constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
-        operator_factory=None, device=None, nq_offset=2, lambda_steps=10):
+        operator_factory=None, device=None, nq_offset=None, quadrature=None, kappa=None,
+        alpha=None, rho=None, lambda_steps=10):
     """Build a p-multigrid preconditioner.
 
     Parameters
     ----------
     operator_or_space : operator or H1Space
-        The finest level: an operator with ``.space`` and ``diagonal()`` (used as it
-        is; the other levels are made alike), or a space (then ``kind`` says which
-        operator to build on each level).
+        The finest level: an operator of the family (:func:`~smalltc.fem.diffusion_operator`,
+        ...: used as it is, the other levels made alike: its ``qfunc``, quadrature rule,
+        ``nq - p``, dtype, backend), a :class:`~smalltc.fem.ConstrainedOperator` (its
+        constrained DoFs are then the finest level's), any operator with ``.space`` and
+        ``diagonal()`` together with ``operator_factory``; or a space (then ``kind``
+        says which operator to build on each level).
     kind : {"mass", "diffusion", "helmholtz"}, optional
-        The operator of the levels; by default read from the operator's type name.
-        Diffusion uses ``smalltc.fem.diffusion_operator`` when the package has it.
+        The operator of the levels; by default the given operator's ``qfunc``.
     orders : list of int, optional
         The levels' orders, finest first, ending in 1; ``p, ceil(p/2), ..., 1`` by
         default (:func:`pmg_orders`).
@@ -333,8 +367,17 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
         space is given); overrides ``kind``.
     device : {"cpu", "gpu", "auto"}, optional
         Where the levels built from a space live; by default the given operator's.
-    nq_offset : int
-        The levels built here use ``nq = p + nq_offset`` Gauss points.
+    nq_offset : int, optional
+        The levels built here use ``nq = p + nq_offset`` points (the given operator's
+        offset; else 2, 1 for Gauss-Lobatto).
+    quadrature : str, optional
+        Their rule (the given operator's: ``"gll"`` when it is collocated; else
+        ``"gauss"``).
+    kappa, alpha, rho : optional
+        The coefficients of the levels built here (as for
+        :func:`~smalltc.fem.diffusion_operator`, ``helmholtz_operator``,
+        ``mass_operator``): an operator holds only its quadrature data, so pass a
+        variable coefficient again.
     lambda_steps : int
         Lanczos steps of each smoother's eigenvalue estimate.
 
@@ -362,18 +405,27 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
     >>> res.converged and res.iterations < 15
     True
     """
+    bc_dofs = None
     if isinstance(operator_or_space, H1Space):
         space, fine_op = operator_or_space, None
         device = device or "cpu"
     else:
         fine_op = operator_or_space
+        if hasattr(fine_op, "bc") and hasattr(fine_op, "op"):      # a ConstrainedOperator
+            bc_dofs = np.asarray(fine_op.bc.dofs)
+            fine_op = fine_op.op
         space = getattr(fine_op, "space", None)
         if not isinstance(space, H1Space):
             raise TypeError(f"{type(fine_op).__name__} has no .space (an H1Space): pass the "
                             f"space and kind=, or operator_factory=")
         device = device or getattr(fine_op, "device", "cpu")
-    make = operator_factory or _factory(kind, fine_op, device, nq_offset,
-                                        getattr(fine_op, "dtype", np.float64))
+    make = operator_factory or _factory(kind, fine_op, device, nq_offset, quadrature,
+                                        dict(kappa=kappa, alpha=alpha, rho=rho))
+    if bc_dofs is not None:
+        if constrained is not None:
+            raise ValueError("a ConstrainedOperator brings its constrained DoFs: "
+                             "leave constrained=None")
+        constrained = bc_dofs
     orders = pmg_orders(space.p) if orders is None else [int(q) for q in orders]
     if orders[0] != space.p or orders[-1] != 1 or any(a <= b for a, b in zip(orders, orders[1:])):
         raise ValueError(f"orders must decrease strictly from p={space.p} to 1, got {orders}")

@@ -8,7 +8,6 @@ import pytest
 
 from conftest import array_modules, to_numpy, xp_of
 from smalltc import fem
-from smalltc.fem._diffusion_standin import DiffusionStandin
 from smalltc.fem.chebyshev import Chebyshev, estimate_lambda_max
 from smalltc.fem.coarse import AMGSolver, CGSolver, assemble_csr
 from smalltc.fem.multigrid import Constrained, Transfer, boundary_mask
@@ -79,7 +78,7 @@ def test_assemble_csr_by_probing_matches_the_assembled_matrix(dim, p):
 
 def test_constrained_operator_is_identity_on_fixed_dofs_and_idempotent():
     V = fem.H1Space(fem.box_mesh(2, 3, distortion=0.05), 2)
-    K = DiffusionStandin(V)
+    K = fem.diffusion_operator(V)
     free = ~boundary_mask(V)
     Ac = Constrained(K, K.diagonal(), free)
     Acc = Constrained(Ac, Ac.diagonal(), free)
@@ -255,7 +254,7 @@ def test_pmg_and_probing_on_an_unstructured_mesh():
     mesh = from_elements(nodes)
     V = fem.H1Space(mesh, 3)
     assert V.lattice_shape is None
-    K = DiffusionStandin(fem.H1Space(mesh, 2))
+    K = fem.diffusion_operator(fem.H1Space(mesh, 2))
     dense = np.stack([K(e) for e in np.eye(K.shape[0])], axis=1)
     np.testing.assert_allclose(assemble_csr(K, K.space).toarray(), dense, rtol=0, atol=1e-14)
     M = fem.pmg(V, kind="diffusion", constrained="boundary")
@@ -277,3 +276,44 @@ def test_cg_callback_logs_every_iteration_of_a_pmg_solve(capsys):
     fem.cg(M.operator, b, tol=1e-8, precond=M, callback=fem.progress_log(1))
     err = capsys.readouterr().err
     assert err.count("cg: iteration") == res.iterations and "relative residual" in err
+
+
+@pytest.mark.parametrize("precond", ["chebyshev", "pmg"])
+def test_solve_poisson_with_chebyshev_and_pmg(precond):
+    """The same solution as Jacobi-CG (to the tolerance), in fewer iterations; pmg built from
+    the problem's ConstrainedOperator (its Dirichlet DoFs, the operator's quadrature)."""
+    u = lambda x: np.sin(np.pi * x[0]) * x[1] + x[2] ** 2          # noqa: E731
+    mesh = fem.box_mesh(3, 3, distortion=0.05)
+    kw = dict(dirichlet=u, device="cpu", tol=1e-10)
+    f = lambda x: np.pi ** 2 * np.sin(np.pi * x[0]) * x[1] - 2.0    # noqa: E731
+    ref = fem.solve_poisson(mesh, 3, f, precond="jacobi", **kw)
+    res = fem.solve_poisson(mesh, 3, f, precond=precond, **kw)
+    assert res.iterations < ref.iterations / (2 if precond == "chebyshev" else 4)
+    np.testing.assert_allclose(res.u, ref.u, atol=1e-8 * np.abs(ref.u).max())
+    P = res.problem.precond
+    if precond == "pmg":
+        assert [lev.space.p for lev in P.levels] == [3, 2, 1]
+        fixed = ~P.levels[0].free
+        np.testing.assert_array_equal(np.flatnonzero(fixed), res.problem.bc.dofs)
+    with pytest.raises(ValueError, match="precond must be one of"):
+        fem.solve_poisson(mesh, 2, f, precond="ilu", **kw)
+
+
+@pytest.mark.parametrize("make, kw", [
+    (lambda V: fem.diffusion_operator(V, quadrature="gll"), {}),             # collocated (BP5)
+    (lambda V: fem.helmholtz_operator(V, 10.0), dict(alpha=10.0)),
+    (lambda V: fem.diffusion_operator(V, kappa=lambda x: 1 + x[0] ** 2), dict(kappa=lambda x: 1 + x[0] ** 2)),
+])
+def test_pmg_levels_are_built_like_the_given_operator(make, kw):
+    V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
+    op = make(V)
+    M = fem.pmg(op, constrained="boundary", **kw)
+    coarse = M.levels[1].raw
+    assert coarse.qfunc == op.qfunc and coarse.space.p == 2
+    assert coarse.G1d.shape[0] - 2 == op.G1d.shape[0] - 4          # the same nq - p
+    assert (coarse.B1d is None) == (op.B1d is None)
+    ref = make(M.levels[1].space)
+    x = np.random.default_rng(0).random(coarse.space.ndofs)
+    np.testing.assert_allclose(coarse(x), ref(x), rtol=1e-13, atol=1e-13)
+    b = M.operator(np.random.default_rng(1).random(V.ndofs))
+    assert fem.cg(M.operator, b, tol=1e-8, precond=M).iterations <= 8

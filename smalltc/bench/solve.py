@@ -2,9 +2,9 @@
 
 For each order p on a distorted 3D box mesh (:func:`smalltc.fem.box_mesh`, sine
 distortion 0.08, Dirichlet conditions on the whole boundary: the operator is the
-identity there), the diffusion operator (``smalltc.fem.diffusion_operator`` where the
-package has it, else the NumPy/CuPy stand-in of :mod:`smalltc.fem._diffusion_standin`:
-the operator's class is recorded) is solved by :func:`smalltc.fem.cg` with
+identity there), the diffusion operator (:func:`smalltc.fem.diffusion_operator`,
+matrix-free, ``nq = p + 2`` Gauss points; its plan's backend and kernel recorded) is
+solved by :func:`smalltc.fem.cg` with
 
 ``jacobi``      the Jacobi preconditioner (the fused CG iteration)
 ``chebyshev``   Chebyshev (fourth kind, degree 4) of the Jacobi-preconditioned operator
@@ -53,7 +53,7 @@ def cases(dtype, kind, ps=None, quick=False) -> list:
 
 def _operator_factory(device):
     from ..fem.multigrid import _factory
-    return _factory("diffusion", None, device, 2)
+    return _factory("diffusion", None, device)
 
 
 def run_case(case, *, xp, repeats=1) -> dict:
@@ -71,7 +71,7 @@ def run_case(case, *, xp, repeats=1) -> dict:
         raw = make(space)
         from ..fem.multigrid import Constrained, boundary_mask
         A = Constrained(raw, xp.asarray(raw.diagonal()), ~boundary_mask(space))
-        rec["operator"] = type(raw).__name__
+        rec["operator"] = repr(raw)
         xstar = xp.asarray(np.random.default_rng(0).standard_normal(space.ndofs))
         b = A(xstar)
         synchronize(on_gpu)
@@ -175,7 +175,7 @@ def plot(doc, path, plt):
         ax.set_xlabel("polynomial order p")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    op = cs[0].get("operator", "?")
+    op = "diffusion"
     fig.suptitle(f"{doc['device']['name']}: Poisson ({op}), distorted 3D box, "
                  f"~{cs[-1]['sizes']['ndofs']:,} DoFs", fontsize=10)
     fig.tight_layout()

@@ -79,6 +79,10 @@ def boundary_mask(space, region=None):
     return np.any((idx == 0) | (idx == (L - 1)[:, None]), axis=0)
 
 
+#: threads per block of the fused transfer kernels (one element per block)
+_TRANSFER_THREADS = 128
+
+
 class Transfer:
     """Prolongation from an order-``q`` space to an order-``p`` space on the same mesh,
     and its transpose.
@@ -93,6 +97,11 @@ class Transfer:
         The free (unconstrained) DoFs of each space; None: all free.
     dtype : dtype
         Of the vectors.
+    fused : bool or None
+        CuPy vectors: one kernel each way (``templates/cuda/pmg_transfer.cu.j2``: gather,
+        the sum-factorised interpolation in shared memory, weighted atomic scatter-add);
+        False: the same with CuPy array operations (gather, three GEMMs, strided adds).
+        None (default): fused on the GPU. NumPy vectors always take the array path.
 
     Examples
     --------
@@ -105,7 +114,7 @@ class Transfer:
     """
 
     def __init__(self, coarse, fine, xp=np, *, coarse_free=None, fine_free=None,
-                 dtype=np.float64):
+                 dtype=np.float64, fused=None):
         if coarse.mesh is not fine.mesh:
             raise ValueError("coarse and fine spaces must be on the same mesh object")
         if coarse.p > fine.p:
@@ -120,9 +129,46 @@ class Transfer:
         self.weights = fine.gather(xp.asarray(w.astype(self.dtype)))   # E-vector
         self.coarse_free = None if coarse_free is None else \
             xp.asarray(np.asarray(to_host(coarse_free), dtype=self.dtype))
+        self.fused = (xp is not np) if fused is None else bool(fused) and xp is not np
+        if self.fused:
+            self._fine_w = xp.asarray(w.astype(self.dtype))            # per fine DoF
+            self._coarse_w = (xp.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
+                              else self.coarse_free)
+
+    def _kernel(self, forward):
+        """The fused transfer kernel (CuPy), compiled once per size and direction."""
+        from smalltc.backends.cuda import runtime as RT
+        nc, nf = self.coarse.nd, self.fine.nd
+        itype = np.dtype(self.fine.dof_map(self.xp).dtype)
+        ctx = dict(dtype=self.dtype.name, dim=self.fine.dim, nin=nc if forward else nf,
+                   nout=nf if forward else nc, threads=_TRANSFER_THREADS, min_blocks=0,
+                   index_t="int" if itype == np.int32 else "long long")
+        entry = (f"stc_pmg_{'prolong' if forward else 'restrict'}_{self.fine.dim}d_"
+                 f"{'f64' if self.dtype == np.float64 else 'f32'}_q{self.coarse.p}p{self.fine.p}"
+                 f"_{'i32' if itype == np.int32 else 'i64'}")
+        return RT.get_kernel("pmg_transfer.cu.j2", entry, ctx)
+
+    def _fused(self, forward, x):
+        xp = self.xp
+        x = xp.ascontiguousarray(xp.asarray(x, dtype=self.dtype))
+        if forward:
+            M, src, dst = self.I1d, self.coarse, self.fine
+            w_in, w_out = self._coarse_w, self._fine_w
+        else:
+            M, src, dst = self.I1dT, self.fine, self.coarse
+            w_in, w_out = self._fine_w, self._coarse_w
+        y = xp.zeros(dst.ndofs, dtype=self.dtype)
+        E = self.fine.nelements
+        grid = (int(min(E, 65535 * 8)),)
+        self._kernel(forward)(grid, (_TRANSFER_THREADS,),
+                              (xp.ascontiguousarray(M), x, src.dof_map(xp), w_in,
+                               dst.dof_map(xp), w_out, y, np.int64(E)))
+        return y
 
     def prolong(self, xc):
         """``x_fine = P x_coarse`` (shape (ndofs_coarse,) -> (ndofs_fine,))."""
+        if self.fused:
+            return self._fused(True, xc)
         if self.coarse_free is not None:
             xc = xc * self.coarse_free
         dim = self.fine.dim
@@ -131,6 +177,8 @@ class Transfer:
 
     def restrict(self, rf):
         """``r_coarse = P^T r_fine`` (shape (ndofs_fine,) -> (ndofs_coarse,))."""
+        if self.fused:
+            return self._fused(False, rf)
         dim = self.fine.dim
         v = apply_tensor([self.I1dT] * dim, self.fine.gather(rf) * self.weights)
         rc = self.coarse.scatter(v)

@@ -318,6 +318,7 @@ def test_solve_suite_end_to_end(tmp_path, capsys):
     assert all(r["true_residual"] <= 1e-7 and r["diff_to_jacobi"] < 1e-5 for r in im.values())
     assert im["pmg"]["iterations"] < im["chebyshev"]["iterations"] < im["jacobi"]["iterations"]
     assert im["pmg"]["levels"] == [2, 1] and im["pmg"]["vcycle_fine_applications"] == 6
+    assert im["pmg"]["vcycle_in_applications"] > 1
     assert all(r["time_to_solution_s"] >= r["solve_s"] > 0 for r in im.values())
     assert "== solve" in capsys.readouterr().out
     assert (tmp_path / "solve-p2-solve-float64.png").exists()

@@ -317,3 +317,24 @@ def test_pmg_levels_are_built_like_the_given_operator(make, kw):
     np.testing.assert_allclose(coarse(x), ref(x), rtol=1e-13, atol=1e-13)
     b = M.operator(np.random.default_rng(1).random(V.ndofs))
     assert fem.cg(M.operator, b, tol=1e-8, precond=M).iterations <= 8
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(xp_of("cupy") is None or not __import__(
+    "smalltc._arrays", fromlist=["gpu_available"]).gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("dim, n, q, p", TRANSFER_CASES)
+def test_fused_transfer_kernels_match_the_array_path(dim, n, q, p, dtype):
+    cp = xp_of("cupy")
+    mesh = fem.box_mesh(dim, n, distortion=0.05)
+    Vq, Vp = fem.H1Space(mesh, q), fem.H1Space(mesh, p)
+    kw = dict(coarse_free=~boundary_mask(Vq), fine_free=~boundary_mask(Vp), dtype=dtype)
+    fused, plain = Transfer(Vq, Vp, cp, fused=True, **kw), Transfer(Vq, Vp, cp, fused=False, **kw)
+    assert fused.fused and not plain.fused
+    rng = np.random.default_rng(p)
+    xc = cp.asarray(rng.standard_normal(Vq.ndofs).astype(dtype))
+    rf = cp.asarray(rng.standard_normal(Vp.ndofs).astype(dtype))
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    for a, b in ((fused.prolong(xc), plain.prolong(xc)), (fused.restrict(rf), plain.restrict(rf))):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=tol * float(abs(b).max()))

@@ -14,7 +14,9 @@ solved by :func:`smalltc.fem.cg` with
 from the same right-hand side ``b = A x*`` (``x*`` random). Each records the
 iterations, the setup time (the preconditioner's construction: eigenvalue estimates,
 levels, AMG hierarchy), the solve time, the time to solution (their sum), the true
-relative residual and the distance to the Jacobi-CG answer. Sizes: about 2M DoFs on a
+relative residual and the distance to the Jacobi-CG answer; for pmg also the V-cycle's
+cost in finest-level applications, counted (by DoFs, :meth:`PMultigrid.cost`) and timed
+(one V-cycle over one application of the constrained finest operator). Sizes: about 2M DoFs on a
 GPU, 60k on a CPU (``quick``: 200k / 8k). The solves run once (``repeats`` > 1 on a
 GPU: the median of that many solves), after a 2-iteration solve that compiles
 and loads the kernels.
@@ -25,7 +27,7 @@ import traceback
 
 import numpy as np
 
-from .._timing import synchronize, time_once
+from .._timing import median, synchronize, time_calls, time_once
 from .cases import Case
 
 __all__ = ["cases", "run_case", "table", "plot", "PRECONDS", "TOL", "DISTORTION"]
@@ -105,8 +107,14 @@ def run_case(case, *, xp, repeats=1) -> dict:
                          what=repr(P) if name != "pmg" else str(P).splitlines()[0])
                 if name == "pmg":
                     c = P.cost()
+                    t_apply = median(time_calls(lambda: op(b), repeats=3, warmup=1,
+                                                on_gpu=on_gpu))
+                    t_cycle = median(time_calls(lambda: P(b), repeats=3, warmup=1,
+                                                on_gpu=on_gpu))
                     r.update(levels=[lev.space.p for lev in P.levels],
                              vcycle_fine_applications=c["fine_equivalent"],
+                             vcycle_s=t_cycle, apply_s=t_apply,
+                             vcycle_in_applications=t_cycle / t_apply,
                              coarse=P.coarse.describe(), hierarchy=str(P))
             except Exception as err:
                 r.update(error=repr(err), trace=traceback.format_exc(limit=-8))
@@ -121,11 +129,12 @@ def run_case(case, *, xp, repeats=1) -> dict:
 def table(rows, file) -> None:
     """Iterations and time to solution per preconditioner, and the speed-ups over Jacobi."""
     print(f"\n== solve (Poisson, distorted 3D box, relative residual {TOL:g}; its: CG "
-          "iterations, tts: setup + solve seconds) ==", file=file)
+          "iterations, tts: setup + solve seconds; x NAME: Jacobi's tts / NAME's; V/A: the "
+          "V-cycle in finest-level applications, counted by DoFs and timed) ==", file=file)
     head = f"{'case':24s} {'ndofs':>8s}"
     for name in PRECONDS:
         head += f" {name + ' its':>13s} {'tts':>8s}"
-    head += f" {'x cheb':>7s} {'x pmg':>7s} {'V-cost':>6s}"
+    head += f" {'x cheb':>7s} {'x pmg':>7s} {'V/A':>5s} {'V/A t':>5s}"
     print(head, file=file)
     for c in rows:
         label = c["id"].replace(f" {c['dtype']}", "")
@@ -145,8 +154,9 @@ def table(rows, file) -> None:
         for name in ("chebyshev", "pmg"):
             ok = "jacobi" in tts and name in tts
             line += f" {tts['jacobi'] / tts[name]:7.2f}" if ok else f" {'-':>7s}"
-        v = im.get("pmg", {}).get("vcycle_fine_applications")
-        line += f" {v:6.2f}" if v else f" {'-':>6s}"
+        for key in ("vcycle_fine_applications", "vcycle_in_applications"):
+            v = im.get("pmg", {}).get(key)
+            line += f" {v:5.1f}" if v else f" {'-':>5s}"
         print(line, file=file)
 
 

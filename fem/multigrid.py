@@ -309,6 +309,8 @@ class PMultigrid(_Preconditioner):
         for i, lev in enumerate(self.levels):
             free = lev.space.ndofs if lev.free is None else int(np.count_nonzero(lev.free))
             what = type(lev.raw).__name__
+            if getattr(lev.raw, "qfunc", None):
+                what += f"({lev.raw.qfunc}{', collocated' if getattr(lev.raw, 'collocated', False) else ''})"
             if lev.smoother is not None:
                 what += f"; lambda_max={lev.smoother.lambda_max:.3g}"
             else:

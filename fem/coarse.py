@@ -39,7 +39,8 @@ def assemble_csr(operator, space):
     ----------
     operator : callable
         ``x -> A x`` for vectors of ``space`` (NumPy or CuPy results); an object
-        with ``to_csr()`` returning ``(indptr, indices, data)`` is used directly.
+        with ``to_csr()`` returning ``(indptr, indices, data)`` is used directly, and
+        so is one wrapped by :class:`smalltc.fem.multigrid.Constrained`.
     space : H1Space
         Its lattice numbering gives the colouring of the probes.
 
@@ -63,6 +64,15 @@ def assemble_csr(operator, space):
     if hasattr(operator, "to_csr"):
         indptr, indices, data = operator.to_csr()
         return sp.csr_matrix((to_host(data), to_host(indices), to_host(indptr)), shape=(n, n))
+    inner = getattr(operator, "operator", None)
+    if hasattr(inner, "to_csr") and hasattr(operator, "free"):
+        # a constrained assembled operator (multigrid.Constrained): F A F + C
+        A = assemble_csr(inner, space)
+        if operator.free is None:
+            return A
+        f = to_host(operator.free).astype(np.float64)
+        F = sp.diags(f)
+        return (F @ A @ F + sp.diags(1.0 - f)).tocsr()
     xp = getattr(operator, "xp", np)
     dtype = getattr(operator, "dtype", np.float64)
     pattern = _pattern(space)                     # A[i, j] may be nonzero: share an element

@@ -366,15 +366,16 @@ def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficien
     if options.get("dtype") is not None:
         options["dtype"] = np.dtype(options["dtype"])
 
-    def make(space):
+    def make(space, assembled=False):
         nq = space.p + nq_offset
+        kw = dict(options, assembled=assembled)
         if kind == "mass":
-            return ops.mass_operator(space, nq, c.get("rho"), **options)
+            return ops.mass_operator(space, nq, c.get("rho"), **kw)
         if kind == "diffusion":
-            return ops.diffusion_operator(space, nq, c.get("kappa"), **options)
+            return ops.diffusion_operator(space, nq, c.get("kappa"), **kw)
         if c.get("alpha") is None:
             raise ValueError("a Helmholtz p-multigrid needs alpha= (the mass term's factor)")
-        return ops.helmholtz_operator(space, c["alpha"], nq, c.get("kappa"), **options)
+        return ops.helmholtz_operator(space, c["alpha"], nq, c.get("kappa"), **kw)
     return make
 
 
@@ -512,7 +513,9 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
             cfree = ~touched
         transfers.append(Transfer(cspace, fine.space, xp, coarse_free=cfree,
                                   fine_free=fine.free, dtype=dtype))
-        levels.append(_Level(cspace, make(cspace), cfree, xp))
+        last = q == orders[-1] and coarse == "amg"
+        levels.append(_Level(cspace, _make_coarse(make, cspace) if last else make(cspace),
+                             cfree, xp))
     for lev in levels[:-1]:
         lev.smoother = Chebyshev(lev.A, degree=degree, kind=smoother, steps=lambda_steps)
     last = levels[-1]
@@ -522,6 +525,15 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
     else:
         solver = CGSolver(last.A, last.A.diagonal(), tol=coarse_tol)
     return PMultigrid(levels, transfers, solver, degree, smoother)
+
+
+def _make_coarse(make, space):
+    """The order-1 level for the AMG: assembled (element matrices, ``to_csr()``) where the
+    factory can (``make(space, assembled=True)``), else matrix-free (then probed)."""
+    try:
+        return make(space, assembled=True)
+    except TypeError:           # a user's factory without the keyword
+        return make(space)
 
 
 def _touches(T, fine_fixed):

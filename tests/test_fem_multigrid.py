@@ -338,3 +338,18 @@ def test_fused_transfer_kernels_match_the_array_path(dim, n, q, p, dtype):
     for a, b in ((fused.prolong(xc), plain.prolong(xc)), (fused.restrict(rf), plain.restrict(rf))):
         assert a.dtype == dtype
         np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=tol * float(abs(b).max()))
+
+
+def test_the_amg_level_is_assembled_and_matches_the_probed_matrix():
+    from smalltc.fem.multigrid import Constrained
+    V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 2)
+    M = fem.pmg(V, kind="diffusion", constrained="boundary")
+    last = M.levels[-1]
+    assert type(last.raw).__name__ == "AssembledOperator"
+    K = fem.diffusion_operator(last.space)                  # matrix-free: probed
+    probed = assemble_csr(Constrained(K, K.diagonal(), last.free), last.space)
+    assembled = assemble_csr(last.A, last.space)            # to_csr(), then F A F + C
+    np.testing.assert_allclose(assembled.toarray(), probed.toarray(), rtol=0, atol=1e-14)
+    # a factory without the assembled keyword: the order-1 level stays matrix-free
+    M2 = fem.pmg(V, constrained="boundary", operator_factory=lambda s: fem.diffusion_operator(s))
+    assert type(M2.levels[-1].raw).__name__ == "Operator"

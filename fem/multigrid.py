@@ -15,7 +15,9 @@ values are interpolated to the order-``p`` Gauss-Lobatto nodes by the 1D matrix
 are summed into the global vector with the weights ``1 / multiplicity`` (the copies
 of a shared node agree, so this is interpolation of the continuous function):
 ``P = S_p W I G_q``. The restriction is exactly its transpose, ``R = G_q^T I^T W S_p^T``.
-Both run with the array module of the vectors (NumPy, or CuPy on the GPU).
+On the CPU both are NumPy array operations (gather, one GEMM per axis, scatter-add); on
+the GPU each is one kernel (``templates/cuda/pmg_transfer.cu.j2``), or the same array
+operations with CuPy (``Transfer(..., fused=False)``).
 
 Constrained (Dirichlet) DoFs: a boolean mask on the finest level (or ``"boundary"``:
 every DoF on the box's boundary). Each level's operator acts as the identity there,

@@ -320,6 +320,10 @@ class Operator(_SpaceOperator):
             d = operator_diagonal_einsum(self.qfunc, self.B1d, self.G1d, self.D, self.Q,
                                          self.space.dim)
             return self.space.scatter(d)
+        if self.qfunc == "mass":
+            return smalltc.mass_diagonal(self.B1d, self.D, self.dof_map, self.space.ndofs,
+                                         deterministic=self.deterministic,
+                                         backend=self.backend)
         return smalltc.operator_diagonal(self.qfunc, self.B1d, self.G1d, self.data,
                                          self.dof_map, self.space.ndofs,
                                          deterministic=self.deterministic,

@@ -120,9 +120,45 @@ def _gemm_counts(sizes, s):
     return Counts("gemm", nbytes, 2 * m * n * k * batch, batch)
 
 
+def _qdata(sizes, dim):
+    """Quadrature data entries per point of the spec's ``qfunc`` (docs/math.md section 7):
+    D (1), Q (nsym), or both."""
+    q = sizes.get("qfunc", "mass")
+    nsym = dim * (dim + 1) // 2
+    return {"mass": 1, "diffusion": nsym, "helmholtz": nsym + 1}[q]
+
+
+def _operator_flops(sizes, dim, nq, nd):
+    """Flops of one diffusion or Helmholtz element action by the direct sum
+    factorisation (:func:`smalltc.backends.cpu.action.operator_steps`): forward, step t
+    of dim makes ``t + 1`` contractions (``t`` at the last, ``+1`` for Helmholtz's
+    interpolated values) of ``nq^t nd^(dim-t)`` outputs over ``nd``; the pointwise
+    ``h = Q g`` (``dim (2 dim - 1)`` per point, +1 for ``D u``); back, the mirror, plus
+    the additions into the sum. Collocated: ``dim`` contractions each way."""
+    helm = sizes.get("qfunc") == "helmholtz"
+    point = nq ** dim * (dim * (2 * dim - 1) + helm)
+    if sizes.get("collocated", False):
+        n = nd ** dim
+        return 2 * dim * 2 * nd * n + point + (dim - 1 + helm) * n
+    fwd = sum((t + 1 if t < dim else dim + helm) * 2 * nd * nq ** t * nd ** (dim - t)
+              for t in range(1, dim + 1))
+    back = adds = 0
+    for t in range(1, dim + 1):
+        done = t >= 2 or helm
+        back += (dim - t + 1 + done) * 2 * nq * nd ** t * nq ** (dim - t)
+        adds += done * nd ** t * nq ** (dim - t)
+    return fwd + point + back + adds
+
+
 def _action_counts(sizes, s):
     dim, nq, nd = _need(sizes, "dim", "action"), _need(sizes, "nq", "action"), _nd(sizes)
     batch, ncomp = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1))
+    if sizes.get("qfunc", "mass") != "mass":
+        per_elem = s * (2 * ncomp * nd ** dim + _qdata(sizes, dim) * nq ** dim)
+        nbasis = 1 if sizes.get("collocated", False) else 2
+        return Counts("action", per_elem * batch + s * nbasis * nq * nd,
+                      ncomp * _operator_flops(sizes, dim, nq, nd) * batch, batch,
+                      batch * ncomp * nd ** dim)
     per_elem = s * (2 * ncomp * nd ** dim + nq ** dim)
     interp = sum(nq ** t * nd ** (dim - t + 1) for t in range(1, dim + 1))
     flops = ncomp * (4 * interp + nq ** dim)
@@ -131,10 +167,15 @@ def _action_counts(sizes, s):
 
 
 def _assembly_counts(sizes, s):
+    """Element matrices: the data read, the matrices written; the sum-factorised count
+    of the mass assembly, once per (a, b) pair of the stiffness (and once more for
+    Helmholtz's mass term)."""
     dim, nq, nd = _need(sizes, "dim", "assembly"), _need(sizes, "nq", "assembly"), _nd(sizes)
     batch = int(sizes.get("batch", 1))
-    per_elem = s * (nq ** dim + nd ** (2 * dim))
-    flops = 3 * nq * sum(nd ** (2 * t) * nq ** (dim - t) for t in range(1, dim + 1))
+    per_elem = s * (_qdata(sizes, dim) * nq ** dim + nd ** (2 * dim))
+    q = sizes.get("qfunc", "mass")
+    terms = 1 if q == "mass" else dim * dim + (q == "helmholtz")
+    flops = terms * 3 * nq * sum(nd ** (2 * t) * nq ** (dim - t) for t in range(1, dim + 1))
     return Counts("assembly", per_elem * batch + s * nq * nd, flops * batch, batch,
                   batch * nd ** dim)
 
@@ -179,8 +220,13 @@ def _mass_apply_counts(sizes, s):
     E, ncomp, ndofs = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1)), \
         _need(sizes, "ndofs", "mass_apply")
     ib = int(sizes.get("index_bytes", 4))
-    nbytes = s * (2 * ncomp * ndofs + E * nq ** dim + nq * nd) + ib * E * nd ** dim
-    act = _action_counts(dict(dim=dim, nq=nq, nd=nd, batch=E, ncomp=ncomp), s)
+    nbasis = 2 if sizes.get("qfunc", "mass") != "mass" and not sizes.get("collocated") \
+        else 1                              # B1d, and G1d
+    nbytes = s * (2 * ncomp * ndofs + E * _qdata(sizes, dim) * nq ** dim
+                  + nbasis * nq * nd) + ib * E * nd ** dim
+    act = _action_counts(dict(dim=dim, nq=nq, nd=nd, batch=E, ncomp=ncomp,
+                              qfunc=sizes.get("qfunc", "mass"),
+                              collocated=sizes.get("collocated", False)), s)
     return Counts("mass_apply", nbytes, act.flops + E * ncomp * nd ** dim, E, ncomp * ndofs)
 
 
@@ -190,9 +236,10 @@ def _mass_diagonal_counts(sizes, s):
     dim, nq, nd = (_need(sizes, k, "mass_diagonal") for k in ("dim", "nq", "nd"))
     E, ndofs = int(sizes.get("batch", 1)), _need(sizes, "ndofs", "mass_diagonal")
     ib = int(sizes.get("index_bytes", 4))
-    nbytes = s * (ndofs + E * nq ** dim + nq * nd) + ib * E * nd ** dim
-    flops = E * (2 * sum(nd ** t * nq ** (dim - t + 1) for t in range(1, dim + 1))
-                 + nd ** dim)
+    nd_ = _qdata(sizes, dim)               # one back-only chain per data array entry
+    nbytes = s * (ndofs + E * nd_ * nq ** dim + nq * nd) + ib * E * nd ** dim
+    flops = E * nd_ * (2 * sum(nd ** t * nq ** (dim - t + 1) for t in range(1, dim + 1))
+                       + nd ** dim)
     return Counts("mass_diagonal", nbytes, flops, E, ndofs)
 
 

@@ -88,8 +88,12 @@ class Hit(NamedTuple):
 # size keys
 
 def split_key(key: str):
-    """``(variant, {name: number})`` of a size key such as ``"gemm/nn+beta/m8n8k8"``."""
+    """``(variant, {name: number})`` of a size key such as ``"gemm/nn+beta/m8n8k8"``; a
+    flag after the numbers (``".../nd5nq5c1+co"``, the collocated operators) belongs to
+    the variant."""
     variant, _, nums = key.rpartition("/")
+    nums, plus, flags = nums.partition("+")
+    variant += plus + flags
     found = dict((n, int(v)) for n, v in _NUM.findall(nums))
     if not variant or not found or "".join(f"{n}{v}" for n, v in found.items()) != nums:
         raise ValueError(f"not a size key: {key!r}")

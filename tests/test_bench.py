@@ -280,6 +280,32 @@ def test_bp1_suite_end_to_end(tmp_path, capsys):
     assert (tmp_path / "bp1-p1-bp1-float64.png").exists()
 
 
+@pytest.mark.parametrize("suite,rule", [("bp3", (3, "gauss")), ("bp5", (2, "lobatto"))])
+def test_bp3_bp5_suites_end_to_end(tmp_path, capsys, suite, rule):
+    """bp3 and bp5 on the CPU, tiny: the diffusion operator (collocated for bp5) checked
+    against the unfused path and timed, with the einsum chain and a Jacobi-CG iteration;
+    the bound counts Q's six entries per point; the table and the plot."""
+    assert main(TINY[:-4] + ["--device", "cpu", "--suite", suite, "--p", "1", "--out",
+                             str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / f"bench-{suite}-p1-float64.json").read_text())
+    (c,) = doc["cases"]
+    assert not c.get("error"), c.get("error")
+    assert (c["sizes"]["nq"], c["sizes"]["quadrature"]) == rule
+    assert set(c["impls"]) == {"smalltc", "deterministic", "unfused", "einsum", "cg",
+                               "cg (unfused)"}
+    assert all(r["status"] == "ok" for r in c["impls"].values()), c["impls"]
+    assert c["impls"]["smalltc"]["rel_err"] <= 1e-12
+    assert "diffusion" in c["impls"]["smalltc"]["kernel"] or \
+        "einsum" in c["impls"]["smalltc"]["kernel"]
+    nq, E, ndofs = c["sizes"]["nq"], c["sizes"]["batch"], c["sizes"]["ndofs"]
+    nbasis = 2 if suite == "bp3" else 1                   # B1d and G1d; G1d (collocated)
+    assert c["bound"]["bytes"] == 8 * (2 * ndofs + 6 * E * nq ** 3 + nbasis * nq * 2) \
+        + 4 * E * 8
+    assert c["cg_bound"]["bytes"] - c["bound"]["bytes"] == 13 * 8 * ndofs
+    assert f"== {suite}" in capsys.readouterr().out
+    assert (tmp_path / f"{suite}-p1-{suite}-float64.png").exists()
+
+
 def test_footprint_sizes_the_cpu_cases():
     """--footprint: the CPU cases move about that many bytes (GEMM at most that), so a large
     last-level cache cannot hold them; the LLC size is parsed as sysfs writes it."""

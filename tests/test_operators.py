@@ -9,6 +9,7 @@ matrix or assumed a nodal basis would fail. Then the identities, the mass instan
 against the mass functions, the keys, the fallback and every error path.
 """
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -39,6 +40,11 @@ CASES = [
     ("helmholtz", True, 3, 2, 3, "float64", 1),
     ("helmholtz", False, 3, 3, 5, "float64", 1),
 ]
+#: the cases a compiled backend runs by default (its compiles are the cost; the rest with
+#: SMALLTC_TEST_FULL=1, and always on the reference backend)
+CORE = {("diffusion", False, 3, 2, 4, "float64", 3), ("diffusion", True, 3, 3, 4, "float64", 1),
+        ("helmholtz", False, 2, 3, 5, "float32", 1)}
+FULL = os.environ.get("SMALLTC_TEST_FULL", "") not in ("", "0")
 IDS = ["{}{}-{}d-p{}-nq{}-{}-c{}".format(q, "+co" if co else "", d, p, nq, dt, c)
        for q, co, d, p, nq, dt, c in CASES]
 
@@ -62,6 +68,11 @@ def _data(case, seed=0):
     return rd(B1d), rd(G1d), rd(D), rd(Q), space
 
 
+def _skip_non_core(backend, case):
+    if backend != "reference" and case not in CORE and not FULL:
+        pytest.skip("non-core case on a compiled backend (set SMALLTC_TEST_FULL=1)")
+
+
 def _on(xp, dtype, *arrays):
     return tuple(None if a is None else xp.asarray(a.astype(dtype) if a.dtype.kind == "f"
                                                    else a) for a in arrays)
@@ -78,6 +89,7 @@ def _tol(dtype, p):
 @pytest.mark.parametrize("xp_name,backend", BACKENDS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_element_action_and_assembly(xp_name, backend, case):
+    _skip_non_core(backend, case)
     qfunc, co, dim, p, nq, dtype, ncomp = case
     xp = xp_of(xp_name)
     B1d, G1d, D, Q, space = _data(case)
@@ -108,6 +120,7 @@ def test_element_action_and_assembly(xp_name, backend, case):
 @pytest.mark.parametrize("xp_name,backend", BACKENDS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_fused_apply_and_diagonal(xp_name, backend, case):
+    _skip_non_core(backend, case)
     qfunc, co, dim, p, nq, dtype, ncomp = case
     xp = xp_of(xp_name)
     B1d, G1d, D, Q, space = _data(case, seed=1)

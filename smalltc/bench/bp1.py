@@ -1,4 +1,12 @@
-"""The ``bp1`` suite: CEED bake-off problem 1, the mass operator a FEM code runs.
+"""The CEED bake-off suites: ``bp1`` (the mass operator), ``bp3`` (diffusion, Gauss
+points, nq = p + 2) and ``bp5`` (diffusion, collocated: Gauss-Lobatto points on the
+nodes, nq = p + 1), the operators a FEM code runs, one family of cases
+(:data:`PROBLEMS`). BP1 below; BP3 and BP5 differ in the operator
+(:func:`smalltc.diffusion_apply` with the packed ``Q`` of
+:func:`smalltc.fem.diffusion_data`), their sizes (about 4M unique DoFs on a GPU) and one
+more implementation measured in the same run, ``einsum`` (the reference backend's
+NumPy/CuPy einsum chain with its gather and scatter-add), and the CG iteration is
+Jacobi-preconditioned (the diagonal of :func:`smalltc.diffusion_diagonal`).
 
 For p = 1..8 on a curved 3D box mesh (quadratic element maps, distortion
 0.05) with a continuous order-p space: the quadrature ``nq = p + 2`` on Gauss
@@ -41,24 +49,34 @@ from .. import roofline
 from .._timing import median, synchronize, time_calls, time_once
 from .cases import Case
 
-__all__ = ["cases", "run_case", "CG_EXTRA"]
+__all__ = ["cases", "run_case", "CG_EXTRA", "PROBLEMS"]
 
 #: iterations timed beyond the first 5 for the per-iteration CG time
 CG_EXTRA = 20
 
+#: suite -> (qfunc, the quadrature rules ``(nq - p, rule)``, unique DoFs on a GPU, on a
+#: CPU; ``quick``: a GPU's, a CPU's)
+PROBLEMS = {
+    "bp1": ("mass", ((2, "gauss"), (1, "lobatto")), (3_000_000, 200_000), (100_000, 20_000)),
+    "bp3": ("diffusion", ((2, "gauss"),), (4_000_000, 200_000), (100_000, 20_000)),
+    "bp5": ("diffusion", ((1, "lobatto"),), (4_000_000, 200_000), (100_000, 20_000)),
+}
 
-def cases(dtype, kind, ps=None, quick=False) -> list:
-    """The bp1 cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu")."""
-    target = (100_000 if quick else 3_000_000) if kind == "gpu" else \
-        (20_000 if quick else 200_000)
+
+def cases(dtype, kind, ps=None, quick=False, suite="bp1") -> list:
+    """The cases of a bake-off ``suite`` for ``dtype`` on a device of ``kind``
+    ("cpu"/"gpu")."""
+    _, rules, full, small = PROBLEMS[suite]
+    target = (small if quick else full)[0 if kind == "gpu" else 1]
     out = []
     for p in ps or range(1, 9):
         n = max(2, round(target ** (1 / 3) / p))
-        for nq, quad in ((p + 2, "gauss"), (p + 1, "lobatto")):
+        for dq, quad in rules:
             ndofs = (n * p + 1) ** 3
-            out.append(Case("bp1", "bp1", dict(dim=3, p=p, nq=nq, quadrature=quad, n=n,
-                                                batch=n ** 3, ndofs=ndofs), dtype,
-                            "" if kind == "gpu" else "CPU sizes: ~200k DoFs"))
+            out.append(Case(suite, suite, dict(dim=3, p=p, nq=p + dq, quadrature=quad, n=n,
+                                               batch=n ** 3, ndofs=ndofs), dtype,
+                            "" if kind == "gpu" else
+                            f"CPU sizes: ~{full[1] // 1000}k DoFs"))
     return out
 
 
@@ -105,36 +123,51 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
 
 
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
-    """Measure one bp1 case; the record has the bench's layout (``impls``, ``bound``)
-    and the CG iteration's bound under ``cg_bound``."""
+    """Measure one bake-off case; the record has the bench's layout (``impls``,
+    ``bound``) and the CG iteration's bound under ``cg_bound``."""
     import smalltc
-    from ..fem import H1Space, MassOperator, basis_1d, box_mesh, jacobi, mass_data
+    from ..fem import (H1Space, Operator, basis_1d, box_mesh, diffusion_data, jacobi,
+                       mass_data)
     from ..fem._cg_fused import VECTOR_PASSES
     from ..spec import MassApplySpec
     on_gpu = xp.__name__ == "cupy"
     s = case.sizes
     p, nq, n = s["p"], s["nq"], s["n"]
-    rec = dict(id=case.id, suite="bp1", op="bp1", dtype=case.dtype, sizes=dict(s),
+    qfunc = PROBLEMS[case.suite][0]
+    rec = dict(id=case.id, suite=case.suite, op=case.op, dtype=case.dtype, sizes=dict(s),
                batch=case.batch, note=case.note, impls={})
     try:
         mesh = box_mesh(3, n, distortion=0.05)
         space = H1Space(mesh, p)
-        D = mass_data(mesh, nq, quadrature=s["quadrature"], dtype=case.dtype,
-                      device="gpu" if on_gpu else "cpu")
-        B1d = xp.asarray(basis_1d(p, nq, s["quadrature"]).B1d.astype(case.dtype))
+        where = "gpu" if on_gpu else "cpu"
+        basis = basis_1d(p, nq, s["quadrature"])
+        collocated = qfunc != "mass" and s["quadrature"] == "lobatto" and nq == p + 1
+        B1d = None if collocated else xp.asarray(basis.B1d.astype(case.dtype))
+        G1d = None if qfunc == "mass" else xp.asarray(basis.G1d.astype(case.dtype))
+        if qfunc == "mass":
+            data = mass_data(mesh, nq, quadrature=s["quadrature"], dtype=case.dtype,
+                             device=where)
+        else:
+            data = diffusion_data(mesh, nq, quadrature=s["quadrature"], dtype=case.dtype,
+                                  device=where)
         emap = space.dof_map(xp)
         x = xp.asarray(np.random.default_rng(0).random(space.ndofs).astype(case.dtype) + 0.5)
         spec = MassApplySpec(dim=3, nq=nq, nd=p + 1, batch=space.nelements, dtype=case.dtype,
-                             ndofs=space.ndofs, index_dtype=np.dtype(emap.dtype).name)
+                             ndofs=space.ndofs, index_dtype=np.dtype(emap.dtype).name,
+                             qfunc=qfunc, collocated=collocated)
         b = roofline.bound(spec, **bound_args)
-        lumped = s["quadrature"] == "lobatto" and nq == p + 1      # M diagonal
+        lumped = qfunc == "mass" and s["quadrature"] == "lobatto" and nq == p + 1  # M diagonal
         bcg = _cg_bound(b, space.ndofs, np.dtype(case.dtype).itemsize, jacobi=not lumped)
         rec.update(bound=b.as_dict(), cg_bound=bcg.as_dict(),
-                   footprint_bytes=int(D.nbytes + emap.nbytes + 6 * x.nbytes))
+                   footprint_bytes=int(data.nbytes + emap.nbytes + 6 * x.nbytes))
         rec["bound"]["dofs_per_s"] = b.dofs_per_s          # unique DoFs
-        fused = MassOperator(space, D, B1d, backend=backend)
-        det = MassOperator(space, D, B1d, backend=backend, deterministic=True)
-        unfused = MassOperator(space, D, B1d, backend=backend, fused=False)
+
+        def operator(**kw):
+            return Operator(space, data, B1d, G1d, qfunc=qfunc, backend=backend, **kw)
+        fused, det, unfused = operator(), operator(deterministic=True), operator(fused=False)
+        # the plan's operands: B1d (unless collocated), G1d (unless mass), the data, x, map
+        ops = tuple(a for a in (B1d, G1d, data, x, emap) if a is not None)
+        op_name = "mass_apply" if qfunc == "mass" else f"{qfunc}_apply"
         # first calls (first_call_s): plan, compile or load the kernels, run once
         ref, first_unfused = time_once(lambda: unfused(x), on_gpu=on_gpu)
         y = xp.empty_like(x)
@@ -143,9 +176,9 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
             y.fill(math.nan)
 
             def first_call():
-                p = smalltc.plan("mass_apply", B1d, D, x, emap, backend=backend,
+                p = smalltc.plan(op_name, *ops, backend=backend,
                                  deterministic=op.deterministic)
-                p(B1d, D, x, emap, out=y)
+                p(*ops, out=y)
                 return p
             plan, first = time_once(first_call, on_gpu=on_gpu)
             err = float(xp.linalg.norm(y - ref) / xp.linalg.norm(ref))
@@ -156,14 +189,26 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
                 rec["impls"][name] = dict(info, status="failed",
                                           error=f"relative error {err:.3e} > {tol:g}")
                 continue
-            times = time_calls(lambda: plan(B1d, D, x, emap, out=y), repeats=repeats,
+            times = time_calls(lambda: plan(*ops, out=y), repeats=repeats,
                                warmup=warmup, on_gpu=on_gpu)
-            rec["impls"][name] = _rec(b, times, f"smalltc.mass_apply ({plan.backend}"
+            rec["impls"][name] = _rec(b, times, f"smalltc.{op_name} ({plan.backend}"
                                       + (", deterministic)" if op.deterministic else ")"), **info)
         times = time_calls(lambda: unfused(x), repeats=max(3, repeats // 4), warmup=1,
                            on_gpu=on_gpu)
-        rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter",
+        rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter"
+                                       if qfunc == "mass" else
+                                       f"gather + operator_action ({qfunc}) + scatter",
                                        first_call_s=first_unfused)
+        if qfunc != "mass":                # the einsum chain a Python user would write
+            def einsum():
+                return smalltc.operator_apply(qfunc, B1d, G1d, data, x, emap,
+                                              backend="reference")
+            _, first_e = time_once(einsum, on_gpu=on_gpu)
+            times = time_calls(einsum, repeats=max(3, repeats // 4), warmup=1,
+                               on_gpu=on_gpu)
+            rec["impls"]["einsum"] = _rec(b, times, f"{xp.__name__} einsum chain, gather, "
+                                          "scatter-add (the reference backend)",
+                                          first_call_s=first_e)
         P = None if lumped else jacobi(fused.diagonal())
         what = "CG iteration, no preconditioner (M diagonal)" if lumped else \
             "Jacobi-PCG iteration"
@@ -192,12 +237,15 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
 
 
 def table(rows, file) -> None:
-    """The bp1 table: GDoF/s (unique DoFs) and the fraction of each bound."""
-    print("\n== bp1 (GDoF/s, unique DoFs; % of the apply's / the CG iteration's bound) ==",
+    """The table of a bake-off suite: GDoF/s (unique DoFs) and the fraction of each
+    bound (BP3/BP5 add the einsum chain and the apply's speed-up over it)."""
+    suite = rows[0]["suite"] if rows else "bp1"
+    ein = suite != "bp1"
+    print(f"\n== {suite} (GDoF/s, unique DoFs; % of the apply's / the CG iteration's bound) ==",
           file=file)
     print(f"{'case':26s} {'ndofs':>9s} {'apply':>7s} {'%bnd':>5s} {'determ':>7s} "
-          f"{'unfused':>7s} {'x unf':>6s} {'CG it':>7s} {'%bnd':>5s} {'CG unf':>7s} "
-          f"{'bound':>6s}", file=file)
+          f"{'unfused':>7s} {'x unf':>6s} " + (f"{'einsum':>7s} {'x ein':>6s} " if ein else "")
+          + f"{'CG it':>7s} {'%bnd':>5s} {'CG unf':>7s} {'bound':>6s}", file=file)
     for c in rows:
         label = c["id"].replace(f" {c['dtype']}", "")
         if c.get("error"):
@@ -211,9 +259,11 @@ def table(rows, file) -> None:
 
         def f(v, fmt="7.2f", scale=1e-9):
             return format(v * scale, fmt) if v is not None else f"{'-':>{fmt.split('.')[0]}}"
-        a, u = g("smalltc"), g("unfused")
+        a, u, e = g("smalltc"), g("unfused"), g("einsum")
         print(f"{label:26s} {c['sizes']['ndofs']:9d} {f(a)} {f(g('smalltc', 'fraction'), '5.0%', 1)} "
               f"{f(g('deterministic'))} {f(u)} "
-              f"{(format(a / u, '6.2f') if a and u else '     -')} {f(g('cg'))} "
+              f"{(format(a / u, '6.2f') if a and u else '     -')} "
+              + (f"{f(e)} {(format(a / e, '6.1f') if a and e else '     -')} " if ein else "")
+              + f"{f(g('cg'))} "
               f"{f(g('cg', 'fraction'), '5.0%', 1)} {f(g('cg (unfused)'))} "
               f"{c['bound']['dofs_per_s'] * 1e-9:6.1f}", file=file)

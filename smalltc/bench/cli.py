@@ -33,9 +33,10 @@ def add_arguments(parser):
                              "when there is one (or what --backend implies)")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--suite", action="append", default=None,
-                        help="gemm, action, assembly, pairwise, bp1, solve (repeatable; "
-                             "default: the four kernel suites; bp1 is the FEM operator and "
-                             "CG; solve: Jacobi-CG, Chebyshev and p-multigrid solves)")
+                        help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve "
+                             "(repeatable; default: the four kernel suites; bp1, bp3, bp5 are "
+                             "the CEED bake-off problems: the FEM operators and CG; solve: "
+                             "Jacobi-CG, Chebyshev and p-multigrid solves)")
     parser.add_argument("--sizes", default=None,
                         help="square GEMM sizes n, comma separated; add 'rect' to keep the "
                              "rectangular cases (default: n = 2..32 and rectangular)")
@@ -169,7 +170,7 @@ def main_run(args) -> dict:
     from .baselines import skipped
     from .report import environment, load_average
     from .runner import run_case
-    from .suites import DEFAULT_SUITES, SUITES, cases
+    from .suites import BP_SUITES, DEFAULT_SUITES, SUITES, cases
 
     kind = _kind(args)
     threads = _set_threads(args.threads)
@@ -218,7 +219,7 @@ def main_run(args) -> dict:
     for case in bar:
         if hasattr(bar, "set_description"):
             bar.set_description(case.id[:40])
-        if case.op == "bp1":
+        if case.op in BP_SUITES:
             doc["cases"].append(run_bp1(case, bound_args, xp=xp, backend=args.backend,
                                         repeats=repeats, warmup=args.warmup))
             continue
@@ -294,12 +295,13 @@ def _warn_in_cache(kind, todo, doc):
     """On a CPU: say when cases fit in the last-level cache (their fraction of the DRAM
     copy bound can then exceed 1) and record it in the JSON (``in_cache_cases``)."""
     from .cases import footprint
+    from .suites import BP_SUITES
     if kind != "cpu":
         return
     llc = _llc_bytes(doc["device"].get("properties", {}).get("l3"))
     if not llc:
         return
-    small = [c.id for c in todo if c.op not in ("bp1", "solve") and footprint(c) < llc]
+    small = [c.id for c in todo if c.op not in BP_SUITES + ("solve",) and footprint(c) < llc]
     doc["in_cache_cases"] = dict(llc_bytes=llc, cases=len(small))
     if small:
         print(f"  note: {len(small)} of {len(todo)} cases fit in the {llc >> 20} MiB last-level "

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 
 from .report import baselines_in, unit
 
@@ -137,7 +138,7 @@ def _short(c):
         return f"{s['dim']}D p{s['p']} q{s['nq']}" + (f" c{s['ncomp']}" if s["ncomp"] > 1 else "")
     if c["suite"] == "assembly":
         return f"{s['dim']}D p{s['p']}"
-    if c["suite"] == "bp1":
+    if c["suite"] in ("bp1", "bp3", "bp5"):
         return f"p{s['p']} q{s['nq']}"
     return f"{s['label']} p{s['p']}"
 
@@ -180,19 +181,22 @@ def plot_fraction(doc, path, plt):
     return path
 
 
-def plot_bp1(doc, path, plt):
-    """BP1: unique DoFs/s of the apply and of a CG iteration against p, with their bounds
-    (left: nq = p+2 on Gauss points; right: nq = p+1 on Gauss-Lobatto points)."""
-    cs = [c for c in doc["cases"] if c["suite"] == "bp1" and not c.get("error")]
+def plot_bp1(doc, path, plt, suite="bp1"):
+    """A bake-off suite: unique DoFs/s of the apply and of a CG iteration against p, with
+    their bounds, a panel per quadrature rule of the suite (BP1: left nq = p+2 on Gauss
+    points, right nq = p+1 on Gauss-Lobatto points)."""
+    cs = [c for c in doc["cases"] if c["suite"] == suite and not c.get("error")]
     if not cs:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), squeeze=False)
+    rules = [(q, t) for q, t in (("gauss", "nq = p+2, Gauss"),
+                                 ("lobatto", "nq = p+1, Gauss-Lobatto"))
+             if any(c["sizes"]["quadrature"] == q for c in cs)]
+    fig, axes = plt.subplots(1, len(rules), figsize=(6 * len(rules), 4.6), squeeze=False)
     series = (("smalltc", "apply, fused", "C0", "-"), ("deterministic", "apply, deterministic",
               "C2", ":"), ("unfused", "apply, unfused", "C3", "-"),
               ("cg", "CG iteration, fused", "C1", "-"), ("cg (unfused)", "CG iteration, unfused",
-              "C4", "-"))
-    for ax, quad, title in ((axes[0, 0], "gauss", "nq = p+2, Gauss"),
-                            (axes[0, 1], "lobatto", "nq = p+1, Gauss-Lobatto")):
+              "C4", "-"), ("einsum", "apply, einsum chain", "C5", "-."))
+    for ax, (quad, title) in zip(axes[0], rules):
         sub = sorted((c for c in cs if c["sizes"]["quadrature"] == quad),
                      key=lambda c: c["sizes"]["p"])
         for name, label, color, style in series:
@@ -211,7 +215,8 @@ def plot_bp1(doc, path, plt):
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(_title(doc, "CEED BP1: the mass operator and a Jacobi-CG iteration "
+    what = "the mass operator" if suite == "bp1" else "the diffusion operator"
+    fig.suptitle(_title(doc, f"CEED {suite.upper()}: {what} and a CG iteration "
                              f"(BW = {doc['probes']['bandwidth']['value'] * 1e-9:.0f} GB/s)"),
                  fontsize=11)
     fig.tight_layout()
@@ -236,8 +241,9 @@ def plot_all(doc, out_dir, prefix="") -> list:
     dt = doc["options"]["dtype"]
     os.makedirs(out_dir, exist_ok=True)
     made = []
+    bps = [(partial(plot_bp1, suite=s), s) for s in ("bp1", "bp3", "bp5")]
     for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
-                     (plot_fraction, "fraction"), (plot_bp1, "bp1"), (_plot_solve, "solve")):
+                     (plot_fraction, "fraction"), *bps, (_plot_solve, "solve")):
         p = fn(doc, os.path.join(out_dir, f"{prefix}{stem}-{dt}.png"), plt)
         if p:
             made.append(p)

@@ -115,7 +115,7 @@ def load(path) -> dict:
 
 def unit(rec) -> tuple:
     """``(label, key, scale)``: FEM operations in GDoF/s, the rest in GFLOP/s."""
-    if rec["op"] in ("action", "assembly", "bp1"):
+    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5"):
         return "GDoF/s", "dofs_per_s", 1e-9
     return "GFLOP/s", "gflops", 1.0
 
@@ -161,7 +161,7 @@ def table(doc, file=None) -> None:
     cases = doc["cases"]
     for suite in dict.fromkeys(c["suite"] for c in cases):
         rows = [c for c in cases if c["suite"] == suite]
-        if suite == "bp1":
+        if suite in ("bp1", "bp3", "bp5"):
             from .bp1 import table as bp1_table
             bp1_table(rows, file)
             continue

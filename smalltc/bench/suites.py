@@ -13,6 +13,10 @@ pairwise   each catalogue step (0a)-(5b) at a few p, nq = p+2
 bp1        CEED BP1: the global mass operator (fused, deterministic, unfused)
            and a Jacobi-CG iteration, 3D p = 1..8 (:mod:`.bp1`); not in the
            default run
+bp3, bp5   CEED BP3 and BP5: the diffusion operator (Gauss points, nq = p+2;
+           collocated Gauss-Lobatto points, nq = p+1), the same measurements
+           plus the einsum chain, ~4M unique DoFs (:mod:`.bp1`); not in the
+           default run
 solve      Poisson solves to 1e-8: Jacobi-CG, Chebyshev and p-multigrid,
            3D p = 2..8, distorted mesh (:mod:`.solve`); not in the default run
 =========  ===================================================================
@@ -37,12 +41,14 @@ import numpy as np
 
 from ..catalogue import STEPS
 
-__all__ = ["SUITES", "DEFAULT_SUITES", "cases", "Sizing"]
+__all__ = ["SUITES", "DEFAULT_SUITES", "BP_SUITES", "cases", "Sizing"]
 
 #: the suites a run without --suite measures: the kernels
 DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
-#: every suite: the kernels, and bp1, the FEM operator and CG (:mod:`.bp1`)
-SUITES = DEFAULT_SUITES + ("bp1", "solve")
+#: the CEED bake-off suites: the FEM operators and CG (:mod:`.bp1`)
+BP_SUITES = ("bp1", "bp3", "bp5")
+#: every suite: the kernels, the bake-off problems, and the solves (:mod:`.solve`)
+SUITES = DEFAULT_SUITES + BP_SUITES + ("solve",)
 
 MiB = 2 ** 20
 
@@ -193,9 +199,9 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
     if suite == "pairwise":
         ps_ = ps or ([3] if quick else ([1, 2, 4, 7] if kind == "cpu" else list(range(1, 9))))
         return _pairwise_cases(dtype, sz, ps_)
-    if suite == "bp1":
-        from .bp1 import cases as bp1_cases
-        return bp1_cases(dtype, kind, ps, quick)
+    if suite in BP_SUITES:
+        from .bp1 import cases as bp_cases
+        return bp_cases(dtype, kind, ps, quick, suite)
     if suite == "solve":
         from .solve import cases as solve_cases
         return solve_cases(dtype, kind, ps, quick)

@@ -63,7 +63,9 @@ from .family import CpuExecutor, Family
 from .runtime import SHORT, signature
 from .target import resolve
 
-__all__ = ["ACTION", "ActionFamily", "action_steps", "inner_steps", "lanes_ctx", "lanes_space",
+__all__ = ["ACTION", "ActionFamily", "action_steps", "operator_steps", "diagonal_steps",
+           "inner_steps",
+           "lanes_ctx", "lanes_space",
            "vector_bits", "simd_lanes", "MAX_ND", "MAX_NQ", "HEURISTIC"]
 
 MAX_ND, MAX_NQ = 17, 24  # specialised kernels: p <= 16
@@ -143,6 +145,152 @@ def action_steps(dim, nd, nq, back_only=False):
         steps.append(dict(src=bufs[n], dst=dst, out=tuple(out), inp=tuple(shape), axis=ax,
                           nin=shape[ax], coef=coef, scale=(not back_only and n == dim - 1)))
         shape = out
+    return steps, [(b, sz) for b, sz in sizes.items() if sz]
+
+
+def operator_steps(qfunc, collocated, dim, nd, nq):
+    """The lanes form's steps of a diffusion or Helmholtz action (docs/math.md section 7):
+    the direct sum factorisation, one-axis contractions between lane buffers, and the
+    pointwise stage (kind ``"qfunc"``) between the halves.
+
+    Forward, over the axes last to first: from the all-B node (``vt``, V) a B and a G
+    contraction, from a node that already holds its G a B contraction, so that after
+    the first axis the nodes are the reference gradients ``g_a`` (3D: 2 + 3 + 3 = 8
+    contractions; Helmholtz keeps the all-B node, the interpolated values, for its mass
+    term: 9). Pointwise: ``h_a = sum_b Q^ab g_b`` and ``u = D u``. Back, over the axes
+    first to last: a pending ``h_j`` takes B^T (G^T on its own axis, into the sum), the
+    sum takes B^T; the contributions to the sum are added (``acc``), the last into
+    ``vt``. Collocated (B the identity): ``g_a = G_a V`` and ``U = sum_a G_a^T h_a``
+    (+ D V).
+
+    Returns ``(steps, buffers, qbuffers, gathers, data_args)``: ``buffers`` the
+    intermediates ``[(name, rows)]``, ``qbuffers`` Q's lane buffers, ``gathers`` the
+    data moved into lanes ``(buffer, array, rows, offset)``, ``data_args`` the kernel's
+    leading arguments.
+
+    >>> steps, bufs, qb, g, args = operator_steps("diffusion", False, 3, 3, 4)
+    >>> sum(1 for st in steps if "axis" in st), args
+    (16, 'B, G, Q')
+    >>> steps, *_ = operator_steps("diffusion", True, 3, 4, 4)
+    >>> sum(1 for st in steps if "axis" in st)
+    6
+    """
+    pad = 3 - dim
+    helm = qfunc == "helmholtz"
+    nsym = dim * (dim + 1) // 2
+    steps, buffers = [], []
+    fresh = iter(f"f{i}" for i in range(64))
+
+    def contract(src, shape, ax, mat, back, dst=None, acc=False):
+        out = list(shape)
+        out[ax] = nd if back else nq
+        if dst is None:
+            dst = next(fresh)
+            buffers.append((dst, out[0] * out[1] * out[2]))
+        coef = f"{mat}[{{s}}, {{i}}]" if back else f"{mat}[{{i}}, {{s}}]"
+        steps.append(dict(src=src, dst=dst, out=tuple(out), inp=tuple(shape), axis=ax,
+                          nin=shape[ax], coef=coef, scale=False, acc=acc))
+        return dst, tuple(out)
+
+    vshape = (1,) * pad + (nd,) * dim
+    # forward: nodes (buffer, shape, g) with g the tensor axis of its G (None: all B)
+    if collocated:
+        grads = [contract("vt", vshape, pad + a, "G", False)[0] for a in range(dim)]
+        u = "vt" if helm else None
+    else:
+        nodes = [("vt", vshape, None)]
+        for i, ax in enumerate(range(2, pad - 1, -1)):
+            last = i == dim - 1
+            new = []
+            for buf, shape, g in nodes:
+                if g is None and (not last or helm):
+                    new.append(contract(buf, shape, ax, "B", False) + (None,))
+                if g is None:
+                    new.append(contract(buf, shape, ax, "G", False) + (ax - pad,))
+                else:
+                    new.append(contract(buf, shape, ax, "B", False) + (g,))
+            nodes = new
+        grads = [next(b for b, _, g in nodes if g == a) for a in range(dim)]
+        u = next((b for b, _, g in nodes if g is None), None)
+    sym = [[0] * dim for _ in range(dim)]
+    c = 0
+    for a in range(dim):
+        for b in range(a, dim):
+            sym[a][b] = sym[b][a] = c
+            c += 1
+    steps.append(dict(kind="qfunc", g=grads, u=u, sym=sym, npts=nq ** dim))
+    # back
+    qshape = (1,) * pad + (nq,) * dim
+    if collocated:
+        for a in range(dim):
+            contract(grads[a], qshape, pad + a, "G", True, dst="vt", acc=helm or a > 0)
+    else:
+        pending = [(grads[a], qshape, a) for a in range(dim)]
+        total = (u, qshape) if helm else None
+        for i, ax in enumerate(range(pad, 3)):
+            dst = "vt" if i == dim - 1 else None
+            parts = [(buf, shape, "G" if a == ax - pad else "B", a)
+                     for buf, shape, a in pending]
+            if total is not None:
+                parts.insert(0, (total[0], total[1], "B", None))
+            into = [p for p in parts if p[3] is None or p[2] == "G"]
+            pending = []
+            for buf, shape, mat, a in parts:
+                if (buf, shape, mat, a) in into:
+                    continue
+                pending.append(contract(buf, shape, ax, mat, True) + (a,))
+            target = None
+            for n, (buf, shape, mat, a) in enumerate(into):
+                target, out = contract(buf, shape, ax, mat, True,
+                                       dst=dst if n == 0 else target, acc=n > 0)
+                if n == 0 and dst is None:
+                    dst = target
+            total = (target, out)
+    gathers = ([("dt", "D", nq ** dim, 0)] if helm else []) + \
+        [(f"q{c}", "Q", nq ** dim, c * nq ** dim) for c in range(nsym)]
+    data_args = ", ".join((["G"] if collocated else ["B", "G"]) + (["D"] if helm else [])
+                          + ["Q"])
+    return steps, buffers, [(f"q{c}", nq ** dim) for c in range(nsym)], gathers, data_args
+
+
+def diagonal_steps(qfunc, dim, nd, nq):
+    """The lanes steps of a diffusion or Helmholtz diagonal: for each packed pair
+    ``c = (a, b)``, ``a <= b``, the back half of the action from Q's lane buffer ``q<c>``
+    with the entrywise products of the pair's 1D matrices (``GG`` on axis a == b, else
+    ``2 GB`` on axis a and ``GB`` on axis b, ``BB`` on the others: the pair (b, a) is the
+    same sum), added into ``vt``; Helmholtz adds D's chain with ``BB``. Returns
+    ``(steps, buffers)``.
+
+    >>> steps, buffers = diagonal_steps("diffusion", 2, 3, 4)
+    >>> [st["coef"].split("[")[0] for st in steps]
+    ['GG', 'BB', 'GB', 'GB2', 'BB', 'GG']
+    """
+    pad = 3 - dim
+    chains = []
+    c = 0
+    for a in range(dim):
+        for b in range(a, dim):
+            mats = ["GG" if d == a == b else "GB2" if d == a else "GB" if d == b else "BB"
+                    for d in range(dim)]
+            chains.append((f"q{c}", mats))
+            c += 1
+    if qfunc == "helmholtz":
+        chains.append(("dt", ["BB"] * dim))
+    steps, sizes = [], {"ta": 0, "tb": 0}
+    for n, (src, mats) in enumerate(chains):
+        shape = [1] * pad + [nq] * dim
+        bufs = [src] + ["ta", "tb"] * dim
+        for i, ax in enumerate(range(2, pad - 1, -1)):
+            out = list(shape)
+            out[ax] = nd
+            last = i == dim - 1
+            dst = "vt" if last else bufs[i + 1]
+            if not last:
+                sizes[dst] = max(sizes[dst], out[0] * out[1] * out[2])
+            steps.append(dict(src=bufs[i], dst=dst, out=tuple(out), inp=tuple(shape),
+                              axis=ax, nin=shape[ax], coef=f"{mats[ax - pad]}[{{s}}, {{i}}]",
+                              scale=False, acc=last and n > 0))
+            shape = out
     return steps, [(b, sz) for b, sz in sizes.items() if sz]
 
 
@@ -292,6 +440,18 @@ def lanes_ctx(spec, params, target, heuristic):
     return dict(lanes=W, rb=rb, tr=tr, vbits=vbits)
 
 
+def _operator_heuristic(spec, target):
+    """The diffusion and Helmholtz instances' departures from the mass heuristic: block
+    transposes always (Q's nsym nq^d entries per element move into the lanes: 1.2-1.4x
+    over scalar copies at p = 3), one output per register block, and two vectors of
+    elements when collocated. Measured single-threaded on a loaded 2-core AMD Zen 3
+    (AVX2 code), 3D p = 3, 300k DoFs: BP5 55 ms against 65-80 ms (one vector, tr = 1) and
+    81-108 ms (the mass heuristic); BP3 78-86 ms against 100-114 and 120-179 ms. Noisy
+    (load average 8-12): a tuning table should replace it."""
+    vectors = 2 if spec.collocated else 1
+    return dict(tr=1, rb=1, lanes=vectors * target.lanes(spec.dtype))
+
+
 class LanesFamily(Family):
     """The lane-vectorised families (the action, the FEM operator and its diagonal): one
     claim rule, parameters, context and search space; a subclass names its template and
@@ -306,16 +466,37 @@ class LanesFamily(Family):
     def signature(self, spec):
         raise NotImplementedError
 
+    def supports(self, spec):
+        """Every instance of the operator family (docs/math.md section 7)."""
+        return True
+
     def context(self, spec, params=None, target=None):
         target = resolve(target)
         p = lanes_ctx(spec, params, target, HEURISTIC)
         if p is None:
             return None
+        if params is None and getattr(spec, "qfunc", "mass") != "mass":
+            p = dict(p, **_operator_heuristic(spec, target))
         dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
-        steps, buffers = action_steps(dim, nd, nq, back_only=self.back_only)
+        extra = {}
+        if getattr(spec, "qfunc", "mass") == "mass":
+            steps, buffers = action_steps(dim, nd, nq, back_only=self.back_only)
+        elif self.back_only:                 # the diagonal: B1d given (identity: collocated)
+            steps, buffers = diagonal_steps(spec.qfunc, dim, nd, nq)
+            nsym = dim * (dim + 1) // 2
+            buffers = buffers + [(f"q{c}", nq ** dim) for c in range(nsym)]
+            helm = spec.qfunc == "helmholtz"
+            extra = dict(gathers=([("dt", "D", nq ** dim, 0)] if helm else [])
+                         + [(f"q{c}", "Q", nq ** dim, c * nq ** dim) for c in range(nsym)],
+                         data_args="B, G, D, Q" if helm else "B, G, Q", diag_mats=True)
+        else:
+            steps, buffers, qbuffers, gathers, data_args = operator_steps(
+                spec.qfunc, spec.collocated, dim, nd, nq)
+            buffers = buffers + qbuffers
+            extra = dict(gathers=gathers, data_args=data_args)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
                       nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
-                      signature=self.signature(spec), **self.extra_render)
+                      signature=self.signature(spec), **self.extra_render, **extra)
         return dict(p, dtype=dt, render=render)
 
     #: constants a subclass's template needs besides the lanes' (the action's form)
@@ -342,6 +523,14 @@ class ActionFamily(LanesFamily):
 
     def context(self, spec, params=None, target=None):
         target = resolve(target)
+        if getattr(spec, "qfunc", "mass") != "mass":        # the lanes form only, so far
+            if params is not None:
+                params = dict(params)
+                if params.pop("form", "lanes") != "lanes" or params.pop("jb", 0) != 0 \
+                        or params.pop("pf", 0) != 0:
+                    return None
+            ctx = super().context(spec, params, target)
+            return None if ctx is None else dict(ctx, form="lanes", jb=0, pf=0)
         if params is None:
             rule = HEURISTIC[target.profile].get("inner")
             inner = rule(spec.dim, spec.nd, spec.nq, spec.dtype) if rule else None
@@ -407,10 +596,11 @@ class ActionFamily(LanesFamily):
                     render=render)
 
     def signature(self, spec):
-        return signature(spec.dtype, 4, ["int64"] * 4)
+        return signature(spec.dtype, len(spec.inputs) + 1, ["int64"] * 4)
 
     def entry(self, spec, ctx):
-        return f"stc_mass_apply_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+        return (f"stc_{getattr(spec, 'qfunc', 'mass')}_apply_{spec.dim}d_{SHORT[spec.dtype]}"
+                f"_nd{spec.nd}_nq{spec.nq}{'_co' if getattr(spec, 'collocated', False) else ''}")
 
     def executor(self, choice):
         return ActionExecutor(choice)
@@ -444,9 +634,10 @@ class ActionExecutor(CpuExecutor):
 
     def run(self, operands, out, **_):
         s = self.spec
-        B, D, V = operands
-        E = D.shape[0]
+        *data, V = operands                 # the bases (B1d, G1d) and the data (D, Q)
+        E = V.shape[0]
         nch = -(-E // self.W)
         rows = E * s.ncomp if self.inner else E      # the inner form: a row per component
-        self.fn(B, D.reshape(E, -1), V.reshape(rows, -1), out.reshape(rows, -1), E, s.ncomp, nch,
+        data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
+        self.fn(*data, V.reshape(rows, -1), out.reshape(rows, -1), E, s.ncomp, nch,
                 self.nparts(nch))

@@ -1,4 +1,8 @@
-"""The fused FEM operator family: ``y = sum_e R_e^T B^T D_e B R_e x``, and its diagonal.
+"""The fused FEM operator family: ``y = sum_e R_e^T A_e R_e x``, and its diagonal.
+
+``A_e`` is the element action of the spec's ``qfunc`` (docs/math.md section 7): the
+mass action ``B^T D_e B``, or the diffusion or Helmholtz action, whose steps
+(:func:`.action.operator_steps`) run between the same gather and scatter.
 
 ``mass_apply.py.j2`` is the action of :mod:`.action` (same lanes, steps and
 register blocks) with the element restriction inside: a chunk's V is gathered
@@ -14,7 +18,9 @@ floating-point atomics to do otherwise); the colouring is computed once per
 map object (:func:`smalltc.maps.map_info`).
 
 ``mass_diagonal.py.j2``: the element diagonals (the action's transposed half
-with ``B^2``) added into ``y`` the same way.
+with ``B^2``; for diffusion one such chain per packed pair of Q with the products
+of the pair's 1D matrices, :func:`.action.diagonal_steps`) added into ``y`` the same
+way.
 
 ===============  =========================  ======================================
 spec             template                   entry point (example)
@@ -29,6 +35,8 @@ action's. Sizes beyond the action's limits raise ``Unsupported`` (the
 reference path runs them).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ...maps import map_info
 from .action import LanesFamily
@@ -51,11 +59,11 @@ class MassApplyFamily(LanesFamily):
     templates = ("mass_apply.py.j2",)
 
     def signature(self, spec):
-        return _sig(spec.dtype, spec.index_dtype, 3, 1, ["int64"] * 2)
+        return _sig(spec.dtype, spec.index_dtype, len(spec.inputs) - 1, 1, ["int64"] * 2)
 
     def entry(self, spec, ctx):
-        return (f"stc_mass_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
-                f"_i{spec.index_dtype[3:]}")
+        return (f"stc_{spec.qfunc}_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+                f"_i{spec.index_dtype[3:]}{'_co' if spec.collocated else ''}")
 
     def executor(self, choice):
         return MassApplyExecutor(choice)
@@ -69,11 +77,13 @@ class MassDiagonalFamily(LanesFamily):
     back_only = True
 
     def signature(self, spec):
-        return _sig(spec.dtype, spec.index_dtype, 2, 1, ["int64"])
+        # a collocated spec's kernel takes B1d too (the executor passes the identity)
+        n = len(spec.inputs) - 1 + (1 if spec.collocated else 0)
+        return _sig(spec.dtype, spec.index_dtype, n, 1, ["int64"])
 
     def entry(self, spec, ctx):
-        return (f"stc_mass_diag_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
-                f"_i{spec.index_dtype[3:]}")
+        return (f"stc_{spec.qfunc}_diag_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+                f"_i{spec.index_dtype[3:]}{'_co' if spec.collocated else ''}")
 
     def executor(self, choice):
         return MassDiagonalExecutor(choice)
@@ -87,23 +97,27 @@ class MassApplyExecutor(CpuExecutor):
     """One kernel call: y = 0, then the colours in turn (the map's colouring, once per map)."""
 
     def run(self, operands, out, **_):
-        B, D, X, MAP = operands
-        E, n = D.shape[0], out.shape[-1]
+        *data, X, MAP = operands            # the bases (B1d, G1d) and the data (D, Q)
+        E, n = MAP.shape[0], out.shape[-1]
         if E == 0:
             out[...] = 0
             return
         order, offsets = map_info(MAP, n).colors(MAP)
-        self.fn(B, D.reshape(E, -1), X.reshape(-1, n), MAP.reshape(E, -1), out.reshape(-1, n),
+        data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
+        self.fn(*data, X.reshape(-1, n), MAP.reshape(E, -1), out.reshape(-1, n),
                 order, offsets, out.size // n, self.nparts(E))
 
 
 class MassDiagonalExecutor(CpuExecutor):
     def run(self, operands, out, **_):
-        B, D, MAP = operands
-        E, n = D.shape[0], out.shape[-1]
+        *data, MAP = operands
+        E, n = MAP.shape[0], out.shape[-1]
         if E == 0:
             out[...] = 0
             return
         order, offsets = map_info(MAP, n).colors(MAP)
-        self.fn(B, D.reshape(E, -1), MAP.reshape(E, -1), out.reshape(1, n), order, offsets,
+        if self.spec.collocated:            # B1d is the identity: the kernel takes it
+            data = [np.eye(self.spec.nd, dtype=self.spec.dtype)] + data
+        data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
+        self.fn(*data, MAP.reshape(E, -1), out.reshape(1, n), order, offsets,
                 self.nparts(E))

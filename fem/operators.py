@@ -471,7 +471,7 @@ class AssembledMassOperator(AssembledOperator):
 
 def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
                   dtype=np.float64, backend="auto", device="cpu", fused=True,
-                  deterministic=False, comm=None):
+                  deterministic=False):
     """Build the mass operator of an H1 space in one call.
 
     Parameters
@@ -498,12 +498,6 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     deterministic : bool
         For the fused operator: the same bits every run (see
         :func:`smalltc.mass_apply`), e.g. for reproducible CG iterates on a GPU.
-    comm : mpi4py communicator, optional
-        Distribute the operator over the ranks of ``comm`` (collective): the
-        result is a :class:`~smalltc.fem.distributed.DistributedMassOperator` on
-        this rank's block of ``space.mesh``, whose ``.space`` numbers the local
-        vectors it takes. A :class:`~smalltc.fem.distributed.DistributedH1Space`
-        as ``space`` brings its own communicator.
 
     Returns
     -------
@@ -521,12 +515,6 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     >>> M.shape
     (27, 27)
     """
-    if comm is not None or hasattr(space, "partition"):
-        from .distributed.operators import distributed_mass_operator
-        return distributed_mass_operator(space, nq, rho, assembled=assembled,
-                                         quadrature=quadrature, dtype=dtype, backend=backend,
-                                         device=device, fused=fused,
-                                         deterministic=deterministic, comm=comm)
     xp = resolve_device(device)
     nq = space.p + 2 if nq is None else nq
     D = mass_data(space.mesh, nq, rho, quadrature=quadrature, dtype=dtype,

@@ -15,10 +15,9 @@ side, all NumPy, once) and solves on the chosen ``device``: with
 ``b`` are copied to the GPU, and the operator, the Jacobi preconditioner and
 CG run there with CuPy; the solution comes back to the host for the error.
 
-With ``comm=`` (an mpi4py communicator) the projection is distributed over its
-ranks (:mod:`smalltc.fem.distributed`): each rank sets up and solves on its block
-of the mesh, and the result holds its local part. Without it nothing of MPI is
-imported.
+This module knows nothing of MPI: ``smalltc.fem.l2_project(..., comm=)``
+(:mod:`smalltc.fem.api`) sends a distributed projection to
+:mod:`smalltc.fem.distributed`, which builds on this one.
 """
 
 import time
@@ -192,7 +191,7 @@ class ProjectionResult:
 
 def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxiter=None,
                precond="jacobi", quadrature="gauss", error_nq=None, backend="auto", device="auto",
-               comm=None, deterministic=False):
+               deterministic=False):
     """L2-project ``f`` onto the order-``p`` H1 space of ``mesh``.
 
     Builds ``D = w |J|`` and the right-hand side at ``nq`` points per
@@ -230,12 +229,6 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
         CuPy, ``"auto"`` the GPU when one answers
         (:func:`smalltc._arrays.gpu_available`), else the CPU. The setup
         stays on the host either way.
-    comm : mpi4py communicator, optional
-        Distribute the projection over the ranks of ``comm``: every rank calls
-        ``l2_project`` with the same arguments, ``mesh`` the whole mesh (or a
-        :class:`~smalltc.fem.distributed.DistributedMesh`, which brings its own
-        communicator); only the matrix-free operator is distributed. With a
-        GPU, each rank uses the node-local rank modulo the device count.
     deterministic : bool
         Passed to the fused operator (:func:`smalltc.mass_apply`): the same bits
         every run on a GPU.
@@ -248,11 +241,9 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     ------
     ValueError
         For an unknown ``operator``, ``precond`` or ``device``, a bad ``f``,
-        or a tangled mesh; distributed, also arguments that differ across the
-        ranks or a rank count that cannot partition the mesh (on every rank).
+        or a tangled mesh.
     RuntimeError
-        For ``device="gpu"`` when no GPU is available; with ``comm`` when
-        mpi4py or its MPI library is missing.
+        For ``device="gpu"`` when no GPU is available.
     ConvergenceError
         If CG does not converge.
 
@@ -264,12 +255,6 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     >>> res.iterations > 0, res.l2_error < 1e-12, res.device
     (True, True, 'cpu')
     """
-    if comm is not None or hasattr(mesh, "partition"):     # a DistributedMesh brings its comm
-        from .distributed.projection import l2_project_distributed
-        return l2_project_distributed(
-            mesh, p, f, nq=nq, operator=operator, tol=tol, maxiter=maxiter, precond=precond,
-            quadrature=quadrature, error_nq=error_nq, backend=backend, device=device, comm=comm,
-            deterministic=deterministic)
     if operator not in _OPERATORS:
         raise ValueError(f"operator must be one of {sorted(_OPERATORS)}, got {operator!r}")
     if precond not in ("jacobi", None):

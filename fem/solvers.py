@@ -18,7 +18,8 @@ the kernels queued past the stop do nothing, so the result is the one a check
 every iteration gives. Any other preconditioner runs the plain loop, which
 copies three scalars to the host each iteration.
 
-Distributed (``comm=``, :mod:`smalltc.fem.distributed`): the vectors are each
+Distributed (``comm=`` a reducer of :mod:`smalltc.fem.distributed`, which
+builds on this module): the vectors are each
 rank's local part in owner form (ghost entries zero, so a sum over the local
 entries counts each node once, on its owner) and the operator returns that form;
 every inner product is then summed across the ranks, and all ranks take the same
@@ -223,10 +224,10 @@ def _reducer(comm, xp):
     communicator, CUDA-aware for CuPy vectors when MPI is)."""
     if comm is None:
         return None
-    from .distributed.comm import Reducer, cuda_aware
-    if isinstance(comm, Reducer):
+    if hasattr(comm, "sums"):
         return comm
-    return Reducer(comm, device_buffers=xp is not np and cuda_aware()[0])
+    raise TypeError(f"comm of smalltc.fem.solvers.cg must be a Reducer (with sums()), got "
+                    f"{type(comm).__name__}; smalltc.fem.cg takes an mpi4py communicator")
 
 
 def _everywhere(red, ok, message):
@@ -274,13 +275,14 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         stop do nothing, so the result does not depend on it. Larger values
         wait less; each costs up to ``check_every - 1`` extra operator
         applications at the end.
-    comm : mpi4py communicator or Reducer, optional
+    comm : Reducer, optional
         A distributed solve (see the module's docstring): ``b``, ``x0`` and the
         vectors ``apply`` takes and returns are this rank's local parts in owner
-        form, and inner products are summed over ``comm``'s ranks
-        (:class:`smalltc.fem.distributed.Reducer`). Every rank calls ``cg``
-        together; errors are raised on every rank. ``maxiter`` defaults to ten
-        times the global length.
+        form, and inner products are summed over the ranks by ``comm.sums``
+        (:class:`smalltc.fem.distributed.Reducer`; this module imports nothing of
+        MPI, and ``smalltc.fem.cg`` also takes an mpi4py communicator). Every rank
+        calls ``cg`` together; errors are raised on every rank. ``maxiter``
+        defaults to ten times the global length.
     callback : callable, optional
         ``callback(iteration, relative_residual)`` after every iteration (a progress
         log for long solves, e.g. :func:`progress_log`); runs the plain loop.

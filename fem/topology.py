@@ -23,8 +23,8 @@ the entity's global vertex ids:
 
 The distinct keys, sorted, are the global DoFs (vertices first, then edges,
 faces and interiors). Nothing here depends on ``p`` beyond the lattice, so every
-order ``p >= 1`` is numbered the same way (docs/math.md section 1 has the
-element-to-DoF map this builds).
+order ``p >= 1`` is numbered the same way. The result is the element-to-DoF map
+that gathers a global vector into E-vectors (docs/math.md section 1).
 """
 
 import numpy as np
@@ -153,14 +153,27 @@ def facet_vertices(dim):
 
 
 def facet_keys(vertices, dim):
-    """Sorted vertex ids of every element facet, shape ``(E, 2 dim, 2**(dim-1))``."""
+    """Sorted vertex ids of every element facet, shape ``(E, 2 dim, 2**(dim-1))``.
+
+    Examples
+    --------
+    >>> facet_keys(np.array([[0, 3, 1, 4]]), 2)[0].tolist()
+    [[0, 3], [1, 4], [0, 1], [3, 4]]
+    """
     fv = facet_vertices(dim)
     return np.sort(vertices[:, fv], axis=2)
 
 
 def boundary_facets_of(vertices, dim):
     """``(elements, facets)`` of the facets that belong to one element only, and the
-    multiplicity of every facet key (for conformity checks)."""
+    multiplicity of every facet key (for conformity checks).
+
+    Examples
+    --------
+    >>> e, f, counts = boundary_facets_of(np.array([[0, 3, 1, 4], [1, 4, 2, 5]]), 2)
+    >>> list(zip(e.tolist(), f.tolist()))      # the shared facet (1, 4) is not there
+    [(0, 0), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    """
     keys = facet_keys(vertices, dim).reshape(-1, 2 ** (dim - 1))
     _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)

@@ -118,6 +118,42 @@ class UnstructuredMesh:
                            f"its boundary regions: {sorted(self.boundary_regions)}")
         return self.boundary_regions[region]
 
+    def refine(self):
+        """Split every element into ``2^dim`` children (uniform refinement).
+
+        A child's map is its parent's restricted to a sub-cube, so the refined
+        mesh has the same geometry (curved elements stay on their parent's curve);
+        regions pass to the children.
+
+        Examples
+        --------
+        >>> m = from_elements(np.array([[[[0.0, 0.0], [1.0, 1.0]], [[0.0, 1.0], [0.0, 1.0]]]]))
+        >>> r = m.refine()
+        >>> r.nelements, r.nvertices, round(r.volume, 12)
+        (4, 9, 1.0)
+        """
+        from .basis import lagrange_basis
+        from .tensor import apply_tensor
+        dim, t = self.dim, self.geom_nodes
+        half = [lagrange_basis(t, (t + 1) / 2 + bit - 1)[0] for bit in (0, 1)]
+        kids = corner_multi_indices(dim)                          # child bits, C order
+        nodes = np.stack([apply_tensor([half[b] for b in bits], self.nodes) for bits in kids],
+                         axis=1)
+        nodes = nodes.reshape((self.nelements * len(kids),) + self.nodes.shape[1:])
+        nk = len(kids)
+        boundary = {}
+        for name, (e, f) in self.boundary_regions.items():
+            ce, cf = [], []
+            for k, bits in enumerate(kids):
+                on = bits[f // 2] == f % 2
+                ce.append(e[on] * nk + k)
+                cf.append(f[on])
+            boundary[name] = (np.concatenate(ce), np.concatenate(cf))
+        volume = {name: (e[:, None] * nk + np.arange(nk)).ravel()
+                  for name, e in self.volume_regions.items()}
+        return from_elements(nodes, boundary_regions=boundary, volume_regions=volume,
+                             source=f"{self.source} (refined)", check=False)
+
     def __repr__(self):
         return (f"UnstructuredMesh(dim={self.dim}, E={self.nelements}, geom_order={self.geom_order}, "
                 f"boundary_regions={sorted(self.boundary_regions)}, "
@@ -188,6 +224,17 @@ def check_mesh(mesh, corners=None):
     faces: a hanging node breaks this); ``|J| > 0`` at the Gauss points of
     every element (:func:`~smalltc.fem.geometry.check_jacobian` names the
     element).
+
+    Examples
+    --------
+    >>> m = from_elements(np.array([[[[0.0, 0.0], [1.0, 1.0]], [[0.0, 1.0], [0.0, 1.0]]]]),
+    ...                   check=False)
+    >>> check_mesh(m)                         # one unit square: fine
+    >>> bad = from_elements(m.nodes[:, :, ::-1], check=False)     # reflected: inverted
+    >>> check_mesh(bad)
+    Traceback (most recent call last):
+    ...
+    ValueError: inverted element in the mesh from arrays: tangled mesh: |J| <= 0 at 9 quadrature point(s) of element 0 (min |J| = -0.25); 1 bad element(s) in all
     """
     from .geometry import det_jacobian, jacobian, check_jacobian
     dim, src = mesh.dim, mesh.source
@@ -326,7 +373,8 @@ def read_mesh(source, *, check=True):
         if not os.path.exists(path):
             raise FileNotFoundError(f"mesh file {path!r} does not exist")
         try:
-            m = meshio.read(path)
+            # a .msh is gmsh's (meshio would try ANSYS's reader first, printing its failure)
+            m = meshio.read(path, file_format="gmsh" if path.lower().endswith(".msh") else None)
         except Exception as err:
             raise ValueError(f"meshio could not read {path!r}: {err}") from err
         name = path
@@ -346,7 +394,9 @@ def read_mesh(source, *, check=True):
     dims = [d[0] for *_, d in typed if d is not None]
     if not dims:
         raise ValueError(f"no quadrilateral or hexahedral cells in {name} "
-                         f"(cell types: {sorted({t for t, _, _ in blocks})})")
+                         f"(cell types: {sorted({t for t, _, _ in blocks})}; gmsh saves only "
+                         "the elements of physical groups when there are any: add one for the "
+                         "cells, or set Mesh.SaveAll)")
     dim = max(dims)
     vol = [(t, conn, i, o) for t, conn, i, (d, o) in
            ((t, c, i, dp) for t, c, i, dp in typed if dp is not None) if d == dim]

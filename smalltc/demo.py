@@ -4,6 +4,9 @@
    L2-projects a smooth function with matrix-free CG (the mass action is
    :func:`smalltc.batched_contract`) and prints the error and iteration count
    (:func:`smalltc.fem.projection_demo`).
+   Then solves a Poisson problem on the shipped curved ``.msh`` mesh
+   (:func:`smalltc.fem.poisson_demo`: Dirichlet and Neumann conditions, the
+   convergence under refinement) and writes ``poisson.vtu`` and its PNGs.
 2. Times :func:`smalltc.batched_contract` (3D, nq = p+2, p = 1..8) and
    :func:`smalltc.assemble_mass` (3D, p = 1..6) on the best available
    backend, each checked against the float64 einsum reference first, and
@@ -102,6 +105,19 @@ def _projection(args, kind, comm=None):
                            device=kind, comm=comm)
 
 
+def _poisson(args, kind):
+    """Step 1b: the Poisson solve on the shipped curved .msh mesh, its VTU and PNGs (a dict;
+    None, said why, when this build has no diffusion operator)."""
+    from .fem import poisson_demo
+    quick = bool(args.quick)
+    try:
+        return poisson_demo(args.out, p=3 if quick else 4, ps=(1, 2) if quick else (1, 2, 3, 4),
+                            refinements=1 if quick else 2, device=kind, plot=not args.no_plot)
+    except RuntimeError as err:
+        print(f"  skipped: {err}")
+        return None
+
+
 def _solve_rate(proj, bandwidth, peak):
     """The CG solve's unique DoFs per second per iteration, and its roofline bound (the fused
     operator's traffic plus the fused iteration's vector passes: :mod:`smalltc.bench.bp1`)."""
@@ -147,6 +163,17 @@ def run(args) -> int:
           f"to relative residual {proj['residual']:.1e}")
     print(f"  L2 error {proj['l2_error']:.3e} (relative {proj['relative_l2_error']:.3e}); "
           f"setup {proj['time_setup_s']:.2f} s, solve {proj['time_solve_s']:.2f} s")
+    print("smalltc demo: Poisson -laplace(u) = f on a curved quarter-annulus mesh read from a "
+          ".msh file (Dirichlet on the arcs, Neumann on the straight sides)")
+    poisson = _poisson(args, kind)
+    if poisson is not None:
+        rates = ", ".join(f"p={q}: {c['rate_l2']:.2f}" for q, c in poisson["convergence"].items()
+                          if "rate_l2" in c)
+        print(f"  p={poisson['p']}, {poisson['elements']} elements, {poisson['dofs']} DoFs: "
+              f"{poisson['iterations']} CG iterations, L2 error {poisson['l2_error']:.2e}, "
+              f"H1 error {poisson['h1_error']:.2e}; L2 rates under refinement {rates}")
+        print(f"  wrote {poisson['vtu']} (open in ParaView)"
+              + "".join(f", {p}" for p in poisson["pngs"]))
     probes = roofline.probe(kind, dtypes=(args.dtype,))
     bw = probes["bandwidth"]["value"]
     pk = probes["peak"][args.dtype]["value"]
@@ -192,6 +219,9 @@ def run(args) -> int:
     doc["options"] = dict(backend=args.backend, dtype=args.dtype, repeats=repeats,
                           quick=bool(args.quick), demo=True)
     doc["projection"] = proj
+    if poisson is not None:
+        doc["poisson"] = {k: v for k, v in poisson.items() if k != "convergence"}
+        doc["poisson"]["convergence"] = {str(k): v for k, v in poisson["convergence"].items()}
     doc["cases"] = records
     doc["skipped_for_time"] = [c.id for c in skipped]
     path = write_json(os.path.join(args.out, "demo.json"), doc)

@@ -25,8 +25,19 @@ needs_gmsh = pytest.mark.skipif(not HAVE_GMSH, reason="gmsh is not installed")
 
 @pytest.fixture
 def standin(monkeypatch):
+    """The NumPy stand-in always: the sweeps over p = 1..6 and the orientation tests
+    compile no kernel (the suite's time budget); the package's operator is checked
+    against it below."""
     monkeypatch.setattr(fem, "diffusion_operator", diffusion_standin.diffusion_operator,
                         raising=False)
+
+
+@pytest.fixture
+def diffusion(monkeypatch):
+    """The package's diffusion operator where it has one, else the stand-in."""
+    if not hasattr(fem, "diffusion_operator"):
+        monkeypatch.setattr(fem, "diffusion_operator", diffusion_standin.diffusion_operator,
+                            raising=False)
 
 
 def _write_msh(mesh, path):
@@ -129,6 +140,8 @@ def test_simplices_and_serendipity_are_refused():
     pts = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(ValueError, match="unsupported cell type.*triangle"):
         fem.read_mesh(meshio.Mesh(pts, [("triangle", [[0, 1, 2]])]))
+    with pytest.raises(ValueError, match="no quadrilateral or hexahedral cells.*SaveAll"):
+        fem.read_mesh(meshio.Mesh(pts, [("line", [[0, 1]])]))
     pts8 = np.random.default_rng(0).random((8, 2))
     with pytest.raises(ValueError, match="quad8"):
         fem.read_mesh(meshio.Mesh(pts8, [("quad8", [list(range(8))])]))
@@ -155,7 +168,7 @@ def test_hanging_node_is_refused():
         fem.read_mesh(m)
 
 
-def test_unknown_region_is_named(tmp_path, standin):
+def test_unknown_region_is_named(tmp_path, diffusion):
     um, _ = _file_mesh(tmp_path, 2, 2)
     V = fem.H1Space(um, 2)
     with pytest.raises(KeyError, match="'wall'.*xmax"):
@@ -255,7 +268,7 @@ def test_unstructured_space_multiplicity_and_gather_scatter(tmp_path):
 # ---------------------------------------------------------------- boundary conditions
 
 
-def test_constrained_operator_with_scipy_and_fem_cg(standin):
+def test_constrained_operator_with_scipy_and_fem_cg(diffusion):
     from scipy.sparse.linalg import cg as scipy_cg
     V = fem.H1Space(fem.box_mesh(2, 3, distortion=0.05), 2)
     K = fem.diffusion_operator(V, device="cpu")
@@ -271,7 +284,7 @@ def test_constrained_operator_with_scipy_and_fem_cg(standin):
     np.testing.assert_array_equal(bc.apply(u1)[bc.dofs], bc.values)
 
 
-def test_energy_identity_on_a_file_mesh(standin):
+def test_energy_identity_on_a_file_mesh(diffusion):
     m = fem.read_mesh(fem.meshes.demo_mesh_path(2))
     c = np.array([0.7, -1.3])
     for p in (m.geom_order, m.geom_order + 1):
@@ -309,29 +322,30 @@ def _rates(errs):
     return np.log2(e[:-1] / e[1:])
 
 
-CONV = [(2, p, (2, 4, 8)) for p in range(1, 7)] + [(3, p, (1, 2, 4)) for p in range(1, 4)] + \
-       [(3, p, (1, 2, 3)) for p in (4, 5, 6)]
+CONV = [(2, p) for p in range(1, 7)] + [(3, p) for p in range(1, 7)]
 
 
-@pytest.mark.parametrize("dim, p, ns", CONV, ids=[f"{d}d-p{p}" for d, p, _ in CONV])
+@pytest.mark.parametrize("dim, p", CONV, ids=[f"{d}d-p{p}" for d, p in CONV])
 @pytest.mark.parametrize("bc", ["dirichlet", "mixed"])
-def test_convergence_on_curved_file_meshes(tmp_path, standin, dim, p, ns, bc):
+def test_convergence_on_curved_file_meshes(tmp_path, standin, dim, p, bc):
+    """A curved mesh read from a .msh file (quadratic maps: a sine-distorted box, 2 x 2 in
+    2D, one hexahedron in 3D) and its two uniform refinements (nested: each child keeps its
+    parent's curved map): L2 at rate p + 1, H1 at p, over the last refinement."""
     u, f = (U2, F2) if dim == 2 else (U3, F3)
-    l2, h1, hs = [], [], []
-    for n in ns:
-        um, _ = _file_mesh(tmp_path, dim, n, geom_order=2, distortion=0.1, name=bc)
+    um, _ = _file_mesh(tmp_path, dim, 2 if dim == 2 else 1, geom_order=2,
+                       distortion=0.1 if dim == 2 else 0.03)
+    meshes = [um, um.refine()]
+    meshes.append(meshes[-1].refine())
+    l2, h1 = [], []
+    for m in meshes:
         kw = {"dirichlet": u} if bc == "dirichlet" else \
              {"dirichlet": {r: u for r in ("xmin", "ymin")}, "neumann":
-              {r: _flux(u) for r in um.boundary_regions if r not in ("xmin", "ymin")}}
-        res = fem.solve_poisson(um, p, f, exact=u, tol=1e-13, device="cpu", **kw)
+              {r: _flux(u) for r in m.boundary_regions if r not in ("xmin", "ymin")}}
+        res = fem.solve_poisson(m, p, f, exact=u, tol=1e-13, device="cpu", **kw)
         l2.append(res.l2_error)
         h1.append(res.h1_error)
-        hs.append(1.0 / n)
-    h = np.asarray(hs)
-    rl2 = np.log(np.asarray(l2[:-1]) / l2[1:]) / np.log(h[:-1] / h[1:])
-    rh1 = np.log(np.asarray(h1[:-1]) / h1[1:]) / np.log(h[:-1] / h[1:])
-    assert abs(rl2[-1] - (p + 1)) < 0.2, (l2, rl2)
-    assert abs(rh1[-1] - p) < 0.2, (h1, rh1)
+    assert abs(_rates(l2)[-1] - (p + 1)) < 0.2, (l2, _rates(l2))
+    assert abs(_rates(h1)[-1] - p) < 0.2, (h1, _rates(h1))
 
 
 @needs_gmsh
@@ -345,8 +359,8 @@ def test_demo_mesh_script_and_a_gmsh_convergence(tmp_path, standin):
     m3 = fem.read_mesh(make_demo_mesh(str(tmp_path / "a3.msh"), dim=3, n=2, order=2))
     assert sorted(m3.boundary_regions) == ["back", "bottom", "front", "inner", "left", "outer"]
     p, l2, h1 = 3, [], []
-    for n in (2, 4, 8):
-        m = fem.read_mesh(make_demo_mesh(str(tmp_path / f"c{n}.msh"), dim=2, n=n, order=2))
+    base = fem.read_mesh(make_demo_mesh(str(tmp_path / "c.msh"), dim=2, n=2, order=2))
+    for m in (base, base.refine(), base.refine().refine()):
         res = fem.solve_poisson(m, p, F2, dirichlet={"inner": U2, "outer": U2},
                                 neumann={"left": _flux(U2), "bottom": _flux(U2)},
                                 exact=U2, tol=1e-13, device="cpu")
@@ -403,3 +417,117 @@ def test_vtu_errors(tmp_path):
         fem.write_vtu(str(tmp_path / "a.vtu"), V, u=np.zeros(3))
     with pytest.raises(ValueError, match=".vtu"):
         fem.write_vtu(str(tmp_path / "a.txt"), V, u=np.zeros(4))
+
+
+# ---------------------------------------------------------------- README and demo
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def test_readme_poisson_example_runs(tmp_path, monkeypatch, capsys):
+    import re
+    if not hasattr(fem, "diffusion_operator"):
+        monkeypatch.setattr(fem, "diffusion_operator", diffusion_standin.diffusion_operator,
+                            raising=False)
+    text = open(README).read()
+    (code,) = re.findall(r"```python poisson\n(.*?)```", text, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, README, "exec"), {})
+    out = capsys.readouterr().out
+    assert "UnstructuredMesh(dim=2" in out and "True True" in out
+    assert (tmp_path / "poisson.vtu").stat().st_size > 1000
+    for png in ("results/fem-poisson/poisson-solution.png",
+                "results/fem-poisson/poisson-convergence.png"):
+        assert png in text
+        assert os.path.getsize(os.path.join(os.path.dirname(README), png)) > 10_000
+
+
+def test_poisson_demo_writes_vtu_and_pngs(tmp_path, standin):
+    rep = fem.poisson_demo(str(tmp_path), p=2, ps=(1, 2), refinements=1, device="cpu")
+    assert rep["l2_error"] < 1e-2 and rep["iterations"] > 0
+    assert abs(rep["convergence"][2]["rate_l2"] - 3) < 0.3
+    for path in rep["pngs"]:
+        assert os.path.getsize(path) > 10_000
+    assert meshio.read(rep["vtu"]).point_data["u"].shape == (rep["dofs"],)
+    assert sorted(os.path.basename(p) for p in rep["pngs"]) == ["poisson-convergence.png",
+                                                                "poisson-solution.png"]
+
+
+# ---------------------------------------------------------------- serial and distributed layers
+
+
+def test_serial_layer_imports_nothing_of_the_distributed_one():
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np; from smalltc import fem; "
+            "fem.l2_project(fem.box_mesh(1, 2), 1, 1.0, device='cpu'); "
+            "fem.mass_operator(fem.H1Space(fem.box_mesh(1, 2), 1)); "
+            "fem.cg(lambda x: x, np.ones(2)); "
+            "print(sorted(m for m in sys.modules if 'distributed' in m or m.startswith('mpi4py')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    here = os.path.dirname(fem.__file__)
+    for name in ("operators.py", "projection.py", "solvers.py", "space.py", "geometry.py"):
+        src = open(os.path.join(here, name)).read()
+        assert "from .distributed" not in src and "import mpi4py" not in src, name
+
+
+def test_distributed_path_refuses_a_file_mesh_by_name():
+    from smalltc.fem.distributed.space import distribute_mesh
+    m = fem.read_mesh(fem.meshes.demo_mesh_path(2))
+    with pytest.raises(TypeError, match="partitions box meshes.*UnstructuredMesh"):
+        distribute_mesh(m, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("smalltc._arrays", fromlist=["gpu_available"]).gpu_available(),
+                    reason="no CUDA device")
+def test_poisson_on_a_file_mesh_on_the_gpu_matches_the_cpu(diffusion):
+    import cupy
+    m = fem.read_mesh(fem.meshes.demo_mesh_path(3))
+    V = fem.H1Space(m, 2)
+    v = np.random.default_rng(5).standard_normal(V.evector_shape)
+    np.testing.assert_allclose(V.scatter(cupy.asarray(v)).get(), V.scatter(v), atol=1e-12)
+    kw = dict(dirichlet={"inner": U3, "outer": U3}, neumann={"front": _flux(U3)}, exact=U3,
+              tol=1e-12)
+    cpu = fem.solve_poisson(m, 2, F3, device="cpu", **kw)
+    gpu = fem.solve_poisson(m, 2, F3, device="gpu", **kw)
+    assert gpu.device == "gpu" and isinstance(gpu.u, np.ndarray)
+    np.testing.assert_allclose(gpu.u, cpu.u, atol=1e-9)
+    prob = fem.poisson_problem(m, 2, F3, device="gpu", **{k: kw[k] for k in ("dirichlet", "neumann")})
+    from cupyx.scipy.sparse.linalg import cg as cupy_cg
+    import inspect
+    key = "rtol" if "rtol" in inspect.signature(cupy_cg).parameters else "tol"
+    x, info = cupy_cg(prob.A.aslinearoperator(), prob.b, **{key: 1e-12})
+    assert info == 0 and float(abs(prob.bc.apply(x).get() - cpu.u).max()) < 1e-8
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_vtu_of_lagrange_cells_reads_back_as_a_mesh(tmp_path, dim):
+    """write_vtu -> read_mesh: the VTK Lagrange orders both ways give the same maps."""
+    m = fem.read_mesh(fem.meshes.demo_mesh_path(dim))
+    V = fem.H1Space(m, m.geom_order)
+    back = fem.read_mesh(fem.write_vtu(str(tmp_path / "m.vtu"), V))
+    assert back.geom_order == m.geom_order and back.nelements == m.nelements
+    pts = np.array([-0.7, 0.1, 0.8])
+    np.testing.assert_allclose(fem.jacobian(back, pts), fem.jacobian(m, pts), atol=1e-12)
+
+
+def test_kappa_and_the_parts_of_the_problem(diffusion):
+    """kappa = 2 with 2 f gives the solution of kappa = 1 with f; solve_poisson equals the
+    loop over its parts (poisson_problem, fem.cg); a pure Neumann problem is refused."""
+    m = fem.read_mesh(fem.meshes.demo_mesh_path(2))
+    kw = dict(dirichlet={"inner": U2, "outer": U2},
+              neumann={"left": _flux(U2), "bottom": _flux(U2)}, tol=1e-12, device="cpu")
+    r1 = fem.solve_poisson(m, 2, F2, exact=U2, **kw)
+    flux2 = lambda x, n: 2 * _flux(U2)(x, n)              # noqa: E731
+    kw2 = dict(kw, neumann={"left": flux2, "bottom": flux2})
+    r2 = fem.solve_poisson(m, 2, lambda x: 2 * F2(x), kappa=2.0, **kw2)
+    np.testing.assert_allclose(r2.u, r1.u, atol=1e-9)
+    prob = fem.poisson_problem(m, 2, F2, **{k: kw[k] for k in ("dirichlet", "neumann")},
+                               device="cpu")
+    sol = fem.cg(prob.A, prob.b, tol=1e-12, precond=fem.jacobi(prob.A.diagonal()))
+    np.testing.assert_allclose(prob.bc.apply(sol.x), r1.u, atol=1e-9)
+    assert r1.l2_error < 5e-3 and r1.h1_error < 0.1 and r1.iterations == sol.iterations
+    with pytest.raises(ValueError, match="singular"):
+        fem.solve_poisson(m, 2, F2, neumann={"left": 0.0}, device="cpu")

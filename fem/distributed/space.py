@@ -172,6 +172,10 @@ def distribute_mesh(mesh, comm):
     >>> distribute_mesh(box_mesh(3, 2), MPI.COMM_SELF).local.nelements
     8
     """
+    if not isinstance(mesh, BoxMesh):
+        raise TypeError(f"the distributed path partitions box meshes (BoxMesh, "
+                        f"distributed_box_mesh); got a {type(mesh).__name__}: solve a mesh read "
+                        f"from a file serially (without comm=)")
     load_mpi()
     agree(comm, collective(comm, mesh_fingerprint, mesh, what="the mesh"), "the meshes")
     part = collective(comm, _partition, comm, mesh.shape, what="partitioning")

@@ -27,6 +27,7 @@ True
 from .api import cg, l2_project, mass_operator
 from .basis import Basis1D, barycentric_weights, basis_1d, differentiation_matrix, lagrange_basis
 from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
+from .chebyshev import Chebyshev, chebyshev, estimate_lambda_max
 from .demo import projection_demo, smooth_function
 from .geometry import (
     QuadratureData,
@@ -42,6 +43,7 @@ from .geometry import (
 from . import meshes
 from .mesh import BoxMesh, box_mesh, sine_distortion
 from .meshes import demo_mesh_path, make_demo_mesh
+from .multigrid import PMultigrid, Transfer, pmg, pmg_orders
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
 from .output import to_meshio, write_vtu
 from .operators import (
@@ -63,7 +65,7 @@ from .poisson import (
 from .poisson_demo import poisson_demo
 from .projection import ProjectionResult, l2_error, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
-from .solvers import CGResult, ConvergenceError, jacobi
+from .solvers import CGResult, ConvergenceError, jacobi, progress_log
 from .space import H1Space
 from .tensor import apply_tensor, interp, interp_t
 
@@ -120,6 +122,15 @@ __all__ = [
     "ConvergenceError",
     "cg",
     "jacobi",
+    "progress_log",
+    # multigrid (p-multigrid, Chebyshev smoothing, AMG coarse solve)
+    "Chebyshev",
+    "chebyshev",
+    "estimate_lambda_max",
+    "PMultigrid",
+    "Transfer",
+    "pmg",
+    "pmg_orders",
     # the Poisson problem
     "PoissonProblem",
     "PoissonResult",

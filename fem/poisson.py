@@ -158,7 +158,7 @@ class PoissonProblem:
         ``K`` with the Dirichlet DoFs eliminated.
     b : array, shape (ndofs,)
         The lifted right-hand side, on the operator's device.
-    precond : Jacobi or None
+    precond : Jacobi, Chebyshev, PMultigrid or None
     """
 
     space: H1Space
@@ -203,8 +203,8 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
     >>> bool(sol.converged), prob.bc.dofs.size
     (True, 16)
     """
-    if precond not in ("jacobi", None):
-        raise ValueError(f"precond must be 'jacobi' or None, got {precond!r}")
+    if precond not in PRECONDS:
+        raise ValueError(f"precond must be one of {list(PRECONDS)}, got {precond!r}")
     mesh = _as_mesh(mesh)
     xp = resolve_device(device)
     space = H1Space(mesh, p)
@@ -230,8 +230,27 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
         load = load + boundary_load(space, neu, nq=nq, quadrature=quadrature)
     A = ConstrainedOperator(K, bc)
     b = bc.lift(K, xp.asarray(load))
-    P = jacobi(A.diagonal()) if precond == "jacobi" else None
+    P = _preconditioner(precond, A, kappa)
     return PoissonProblem(space, K, load, bc, A, b, P, device_name(xp))
+
+
+#: the ``precond`` choices of :func:`solve_poisson`
+PRECONDS = ("jacobi", "chebyshev", "pmg", None)
+
+
+def _preconditioner(name, A, kappa):
+    """The preconditioner ``name`` of the constrained operator ``A``: Jacobi, Chebyshev
+    (:func:`~smalltc.fem.chebyshev.chebyshev`) or p-multigrid (:func:`~smalltc.fem.pmg`,
+    its levels built like ``A``'s operator, with ``kappa``)."""
+    if name == "jacobi":
+        return jacobi(A.diagonal())
+    if name == "chebyshev":
+        from .chebyshev import chebyshev
+        return chebyshev(A)
+    if name == "pmg":
+        from .multigrid import pmg
+        return pmg(A, kappa=kappa)
+    return None
 
 
 def _dirichlet(space, regions, neumann_regions):
@@ -323,7 +342,10 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
         The exact solution (and its gradient), for the errors.
     nq : int, optional
         Gauss points per direction, ``p + 2`` by default.
-    precond : {"jacobi", None}
+    precond : {"jacobi", "chebyshev", "pmg", None}
+        Jacobi; Chebyshev smoothing (:func:`~smalltc.fem.chebyshev`); the p-multigrid
+        V-cycle (:func:`~smalltc.fem.pmg`: its iterations hardly grow with p or the
+        mesh); or none.
     tol : float
         CG's relative residual target.
     maxiter : int, optional

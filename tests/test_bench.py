@@ -327,3 +327,24 @@ def test_footprint_sizes_the_cpu_cases():
         cases("action", "float64", "gpu", ps=[2], dims=[3])[0].batch     # GPU sizes as is
     assert _llc_bytes("480M") == 480 << 20 and _llc_bytes("32768K") == 32 << 20
     assert _llc_bytes("") is None and _llc_bytes("big") is None
+
+
+def test_solve_suite_end_to_end(tmp_path, capsys):
+    """solve on the CPU, tiny: the three preconditioners reach 1e-8 on the same problem,
+    p-multigrid in the fewest iterations, with its hierarchy and V-cycle cost; the table
+    and the plot of iterations against p."""
+    assert main(TINY[:-4] + ["--device", "cpu", "--suite", "solve", "--p", "2", "--out",
+                             str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "bench-solve-p2-float64.json").read_text())
+    (c,) = doc["cases"]
+    assert not c.get("error"), c.get("error")
+    im = c["impls"]
+    assert set(im) == {"jacobi", "chebyshev", "pmg"}
+    assert all(r["status"] == "ok" for r in im.values()), im
+    assert all(r["true_residual"] <= 1e-7 and r["diff_to_jacobi"] < 1e-5 for r in im.values())
+    assert im["pmg"]["iterations"] < im["chebyshev"]["iterations"] < im["jacobi"]["iterations"]
+    assert im["pmg"]["levels"] == [2, 1] and im["pmg"]["vcycle_fine_applications"] == 6
+    assert im["pmg"]["vcycle_in_applications"] > 1
+    assert all(r["time_to_solution_s"] >= r["solve_s"] > 0 for r in im.values())
+    assert "== solve" in capsys.readouterr().out
+    assert (tmp_path / "solve-p2-solve-float64.png").exists()

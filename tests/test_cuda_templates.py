@@ -144,6 +144,14 @@ def _configs():
     for i, (nc, ndd, pt) in enumerate(((1, 125, "int"), (3, 27, "long long"))):
         out.insert(21 + i, ("scatter_sum.cu.j2", dict(dtype="float64", ncomp=nc, ndd=ndd,
                                                       threads=256, pos_t=pt, min_blocks=0)))
+    # the p-multigrid transfers (both directions are the one template: in -> out sizes)
+    for i, (dim, nin, nout, dt, it) in enumerate(((3, 2, 5, "float64", "int"),
+                                                   (3, 9, 5, "float64", "long long"),
+                                                   (2, 3, 8, "float32", "int"),
+                                                   (1, 4, 2, "float64", "int"))):
+        out.insert(23 + i, ("pmg_transfer.cu.j2", dict(dtype=dt, dim=dim, nin=nin, nout=nout,
+                                                        threads=128, min_blocks=0,
+                                                        index_t=it)))
     return [(t, f"stc_test_{t.split('.')[0]}_{i}", c) for i, (t, c) in enumerate(out)
             if c is not None]
 

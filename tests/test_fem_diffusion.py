@@ -9,12 +9,18 @@ section 7 on curved (geometry order 2, distorted) box meshes.
 - the collocated form (Gauss-Lobatto, nq = p + 1) equals the same operator with B1d
   given as the identity;
 - CG on ``M + K`` converges to the solution.
+
+The operators run on the reference backend here (these are the FEM layer's identities;
+the kernels are checked in tests/test_operators.py), except the matrix-free operator of
+:func:`test_assembled_equals_matrix_free`, which runs where ``backend="auto"`` puts it.
 """
 import numpy as np
 import pytest
 
 from smalltc import fem
 from smalltc.fem import H1Space, box_mesh
+
+BE = "reference"
 
 # (dim, p, quadrature, geom_order)
 CASES = [
@@ -34,7 +40,7 @@ def _space(dim, p, geom_order):
 def test_constants_and_linear_energy(case):
     dim, p, quadrature, g = case
     space = _space(dim, p, g)
-    K = fem.diffusion_operator(space, quadrature=quadrature)
+    K = fem.diffusion_operator(space, quadrature=quadrature, backend=BE)
     assert K.collocated == (quadrature == "gll")
     assert np.abs(K(np.ones(space.ndofs))).max() <= 1e-11
     c = np.array([0.3, -1.2, 0.7][:dim])
@@ -44,7 +50,7 @@ def test_constants_and_linear_energy(case):
     assert abs(volume - 1.0) <= 1e-6
     energy = float(u @ K(u))
     assert abs(energy - (c @ c) * volume) <= 1e-11 * (c @ c)
-    kappa = fem.diffusion_operator(space, quadrature=quadrature, kappa=2.5)
+    kappa = fem.diffusion_operator(space, quadrature=quadrature, kappa=2.5, backend=BE)
     assert abs(float(u @ kappa(u)) - 2.5 * energy) <= 1e-11 * energy
 
 
@@ -55,9 +61,11 @@ def test_assembled_equals_matrix_free(case):
     dim, p, quadrature, g = case
     space = _space(dim, p, g)
     kappa = (lambda x: 1.0 + x[0] ** 2)
-    A = fem.diffusion_operator(space, quadrature=quadrature, kappa=kappa, assembled=True)
+    A = fem.diffusion_operator(space, quadrature=quadrature, kappa=kappa, assembled=True,
+                               backend=BE)
     K = fem.diffusion_operator(space, quadrature=quadrature, kappa=kappa)
-    Ku = fem.diffusion_operator(space, quadrature=quadrature, kappa=kappa, fused=False)
+    Ku = fem.diffusion_operator(space, quadrature=quadrature, kappa=kappa, fused=False,
+                                backend=BE)
     dense = A.to_dense()
     assert np.abs(dense - dense.T).max() <= 1e-12 * np.abs(dense).max()
     x = np.random.default_rng(1).standard_normal((2, space.ndofs))
@@ -70,10 +78,10 @@ def test_assembled_equals_matrix_free(case):
 
 def test_collocated_equals_explicit_identity():
     space = _space(3, 3, 2)
-    K = fem.diffusion_operator(space, quadrature="gll")
+    K = fem.diffusion_operator(space, quadrature="gll", backend=BE)
     b = fem.basis_1d(3, 4, "gll")
     assert np.allclose(b.B1d, np.eye(4), atol=1e-14)
-    Kb = fem.Operator(space, K.Q, np.eye(4), b.G1d, qfunc="diffusion")
+    Kb = fem.Operator(space, K.Q, np.eye(4), b.G1d, qfunc="diffusion", backend=BE)
     x = np.random.default_rng(2).standard_normal(space.ndofs)
     assert np.abs(K(x) - Kb(x)).max() <= 1e-12 * np.abs(Kb(x)).max()
     assert "collocated" in repr(K)
@@ -82,15 +90,15 @@ def test_collocated_equals_explicit_identity():
 @pytest.mark.parametrize("quadrature", ["gauss", "gll"])
 def test_cg_on_helmholtz_converges(quadrature):
     space = _space(3, 2, 2)
-    A = fem.helmholtz_operator(space, 1.0, quadrature=quadrature)
-    M = fem.mass_operator(space, quadrature=quadrature, nq=A.nq)
-    K = fem.diffusion_operator(space, quadrature=quadrature, nq=A.nq)
+    A = fem.helmholtz_operator(space, 1.0, quadrature=quadrature, backend=BE)
+    M = fem.mass_operator(space, quadrature=quadrature, nq=A.nq, backend=BE)
+    K = fem.diffusion_operator(space, quadrature=quadrature, nq=A.nq, backend=BE)
     x = np.random.default_rng(3).standard_normal(space.ndofs)
     b = A(x)
     assert np.abs(b - (M(x) + K(x))).max() <= 1e-12 * np.abs(b).max()
     sol = fem.cg(A, b, tol=1e-12, precond=fem.jacobi(A.diagonal()))
     assert sol.iterations < 200 and np.abs(sol.x - x).max() <= 1e-8
-    H = fem.helmholtz_operator(space, 3.0, quadrature=quadrature, assembled=True)
+    H = fem.helmholtz_operator(space, 3.0, quadrature=quadrature, assembled=True, backend=BE)
     assert np.abs(H(x) - (3 * M(x) + K(x))).max() <= 1e-11 * np.abs(H(x)).max()
 
 

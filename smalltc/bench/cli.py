@@ -33,9 +33,10 @@ def add_arguments(parser):
                              "when there is one (or what --backend implies)")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--suite", action="append", default=None,
-                        help="gemm, action, assembly, pairwise, bp1, bp3, bp5 (repeatable; "
-                             "default: the four kernel suites; bp1, bp3, bp5 are the CEED "
-                             "bake-off problems: the FEM operators and CG)")
+                        help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve "
+                             "(repeatable; default: the four kernel suites; bp1, bp3, bp5 are "
+                             "the CEED bake-off problems: the FEM operators and CG; solve: "
+                             "Jacobi-CG, Chebyshev and p-multigrid solves)")
     parser.add_argument("--sizes", default=None,
                         help="square GEMM sizes n, comma separated; add 'rect' to keep the "
                              "rectangular cases (default: n = 2..32 and rectangular)")
@@ -222,6 +223,11 @@ def main_run(args) -> dict:
             doc["cases"].append(run_bp1(case, bound_args, xp=xp, backend=args.backend,
                                         repeats=repeats, warmup=args.warmup))
             continue
+        if case.op == "solve":
+            from .solve import run_case as run_solve
+            doc["cases"].append(run_solve(case, xp=xp, repeats=1 if kind == "cpu" or quick
+                                          else 3))
+            continue
         doc["cases"].append(run_case(case, bound_args, xp=xp, backend=args.backend,
                                      method=args.method, repeats=repeats, warmup=args.warmup,
                                      with_baselines=not args.no_baselines))
@@ -295,7 +301,7 @@ def _warn_in_cache(kind, todo, doc):
     llc = _llc_bytes(doc["device"].get("properties", {}).get("l3"))
     if not llc:
         return
-    small = [c.id for c in todo if c.op not in BP_SUITES and footprint(c) < llc]
+    small = [c.id for c in todo if c.op not in BP_SUITES + ("solve",) and footprint(c) < llc]
     doc["in_cache_cases"] = dict(llc_bytes=llc, cases=len(small))
     if small:
         print(f"  note: {len(small)} of {len(todo)} cases fit in the {llc >> 20} MiB last-level "

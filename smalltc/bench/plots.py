@@ -144,7 +144,7 @@ def _short(c):
 
 
 def plot_fraction(doc, path, plt):
-    suites = list(dict.fromkeys(c["suite"] for c in doc["cases"]))
+    suites = list(dict.fromkeys(c["suite"] for c in doc["cases"] if c["suite"] != "solve"))
     if not suites:
         return None
     per = [[c for c in doc["cases"] if c["suite"] == s and not c.get("error")] for s in suites]
@@ -225,6 +225,11 @@ def plot_bp1(doc, path, plt, suite="bp1"):
     return path
 
 
+def _plot_solve(doc, path, plt):
+    from .solve import plot
+    return plot(doc, path, plt)
+
+
 def plot_all(doc, out_dir, prefix="") -> list:
     """Write every plot that has data; returns the paths (empty without matplotlib).
 
@@ -238,7 +243,7 @@ def plot_all(doc, out_dir, prefix="") -> list:
     made = []
     bps = [(partial(plot_bp1, suite=s), s) for s in ("bp1", "bp3", "bp5")]
     for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
-                     (plot_fraction, "fraction"), *bps):
+                     (plot_fraction, "fraction"), *bps, (_plot_solve, "solve")):
         p = fn(doc, os.path.join(out_dir, f"{prefix}{stem}-{dt}.png"), plt)
         if p:
             made.append(p)

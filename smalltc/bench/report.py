@@ -165,6 +165,10 @@ def table(doc, file=None) -> None:
             from .bp1 import table as bp1_table
             bp1_table(rows, file)
             continue
+        if suite == "solve":
+            from .solve import table as solve_table
+            solve_table(rows, file)
+            continue
         base = baselines_in(rows)
         u = unit(rows[0])[0]
         head = (f"{'case':44s} {'smalltc':>9s} {'bound':>9s} {'%bound':>7s} {'by':>2s} "

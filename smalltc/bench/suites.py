@@ -17,6 +17,8 @@ bp3, bp5   CEED BP3 and BP5: the diffusion operator (Gauss points, nq = p+2;
            collocated Gauss-Lobatto points, nq = p+1), the same measurements
            plus the einsum chain, ~4M unique DoFs (:mod:`.bp1`); not in the
            default run
+solve      Poisson solves to 1e-8: Jacobi-CG, Chebyshev and p-multigrid,
+           3D p = 2..8, distorted mesh (:mod:`.solve`); not in the default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core
@@ -45,8 +47,8 @@ __all__ = ["SUITES", "DEFAULT_SUITES", "BP_SUITES", "cases", "Sizing"]
 DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
 #: the CEED bake-off suites: the FEM operators and CG (:mod:`.bp1`)
 BP_SUITES = ("bp1", "bp3", "bp5")
-#: every suite: the kernels, and the bake-off problems
-SUITES = DEFAULT_SUITES + BP_SUITES
+#: every suite: the kernels, the bake-off problems, and the solves (:mod:`.solve`)
+SUITES = DEFAULT_SUITES + BP_SUITES + ("solve",)
 
 MiB = 2 ** 20
 
@@ -200,4 +202,7 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
     if suite in BP_SUITES:
         from .bp1 import cases as bp_cases
         return bp_cases(dtype, kind, ps, quick, suite)
+    if suite == "solve":
+        from .solve import cases as solve_cases
+        return solve_cases(dtype, kind, ps, quick)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

@@ -1,0 +1,319 @@
+"""Chebyshev smoothing of the Jacobi-preconditioned operator, and its eigenvalue bound.
+
+A polynomial smoother needs only the operator's action and its diagonal ``D``:
+``k`` steps cost ``k - 1`` applications from a zero guess (``k`` from a nonzero one)
+and a few vector updates, with no inner products, so it runs on a GPU as fast as the
+operator does. It is an SPD preconditioner by itself (:func:`chebyshev`) and the
+smoother of every level of :func:`smalltc.fem.pmg`.
+
+Two kinds, both polynomials in ``D^-1 A`` whose spectrum lies in ``(0, lambda_max]``:
+
+``"fourth"`` (default)
+    The fourth-kind Chebyshev polynomials of Lottes (2022), "Optimal polynomial
+    smoothers for multigrid V-cycles": the error polynomial ``1 - t p(t)`` is small on
+    the upper part of ``(0, lambda_max]`` and tends to 1 as ``t -> 0``, with no lower
+    bound to choose. Step ``i`` (``d_0 = 4 / (3 lambda) D^-1 r``)::
+
+        x += d_{i-1};  r -= A d_{i-1}
+        d_i = (2i - 1) / (2i + 3) d_{i-1} + (8i + 4) / ((2i + 3) lambda) D^-1 r
+
+``"first"``
+    The classic Chebyshev iteration on ``[lower * lambda, lambda]`` (Saad, Iterative
+    Methods, Alg. 12.1), damping that interval uniformly.
+
+``lambda_max`` is estimated at setup by ``steps`` iterations of Jacobi-PCG on a random
+right-hand side: the CG coefficients give the Lanczos tridiagonal matrix, whose largest
+eigenvalue (a Ritz value, never above the true one) is multiplied by ``safety`` (1.1).
+A bound given by hand below that Ritz value would make the smoother amplify the top of
+the spectrum (and a V-cycle lose definiteness): it is refused with a ``ValueError``,
+as is an operator whose Lanczos matrix shows a non-positive eigenvalue.
+
+Everything is array-module generic: NumPy, or CuPy for an operator whose applications
+return CuPy arrays (the random vector is drawn on the host with a fixed seed and
+copied, so the CPU and the GPU estimate the same bound).
+"""
+
+import math
+
+import numpy as np
+
+from smalltc._arrays import array_module
+
+__all__ = ["Chebyshev", "chebyshev", "estimate_lambda_max", "KINDS"]
+
+#: the polynomial kinds :class:`Chebyshev` builds
+KINDS = ("fourth", "first")
+
+
+def _as_apply(operator):
+    """``x -> A x`` for a fem operator (callable) or a sparse/dense matrix (``@``)."""
+    if callable(operator):
+        return operator
+    if hasattr(operator, "__matmul__") or hasattr(operator, "dot"):
+        return lambda x: operator @ x
+    raise TypeError(f"operator must be callable or a matrix, got {type(operator).__name__}")
+
+
+def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0):
+    """Largest eigenvalue of ``D^-1 A`` from ``steps`` Jacobi-PCG (Lanczos) iterations.
+
+    Parameters
+    ----------
+    apply : callable
+        ``x -> A x`` for vectors of ``inv_diag``'s shape and module.
+    inv_diag : array
+        ``1 / diag(A)`` (NumPy or CuPy).
+    steps : int
+        CG iterations (fewer when CG converges first).
+    seed : int
+        Seed of the random right-hand side (drawn on the host).
+
+    Returns
+    -------
+    float
+        The largest Ritz value, a lower bound of ``lambda_max(D^-1 A)``.
+
+    Raises
+    ------
+    ValueError
+        When ``A`` or the Lanczos matrix is seen not to be positive definite.
+
+    Examples
+    --------
+    >>> A = np.diag([1.0, 2.0, 4.0])
+    >>> round(estimate_lambda_max(lambda x: A @ x, np.ones(3)), 6)
+    4.0
+    """
+    xp = array_module(inv_diag)
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    rng = np.random.default_rng(seed)
+    r = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype))
+    z = r * inv_diag
+    p = z.copy()
+    rz = float(xp.vdot(r, z).real)
+    alphas, betas = [], []
+    for it in range(int(steps)):
+        Ap = apply(p)
+        pAp = float(xp.vdot(p, Ap).real)
+        if not pAp > 0:
+            raise ValueError(f"the operator is not positive definite: p^T A p = {pAp:.3e} at "
+                             f"Lanczos step {it} of the eigenvalue estimate")
+        alpha = rz / pAp
+        alphas.append(alpha)
+        r = r - alpha * Ap
+        z = r * inv_diag
+        rz_new = float(xp.vdot(r, z).real)
+        if not rz_new > 1e-28 * rz:       # converged (an invariant subspace): T is complete
+            break
+        beta = rz_new / rz
+        betas.append(beta)
+        p = z + beta * p
+        rz = rz_new
+    m = len(alphas)
+    T = np.zeros((m, m))
+    for j in range(m):
+        T[j, j] = 1.0 / alphas[j] + (betas[j - 1] / alphas[j - 1] if j else 0.0)
+        if j + 1 < m:
+            T[j, j + 1] = T[j + 1, j] = math.sqrt(betas[j]) / alphas[j]
+    ev = np.linalg.eigvalsh(T)
+    if not ev[0] > 0 or not np.all(np.isfinite(ev)):
+        raise ValueError(f"the Jacobi-preconditioned operator is not positive definite: "
+                         f"Lanczos eigenvalue estimates {ev[0]:.3e} .. {ev[-1]:.3e}")
+    return float(ev[-1])
+
+
+class _Preconditioner:
+    """SciPy's and CuPy's LinearOperator protocol on top of ``__call__`` (``r -> z``),
+    ``n`` and ``dtype`` (set by the subclass) and ``xp``."""
+
+    @property
+    def shape(self):
+        """``(n, n)``."""
+        return (self.n, self.n)
+
+    def matvec(self, r):
+        """``z = P r`` for one vector of shape ``(n,)`` or ``(n, 1)``, in r's shape and
+        module (a GPU preconditioner copies a NumPy ``r`` to the device and back)."""
+        from .operators import _like
+        z = self(self.xp.asarray(r).reshape(-1))
+        return _like(r, z.reshape(r.shape))
+
+    def matmat(self, R):
+        """``P R`` for ``R`` of shape ``(n, k)``, column by column."""
+        from .operators import _like
+        R_ = self.xp.asarray(R)
+        return _like(R, self.xp.stack([self(R_[:, j]) for j in range(R_.shape[1])], axis=1))
+
+    #: symmetric: the adjoint is itself
+    rmatvec, rmatmat = matvec, matmat
+
+    def aslinearoperator(self):
+        """This preconditioner as a SciPy (CuPy, on the GPU) ``LinearOperator``: the
+        ``M=`` of ``scipy.sparse.linalg.cg`` (``cupyx.scipy.sparse.linalg.cg``)."""
+        from .operators import linear_operator
+        return linear_operator(self)
+
+
+class Chebyshev(_Preconditioner):
+    """Chebyshev smoother (and preconditioner) of ``D^-1 A``; made by :func:`chebyshev`.
+
+    Parameters
+    ----------
+    operator : callable or matrix
+        ``A``: a fem operator (``A(x)``) or a SciPy/CuPy sparse matrix (``A @ x``).
+    diagonal : array, optional
+        ``diag(A)``; ``operator.diagonal()`` by default. Positive and finite.
+    degree : int
+        Polynomial degree ``k >= 1``: ``k - 1`` applications of ``A`` per smoothing
+        from zero (:meth:`__call__`), ``k`` from a nonzero guess (:meth:`smooth`).
+    kind : {"fourth", "first"}
+        See the module's docstring.
+    lambda_max : float, optional
+        Upper bound of the spectrum of ``D^-1 A``; estimated when not given. A given
+        bound is checked against the Lanczos estimate (``check``).
+    lower : float
+        First kind: the smoothed interval is ``[lower * lambda_max, lambda_max]``.
+    safety : float
+        Factor applied to the estimated ``lambda_max``.
+    steps : int
+        Lanczos (CG) steps of the estimate.
+    check : bool
+        Estimate even when ``lambda_max`` is given and refuse a bound below the estimate.
+
+    Attributes
+    ----------
+    lambda_max : float
+        The bound used. ``estimate``: the Lanczos estimate (None when not computed).
+    inv_diag : array
+        ``1 / diag(A)``.
+
+    Raises
+    ------
+    ValueError
+        For a bad ``degree``/``kind``/``lower``/``safety``, a diagonal that is not
+        positive and finite, an operator that is not positive definite, or a given
+        ``lambda_max`` below the estimated one.
+
+    Examples
+    --------
+    >>> A = np.diag(np.arange(1.0, 11.0)) + 0.1
+    >>> S = Chebyshev(A, degree=3)
+    >>> S.lambda_max > 1.0, S.kind
+    (True, 'fourth')
+    >>> x = S(np.ones(10))               # three steps from zero: z ~ A^-1 r
+    >>> bool(np.linalg.norm(A @ x - 1) < np.linalg.norm(np.ones(10)))
+    True
+    """
+
+    def __init__(self, operator, diagonal=None, *, degree=2, kind="fourth", lambda_max=None,
+                 lower=0.3, safety=1.1, steps=10, check=True):
+        from .solvers import jacobi
+        if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or degree < 1:
+            raise ValueError(f"degree must be an integer >= 1, got {degree!r}")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+        if not (0 < lower < 1):
+            raise ValueError(f"lower must be in (0, 1), got {lower!r}")
+        if not (np.isfinite(safety) and safety >= 1):
+            raise ValueError(f"safety must be a number >= 1, got {safety!r}")
+        self.operator = operator
+        self.apply = _as_apply(operator)
+        if diagonal is None:
+            if not hasattr(operator, "diagonal"):
+                raise TypeError("operator has no diagonal(): pass diagonal=")
+            diagonal = operator.diagonal()
+        try:
+            self.inv_diag = jacobi(diagonal).inv
+        except ValueError as err:
+            raise ValueError(f"Chebyshev smoother: {err}") from err
+        self.xp = array_module(self.inv_diag)
+        self.n, self.dtype = int(self.inv_diag.size), self.inv_diag.dtype
+        self.degree, self.kind, self.lower, self.safety = int(degree), kind, float(lower), \
+            float(safety)
+        self.estimate = None
+        if lambda_max is None or check:
+            self.estimate = estimate_lambda_max(self.apply, self.inv_diag, steps=steps)
+        if lambda_max is None:
+            lambda_max = safety * self.estimate
+        elif not (np.isfinite(lambda_max) and lambda_max > 0):
+            raise ValueError(f"lambda_max must be a positive number, got {lambda_max!r}")
+        elif check and lambda_max < self.estimate * (1 - 1e-8):
+            raise ValueError(
+                f"lambda_max={lambda_max:.4g} is below the estimated largest eigenvalue "
+                f"{self.estimate:.4g} of D^-1 A (a lower bound of the true one): the smoother "
+                f"would amplify the top of the spectrum and the solve could diverge; leave "
+                f"lambda_max=None to use {safety:g} x the estimate")
+        self.lambda_max = float(lambda_max)
+
+    def __call__(self, r):
+        """``z = p(D^-1 A) D^-1 r``: :meth:`smooth` from a zero guess (``degree - 1``
+        applications of ``A``); SPD for a valid bound, so a CG preconditioner."""
+        return self.smooth(r)
+
+    def smooth(self, b, x=None, r=None):
+        """``degree`` Chebyshev steps on ``A x = b`` from ``x`` (zero when None).
+
+        ``r``: the residual ``b - A x`` when the caller has it (saves an application).
+        Returns the new ``x`` (a new array; ``x`` itself is not modified).
+        """
+        if x is None:
+            r = b
+        elif r is None:
+            r = b - self.apply(x)
+        inv, lam, k = self.inv_diag, self.lambda_max, self.degree
+        if self.kind == "fourth":
+            d = (4.0 / (3.0 * lam)) * (inv * r)
+            for i in range(1, k):
+                x = d.copy() if x is None else x + d
+                r = r - self.apply(d)
+                d = ((2 * i - 1) / (2 * i + 3)) * d + ((8 * i + 4) / ((2 * i + 3) * lam)) * (inv * r)
+        else:
+            a, bnd = self.lower * lam, lam
+            theta, delta = (bnd + a) / 2, (bnd - a) / 2
+            sigma = theta / delta
+            rho = 1.0 / sigma
+            d = (inv * r) / theta
+            for _ in range(1, k):
+                x = d.copy() if x is None else x + d
+                r = r - self.apply(d)
+                rho_new = 1.0 / (2 * sigma - rho)
+                d = (rho_new * rho) * d + (2 * rho_new / delta) * (inv * r)
+                rho = rho_new
+        return d if x is None else x + d
+
+    def __repr__(self):
+        est = "" if self.estimate is None else f", estimate={self.estimate:.4g}"
+        lo = f", lower={self.lower:g}" if self.kind == "first" else ""
+        return (f"Chebyshev(kind={self.kind!r}, degree={self.degree}, "
+                f"lambda_max={self.lambda_max:.4g}{est}{lo}, n={self.n})")
+
+
+def chebyshev(operator, degree=4, **kwargs):
+    """Chebyshev preconditioner of ``operator``: ``degree`` steps of the smoother from
+    zero per application (see :class:`Chebyshev` for the options).
+
+    Parameters
+    ----------
+    operator : callable or matrix
+        A fem operator (with ``diagonal()``) or a sparse matrix.
+    degree : int
+        Polynomial degree (``degree - 1`` operator applications per preconditioning).
+    **kwargs
+        ``diagonal``, ``kind``, ``lambda_max``, ``lower``, ``safety``, ``steps``,
+        ``check``: as for :class:`Chebyshev`.
+
+    Returns
+    -------
+    Chebyshev
+
+    Examples
+    --------
+    >>> from smalltc import fem
+    >>> M = fem.mass_operator(fem.H1Space(fem.box_mesh(2, 4), p=2))
+    >>> b = M(np.ones(M.shape[0]))
+    >>> res = fem.cg(M, b, tol=1e-10, precond=chebyshev(M, degree=3))
+    >>> bool(res.converged), bool(np.allclose(res.x, 1.0))
+    (True, True)
+    """
+    return Chebyshev(operator, degree=degree, **kwargs)

@@ -1,0 +1,283 @@
+"""The coarse solve of the p-multigrid: assembly of a low-order operator and AMG.
+
+* :func:`assemble_csr`: any operator of an order-``p`` H1 space on a box mesh as a
+  SciPy CSR matrix, from one application per colour of probe vectors (the DoFs of
+  one colour share no row: each column is read off exactly): on a box mesh's lattice
+  ``i_d mod (2p + 1)`` in every direction, 27 applications at ``p = 1`` in 3D; on an
+  unstructured mesh a distance-2 colouring of the element graph. An operator with
+  ``to_csr()`` (assembled forms) is taken as it is.
+* :class:`AMGSolver`: the algebraic multigrid of the assembled matrix. ``pyamg``
+  builds the smoothed-aggregation hierarchy on the host (an optional dependency,
+  ``pip install smalltc[amg]``, imported here). The solve phase is either pyamg's own
+  V-cycle (``cycle="pyamg"``, CPU: symmetric Gauss-Seidel) or a portable V-cycle
+  written with the array module of the vectors (``cycle="portable"``, the GPU's: the
+  level matrices as ``cupyx.scipy.sparse`` CSR, Chebyshev-Jacobi smoothing of degree
+  2 (:class:`~smalltc.fem.chebyshev.Chebyshev`), a dense solve on the coarsest level;
+  no host round trip per cycle). One V-cycle per application: a symmetric positive
+  definite preconditioner.
+* :class:`CGSolver`: Jacobi-CG on the matrix-free operator to a relative tolerance
+  (the plain alternative).
+"""
+
+import numpy as np
+
+from smalltc._arrays import array_module
+
+from ._device import to_host
+from .chebyshev import Chebyshev, _Preconditioner
+
+__all__ = ["assemble_csr", "AMGSolver", "CGSolver", "COARSE_SOLVERS"]
+
+#: the coarse solvers :func:`smalltc.fem.pmg` takes by name
+COARSE_SOLVERS = ("amg", "cg")
+
+
+def assemble_csr(operator, space):
+    """The global matrix of ``operator`` on ``space`` as ``scipy.sparse.csr_matrix``.
+
+    Parameters
+    ----------
+    operator : callable
+        ``x -> A x`` for vectors of ``space`` (NumPy or CuPy results); an object
+        with ``to_csr()`` returning ``(indptr, indices, data)`` is used directly, and
+        so is one wrapped by :class:`smalltc.fem.multigrid.Constrained`.
+    space : H1Space
+        Its lattice numbering gives the colouring of the probes.
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix
+        ``(ndofs, ndofs)``, float64, on the host; explicit zeros of the pattern kept.
+
+    Examples
+    --------
+    >>> from smalltc import fem
+    >>> V = fem.H1Space(fem.box_mesh(1, 2), p=1)
+    >>> A = assemble_csr(fem.mass_operator(V, nq=2), V)
+    >>> print(np.round(A.toarray() * 12, 12))
+    [[2. 1. 0.]
+     [1. 4. 1.]
+     [0. 1. 2.]]
+    """
+    import scipy.sparse as sp
+    n = space.ndofs
+    if hasattr(operator, "to_csr"):
+        indptr, indices, data = operator.to_csr()
+        return sp.csr_matrix((to_host(data), to_host(indices), to_host(indptr)), shape=(n, n))
+    inner = getattr(operator, "operator", None)
+    if hasattr(inner, "to_csr") and hasattr(operator, "free"):
+        # a constrained assembled operator (multigrid.Constrained): F A F + C
+        A = assemble_csr(inner, space)
+        if operator.free is None:
+            return A
+        f = to_host(operator.free).astype(np.float64)
+        F = sp.diags(f)
+        return (F @ A @ F + sp.diags(1.0 - f)).tocsr()
+    xp = getattr(operator, "xp", np)
+    dtype = getattr(operator, "dtype", np.float64)
+    pattern = _pattern(space)                     # A[i, j] may be nonzero: share an element
+    rows, cols, vals = [], [], []
+    for sel in _colours(space, pattern):
+        probe = np.zeros(n, dtype=dtype)
+        probe[sel] = 1
+        y = to_host(operator(xp.asarray(probe)))
+        sub = pattern[:, sel].tocoo()             # rows of the chosen columns
+        rows.append(sub.row)
+        cols.append(sel[sub.col])
+        vals.append(y[sub.row])
+    return sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                         shape=(n, n)).tocsr()
+
+
+def _pattern(space):
+    """The DoFs that share an element, as a CSR pattern (``ndofs x ndofs``, ones)."""
+    import scipy.sparse as sp
+    E = space.nelements
+    dofs = np.asarray(space.elem_dofs).reshape(E, -1)
+    inc = sp.csr_matrix((np.ones(dofs.size), (np.repeat(np.arange(E), dofs.shape[1]),
+                                              dofs.ravel())), shape=(E, space.ndofs))
+    C = (inc.T @ inc).tocsr()
+    C.data[:] = 1.0
+    return C
+
+
+def _colours(space, pattern):
+    """Sets of DoFs (index arrays) no two of which share a row of ``pattern``: on a box
+    lattice the residues ``i_d mod (2p + 1)``; otherwise a distance-2 colouring of the
+    pattern's graph, one maximal independent set of ``pattern @ pattern`` per colour
+    (Luby's rule with fixed random weights)."""
+    if getattr(space, "lattice_shape", None) is not None:
+        L = np.array(space.lattice_shape)
+        m = 2 * space.p + 1
+        idx = np.indices(tuple(L)).reshape(space.dim, -1) % m
+        key = np.ravel_multi_index(tuple(idx), (m,) * space.dim)
+        order = np.argsort(key, kind="stable")
+        bounds = np.searchsorted(key[order], np.arange(m ** space.dim + 1))
+        return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    G = (pattern @ pattern).tocsr()
+    G.setdiag(0)
+    G.eliminate_zeros()
+    G.data[:] = 1.0
+    w = np.random.default_rng(0).permutation(space.ndofs).astype(np.float64) + 1.0
+    uncoloured = np.ones(space.ndofs, dtype=bool)
+    out = []
+    while uncoloured.any():
+        cand = uncoloured.copy()
+        chosen = np.zeros(space.ndofs, dtype=bool)
+        while cand.any():
+            wc = np.where(cand, w, 0.0)
+            nbr_max = G.multiply(wc[None, :]).max(axis=1).toarray().ravel()
+            pick = cand & (wc > nbr_max)
+            chosen |= pick
+            cand &= ~pick
+            cand &= ~(G @ pick.astype(np.float64) > 0)
+        out.append(np.flatnonzero(chosen))
+        uncoloured &= ~chosen
+    return out
+
+
+def _pyamg():
+    try:
+        import pyamg
+    except ImportError as err:
+        raise ImportError("the AMG coarse solve needs pyamg (pip install 'smalltc[amg]' or "
+                          "pip install pyamg); or pass coarse='cg'") from err
+    return pyamg
+
+
+class _SparseLevel:
+    """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``."""
+
+    def __init__(self, A, xp):
+        A = A.tocsr()
+        if xp is np:
+            self.A = A
+        else:       # from the arrays (SciPy's csr_array or csr_matrix alike)
+            import cupyx.scipy.sparse as csp
+            self.A = csp.csr_matrix((xp.asarray(A.data), xp.asarray(A.indices),
+                                     xp.asarray(A.indptr)), shape=A.shape)
+        self.xp = xp
+        self.n = A.shape[0]
+        self.dtype = np.dtype(A.dtype)
+
+    def __call__(self, x):
+        return self.A @ x
+
+    def diagonal(self):
+        return self.xp.asarray(self.A.diagonal())
+
+
+class AMGSolver(_Preconditioner):
+    """One AMG V-cycle of the assembled coarse matrix per application.
+
+    Parameters
+    ----------
+    A : scipy.sparse matrix
+        Symmetric positive definite, on the host.
+    xp : module
+        ``numpy`` or ``cupy``: where the vectors live.
+    cycle : {"auto", "pyamg", "portable"}
+        ``"auto"``: pyamg's cycle for NumPy, the portable one for CuPy.
+    max_coarse : int
+        pyamg's ``max_coarse`` (the coarsest level is solved densely).
+    smoother_degree : int
+        Portable cycle: degree of the Chebyshev-Jacobi smoother on each level.
+    **setup
+        More keyword arguments of ``pyamg.smoothed_aggregation_solver``.
+
+    Attributes
+    ----------
+    ml : pyamg.MultilevelSolver
+        The hierarchy (setup on the host).
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> A = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(50, 50), format="csr")
+    >>> S = AMGSolver(A, cycle="portable")
+    >>> x = S(np.ones(50))
+    >>> bool(np.linalg.norm(A @ x - 1) < 0.5 * np.sqrt(50))
+    True
+    """
+
+    def __init__(self, A, xp=np, *, cycle="auto", max_coarse=200, smoother_degree=2, **setup):
+        pyamg = _pyamg()
+        if cycle not in ("auto", "pyamg", "portable"):
+            raise ValueError(f"cycle must be 'auto', 'pyamg' or 'portable', got {cycle!r}")
+        if cycle == "auto":
+            cycle = "pyamg" if xp is np else "portable"
+        if cycle == "pyamg" and xp is not np:
+            raise ValueError("cycle='pyamg' runs on the host; CuPy vectors need cycle='portable'")
+        A = A.tocsr().astype(np.float64)
+        self.ml = pyamg.smoothed_aggregation_solver(A, max_coarse=max_coarse, **setup)
+        self.cycle, self.xp = cycle, xp
+        self.n, self.dtype = A.shape[0], np.dtype(np.float64)
+        self.nnz = A.nnz
+        if cycle == "pyamg":
+            self._M = self.ml.aspreconditioner(cycle="V")
+            return
+        self.levels = []
+        for lev in self.ml.levels[:-1]:
+            Al = _SparseLevel(lev.A, xp)
+            P = _SparseLevel(lev.P, xp).A
+            R = _SparseLevel(lev.P.T.tocsr(), xp).A
+            self.levels.append((Al, P, R, Chebyshev(Al, degree=smoother_degree)))
+        Ac = self.ml.levels[-1].A.toarray()
+        self.coarse_inv = xp.asarray(np.linalg.pinv(Ac))     # symmetric
+
+    def __call__(self, b):
+        """One V-cycle on ``A x = b`` from zero (float64 inside; ``x`` in b's dtype)."""
+        if self.cycle == "pyamg":
+            return self._M.matvec(to_host(b).astype(np.float64)).astype(b.dtype, copy=False)
+        return self._vcycle(0, b.astype(np.float64, copy=False)).astype(b.dtype, copy=False)
+
+    def _vcycle(self, level, b):
+        if level == len(self.levels):
+            return self.coarse_inv @ b
+        A, P, R, S = self.levels[level]
+        x = S.smooth(b)
+        r = b - A(x)
+        x = x + P @ self._vcycle(level + 1, R @ r)
+        return S.smooth(b, x)
+
+    def describe(self):
+        """One line: levels, unknowns, operator complexity, cycle."""
+        sizes = "/".join(str(lev.A.shape[0]) for lev in self.ml.levels)
+        return (f"AMG (pyamg smoothed aggregation, {self.cycle} V-cycle): {len(self.ml.levels)} "
+                f"levels, {sizes} unknowns, operator complexity "
+                f"{self.ml.operator_complexity():.2f}")
+
+    def __repr__(self):
+        return f"AMGSolver({self.describe()})"
+
+
+class CGSolver(_Preconditioner):
+    """Jacobi-CG on ``operator`` to relative tolerance ``tol`` per application.
+
+    Examples
+    --------
+    >>> A = np.diag([1.0, 2.0, 4.0])
+    >>> S = CGSolver(lambda x: A @ x, np.diag(A).copy(), tol=1e-12)
+    >>> print(np.round(S(np.ones(3)), 6))
+    [1.   0.5  0.25]
+    """
+
+    def __init__(self, operator, diagonal, *, tol=1e-10, maxiter=None):
+        from .solvers import jacobi
+        self.operator, self.P = operator, jacobi(diagonal)
+        self.xp = array_module(self.P.inv)
+        self.n, self.dtype = int(self.P.inv.size), self.P.inv.dtype
+        self.tol, self.maxiter = float(tol), maxiter
+        self.iterations = []            # of each application (the last 100)
+
+    def __call__(self, b):
+        from .solvers import cg
+        res = cg(self.operator, b, tol=self.tol, maxiter=self.maxiter, precond=self.P)
+        self.iterations = (self.iterations + [res.iterations])[-100:]
+        return res.x
+
+    def describe(self):
+        return f"Jacobi-CG to relative residual {self.tol:g}"
+
+    def __repr__(self):
+        return f"CGSolver({self.describe()})"

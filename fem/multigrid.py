@@ -1,0 +1,548 @@
+"""p-multigrid: a V-cycle over the orders p -> ceil(p/2) -> ... -> 1 on one mesh.
+
+Every level is the same kind of operator (mass, diffusion, Helmholtz: the fused
+matrix-free one) on the H1 space of its order; the smoother is Chebyshev of the
+Jacobi-preconditioned level operator (:class:`~smalltc.fem.chebyshev.Chebyshev`);
+the order-1 level is assembled and solved by algebraic multigrid
+(:mod:`smalltc.fem.coarse`), or by Jacobi-CG. One V-cycle from a zero guess is a
+symmetric positive definite preconditioner (pre- and post-smoothing by the same
+polynomial, ``R = P^T``, a symmetric coarse solve), so :func:`smalltc.fem.cg`,
+SciPy's and CuPy's solvers take it (the LinearOperator protocol).
+
+Transfers (:class:`Transfer`) between orders ``q < p``: on every element the order-``q``
+values are interpolated to the order-``p`` Gauss-Lobatto nodes by the 1D matrix
+``I1d[i, j] = phi^q_j(x^p_i)`` on each axis (sum factorised), and the element results
+are summed into the global vector with the weights ``1 / multiplicity`` (the copies
+of a shared node agree, so this is interpolation of the continuous function):
+``P = S_p W I G_q``. The restriction is exactly its transpose, ``R = G_q^T I^T W S_p^T``.
+On the CPU both are NumPy array operations (gather, one GEMM per axis, scatter-add); on
+the GPU each is one kernel (``templates/cuda/pmg_transfer.cu.j2``), or the same array
+operations with CuPy (``Transfer(..., fused=False)``).
+
+Constrained (Dirichlet) DoFs: a boolean mask on the finest level (or ``"boundary"``:
+every DoF on the box's boundary). Each level's operator acts as the identity there,
+``A_c = F A F + C`` (``F``, ``C``: the free and constrained diagonal masks; for an
+operator that is already so this changes nothing), and the transfers are ``F_p P F_q``.
+A coarse DoF is constrained when its basis function is nonzero at a constrained fine
+DoF: exact for constraints on whole boundary faces.
+"""
+
+import math
+
+import numpy as np
+
+from smalltc._arrays import array_module
+
+from ._device import to_host
+from .basis import lagrange_basis
+from .chebyshev import KINDS, Chebyshev, _Preconditioner
+from .coarse import COARSE_SOLVERS, AMGSolver, CGSolver, assemble_csr
+from .quadrature import gauss_lobatto
+from .space import H1Space
+from .tensor import apply_tensor
+
+__all__ = ["PMultigrid", "Transfer", "Constrained", "pmg", "pmg_orders", "boundary_mask"]
+
+
+def pmg_orders(p):
+    """The orders of the levels: ``p, ceil(p/2), ..., 1``.
+
+    Examples
+    --------
+    >>> pmg_orders(7), pmg_orders(8), pmg_orders(1)
+    ([7, 4, 2, 1], [8, 4, 2, 1], [1])
+    """
+    out = [int(p)]
+    while out[-1] > 1:
+        out.append(math.ceil(out[-1] / 2))
+    return out
+
+
+def boundary_mask(space, region=None):
+    """Boolean mask of the DoFs on the boundary (or on a region of it), shape (ndofs,).
+
+    From ``space.boundary_dofs(region)`` where the space has it; else (a box mesh's
+    lattice) the whole boundary of the box.
+
+    Examples
+    --------
+    >>> from smalltc.fem import box_mesh
+    >>> print(boundary_mask(H1Space(box_mesh(1, 2), p=1)))
+    [ True False  True]
+    """
+    if hasattr(space, "boundary_dofs"):
+        mask = np.zeros(space.ndofs, dtype=bool)
+        mask[space.boundary_dofs(region)] = True
+        return mask
+    if region is not None:
+        raise ValueError(f"this space has no boundary regions (region={region!r})")
+    L = np.array(space.lattice_shape)
+    idx = np.indices(tuple(L)).reshape(space.dim, -1)
+    return np.any((idx == 0) | (idx == (L - 1)[:, None]), axis=0)
+
+
+#: threads per block of the fused transfer kernels (one element per block)
+_TRANSFER_THREADS = 128
+
+
+class Transfer:
+    """Prolongation from an order-``q`` space to an order-``p`` space on the same mesh,
+    and its transpose.
+
+    Parameters
+    ----------
+    coarse, fine : H1Space
+        On the same mesh, ``coarse.p <= fine.p``.
+    xp : module
+        Where the vectors live (NumPy or CuPy).
+    coarse_free, fine_free : array of bool, optional
+        The free (unconstrained) DoFs of each space; None: all free.
+    dtype : dtype
+        Of the vectors.
+    fused : bool or None
+        CuPy vectors: one kernel each way (``templates/cuda/pmg_transfer.cu.j2``: gather,
+        the sum-factorised interpolation in shared memory, weighted atomic scatter-add);
+        False: the same with CuPy array operations (gather, three GEMMs, strided adds).
+        None (default): fused on the GPU. NumPy vectors always take the array path.
+
+    Examples
+    --------
+    >>> from smalltc.fem import box_mesh
+    >>> mesh = box_mesh(2, 2, distortion=0.05)
+    >>> T = Transfer(H1Space(mesh, 1), H1Space(mesh, 3))
+    >>> xc = H1Space(mesh, 1).dof_coordinates()[0]          # x is in both spaces
+    >>> bool(np.allclose(T.prolong(xc), H1Space(mesh, 3).dof_coordinates()[0]))
+    True
+    """
+
+    def __init__(self, coarse, fine, xp=np, *, coarse_free=None, fine_free=None,
+                 dtype=np.float64, fused=None):
+        if coarse.mesh is not fine.mesh:
+            raise ValueError("coarse and fine spaces must be on the same mesh object")
+        if coarse.p > fine.p:
+            raise ValueError(f"coarse order {coarse.p} is above fine order {fine.p}")
+        self.coarse, self.fine, self.xp, self.dtype = coarse, fine, xp, np.dtype(dtype)
+        I1d, _ = lagrange_basis(gauss_lobatto(coarse.nd)[0], gauss_lobatto(fine.nd)[0])
+        self.I1d = xp.asarray(I1d.astype(self.dtype))        # (nd_fine, nd_coarse)
+        self.I1dT = xp.ascontiguousarray(self.I1d.T)
+        w = 1.0 / fine.multiplicity()
+        if fine_free is not None:
+            w = w * np.asarray(to_host(fine_free), dtype=bool)
+        self.weights = fine.gather(xp.asarray(w.astype(self.dtype)))   # E-vector
+        self.coarse_free = None if coarse_free is None else \
+            xp.asarray(np.asarray(to_host(coarse_free), dtype=self.dtype))
+        self.fused = (xp is not np) if fused is None else bool(fused) and xp is not np
+        if self.fused:
+            self._fine_w = xp.asarray(w.astype(self.dtype))            # per fine DoF
+            self._coarse_w = (xp.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
+                              else self.coarse_free)
+
+    def _kernel(self, forward):
+        """The fused transfer kernel (CuPy), compiled once per size and direction."""
+        from smalltc.backends.cuda import runtime as RT
+        nc, nf = self.coarse.nd, self.fine.nd
+        itype = np.dtype(self.fine.dof_map(self.xp).dtype)
+        ctx = dict(dtype=self.dtype.name, dim=self.fine.dim, nin=nc if forward else nf,
+                   nout=nf if forward else nc, threads=_TRANSFER_THREADS, min_blocks=0,
+                   index_t="int" if itype == np.int32 else "long long")
+        entry = (f"stc_pmg_{'prolong' if forward else 'restrict'}_{self.fine.dim}d_"
+                 f"{'f64' if self.dtype == np.float64 else 'f32'}_q{self.coarse.p}p{self.fine.p}"
+                 f"_{'i32' if itype == np.int32 else 'i64'}")
+        return RT.get_kernel("pmg_transfer.cu.j2", entry, ctx)
+
+    def _fused(self, forward, x):
+        xp = self.xp
+        x = xp.ascontiguousarray(xp.asarray(x, dtype=self.dtype))
+        if forward:
+            M, src, dst = self.I1d, self.coarse, self.fine
+            w_in, w_out = self._coarse_w, self._fine_w
+        else:
+            M, src, dst = self.I1dT, self.fine, self.coarse
+            w_in, w_out = self._fine_w, self._coarse_w
+        y = xp.zeros(dst.ndofs, dtype=self.dtype)
+        E = self.fine.nelements
+        grid = (int(min(E, 65535 * 8)),)
+        self._kernel(forward)(grid, (_TRANSFER_THREADS,),
+                              (xp.ascontiguousarray(M), x, src.dof_map(xp), w_in,
+                               dst.dof_map(xp), w_out, y, np.int64(E)))
+        return y
+
+    def prolong(self, xc):
+        """``x_fine = P x_coarse`` (shape (ndofs_coarse,) -> (ndofs_fine,))."""
+        if self.fused:
+            return self._fused(True, xc)
+        if self.coarse_free is not None:
+            xc = xc * self.coarse_free
+        dim = self.fine.dim
+        v = apply_tensor([self.I1d] * dim, self.coarse.gather(xc))
+        return self.fine.scatter(v * self.weights)
+
+    def restrict(self, rf):
+        """``r_coarse = P^T r_fine`` (shape (ndofs_fine,) -> (ndofs_coarse,))."""
+        if self.fused:
+            return self._fused(False, rf)
+        dim = self.fine.dim
+        v = apply_tensor([self.I1dT] * dim, self.fine.gather(rf) * self.weights)
+        rc = self.coarse.scatter(v)
+        return rc if self.coarse_free is None else rc * self.coarse_free
+
+    def __repr__(self):
+        return f"Transfer(p={self.coarse.p} -> {self.fine.p})"
+
+
+class Constrained:
+    """``A_c = F A F + C``: ``operator`` with the constrained DoFs made identity rows and
+    columns (``free``: boolean mask of the others; None passes ``A`` through).
+
+    Examples
+    --------
+    >>> A = np.array([[2.0, -1.0], [-1.0, 2.0]])
+    >>> Ac = Constrained(lambda x: A @ x, np.diag(A), np.array([True, False]))
+    >>> print(Ac(np.array([1.0, 1.0])), Ac.diagonal())
+    [2. 1.] [2. 1.]
+    """
+
+    def __init__(self, operator, diagonal, free=None):
+        self.operator = operator
+        xp = array_module(diagonal)
+        self.xp, self.dtype = xp, diagonal.dtype
+        self.n = int(diagonal.size)
+        if free is None:
+            self.free = None
+            self._diag = diagonal
+        else:
+            self.free = xp.asarray(np.asarray(to_host(free), dtype=diagonal.dtype))
+            self.fixed = 1 - self.free
+            self._diag = diagonal * self.free + self.fixed
+
+    @property
+    def shape(self):
+        return (self.n, self.n)
+
+    def __call__(self, x):
+        if self.free is None:
+            return self.operator(x)
+        return self.operator(x * self.free) * self.free + x * self.fixed
+
+    def diagonal(self):
+        return self._diag
+
+
+class _Level:
+    """One level: its space, (constrained) operator, smoother, free mask."""
+
+    def __init__(self, space, operator, free, xp):
+        self.space, self.raw, self.free = space, operator, free
+        self.A = Constrained(operator, xp.asarray(operator.diagonal()), free)
+        self.smoother = None
+        self.applications = 0
+
+
+class PMultigrid(_Preconditioner):
+    """A p-multigrid V-cycle as a preconditioner; made by :func:`pmg`.
+
+    Calling it (``z = M r``) runs one V-cycle on ``A z = r`` from a zero guess.
+    ``print()`` shows the hierarchy.
+
+    Attributes
+    ----------
+    levels : list
+        Finest first; each has ``space``, ``A`` (the constrained operator),
+        ``smoother`` (None on the coarse level) and ``free``.
+    transfers : list of Transfer
+        ``transfers[l]`` between ``levels[l + 1]`` (coarse) and ``levels[l]``.
+    coarse : AMGSolver or CGSolver
+        The solve of the order-1 (coarsest) level.
+    cycles : int
+        V-cycles run so far.
+    """
+
+    def __init__(self, levels, transfers, coarse, degree, kind):
+        self.levels, self.transfers, self.coarse = levels, transfers, coarse
+        self.degree, self.kind = degree, kind
+        fine = levels[0]
+        self.xp = fine.A.xp
+        self.n, self.dtype = fine.space.ndofs, fine.A.dtype
+        self.cycles = 0
+
+    @property
+    def operator(self):
+        """The finest level's (constrained) operator."""
+        return self.levels[0].A
+
+    def __call__(self, r):
+        """One V-cycle on ``A z = r`` from ``z = 0``; ``z`` in r's dtype."""
+        self.cycles += 1
+        return self._vcycle(0, r).astype(r.dtype, copy=False)
+
+    def _vcycle(self, l, b):
+        if l == len(self.levels) - 1:
+            return self.coarse(b)
+        lev, T = self.levels[l], self.transfers[l]
+        S = lev.smoother
+        x = S.smooth(b)
+        r = b - lev.A(x)
+        x = x + T.prolong(self._vcycle(l + 1, T.restrict(r)))
+        return S.smooth(b, x)
+
+    def cost(self):
+        """The V-cycle's operator applications: per level, and their sum weighted by each
+        level's DoFs over the finest level's (the cost in finest-level applications, by
+        DoF count; the coarse solve excluded).
+
+        Returns
+        -------
+        dict
+            ``{"per_level": [(p, applications), ...], "fine_equivalent": float}``.
+        """
+        per, total = [], 0.0
+        n0 = self.levels[0].space.ndofs
+        for lev in self.levels[:-1]:
+            apps = 2 * lev.smoother.degree            # (k-1) + 1 residual + k
+            per.append((lev.space.p, apps))
+            total += apps * lev.space.ndofs / n0
+        return {"per_level": per, "fine_equivalent": total}
+
+    def __repr__(self):
+        lines = [f"PMultigrid: {len(self.levels)} levels, V-cycle, Chebyshev ({self.kind} "
+                 f"kind, degree {self.degree}) smoothing, device "
+                 f"{'cpu' if self.xp is np else 'gpu'}"]
+        lines.append(f"  {'level':>5s} {'p':>3s} {'ndofs':>10s} {'free':>10s}  operator / smoother")
+        for i, lev in enumerate(self.levels):
+            free = lev.space.ndofs if lev.free is None else int(np.count_nonzero(lev.free))
+            what = type(lev.raw).__name__
+            if getattr(lev.raw, "qfunc", None):
+                what += f"({lev.raw.qfunc}{', collocated' if getattr(lev.raw, 'collocated', False) else ''})"
+            if lev.smoother is not None:
+                what += f"; lambda_max={lev.smoother.lambda_max:.3g}"
+            else:
+                what += f"; coarse: {self.coarse.describe()}"
+            lines.append(f"  {i:5d} {lev.space.p:3d} {lev.space.ndofs:10d} {free:10d}  {what}")
+        c = self.cost()
+        lines.append(f"  V-cycle cost: {c['fine_equivalent']:.2f} finest-level applications "
+                     f"(by DoFs; {', '.join(f'p={p}: {a}' for p, a in c['per_level'])})")
+        return "\n".join(lines)
+
+
+_QUADRATURES_GLL = ("gll", "lobatto", "gauss-lobatto")
+
+
+def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficients=None,
+             options=None):
+    """``space -> operator`` of the family (:func:`~smalltc.fem.operators.mass_operator`,
+    ``diffusion_operator``, ``helmholtz_operator``) for the named kind, or like ``operator``
+    (its ``qfunc``, quadrature rule, ``nq - p``, dtype, backend, fused)."""
+    from . import operators as ops
+    options = dict(options or {})
+    if operator is not None:
+        qf = getattr(operator, "qfunc", None)
+        name = type(operator).__name__.lower()
+        if qf is None:
+            qf = ("mass" if "mass" in name else "helmholtz" if "helmholtz" in name
+                  else "diffusion" if "diffusion" in name else None)
+        if kind is None:
+            kind = qf
+        B1d = getattr(operator, "B1d", None)
+        collocated = bool(getattr(operator, "collocated", False)) or (
+            B1d is None and getattr(operator, "G1d", None) is not None)
+        if nq_offset is None:
+            G = B1d if B1d is not None else getattr(operator, "G1d", None)
+            if G is not None:
+                nq_offset = int(G.shape[0]) - operator.space.p
+        if quadrature is None and collocated:
+            quadrature = "gll"
+        for key in ("dtype", "backend", "fused", "deterministic"):
+            if hasattr(operator, key) and key not in options:
+                options[key] = getattr(operator, key)
+        if kind is None:
+            raise TypeError(f"cannot tell the kind of {type(operator).__name__}: pass "
+                            f"kind='mass'|'diffusion'|'helmholtz' or operator_factory=")
+    if kind not in ("mass", "diffusion", "helmholtz"):
+        raise ValueError(f"kind must be 'mass', 'diffusion' or 'helmholtz', got {kind!r}")
+    quadrature = quadrature or "gauss"
+    if nq_offset is None:
+        nq_offset = 1 if quadrature in _QUADRATURES_GLL else 2
+    c = dict(coefficients or {})
+    options["device"] = device
+    options["quadrature"] = quadrature
+    if options.get("dtype") is not None:
+        options["dtype"] = np.dtype(options["dtype"])
+
+    def make(space, assembled=False):
+        nq = space.p + nq_offset
+        kw = dict(options, assembled=assembled)
+        if kind == "mass":
+            return ops.mass_operator(space, nq, c.get("rho"), **kw)
+        if kind == "diffusion":
+            return ops.diffusion_operator(space, nq, c.get("kappa"), **kw)
+        if c.get("alpha") is None:
+            raise ValueError("a Helmholtz p-multigrid needs alpha= (the mass term's factor)")
+        return ops.helmholtz_operator(space, c["alpha"], nq, c.get("kappa"), **kw)
+    return make
+
+
+def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth",
+        constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
+        operator_factory=None, device=None, nq_offset=None, quadrature=None, kappa=None,
+        alpha=None, rho=None, lambda_steps=10):
+    """Build a p-multigrid preconditioner.
+
+    Parameters
+    ----------
+    operator_or_space : operator or H1Space
+        The finest level: an operator of the family (:func:`~smalltc.fem.diffusion_operator`,
+        ...: used as it is, the other levels made alike: its ``qfunc``, quadrature rule,
+        ``nq - p``, dtype, backend), a :class:`~smalltc.fem.ConstrainedOperator` (its
+        constrained DoFs are then the finest level's), any operator with ``.space`` and
+        ``diagonal()`` together with ``operator_factory``; or a space (then ``kind``
+        says which operator to build on each level).
+    kind : {"mass", "diffusion", "helmholtz"}, optional
+        The operator of the levels; by default the given operator's ``qfunc``.
+    orders : list of int, optional
+        The levels' orders, finest first, ending in 1; ``p, ceil(p/2), ..., 1`` by
+        default (:func:`pmg_orders`).
+    degree : int
+        Chebyshev degree on every level but the coarsest: ``2 degree`` applications
+        of the level's operator per V-cycle. 3 by default: on a distorted 3D box
+        (p = 3..8) degree 2 needed 1.4-1.6x the iterations and no less time.
+    smoother : {"fourth", "first"}
+        Chebyshev kind (:mod:`smalltc.fem.chebyshev`).
+    constrained : array of bool or int, "boundary", region name(s) or None
+        The constrained (Dirichlet) DoFs of the finest level: a mask, indices,
+        the whole boundary, or boundary regions (``space.boundary_dofs(region)``).
+    coarse : {"amg", "cg"}
+        The order-1 solve: one AMG V-cycle (pyamg hierarchy) or Jacobi-CG to
+        ``coarse_tol``.
+    amg_cycle : {"auto", "pyamg", "portable"}
+        See :class:`smalltc.fem.coarse.AMGSolver`.
+    operator_factory : callable, optional
+        ``space -> operator`` for the levels below the finest (and the finest when a
+        space is given); overrides ``kind``.
+    device : {"cpu", "gpu", "auto"}, optional
+        Where the levels built from a space live; by default the given operator's.
+    nq_offset : int, optional
+        The levels built here use ``nq = p + nq_offset`` points (the given operator's
+        offset; else 2, 1 for Gauss-Lobatto).
+    quadrature : str, optional
+        Their rule (the given operator's: ``"gll"`` when it is collocated; else
+        ``"gauss"``).
+    kappa, alpha, rho : optional
+        The coefficients of the levels built here (as for
+        :func:`~smalltc.fem.diffusion_operator`, ``helmholtz_operator``,
+        ``mass_operator``): an operator holds only its quadrature data, so pass a
+        variable coefficient again.
+    lambda_steps : int
+        Lanczos steps of each smoother's eigenvalue estimate.
+
+    Returns
+    -------
+    PMultigrid
+
+    Raises
+    ------
+    ValueError
+        For bad orders, kinds, masks; from the smoothers (an operator that is not
+        positive definite).
+    ImportError
+        ``coarse="amg"`` without pyamg.
+
+    Examples
+    --------
+    >>> from smalltc import fem
+    >>> space = fem.H1Space(fem.box_mesh(2, 4, distortion=0.05), p=4)
+    >>> M = fem.pmg(space, kind="diffusion", constrained="boundary")
+    >>> [lev.space.p for lev in M.levels]
+    [4, 2, 1]
+    >>> b = M.operator(np.ones(space.ndofs))
+    >>> res = fem.cg(M.operator, b, tol=1e-8, precond=M)
+    >>> res.converged and res.iterations < 15
+    True
+    """
+    bc_dofs = None
+    if isinstance(operator_or_space, H1Space):
+        space, fine_op = operator_or_space, None
+        device = device or "cpu"
+    else:
+        fine_op = operator_or_space
+        if hasattr(fine_op, "bc") and hasattr(fine_op, "op"):      # a ConstrainedOperator
+            bc_dofs = np.asarray(fine_op.bc.dofs)
+            fine_op = fine_op.op
+        space = getattr(fine_op, "space", None)
+        if not isinstance(space, H1Space):
+            raise TypeError(f"{type(fine_op).__name__} has no .space (an H1Space): pass the "
+                            f"space and kind=, or operator_factory=")
+        device = device or getattr(fine_op, "device", "cpu")
+    make = operator_factory or _factory(kind, fine_op, device, nq_offset, quadrature,
+                                        dict(kappa=kappa, alpha=alpha, rho=rho))
+    if bc_dofs is not None:
+        if constrained is not None:
+            raise ValueError("a ConstrainedOperator brings its constrained DoFs: "
+                             "leave constrained=None")
+        constrained = bc_dofs
+    orders = pmg_orders(space.p) if orders is None else [int(q) for q in orders]
+    if orders[0] != space.p or orders[-1] != 1 or any(a <= b for a, b in zip(orders, orders[1:])):
+        raise ValueError(f"orders must decrease strictly from p={space.p} to 1, got {orders}")
+    if smoother not in KINDS:
+        raise ValueError(f"smoother must be one of {list(KINDS)}, got {smoother!r}")
+    if coarse not in COARSE_SOLVERS:
+        raise ValueError(f"coarse must be one of {list(COARSE_SOLVERS)}, got {coarse!r}")
+    fixed = None
+    if isinstance(constrained, str) or (isinstance(constrained, (list, tuple)) and constrained
+                                        and isinstance(constrained[0], str)):
+        fixed = boundary_mask(space, None if constrained == "boundary" else constrained)
+    elif constrained is not None:
+        fixed = np.asarray(to_host(constrained))
+        if fixed.dtype != bool:       # an index array
+            idx = fixed.astype(np.int64)
+            fixed = np.zeros(space.ndofs, dtype=bool)
+            fixed[idx] = True
+        if fixed.shape != (space.ndofs,):
+            raise ValueError(f"constrained has shape {fixed.shape}, expected ({space.ndofs},)")
+    levels, transfers = [], []
+    op = fine_op if fine_op is not None else make(space)
+    xp = array_module(op.diagonal())
+    dtype = np.dtype(getattr(op, "dtype", np.float64))
+    free = None if fixed is None else ~fixed
+    levels.append(_Level(space, op, free, xp))
+    for q in orders[1:]:
+        fine = levels[-1]
+        cspace = H1Space(space.mesh, q)
+        cfree = None
+        probe = Transfer(cspace, fine.space, np)
+        if fine.free is not None:
+            # a coarse function nonzero at a constrained fine DoF is constrained
+            touched = _touches(probe, ~fine.free)
+            cfree = ~touched
+        transfers.append(Transfer(cspace, fine.space, xp, coarse_free=cfree,
+                                  fine_free=fine.free, dtype=dtype))
+        last = q == orders[-1] and coarse == "amg"
+        levels.append(_Level(cspace, _make_coarse(make, cspace) if last else make(cspace),
+                             cfree, xp))
+    for lev in levels[:-1]:
+        lev.smoother = Chebyshev(lev.A, degree=degree, kind=smoother, steps=lambda_steps)
+    last = levels[-1]
+    if coarse == "amg":
+        A = assemble_csr(last.A, last.space)
+        solver = AMGSolver(A, xp, cycle=amg_cycle)
+    else:
+        solver = CGSolver(last.A, last.A.diagonal(), tol=coarse_tol)
+    return PMultigrid(levels, transfers, solver, degree, smoother)
+
+
+def _make_coarse(make, space):
+    """The order-1 level for the AMG: assembled (element matrices, ``to_csr()``) where the
+    factory can (``make(space, assembled=True)``), else matrix-free (then probed)."""
+    try:
+        return make(space, assembled=True)
+    except TypeError:           # a user's factory without the keyword
+        return make(space)
+
+
+def _touches(T, fine_fixed):
+    """Coarse DoFs whose basis function is nonzero at some fine DoF of ``fine_fixed``:
+    ``|P|^T`` applied to the mask (host, float64)."""
+    dim = T.fine.dim
+    absI = np.abs(to_host(T.I1d)).T
+    v = T.fine.gather(fine_fixed.astype(np.float64))
+    rc = T.coarse.scatter(apply_tensor([absI] * dim, v))
+    return rc > 1e-12

@@ -1,0 +1,194 @@
+"""The ``solve`` suite: Poisson solves to a relative residual of 1e-8, three preconditioners.
+
+For each order p on a distorted 3D box mesh (:func:`smalltc.fem.box_mesh`, sine
+distortion 0.08, Dirichlet conditions on the whole boundary: the operator is the
+identity there), the diffusion operator (:func:`smalltc.fem.diffusion_operator`,
+matrix-free, ``nq = p + 2`` Gauss points; its plan's backend and kernel recorded) is
+solved by :func:`smalltc.fem.cg` with
+
+``jacobi``      the Jacobi preconditioner (the fused CG iteration)
+``chebyshev``   Chebyshev (fourth kind, degree 4) of the Jacobi-preconditioned operator
+``pmg``         the p-multigrid V-cycle (:func:`smalltc.fem.pmg`: Chebyshev degree 3 on
+                the levels p, ceil(p/2), ..., 1; one AMG V-cycle on the order-1 level)
+
+from the same right-hand side ``b = A x*`` (``x*`` random). Each records the
+iterations, the setup time (the preconditioner's construction: eigenvalue estimates,
+levels, AMG hierarchy), the solve time, the time to solution (their sum), the true
+relative residual and the distance to the Jacobi-CG answer; for pmg also the V-cycle's
+cost in finest-level applications, counted (by DoFs, :meth:`PMultigrid.cost`) and timed
+(one V-cycle over one application of the constrained finest operator). Sizes: about 2M DoFs on a
+GPU, 60k on a CPU (``quick``: 200k / 8k). The solves run once (``repeats`` > 1 on a
+GPU: the median of that many solves), after a 2-iteration solve that compiles
+and loads the kernels.
+"""
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+
+from .._timing import median, synchronize, time_calls, time_once
+from .cases import Case
+
+__all__ = ["cases", "run_case", "table", "plot", "PRECONDS", "TOL", "DISTORTION"]
+
+#: the preconditioners compared, in table order
+PRECONDS = ("jacobi", "chebyshev", "pmg")
+TOL = 1e-8
+DISTORTION = 0.08
+CHEBYSHEV_DEGREE = 4
+
+
+def cases(dtype, kind, ps=None, quick=False) -> list:
+    """The solve cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu")."""
+    target = (200_000 if quick else 2_000_000) if kind == "gpu" else \
+        (8_000 if quick else 60_000)
+    ps = ps or ([2, 4] if quick else (list(range(2, 9)) if kind == "gpu" else [2, 3, 4, 5, 6]))
+    out = []
+    for p in ps:
+        n = max(2, round(target ** (1 / 3) / p))
+        out.append(Case("solve", "solve", dict(dim=3, p=p, n=n, batch=n ** 3,
+                                                ndofs=(n * p + 1) ** 3), dtype,
+                        "" if kind == "gpu" else "CPU sizes: ~60k DoFs"))
+    return out
+
+
+def _operator_factory(device):
+    from ..fem.multigrid import _factory
+    return _factory("diffusion", None, device)
+
+
+def run_case(case, *, xp, repeats=1) -> dict:
+    """Solve one case with each preconditioner; the record has the bench's layout."""
+    from .. import fem
+    on_gpu = xp.__name__ == "cupy"
+    device = "gpu" if on_gpu else "cpu"
+    s = case.sizes
+    rec = dict(id=case.id, suite="solve", op="solve", dtype=case.dtype, sizes=dict(s),
+               batch=case.batch, note=case.note, tol=TOL, distortion=DISTORTION, impls={})
+    try:
+        mesh = fem.box_mesh(3, s["n"], distortion=DISTORTION)
+        space = fem.H1Space(mesh, s["p"])
+        make = _operator_factory(device)
+        raw = make(space)
+        from ..fem.multigrid import Constrained, boundary_mask
+        A = Constrained(raw, xp.asarray(raw.diagonal()), ~boundary_mask(space))
+        rec["operator"] = repr(raw)
+        xstar = xp.asarray(np.random.default_rng(0).standard_normal(space.ndofs))
+        b = A(xstar)
+        synchronize(on_gpu)
+        builders = {
+            "jacobi": lambda: fem.jacobi(A.diagonal()),
+            "chebyshev": lambda: fem.chebyshev(A, degree=CHEBYSHEV_DEGREE),
+            "pmg": lambda: fem.pmg(raw, kind="diffusion", constrained=boundary_mask(space),
+                                   operator_factory=make),
+        }
+        ref = None
+        for name in PRECONDS:
+            r = rec["impls"][name] = dict(status="error")
+            try:
+                P, setup = time_once(builders[name], on_gpu=on_gpu)
+                op = P.operator if name == "pmg" else A
+                solve = lambda: fem.cg(op, b, tol=TOL, precond=P, maxiter=20000)  # noqa: E731
+                fem.cg(op, b, tol=TOL, precond=P, maxiter=2, raise_on_failure=False)  # compiles
+                res, t = time_once(solve, on_gpu=on_gpu)
+                times = [t]
+                for _ in range(max(0, repeats - 1)):
+                    times.append(time_once(solve, on_gpu=on_gpu)[1])
+                t = float(np.median(times[1:] if len(times) > 1 else times))
+                x = res.x
+                if ref is None:
+                    ref = x
+                dist = float(xp.linalg.norm(x - ref) / xp.linalg.norm(ref))
+                r.update(status="ok", iterations=int(res.iterations), setup_s=setup, solve_s=t,
+                         median_s=t, time_to_solution_s=setup + t,
+                         per_iteration_s=t / max(1, res.iterations),
+                         true_residual=float(res.true_residual), diff_to_jacobi=dist,
+                         what=repr(P) if name != "pmg" else str(P).splitlines()[0])
+                if name == "pmg":
+                    c = P.cost()
+                    t_apply = median(time_calls(lambda: op(b), repeats=3, warmup=1,
+                                                on_gpu=on_gpu))
+                    t_cycle = median(time_calls(lambda: P(b), repeats=3, warmup=1,
+                                                on_gpu=on_gpu))
+                    r.update(levels=[lev.space.p for lev in P.levels],
+                             vcycle_fine_applications=c["fine_equivalent"],
+                             vcycle_s=t_cycle, apply_s=t_apply,
+                             vcycle_in_applications=t_cycle / t_apply,
+                             coarse=P.coarse.describe(), hierarchy=str(P))
+            except Exception as err:
+                r.update(error=repr(err), trace=traceback.format_exc(limit=-8))
+    except Exception as err:
+        rec["error"] = repr(err)
+        rec["trace"] = traceback.format_exc(limit=-8)
+    if on_gpu:
+        xp.get_default_memory_pool().free_all_blocks()
+    return rec
+
+
+def table(rows, file) -> None:
+    """Iterations and time to solution per preconditioner, and the speed-ups over Jacobi."""
+    print(f"\n== solve (Poisson, distorted 3D box, relative residual {TOL:g}; its: CG "
+          "iterations, tts: setup + solve seconds; x NAME: Jacobi's tts / NAME's; V/A: the "
+          "V-cycle in finest-level applications, counted by DoFs and timed) ==", file=file)
+    head = f"{'case':24s} {'ndofs':>8s}"
+    for name in PRECONDS:
+        head += f" {name + ' its':>13s} {'tts':>8s}"
+    head += f" {'x cheb':>7s} {'x pmg':>7s} {'V/A':>5s} {'V/A t':>5s}"
+    print(head, file=file)
+    for c in rows:
+        label = c["id"].replace(f" {c['dtype']}", "")
+        if c.get("error"):
+            print(f"{label:24s} error: {c['error']}", file=file)
+            continue
+        im = c["impls"]
+        line = f"{label:24s} {c['sizes']['ndofs']:8d}"
+        tts = {}
+        for name in PRECONDS:
+            r = im.get(name, {})
+            if r.get("status") == "ok":
+                tts[name] = r["time_to_solution_s"]
+                line += f" {r['iterations']:13d} {r['time_to_solution_s']:8.3g}"
+            else:
+                line += f" {'error':>13s} {'-':>8s}"
+        for name in ("chebyshev", "pmg"):
+            ok = "jacobi" in tts and name in tts
+            line += f" {tts['jacobi'] / tts[name]:7.2f}" if ok else f" {'-':>7s}"
+        for key in ("vcycle_fine_applications", "vcycle_in_applications"):
+            v = im.get("pmg", {}).get(key)
+            line += f" {v:5.1f}" if v else f" {'-':>5s}"
+        print(line, file=file)
+
+
+def plot(doc, path, plt):
+    """Iterations against p (left) and time to solution against p (right)."""
+    cs = sorted((c for c in doc["cases"] if c["suite"] == "solve" and not c.get("error")),
+                key=lambda c: c["sizes"]["p"])
+    if not cs:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), squeeze=False)
+    for i, name in enumerate(PRECONDS):
+        pts = [(c["sizes"]["p"], c["impls"][name]) for c in cs
+               if c["impls"].get(name, {}).get("status") == "ok"]
+        if not pts:
+            continue
+        ps = [p for p, _ in pts]
+        axes[0, 0].plot(ps, [r["iterations"] for _, r in pts], "-o", ms=3, color=f"C{i}",
+                        label=name)
+        axes[0, 1].plot(ps, [r["time_to_solution_s"] for _, r in pts], "-o", ms=3,
+                        color=f"C{i}", label=name)
+    axes[0, 0].axhline(30, color="k", lw=0.8, ls="--", label="target (pmg <= 30)")
+    axes[0, 0].set_ylabel("CG iterations to 1e-8")
+    axes[0, 1].set_ylabel("time to solution (s)")
+    for ax in axes[0]:
+        ax.set_yscale("log")
+        ax.set_xlabel("polynomial order p")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    op = "diffusion"
+    fig.suptitle(f"{doc['device']['name']}: Poisson ({op}), distorted 3D box, "
+                 f"~{cs[-1]['sizes']['ndofs']:,} DoFs", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -261,9 +261,9 @@ def diagonal_steps(qfunc, dim, nd, nq):
     same sum), added into ``vt``; Helmholtz adds D's chain with ``BB``. Returns
     ``(steps, buffers)``.
 
-    >>> steps, buffers = diagonal_steps("diffusion", 2, 3, 4)
-    >>> [st["coef"].split("[")[0] for st in steps]
-    ['GG', 'BB', 'GB', 'GB2', 'BB', 'GG']
+    >>> steps, buffers = diagonal_steps("diffusion", 2, 3, 4)     # pairs 11, 12, 22
+    >>> [st["coef"].split("[")[0] for st in steps]                # last axis first
+    ['BB', 'GG', 'GB', 'GB2', 'GG', 'BB']
     """
     pad = 3 - dim
     chains = []

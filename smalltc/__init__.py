@@ -26,13 +26,14 @@ import logging as _logging
 
 from .api import (assemble_mass, batched_contract, batched_gemm, contract, mass_apply,
                   mass_diagonal)
+from ._errors import check_errors
 from .aot import precompile
 from .catalogue import STEPS
 from .plan import Plan, plan
 
 __version__ = "0.1.0"
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
-           "mass_diagonal", "plan", "precompile",
+           "mass_diagonal", "plan", "precompile", "check_errors",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

@@ -1,0 +1,94 @@
+"""Safety: maps changed after their first use, size guards, and the checks of the solvers.
+
+A map is range-checked on the host the first time a call sees it; the kernels that read it
+check every index again, so a map changed in place afterwards raises the same
+``ValueError`` (naming ``elem_dofs``, the index and the range) instead of reading or
+writing outside the vectors, and the process (and on a GPU the CUDA context) stays usable.
+"""
+import numpy as np
+import pytest
+
+import smalltc
+from smalltc import maps
+from smalltc._arrays import gpu_available
+from smalltc.fem import H1Space, box_mesh
+
+from conftest import backend_params
+
+
+def _problem(xp, dim=3, p=2, nq=3, n=2, index_dtype="int32", ncomp=1):
+    space = H1Space(box_mesh(dim, n), p)
+    rng = np.random.default_rng(1)
+    B1d = rng.standard_normal((nq, p + 1))
+    D = rng.random((space.nelements,) + (nq,) * dim) + 0.5
+    x = rng.standard_normal((ncomp, space.ndofs) if ncomp > 1 else (space.ndofs,))
+    m = np.array(space.elem_dofs, dtype=index_dtype)
+    return tuple(xp.asarray(a) for a in (B1d, D, x, m)) + (space.ndofs,)
+
+
+def _backends():
+    out = [pytest.param("cpu", "numpy", id="cpu")]
+    out.append(pytest.param("cuda", "cupy", id="cuda", marks=pytest.mark.skipif(
+        not gpu_available(), reason="no CUDA device")))
+    return out
+
+
+# (dimension, the bad value: a large index, ndofs itself, -1), deterministic, index dtype
+MUTATIONS = [
+    (3, 10 ** 9, False, "int64"),
+    (3, "ndofs", False, "int32"),
+    (3, -1, True, "int32"),
+    (2, "ndofs", True, "int64"),
+]
+
+
+@pytest.mark.parametrize("backend,module", _backends())
+@pytest.mark.parametrize("dim,bad,deterministic,index_dtype", MUTATIONS)
+def test_map_changed_after_first_use_raises(backend, module, dim, bad, deterministic,
+                                            index_dtype):
+    xp = pytest.importorskip(module)
+    B1d, D, x, m, ndofs = _problem(xp, dim=dim, index_dtype=index_dtype)
+    good = smalltc.mass_apply(B1d, D, x, m, backend=backend, deterministic=deterministic)
+    diag = smalltc.mass_diagonal(B1d, D, m, ndofs, backend=backend,
+                                 deterministic=deterministic)
+    keep = int(m.reshape(-1)[5])
+    value = ndofs if bad == "ndofs" else bad
+    m.reshape(-1)[5] = value                       # in place, after the first use
+    for call in (lambda: smalltc.mass_apply(B1d, D, x, m, backend=backend,
+                                            deterministic=deterministic),
+                 lambda: smalltc.mass_diagonal(B1d, D, m, ndofs, backend=backend,
+                                               deterministic=deterministic)):
+        with pytest.raises(ValueError, match=rf"elem_dofs holds indices \S*{value}\S*, "
+                                             rf"outside \[0, {ndofs}\)"):
+            call()
+            smalltc.check_errors()                 # a GPU reports at its next read
+    m.reshape(-1)[5] = keep                        # usable again, same results
+    again = smalltc.mass_apply(B1d, D, x, m, backend=backend, deterministic=deterministic)
+    assert float(abs(again - good).max()) <= 1e-12 * float(abs(good).max())
+    d2 = smalltc.mass_diagonal(B1d, D, m, ndofs, backend=backend, deterministic=deterministic)
+    assert float(abs(d2 - diag).max()) <= 1e-12 * float(abs(diag).max())
+
+
+def test_map_mutation_in_a_fresh_process_does_not_crash(tmp_path):
+    """The issue's reproduction: 10^9 then ndofs in a map already used, in a child process
+    (a crash there would be exit 139, not a failed assertion here)."""
+    import subprocess
+    import sys
+    code = (
+        "import numpy as np, smalltc\n"
+        "from smalltc.fem import H1Space, box_mesh\n"
+        "s = H1Space(box_mesh(3, 2), 2); m = s.elem_dofs.copy()\n"
+        "B = np.random.rand(3, 3); D = np.random.rand(s.nelements, 3, 3, 3)\n"
+        "x = np.random.rand(s.ndofs); smalltc.mass_apply(B, D, x, m, backend='cpu')\n"
+        "for bad in (10**9, s.ndofs):\n"
+        "    m[0, 0, 0, 1] = bad\n"
+        "    try:\n"
+        "        smalltc.mass_apply(B, D, x, m, backend='cpu')\n"
+        "    except ValueError as e:\n"
+        "        print('raised', e)\n"
+        "print('alive')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("raised") == 2 and "alive" in r.stdout
+    assert r.stdout.count("a kernel read index") == 2, r.stdout    # the kernel's own check

@@ -33,6 +33,7 @@ import numba
 from ..base import Executor
 from .runtime import load_kernel
 from .target import resolve, target_of
+from .threads import coordinate
 
 __all__ = ["Family", "Choice", "CpuExecutor"]
 
@@ -117,6 +118,7 @@ class CpuExecutor(Executor):
         self.params = dict(choice.family.public(ctx), isa=choice.target.isa)
         self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
                                               slp=ctx.get("slp", True), **ctx["render"])
+        coordinate()                  # the BLAS threads beside the kernels' (.threads)
 
     @staticmethod
     def nparts(nitems):

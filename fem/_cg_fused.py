@@ -135,6 +135,8 @@ def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8, red
     ``check_every`` iterations. Returns ``(iterations, code, value)``. ``red``: sums
     the partial sums across ranks (a distributed solve; each sum waits for the device)."""
     import cupy as cp
+
+    from smalltc._errors import raise_pending
     jacobi = inv is not None
     k = _gpu_kernels(r.dtype, jacobi)
     n = np.int64(r.size)
@@ -167,6 +169,7 @@ def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8, red
             k["stc_cg_beta"](one, (_NT,), (part2, ST, hist))
             k["stc_cg_direction"](grid, (_NT,), (p, r, invv, ST, n))
         st, h = ST.get(), hist.get()
+        raise_pending()              # a bad map index the operator's kernels reported
         done, it = int(st[9]), int(st[8])
         history.extend(h[(i - 1) % check_every] for i in range(seen + 1, it + 1))
         seen = it

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smalltc._arrays import array_module
+from smalltc._errors import raise_pending
 
 from ._device import to_host
 
@@ -189,6 +190,7 @@ def _floats(xp, *scalars, red=None):
         out = tuple(float(s) for s in scalars)
     else:
         out = tuple(float(s) for s in xp.stack(scalars).get())
+        raise_pending()                  # a bad map index the operator's kernels reported
     return out if red is None else red.sums(*out)
 
 

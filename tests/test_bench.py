@@ -268,9 +268,12 @@ def test_bp1_suite_end_to_end(tmp_path, capsys):
                                                                          (2, "lobatto")]
     for c in cs:
         assert not c.get("error"), c.get("error")
-        assert set(c["impls"]) == {"smalltc", "deterministic", "unfused", "cg", "cg (unfused)"}
+        assert set(c["impls"]) == {"smalltc", "deterministic", "unfused", "cg", "cg (unfused)",
+                                   "unchecked"}
         assert all(r["status"] == "ok" for r in c["impls"].values())
-        assert all(r["first_call_s"] > 0 for r in c["impls"].values())
+        assert all(r["first_call_s"] > 0 for k, r in c["impls"].items() if k != "unchecked")
+        assert c["impls"]["unchecked"]["check_cost"] > -1            # the bounds check's cost
+        assert c["impls"]["unchecked"]["kernel"].endswith("_unchecked")
         assert c["impls"]["smalltc"]["rel_err"] <= 1e-12
         ndofs = c["sizes"]["ndofs"]
         assert c["bound"]["dofs"] == ndofs and c["cg_bound"]["bytes"] > c["bound"]["bytes"]

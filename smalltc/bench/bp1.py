@@ -9,6 +9,9 @@ one process, on the same vectors:
 ``smalltc``          the fused apply ``y = M x`` (:func:`smalltc.mass_apply`: gather
                      through the DoF map, action, scatter-add; atomics on a GPU)
 ``deterministic``    the same with ``deterministic=True`` (a pass per element colour)
+``unchecked``        the fused apply rendered without the map's bounds check, timed
+                     alternately with the checked one; ``check_cost`` is the checked
+                     median over this one, minus 1 (the check is always on otherwise)
 ``unfused``          gather, :func:`smalltc.batched_contract`, scatter-add apart (the
                      ``MassOperator(fused=False)`` path FEM users ran before)
 ``cg``               one CG iteration (:func:`smalltc.fem.cg`: the fused operator and
@@ -104,6 +107,27 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
     return per, r.iterations, first
 
 
+def _unchecked(plan, b, B1d, D, x, emap, y, checked_times, repeats, warmup, on_gpu):
+    """The fused apply rendered without the map's bounds check, timed in turn with the
+    checked one (three alternations; ``check_cost``: the checked median over the
+    unchecked one, minus 1)."""
+    import copy
+    try:
+        bare = copy.copy(plan)
+        bare.executor = plan.executor.unchecked()
+        checked, unchecked = list(checked_times), []
+        for _ in range(3):
+            unchecked += time_calls(lambda: bare(B1d, D, x, emap, out=y), repeats=repeats,
+                                    warmup=warmup, on_gpu=on_gpu)
+            checked += time_calls(lambda: plan(B1d, D, x, emap, out=y), repeats=repeats,
+                                  warmup=1, on_gpu=on_gpu)
+    except Exception as err:
+        return dict(what="smalltc.mass_apply without the bounds check", status="error",
+                    error=repr(err))
+    return _rec(b, unchecked, "smalltc.mass_apply without the map's bounds check (bench only)",
+                check_cost=median(checked) / median(unchecked) - 1, kernel=bare.executor.kernel)
+
+
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
     """Measure one bp1 case; the record has the bench's layout (``impls``, ``bound``)
     and the CG iteration's bound under ``cg_bound``."""
@@ -160,6 +184,9 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
                                warmup=warmup, on_gpu=on_gpu)
             rec["impls"][name] = _rec(b, times, f"smalltc.mass_apply ({plan.backend}"
                                       + (", deterministic)" if op.deterministic else ")"), **info)
+            if name == "smalltc" and hasattr(plan.executor, "unchecked"):
+                rec["impls"]["unchecked"] = _unchecked(plan, b, B1d, D, x, emap, y, times,
+                                                       repeats, warmup, on_gpu)
         times = time_calls(lambda: unfused(x), repeats=max(3, repeats // 4), warmup=1,
                            on_gpu=on_gpu)
         rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter",
@@ -192,12 +219,13 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
 
 
 def table(rows, file) -> None:
-    """The bp1 table: GDoF/s (unique DoFs) and the fraction of each bound."""
+    """The bp1 table: GDoF/s (unique DoFs), the fraction of each bound, and the map
+    bounds check's cost (``check``: the checked apply's time over the unchecked one's)."""
     print("\n== bp1 (GDoF/s, unique DoFs; % of the apply's / the CG iteration's bound) ==",
           file=file)
     print(f"{'case':26s} {'ndofs':>9s} {'apply':>7s} {'%bnd':>5s} {'determ':>7s} "
           f"{'unfused':>7s} {'x unf':>6s} {'CG it':>7s} {'%bnd':>5s} {'CG unf':>7s} "
-          f"{'bound':>6s}", file=file)
+          f"{'bound':>6s} {'check':>6s}", file=file)
     for c in rows:
         label = c["id"].replace(f" {c['dtype']}", "")
         if c.get("error"):
@@ -216,4 +244,12 @@ def table(rows, file) -> None:
               f"{f(g('deterministic'))} {f(u)} "
               f"{(format(a / u, '6.2f') if a and u else '     -')} {f(g('cg'))} "
               f"{f(g('cg', 'fraction'), '5.0%', 1)} {f(g('cg (unfused)'))} "
-              f"{c['bound']['dofs_per_s'] * 1e-9:6.1f}", file=file)
+              f"{c['bound']['dofs_per_s'] * 1e-9:6.1f} "
+              f"{_cost(im.get('unchecked'))}", file=file)
+
+
+def _cost(rec):
+    """The bounds check's cost column: the checked apply's time over the unchecked one's."""
+    if not rec or rec.get("status") != "ok":
+        return f"{'-':>6s}"
+    return f"{rec['check_cost'] * 100:+5.1f}%"

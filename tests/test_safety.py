@@ -94,3 +94,36 @@ def test_map_mutation_in_a_fresh_process_does_not_crash(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("raised") == 2 and "alive" in r.stdout
     assert r.stdout.count("a kernel read index") == 2, r.stdout    # the kernel's own check
+
+
+def test_blas_policy():
+    from smalltc.backends.cpu.threads import blas_policy
+    assert blas_policy({}, 2) == 1 and blas_policy({}, 1) is None
+    assert blas_policy({"SMALLTC_BLAS_THREADS": "keep"}, 4) is None
+    assert blas_policy({"SMALLTC_BLAS_THREADS": "3"}, 4) == 3
+    with pytest.raises(ValueError, match="SMALLTC_BLAS_THREADS"):
+        blas_policy({"SMALLTC_BLAS_THREADS": "many"}, 2)
+
+
+@pytest.mark.parametrize("env,expect", [({}, 1), ({"SMALLTC_BLAS_THREADS": "keep"}, 2)])
+def test_blas_threads_limited_while_the_cpu_kernels_use_several(env, expect):
+    """With two Numba threads, building a CPU kernel leaves the process's BLAS with one
+    thread (its spinning workers made the kernels up to 10x slower), unless told to keep."""
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, smalltc\n"
+            "from smalltc.backends.cpu import threads\n"
+            "from threadpoolctl import ThreadpoolController\n"
+            "ThreadpoolController().limit(limits=2, user_api='blas')\n"
+            "B = np.random.rand(3, 2); D = np.random.rand(8, 3, 3); V = np.random.rand(8, 2, 2)\n"
+            "smalltc.batched_contract(B, D, V, backend='cpu')\n"
+            "print(sorted(set(threads.blas_threads().values())))\n")
+    full = dict(os.environ, NUMBA_NUM_THREADS="2", **env)
+    full.pop("SMALLTC_NUM_THREADS", None)
+    if "SMALLTC_BLAS_THREADS" not in env:
+        full.pop("SMALLTC_BLAS_THREADS", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=full, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == str([expect])

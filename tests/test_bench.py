@@ -304,3 +304,18 @@ def test_footprint_sizes_the_cpu_cases():
         cases("action", "float64", "gpu", ps=[2], dims=[3])[0].batch     # GPU sizes as is
     assert _llc_bytes("480M") == 480 << 20 and _llc_bytes("32768K") == 32 << 20
     assert _llc_bytes("") is None and _llc_bytes("big") is None
+
+
+def test_default_out_is_not_the_repository_results(tmp_path, monkeypatch):
+    """Without --out the files go to smalltc-bench/<device> in the current folder, never
+    into results/; on the host each smalltc timing has its after-a-BLAS-call twin."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress",
+                 "--backend", "cpu", "--device", "cpu", "--suite", "gemm", "--sizes", "2",
+                 "--no-plot", "--no-baselines"]) == 0
+    files = list((tmp_path / "smalltc-bench").glob("*/bench-*.json"))
+    assert files and not (tmp_path / "results").exists()
+    doc = json.loads(files[0].read_text())
+    st = doc["cases"][0]["impls"]["smalltc"]
+    assert st["status"] == "ok" and len(st["after_blas_times_ns"]) == 2
+    assert st["after_blas_fraction"] > 0

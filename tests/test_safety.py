@@ -127,3 +127,34 @@ def test_blas_threads_limited_while_the_cpu_kernels_use_several(env, expect):
                        env=full, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == str([expect])
+
+
+def test_size_guard_raises_before_allocating(monkeypatch):
+    """A result larger than the free memory: MemoryError naming the operation, the shape and
+    the bytes, before anything is allocated; above half of it a warning."""
+    from smalltc import _memory
+    B1d = np.random.rand(4, 3)
+    D = np.empty((2 ** 20, 4, 4, 4))                 # 1M elements (pages never touched)
+    p = smalltc.plan("assembly", B1d, np.random.rand(1, 4, 4, 4), backend="reference")
+    big = smalltc.plan("assembly", B1d, D, backend="reference")
+    monkeypatch.setattr(_memory, "free_bytes", lambda on_gpu=False: 2 ** 30)
+    with pytest.raises(MemoryError, match=r"assembly: the result of shape \(1048576, 27, 27\) "
+                                          r"\(float64\) needs 6,115,295,232 bytes .* free on "
+                                          r"the host"):
+        big(B1d, D)
+    monkeypatch.setattr(_memory, "free_bytes", lambda on_gpu=False: 8 * 2 ** 30)
+    with pytest.warns(ResourceWarning, match="needs 6,115,295,232 bytes"):
+        with pytest.raises(MemoryError):               # the allocation itself, faked
+            monkeypatch.setattr(big, "_alloc", _refuse)
+            big(B1d, D)
+    assert p(B1d, np.random.rand(1, 4, 4, 4)).shape == (1, 27, 27)   # small: unchecked
+
+
+def _refuse(shape, dtype):
+    raise MemoryError("not allocated in the test")
+
+
+def test_free_bytes_reads_the_host():
+    from smalltc import _memory
+    n = _memory.free_bytes()
+    assert n is None or n > 0

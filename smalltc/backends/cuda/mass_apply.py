@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from ..._arrays import cupy_or_none
 from ..._errors import device_flag, raise_pending, record_map
+from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
 from .action import ACTION, ActionExecutor, action_ctx
@@ -173,6 +174,8 @@ class MassApplyExecutor(ActionExecutor):
         dev = cp.cuda.runtime.getDevice()
         u = self._evectors.get(dev)
         if u is None:
+            guard("mass_apply (deterministic)", (self.nbatch * self.ndd,), out.dtype,
+                  on_gpu=True, what="E-vector workspace")
             u = self._evectors[dev] = cp.empty(self.nbatch * self.ndd, dtype=out.dtype)
         return u
 

@@ -99,7 +99,11 @@ def cg_cpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, red=None):
             return it, 2, history[-1]
         if not rz > 0:
             return it, 4, rz
-        Ap = np.asarray(apply(p.reshape(b.shape))).reshape(-1)
+        Ap = np.asarray(apply(p.reshape(b.shape)))
+        if Ap.shape != b.shape:
+            raise ValueError(f"the operator returned an array of shape {Ap.shape} for a "
+                             f"vector of shape {b.shape}: apply(x) must return A x in x's shape")
+        Ap = Ap.reshape(-1)
         pAp = dot(p, Ap)
         if red is not None:
             (pAp,) = red.sums(pAp)
@@ -158,7 +162,12 @@ def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8, red
     done, seen = 0, 0
     while not done:
         for _ in range(check_every):
-            Ap = cp.asarray(apply(p.reshape(b.shape))).reshape(-1)
+            Ap = cp.asarray(apply(p.reshape(b.shape)))
+            if Ap.shape != b.shape:
+                raise ValueError(f"the operator returned an array of shape {Ap.shape} for a "
+                                 f"vector of shape {b.shape}: apply(x) must return A x in "
+                                 "x's shape")
+            Ap = Ap.reshape(-1)
             k["stc_cg_dot"](grid, (_NT,), (p, Ap, part1, ST, n))
             if red is not None:
                 red.sum_array(part1)

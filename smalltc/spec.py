@@ -14,7 +14,7 @@ which kind of spec it holds:
 ``spec.size_key``   the name of the size in a tuning table
                     (``"action/3d/nd4nq5c1"``; no batch count, no dtype)
 ``spec.sizes()``    the sizes the roofline formulas take
-``str(spec)``       a readable one-liner (``mass_apply_3d p=3 nq=5 E=10 float64``)
+``str(spec)``       a readable one-liner (``action_3d p=3 nq=5 E=10 float64``)
 ==================  =========================================================
 
 Every cache in smalltc is keyed on ``spec.kernel_key()`` (the spec without
@@ -27,7 +27,7 @@ Examples
 >>> [(o.name, o.shape) for o in s.inputs]
 [('B1d', (5, 4)), ('D', (10, 5, 5, 5)), ('V', (10, 4, 4, 4))]
 >>> s.size_key, s.items, str(s)
-('action/3d/nd4nq5c1', 10, 'mass_apply_3d p=3 nq=5 E=10 float64')
+('action/3d/nd4nq5c1', 10, 'action_3d p=3 nq=5 E=10 float64')
 >>> GemmSpec(batch=3, m=2, n=2, k=2, dtype="float32", beta_zero=False).size_key
 'gemm/nn+beta/m2n2k2'
 """
@@ -250,7 +250,7 @@ class ActionSpec(_Spec):
 
     def __str__(self):
         comp = f" ncomp={self.ncomp}" if self.comp_axis else ""
-        return (f"mass_apply_{self.dim}d p={self.p} nq={self.nq}{comp} "
+        return (f"action_{self.dim}d p={self.p} nq={self.nq}{comp} "
                 f"E={self.batch} {self.dtype}")
 
 

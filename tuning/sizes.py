@@ -16,7 +16,7 @@ pairwise       ``action:DIM:P:NQ``                    every reshaped (8a)/(8b)/(
 Examples
 --------
 >>> [str(s) for s in parse("action", ["3:1-2:p+1"], "float64")]
-['mass_apply_3d p=1 nq=2 E=1 float64', 'mass_apply_3d p=2 nq=3 E=1 float64']
+['action_3d p=1 nq=2 E=1 float64', 'action_3d p=2 nq=3 E=1 float64']
 >>> [(s.m, s.n, s.k) for s in parse("gemm", ["2,3", "4x8x3"], "float32")]
 [(2, 2, 2), (3, 3, 3), (4, 8, 3)]
 """

@@ -410,7 +410,7 @@ class ActionFamily(LanesFamily):
         return signature(spec.dtype, 4, ["int64"] * 4)
 
     def entry(self, spec, ctx):
-        return f"stc_mass_apply_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
+        return f"stc_mass_action_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
 
     def executor(self, choice):
         return ActionExecutor(choice)

@@ -7,9 +7,9 @@ halves):
 =====================  =========================  ===================================
 form                   template                   entry point (example)
 =====================  =========================  ===================================
-shared-memory (rb=1)   ``action.cu.j2``           ``stc_mass_apply_3d_f64_nd3nq4c1``
-register-blocked rb>1  ``action_rb.cu.j2``        ``stc_mass_apply_3d_f64_nd9nq10c1``
-line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_apply_3d_f64_nd6nq7c1_line``
+shared-memory (rb=1)   ``action.cu.j2``           ``stc_mass_action_3d_f64_nd3nq4c1``
+register-blocked rb>1  ``action_rb.cu.j2``        ``stc_mass_action_3d_f64_nd9nq10c1``
+line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_action_3d_f64_nd6nq7c1_line``
 =====================  =========================  ===================================
 
 - shared-memory form: T = max(nd, nq); an item gets T*T threads in 3D, T in 2D
@@ -244,7 +244,7 @@ class ActionFamily(Family):
         return "action.cu.j2" if ctx["rb"] == 1 else "action_rb.cu.j2"
 
     def entry(self, spec, ctx):
-        return (f"stc_mass_apply_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
+        return (f"stc_mass_action_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
                 f"c{spec.ncomp}{'_line' if ctx.get('line') else ''}")
 
     def executor(self, choice, device):

@@ -158,3 +158,63 @@ def test_free_bytes_reads_the_host():
     from smalltc import _memory
     n = _memory.free_bytes()
     assert n is None or n > 0
+
+
+# ---- the solvers' checks -------------------------------------------------------------------
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_cg_vector_operator_takes_a_scalar_jacobi_diagonal(fused):
+    """A (3, n) problem with the diagonal of one component: broadcast, no hand work."""
+    from smalltc import fem
+    d = np.linspace(1.0, 3.0, 20)
+    b = np.random.default_rng(0).random((3, 20))
+    res = fem.cg(lambda v: v * d, b, tol=1e-12, precond=fem.jacobi(d), fused=fused)
+    assert res.converged and np.allclose(res.x, b / d)
+
+
+def test_cg_jacobi_of_the_wrong_size_names_both():
+    from smalltc import fem
+    with pytest.raises(ValueError, match=r"Jacobi preconditioner has 7 entries, b has shape "
+                                         r"\(3, 20\)"):
+        fem.cg(lambda v: v, np.ones((3, 20)), precond=fem.jacobi(np.ones(7)))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_cg_operator_of_the_wrong_shape(fused):
+    from smalltc import fem
+    with pytest.raises(ValueError, match=r"operator returned an array of shape \(9,\) for a "
+                                         r"vector of shape \(10,\)"):
+        fem.cg(lambda v: v[:9], np.ones(10), fused=fused)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_cg_non_symmetric_operator_is_named(fused):
+    from smalltc import fem
+    rng = np.random.default_rng(3)
+    A = np.eye(30) * 4 + np.triu(rng.random((30, 30)), 1) * 3     # not symmetric
+    b = rng.random(30)
+    with pytest.raises(fem.ConvergenceError, match="not symmetric .*symmetric positive "
+                                                   "definite"):
+        fem.cg(lambda v: A @ v, b, tol=1e-14, maxiter=5, fused=fused)
+    with pytest.warns(RuntimeWarning, match="not symmetric"):
+        r = fem.cg(lambda v: A @ v, b, tol=1e-14, maxiter=5, fused=fused,
+                   raise_on_failure=False)
+    assert not r.converged
+    S = A + A.T                                                     # symmetric: no note
+    with pytest.raises(fem.ConvergenceError) as e:
+        fem.cg(lambda v: S @ v, b, tol=1e-30, maxiter=2, fused=fused)
+    assert "symmetric" not in str(e.value)
+
+
+def test_version_flag(capsys):
+    from smalltc.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith(f"smalltc {smalltc.__version__} (python ")
+
+
+def test_print_plan_of_the_action_names_the_action():
+    B1d, D, V = np.random.rand(3, 2), np.random.rand(4, 3, 3, 3), np.random.rand(4, 2, 2, 2)
+    text = str(smalltc.plan("action", B1d, D, V, backend="reference"))
+    assert "action_3d p=1 nq=3" in text and "mass_apply" not in text

@@ -8,7 +8,7 @@ tensor-product points ``q``:
 * ``J_e[a, b](q) = d x_a / d xi_b``, the derivative along reference axis
   ``b`` replacing ``Bg`` by ``Gg`` on that axis,
 * ``D_e(q) = w(q) * rho(x_e(q)) * det J_e(q)`` with ``w`` the tensor
-  product of the 1D weights: the ``D`` of SPEC section 1 for the mass
+  product of the 1D weights: the ``D`` of docs/math.md section 1 for the mass
   operator.
 
 User functions (``rho`` here, ``f`` in projections) are called as
@@ -326,7 +326,7 @@ def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, devic
     Returns
     -------
     ndarray, shape (E, nq, ..., nq)
-        The ``D`` of SPEC section 1, in the array module of ``device``.
+        The ``D`` of docs/math.md section 1, in the array module of ``device``.
 
     Raises
     ------

@@ -2,7 +2,7 @@
 
 Both compute ``y = sum_e P_e^T M_e P_e x`` with ``P_e`` the gather of
 element ``e`` (:meth:`~smalltc.fem.space.H1Space.gather`) and ``M_e =
-B^T D_e B`` the element mass matrix of SPEC section 2:
+B^T D_e B`` the element mass matrix of docs/math.md section 2:
 
 * :class:`MassOperator` never forms ``M_e``: by default one call of
   :func:`smalltc.mass_apply` (gather through the space's DoF map, the

@@ -1,6 +1,6 @@
 """smalltc: batched small-tensor contractions for high-order finite elements.
 
-The operations of SPEC section 2 and 3 on NumPy arrays (CPU) and CuPy
+The operations of docs/math.md sections 2 and 3 on NumPy arrays (CPU) and CuPy
 arrays (NVIDIA GPUs), with a plan/execute API:
 
 - :func:`batched_contract`: partial-assembly mass action ``U_e = B^T D_e B V_e``

@@ -1,6 +1,6 @@
 """Timing helpers shared by the roofline probes, ``smalltc bench`` and the demo.
 
-SPEC section 5: warm-up first, then each call timed on its own, with CUDA
+docs/math.md section 5: warm-up first, then each call timed on its own, with CUDA
 events around the call on a GPU (CuPy arrays) and ``perf_counter_ns`` on the
 host; the median of the repeats is the figure reported.
 

@@ -7,7 +7,7 @@
 2. Times :func:`smalltc.batched_contract` (3D, nq = p+2, p = 1..8) and
    :func:`smalltc.assemble_mass` (3D, p = 1..6) on the best available
    backend, each checked against the float64 einsum reference first, and
-   prints element-DoFs/s beside the roofline bound of SPEC section 4 (with
+   prints element-DoFs/s beside the roofline bound of docs/math.md section 4 (with
    the bandwidth measured at start) and the fraction reached.
 3. Writes ``demo.json`` and the plots (when matplotlib is there).
 

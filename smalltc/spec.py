@@ -40,7 +40,7 @@ __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
            "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES",
            "spec_from_dict"]
 
-#: kernels (8a), (8b), (9) of SPEC section 3: output axis order per kind.
+#: kernels (8a), (8b), (9) of docs/math.md section 3: output axis order per kind.
 CONTRACT_KINDS = {
     "8a": "A[i,j,k,l] = sum_s X[i,s,j] Y[k,s,l]",
     "8b": "A[i,k,l,j] = sum_s X[i,s,j] Y[k,s,l]",
@@ -200,7 +200,7 @@ class ContractSpec(_Spec):
 
 @dataclass(frozen=True)
 class ActionSpec(_Spec):
-    """Partial-assembly mass action ``U_e = B^T D_e B V_e`` (SPEC section 2)."""
+    """Partial-assembly mass action ``U_e = B^T D_e B V_e`` (docs/math.md section 2)."""
 
     dim: int
     nq: int
@@ -256,7 +256,7 @@ class ActionSpec(_Spec):
 
 @dataclass(frozen=True)
 class AssemblySpec(_Spec):
-    """Element mass matrices ``M_e = B^T D_e B`` (SPEC section 2)."""
+    """Element mass matrices ``M_e = B^T D_e B`` (docs/math.md section 2)."""
 
     dim: int
     nq: int

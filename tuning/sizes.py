@@ -31,7 +31,7 @@ __all__ = ["parse", "DEFAULT_SIZES", "OPS"]
 
 OPS = ("gemm", "action", "assembly", "pairwise")
 DEFAULT_SIZES = {
-    "gemm": ["2-32", "2-32:nn+beta"],     # beta != 0: the SPEC section 6 benchmark setting
+    "gemm": ["2-32", "2-32:nn+beta"],     # beta != 0: the docs/math.md section 6 benchmark setting
     "action": ["2:1-8:p+1,p+2", "3:1-8:p+1,p+2"],
     "assembly": ["2:1-6:p+1,p+2", "3:1-6:p+1,p+2"],
     "pairwise": ["action:2:1-8:p+2", "action:3:1-8:p+2", "assembly:2:1-6:p+2",

@@ -22,7 +22,7 @@ one process, on the same vectors:
                      exact inverse (it would stop after one iteration)
 ``cg (unfused)``     the same with the unfused operator and the plain CG loop
 
-Rates are unique DoFs per second (``ndofs / t``). Bounds (SPEC section 4, the
+Rates are unique DoFs per second (``ndofs / t``). Bounds (docs/math.md section 4, the
 bandwidth measured in the run): the apply's reads ``x``, ``D`` and the DoF map
 once and writes ``y`` once; a CG iteration adds the 13 vector passes of the fused
 updates (:data:`smalltc.fem._cg_fused.VECTOR_PASSES`: ``p.Ap`` reads 2 vectors,

@@ -1,4 +1,4 @@
-"""Run one case: build each implementation, check it, then time it (SPEC section 5).
+"""Run one case: build each implementation, check it, then time it (docs/math.md section 5).
 
 For every implementation (smalltc first, then the baselines): poison its
 output buffer with NaN, run it once, require a finite result everywhere and

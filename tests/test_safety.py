@@ -218,3 +218,33 @@ def test_print_plan_of_the_action_names_the_action():
     B1d, D, V = np.random.rand(3, 2), np.random.rand(4, 3, 3, 3), np.random.rand(4, 2, 2, 2)
     text = str(smalltc.plan("action", B1d, D, V, backend="reference"))
     assert "action_3d p=1 nq=3" in text and "mass_apply" not in text
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+def test_gpu_cg_reports_a_map_mutated_mid_solve():
+    """fem.cg on the GPU reads the error flag where it reads the iteration's state: a map
+    made bad after its first use raises there, and the context stays usable."""
+    cp = pytest.importorskip("cupy")
+    from smalltc import fem
+    B1d, D, x, m, ndofs = _problem(cp, dim=3, p=2, nq=4)
+    b = smalltc.mass_apply(B1d, D, x, m)
+    op = lambda v: smalltc.mass_apply(B1d, D, v, m)                         # noqa: E731
+    assert fem.cg(op, b, tol=1e-10).converged
+    m.reshape(-1)[3] = ndofs + 5
+    with pytest.raises(ValueError, match=r"elem_dofs holds indices .*outside \[0, "):
+        fem.cg(op, b, tol=1e-10, check_every=4)
+        smalltc.check_errors()
+    m.reshape(-1)[3] = 0
+    smalltc.maps.forget(m)
+    assert float(cp.ones(3).sum()) == 3.0                                   # context alive
+
+
+def test_unchecked_executor_gives_the_same_result():
+    """The bench's unchecked variant computes the same thing (it only drops the check)."""
+    import copy
+    B1d, D, x, m, ndofs = _problem(np, dim=3, p=2, nq=4)
+    p = smalltc.plan("mass_apply", B1d, D, x, m, backend="cpu")
+    bare = copy.copy(p)
+    bare.executor = p.executor.unchecked()
+    assert bare.executor.kernel.endswith("_unchecked")
+    assert np.array_equal(bare(B1d, D, x, m), p(B1d, D, x, m))

@@ -79,8 +79,9 @@ def cg_cpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, red=None):
     ``red``: sums the inner products across ranks (a distributed solve)."""
     global _KERNELS
     if _KERNELS is None:
-        from smalltc.backends.cpu.threads import coordinate
-        coordinate()                   # BLAS threads spinning beside these loops: 4x slower
+        from smalltc.backends.cpu.threads import coordinate, passive_openmp
+        passive_openmp()               # spinning OpenMP and BLAS threads beside these loops
+        coordinate()                   # made them 4-100x slower (smalltc.backends.cpu.threads)
         _KERNELS = _numba_kernels()
     update, direction, dot = _KERNELS
     jacobi = inv is not None

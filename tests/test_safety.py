@@ -248,3 +248,23 @@ def test_unchecked_executor_gives_the_same_result():
     bare.executor = p.executor.unchecked()
     assert bare.executor.kernel.endswith("_unchecked")
     assert np.array_equal(bare(B1d, D, x, m), p(B1d, D, x, m))
+
+
+@pytest.mark.parametrize("env,expect", [({}, "passive"), ({"OMP_WAIT_POLICY": "active"}, "active"),
+                                        ({"SMALLTC_OMP_WAIT_POLICY": "keep"}, "None")])
+def test_openmp_waits_passively(env, expect):
+    """Numba's OpenMP workers spin-waiting between kernels took the calling thread's core
+    on a busy machine (12 ms a parallel region): smalltc asks for passive waiting."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os, numpy as np, smalltc\n"
+            "smalltc.batched_contract(np.random.rand(3, 2), np.random.rand(4, 3, 3),\n"
+            "                         np.random.rand(4, 2, 2), backend='cpu')\n"
+            "print(os.environ.get('OMP_WAIT_POLICY'))\n")
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "SMALLTC_OMP_WAIT_POLICY")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(full, **env), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == expect

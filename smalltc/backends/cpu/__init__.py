@@ -45,6 +45,10 @@ from ..base import Backend, Unsupported
 
 __all__ = ["CpuBackend", "set_num_threads", "FAMILIES", "family_of", "choose"]
 
+from .threads import passive_openmp
+
+passive_openmp()      # before Numba's OpenMP starts: no spin-waiting workers (.threads)
+
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is a dependency

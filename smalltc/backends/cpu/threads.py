@@ -29,6 +29,18 @@ large BLAS calls (a matrix product of thousands) then run on one core:
 ``SMALLTC_BLAS_THREADS=N`` asks for N threads instead, ``keep`` leaves the BLAS
 alone (then set ``OPENBLAS_THREAD_TIMEOUT=4`` before NumPy loads).
 
+The same happens with the kernels' own OpenMP workers (Numba's ``omp`` layer,
+GNU OpenMP): after each parallel region they spin-wait for the next, and where
+the machine has fewer free cores than threads (another process running, as on a
+shared machine) the spinning worker takes the core the calling thread needs; a
+loop alternating kernels (CG: the operator, ``p.Ap``, the updates) then paid a
+scheduler time slice, 12 ms, per parallel region (a CG iteration 100x slower
+with two threads than with one, load ~6 on 2 cores). Waiting passively
+(``OMP_WAIT_POLICY=passive``) removes it: so smalltc sets that at import where it
+is not set (``SMALLTC_OMP_WAIT_POLICY=keep`` leaves it; it takes effect where
+OpenMP starts after smalltc's import, as Numba's does at its first parallel
+kernel).
+
 Examples
 --------
 >>> from smalltc.backends.cpu import threads
@@ -43,11 +55,28 @@ import logging
 import os
 import threading
 
-__all__ = ["blas_policy", "coordinate", "blas_threads"]
+__all__ = ["blas_policy", "coordinate", "blas_threads", "passive_openmp"]
 
 log = logging.getLogger("smalltc")
 _LOCK = threading.Lock()
 _DONE: set = set()            # (library path, limit) pairs already set
+
+
+def passive_openmp(environ=os.environ):
+    """Set ``OMP_WAIT_POLICY=passive`` where neither it nor ``GOMP_SPINCOUNT`` is set and
+    ``SMALLTC_OMP_WAIT_POLICY`` is not ``keep`` (called when the CPU backend is imported);
+    returns the policy OpenMP will read.
+
+    >>> passive_openmp({}), passive_openmp({"OMP_WAIT_POLICY": "active"})
+    ('passive', 'active')
+    >>> passive_openmp({"SMALLTC_OMP_WAIT_POLICY": "keep"}) is None
+    True
+    """
+    if environ.get("SMALLTC_OMP_WAIT_POLICY", "").strip().lower() == "keep":
+        return environ.get("OMP_WAIT_POLICY")
+    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
+        environ["OMP_WAIT_POLICY"] = "passive"
+    return environ.get("OMP_WAIT_POLICY")
 
 
 def blas_policy(environ, numba_threads):

@@ -79,6 +79,9 @@ def cg_cpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, red=None):
     ``red``: sums the inner products across ranks (a distributed solve)."""
     global _KERNELS
     if _KERNELS is None:
+        from smalltc.backends.cpu.threads import coordinate, passive_openmp
+        passive_openmp()               # spinning OpenMP and BLAS threads beside these loops
+        coordinate()                   # made them 4-100x slower (smalltc.backends.cpu.threads)
         _KERNELS = _numba_kernels()
     update, direction, dot = _KERNELS
     jacobi = inv is not None
@@ -97,7 +100,11 @@ def cg_cpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, red=None):
             return it, 2, history[-1]
         if not rz > 0:
             return it, 4, rz
-        Ap = np.asarray(apply(p.reshape(b.shape))).reshape(-1)
+        Ap = np.asarray(apply(p.reshape(b.shape)))
+        if Ap.shape != b.shape:
+            raise ValueError(f"the operator returned an array of shape {Ap.shape} for a "
+                             f"vector of shape {b.shape}: apply(x) must return A x in x's shape")
+        Ap = Ap.reshape(-1)
         pAp = dot(p, Ap)
         if red is not None:
             (pAp,) = red.sums(pAp)
@@ -133,6 +140,8 @@ def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8, red
     ``check_every`` iterations. Returns ``(iterations, code, value)``. ``red``: sums
     the partial sums across ranks (a distributed solve; each sum waits for the device)."""
     import cupy as cp
+
+    from smalltc._errors import raise_pending
     jacobi = inv is not None
     k = _gpu_kernels(r.dtype, jacobi)
     n = np.int64(r.size)
@@ -154,7 +163,12 @@ def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8, red
     done, seen = 0, 0
     while not done:
         for _ in range(check_every):
-            Ap = cp.asarray(apply(p.reshape(b.shape))).reshape(-1)
+            Ap = cp.asarray(apply(p.reshape(b.shape)))
+            if Ap.shape != b.shape:
+                raise ValueError(f"the operator returned an array of shape {Ap.shape} for a "
+                                 f"vector of shape {b.shape}: apply(x) must return A x in "
+                                 "x's shape")
+            Ap = Ap.reshape(-1)
             k["stc_cg_dot"](grid, (_NT,), (p, Ap, part1, ST, n))
             if red is not None:
                 red.sum_array(part1)
@@ -165,6 +179,7 @@ def cg_gpu(apply, b, x, r, inv, tol, maxiter, bnorm, history, check_every=8, red
             k["stc_cg_beta"](one, (_NT,), (part2, ST, hist))
             k["stc_cg_direction"](grid, (_NT,), (p, r, invv, ST, n))
         st, h = ST.get(), hist.get()
+        raise_pending()              # a bad map index the operator's kernels reported
         done, it = int(st[9]), int(st[8])
         history.extend(h[(i - 1) % check_every] for i in range(seen + 1, it + 1))
         seen = it

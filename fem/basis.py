@@ -8,7 +8,7 @@ derivatives are ``G = B @ Dn`` with ``Dn`` the nodal differentiation matrix,
 exact because ``phi_j'`` has degree ``p - 1``.
 
 ``B1d[k, i] = phi_i(q_k)`` and ``G1d[k, i] = phi_i'(q_k)`` follow the layout
-of SPEC section 1: quadrature points along rows, basis functions along
+of docs/math.md section 1: quadrature points along rows, basis functions along
 columns.
 """
 

@@ -11,7 +11,7 @@ tensor-product points ``q``:
 * ``J_e[a, b](q) = d x_a / d xi_b``, the derivative along reference axis
   ``b`` replacing ``Bg`` by ``Gg`` on that axis,
 * ``D_e(q) = w(q) * rho(x_e(q)) * det J_e(q)`` with ``w`` the tensor
-  product of the 1D weights: the ``D`` of SPEC section 1 for the mass
+  product of the 1D weights: the ``D`` of docs/math.md section 1 for the mass
   operator.
 * ``Q_e^{ab}(q) = w(q) * kappa(x_e(q)) * det J_e(q) * (J_e^{-1} J_e^{-T})_{ab}``,
   packed as the upper triangle row by row on axis 1: the ``Q`` of the
@@ -333,7 +333,7 @@ def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, devic
     Returns
     -------
     ndarray, shape (E, nq, ..., nq)
-        The ``D`` of SPEC section 1, in the array module of ``device``.
+        The ``D`` of docs/math.md section 1, in the array module of ``device``.
 
     Raises
     ------

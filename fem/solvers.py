@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smalltc._arrays import array_module
+from smalltc._errors import raise_pending
 
 from ._device import to_host
 
@@ -216,7 +217,38 @@ def _floats(xp, *scalars, red=None):
         out = tuple(float(s) for s in scalars)
     else:
         out = tuple(float(s) for s in xp.stack(scalars).get())
+        raise_pending()                  # a bad map index the operator's kernels reported
     return out if red is None else red.sums(*out)
+
+
+def _applied(apply, v, shape, xp):
+    """``apply(v)`` as an array of ``xp``, ``ValueError`` naming the operator when its result
+    does not have the vectors' shape."""
+    Av = xp.asarray(apply(v))
+    if Av.shape != shape:
+        raise ValueError(f"the operator returned an array of shape {Av.shape} for a vector of "
+                         f"shape {shape}: apply(x) must return A x in x's shape")
+    return Av
+
+
+def _asymmetry(apply, b, xp, red):
+    """A note for the error of a failed solve when the operator is seen not to be symmetric:
+    ``u.Av`` against ``v.Au`` for two random vectors (two more applications, made only
+    when CG failed); empty when they agree (or in a distributed solve)."""
+    if red is not None:
+        return ""
+    try:
+        rng = np.random.default_rng(12345)
+        u = xp.asarray(rng.standard_normal(b.shape).astype(b.dtype))
+        v = xp.asarray(rng.standard_normal(b.shape).astype(b.dtype))
+        a, c = _floats(xp, _dot(xp, u, apply(v)), _dot(xp, v, apply(u)))
+    except Exception:                     # the note is a hint; never mask the real error
+        return ""
+    tol = 1e-6 if b.dtype == np.float64 else 1e-3
+    if abs(a - c) <= tol * max(abs(a), abs(c), 1e-300) or not (np.isfinite(a) and np.isfinite(c)):
+        return ""
+    return (f"; the operator is not symmetric (u.Av = {a:.6e}, v.Au = {c:.6e} for random u, "
+            f"v): CG needs a symmetric positive definite operator")
 
 
 def _reducer(comm, xp):
@@ -248,6 +280,12 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
        fused=True, check_every=8, comm=None, callback=None):
     """Solve ``A x = b`` for symmetric positive definite ``A`` by (preconditioned) CG.
 
+    CG requires ``A`` (and the preconditioner) to be symmetric positive definite; for
+    another operator it fails to converge or breaks down. When it does, the error
+    (and the warning of an unconverged result with ``raise_on_failure=False``) says
+    whether ``A`` is seen not to be symmetric (``u.Av`` against ``v.Au`` for two random
+    vectors: two more operator applications, made only after a failure).
+
     Parameters
     ----------
     apply : callable
@@ -260,7 +298,8 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         Iteration limit; ``10 * b.size`` by default.
     precond : callable, optional
         ``precond(r) -> z ~ A^{-1} r``, symmetric positive definite (e.g.
-        :func:`jacobi`).
+        :func:`jacobi`; for vectors of shape ``(ncomp, ndofs)`` a Jacobi diagonal of
+        ``ndofs`` entries applies to every component).
     x0 : ndarray, optional
         Initial guess (zero by default), copied into the module of ``b``.
     raise_on_failure : bool
@@ -296,8 +335,9 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     ConvergenceError
         When not converged within ``maxiter`` (and ``raise_on_failure``).
     ValueError
-        For bad ``tol``/``maxiter``/``x0``, non-finite values, or when the
-        operator or preconditioner is seen not to be positive definite.
+        For bad ``tol``/``maxiter``/``x0``, non-finite values, an operator that returns
+        another shape than its argument's, or when the operator or preconditioner is
+        seen not to be positive definite.
 
     Examples
     --------
@@ -331,7 +371,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         x = xp.array(x0, dtype=b.dtype)
         _everywhere(red, x.shape == b.shape,
                     f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
-        r = b - apply(x)
+        r = b - _applied(apply, x, b.shape, xp)
     z = precond(r)
     bb, rr, rz = _floats(xp, _dot(xp, b, b), _dot(xp, r, r), _dot(xp, r, z), red=red)
     bnorm = np.sqrt(bb)
@@ -343,7 +383,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     while history[-1] > tol and it < maxiter:
         if not rz > 0:
             raise ValueError(f"preconditioner is not positive definite: r^T z = {rz:.3e} at iteration {it}")
-        Ap = apply(p)
+        Ap = _applied(apply, p, b.shape, xp)
         pAp = _dot(xp, p, Ap)
         if red is not None:          # the global p.Ap before the step
             (pAp,) = _floats(xp, pAp, red=red)
@@ -356,7 +396,8 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         else:
             rr, rz_new = _floats(xp, _dot(xp, r, r), _dot(xp, r, z), red=red)
         if not pAp > 0:
-            raise ValueError(f"operator is not positive definite: p^T A p = {pAp:.3e} at iteration {it}")
+            raise ValueError(f"operator is not positive definite: p^T A p = {pAp:.3e} at "
+                             f"iteration {it}" + _asymmetry(apply, b, xp, red))
         it += 1
         history.append(np.sqrt(rr) / bnorm)
         if not np.isfinite(history[-1]):
@@ -368,12 +409,22 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     rtrue = b - apply(x)
     (rt,) = _floats(xp, _dot(xp, rtrue, rtrue), red=red)
     result = CGResult(x, it, np.array(history), history[-1] <= tol, float(np.sqrt(rt) / bnorm))
-    if not result.converged and raise_on_failure:
-        raise ConvergenceError(
-            f"CG did not converge in {it} iterations: relative residual "
-            f"{history[-1]:.3e} > tol {tol:.3e}",
-            result,
-        )
+    return _outcome(result, tol, raise_on_failure, apply, b, xp, red)
+
+
+def _outcome(result, tol, raise_on_failure, apply, b, xp, red):
+    """``result``, or ConvergenceError (a RuntimeWarning without ``raise_on_failure``)
+    when it did not converge, with the asymmetry note of :func:`_asymmetry`."""
+    if result.converged:
+        return result
+    note = _asymmetry(apply, b, xp, red)
+    msg = (f"CG did not converge in {result.iterations} iterations: relative residual "
+           f"{result.residuals[-1]:.3e} > tol {tol:.3e}" + note)
+    if raise_on_failure:
+        raise ConvergenceError(msg, result)
+    if note:                                       # unconverged, and A is not symmetric
+        import warnings
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
     return result
 
 
@@ -387,12 +438,16 @@ def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every
         x = xp.array(x0, dtype=b.dtype)
         _everywhere(red, x.shape == b.shape,
                     f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
-        r = xp.ascontiguousarray(b - apply(x))
+        r = xp.ascontiguousarray(b - _applied(apply, x, b.shape, xp))
     inv = None
     if precond is not None:
-        inv = xp.ascontiguousarray(xp.asarray(precond.inv, dtype=b.dtype)).reshape(-1)
+        inv = xp.asarray(precond.inv, dtype=b.dtype)
+        if inv.size != b.size and b.ndim > 1 and inv.size == b.shape[-1]:
+            inv = xp.broadcast_to(inv.reshape(-1), b.shape)   # one diagonal, every component
+        inv = xp.ascontiguousarray(inv).reshape(-1)
         _everywhere(red, inv.size == b.size,
-                    f"the Jacobi preconditioner has {inv.size} entries, b has {b.size}")
+                    f"the Jacobi preconditioner has {inv.size} entries, b has shape {b.shape} "
+                    f"(expected {b.size} entries, or {b.shape[-1]} for every component)")
     bb, rr = _floats(xp, _dot(xp, b, b), _dot(xp, r, r), red=red)
     bnorm = np.sqrt(bb)
     if bnorm == 0.0:
@@ -407,7 +462,7 @@ def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every
                                            check_every, red)
     if code == 3:
         raise ValueError(f"operator is not positive definite: p^T A p = {value:.3e} at "
-                         f"iteration {it}")
+                         f"iteration {it}" + _asymmetry(apply, b, xp, red))
     if code == 4:
         raise ValueError(f"preconditioner is not positive definite: r^T z = {value:.3e} at "
                          f"iteration {it}")
@@ -416,10 +471,4 @@ def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every
     rtrue = b - apply(x)
     (rt,) = _floats(xp, _dot(xp, rtrue, rtrue), red=red)
     result = CGResult(x, it, np.array(history), history[-1] <= tol, float(np.sqrt(rt) / bnorm))
-    if not result.converged and raise_on_failure:
-        raise ConvergenceError(
-            f"CG did not converge in {it} iterations: relative residual "
-            f"{history[-1]:.3e} > tol {tol:.3e}",
-            result,
-        )
-    return result
+    return _outcome(result, tol, raise_on_failure, apply, b, xp, red)

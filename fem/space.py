@@ -15,7 +15,7 @@ nodes per direction, numbered in C order. Element ``e`` with multi-index
 what makes the space continuous.
 
 :meth:`H1Space.gather` copies global values into an E-vector of shape
-``(E, nd, ..., nd)`` (the ``V`` of SPEC section 1); :meth:`H1Space.scatter`
+``(E, nd, ..., nd)`` (the ``V`` of docs/math.md section 1); :meth:`H1Space.scatter`
 is its transpose, adding element contributions into the global vector.
 
 Both work with the array module of their input: NumPy, or CuPy on the GPU.

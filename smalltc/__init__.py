@@ -1,6 +1,6 @@
 """smalltc: batched small-tensor contractions for high-order finite elements.
 
-The operations of SPEC section 2 and 3 on NumPy arrays (CPU) and CuPy
+The operations of docs/math.md sections 2 and 3 on NumPy arrays (CPU) and CuPy
 arrays (NVIDIA GPUs), with a plan/execute API:
 
 - :func:`batched_contract`: partial-assembly mass action ``U_e = B^T D_e B V_e``
@@ -31,6 +31,7 @@ from .api import (assemble_diffusion, assemble_mass, assemble_operator, batched_
                   batched_gemm, contract, diffusion_action, diffusion_apply,
                   diffusion_diagonal, mass_apply, mass_diagonal, operator_action,
                   operator_apply, operator_diagonal)
+from ._errors import check_errors
 from .aot import precompile
 from .catalogue import STEPS
 from .plan import Plan, plan
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
-           "assemble_operator", "plan", "precompile",
+           "assemble_operator", "plan", "precompile", "check_errors",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

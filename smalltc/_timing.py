@@ -1,6 +1,6 @@
 """Timing helpers shared by the roofline probes, ``smalltc bench`` and the demo.
 
-SPEC section 5: warm-up first, then each call timed on its own, with CUDA
+docs/math.md section 5: warm-up first, then each call timed on its own, with CUDA
 events around the call on a GPU (CuPy arrays) and ``perf_counter_ns`` on the
 host; the median of the repeats is the figure reported.
 
@@ -18,7 +18,20 @@ import math
 import statistics
 import time
 
-__all__ = ["synchronize", "time_calls", "graph_times", "time_once", "median"]
+__all__ = ["synchronize", "time_calls", "graph_times", "time_once", "median", "blas_call"]
+
+_BLAS_A = None
+
+
+def blas_call():
+    """A NumPy call through BLAS (a 128 x 128 float64 matrix product: multithreaded in
+    OpenBLAS), what a program does between smalltc's calls; its BLAS threads, spinning
+    afterwards, are what :mod:`smalltc.backends.cpu.threads` guards against."""
+    global _BLAS_A
+    import numpy as np
+    if _BLAS_A is None:
+        _BLAS_A = np.random.default_rng(0).random((128, 128))
+    return _BLAS_A @ _BLAS_A
 
 
 def synchronize(on_gpu: bool) -> None:
@@ -29,7 +42,7 @@ def synchronize(on_gpu: bool) -> None:
 
 
 def time_calls(fn, *, repeats: int = 20, warmup: int = 2, on_gpu: bool = False,
-               min_region_s: float = 1e-3, max_inner: int = 10) -> list:
+               min_region_s: float = 1e-3, max_inner: int = 10, between=None) -> list:
     """Run ``fn()`` ``warmup`` times untimed, then ``repeats`` samples timed.
 
     Returns
@@ -42,7 +55,9 @@ def time_calls(fn, *, repeats: int = 20, warmup: int = 2, on_gpu: bool = False,
         from one warm call so that a sample lasts about ``min_region_s``, so
         short kernels are timed as a stream of calls (the device's time, not
         the gap while the host prepares a lone launch). A call whose host
-        work outlasts its kernel still shows that cost.
+        work outlasts its kernel still shows that cost. ``between`` (host only):
+        called untimed before each sample, e.g. :func:`blas_call`, the realistic
+        case of a program that calls NumPy between smalltc's calls.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -68,6 +83,8 @@ def time_calls(fn, *, repeats: int = 20, warmup: int = 2, on_gpu: bool = False,
             times.append(int(round(cupy.cuda.get_elapsed_time(start, end) * 1e6 / inner)))
     else:
         for _ in range(repeats):
+            if between is not None:
+                between()
             t0 = time.perf_counter_ns()
             fn()
             times.append(time.perf_counter_ns() - t0)

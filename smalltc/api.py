@@ -204,7 +204,7 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
 
 
 def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None):
-    """A reshaping-layout kernel of SPEC section 3, batched.
+    """A reshaping-layout kernel of docs/math.md section 3, batched.
 
     - ``"8a"``: ``A[i,j,k,l] = sum_s X[i,s,j] Y[k,s,l]``
     - ``"8b"``: ``A[i,k,l,j] = sum_s X[i,s,j] Y[k,s,l]``

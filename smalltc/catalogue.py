@@ -1,4 +1,4 @@
-"""The pairwise contractions (1a)-(4f) of SPEC section 3, as one data table.
+"""The pairwise contractions (1a)-(4f) of docs/math.md section 3, as one data table.
 
 Each step is one launch of a reshaping-layout kernel, (8a), (8b) or (9).
 Operands are read through views of the same storage with other extents;

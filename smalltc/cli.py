@@ -23,9 +23,24 @@ SUBCOMMANDS = {
 }
 
 
+def _version() -> str:
+    """``smalltc X.Y.Z (python, numpy, numba)``: what ``smalltc --version`` prints."""
+    import platform
+
+    from . import __version__
+    parts = [f"python {platform.python_version()}"]
+    for mod in ("numpy", "numba"):
+        try:
+            parts.append(f"{mod} {__import__(mod).__version__}")
+        except ImportError:                       # pragma: no cover
+            pass
+    return f"smalltc {__version__} ({', '.join(parts)})"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="smalltc", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for name, (modname, help_) in SUBCOMMANDS.items():

@@ -44,6 +44,15 @@ def _cpu():
                    table_arch=t.arch)
     except Exception:    # numba missing
         pass
+    try:                 # the kernels' threads and the BLAS threads beside them
+        import numba
+
+        from .backends.cpu.threads import blas_policy, blas_threads
+        cpu["threads"] = numba.get_num_threads()
+        cpu["blas_threads"] = {os.path.basename(k): v for k, v in blas_threads().items()}
+        cpu["blas_limit"] = blas_policy(os.environ, cpu["threads"])
+    except Exception:
+        pass
     return cpu
 
 
@@ -146,6 +155,12 @@ def run(args) -> int:
         print(f"CPU kernels: {cpu['isa']} ({cpu['vector_bits']}-bit vectors by default, "
               f"{cpu['max_vector_bits']} at most), Numba target {cpu['numba_target']}; tables "
               f"{cpu['table_arch']}-<dtype>.json")
+    if "threads" in cpu:
+        blas = ", ".join(f"{k} {v}" for k, v in cpu["blas_threads"].items()) or "none loaded"
+        lim = cpu["blas_limit"]
+        print(f"CPU threads: {cpu['threads']} (SMALLTC_NUM_THREADS); BLAS threads now: {blas}; "
+              + (f"set to {lim} once a CPU kernel is built (SMALLTC_BLAS_THREADS)"
+                 if lim is not None else "left alone"))
     if info["gpus"]:
         for g in info["gpus"]:
             print(f"GPU {g['id']}: {g['name']} (cc {g['cc']}, {g['sms']} SMs, "

@@ -20,7 +20,10 @@ The *deterministic* forms add the element results into ``y`` in a fixed order:
 Both results are kept per map *object* (:func:`map_info`): a map is checked
 and coloured the first time a call sees it, not on every call (on a GPU the
 check needs the map's minimum and maximum on the host). A map changed in place
-afterwards is not seen again: pass a new array, or call :func:`forget`.
+afterwards is not checked again on the host, but the kernels check every index
+they read (:func:`out_of_range`): an index out of range never reads or writes
+outside the vectors, it raises. A map changed in place within range keeps its old
+colouring: call :func:`forget` (or pass a new array) to colour it again.
 
 Examples
 --------
@@ -43,8 +46,8 @@ import numpy as np
 
 from ._arrays import array_module, is_cupy
 
-__all__ = ["element_colors", "transpose", "check_range", "map_info", "forget", "MapInfo",
-           "MAX_COLORS"]
+__all__ = ["element_colors", "transpose", "check_range", "out_of_range", "map_info", "forget",
+           "MapInfo", "MAX_COLORS"]
 
 #: colours the greedy colouring may use (a bit each in a 64-bit mask per DoF)
 MAX_COLORS = 64
@@ -138,6 +141,33 @@ def check_range(elem_dofs, ndofs):
     if lo < 0 or hi >= ndofs:
         raise ValueError(f"elem_dofs holds indices {lo}..{hi}, outside [0, {ndofs}) for "
                          f"ndofs={ndofs} (x has {ndofs} entries per component)")
+
+
+def out_of_range(elem_dofs, ndofs, index=None):
+    """Raise the ``ValueError`` of :func:`check_range` for a map a kernel found an index
+    outside ``[0, ndofs)`` in (``index``: the one it saw), and forget what was known of it.
+
+    The kernels that read a map check every entry themselves (a map changed in place
+    after its first use): they read and write nothing through a bad entry, set an error
+    flag, and the call raises this at its next synchronisation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> out_of_range(np.array([[0, 7]]), 4, 7)
+    Traceback (most recent call last):
+    ...
+    ValueError: elem_dofs holds indices 0..7, outside [0, 4) for ndofs=4 (x has 4 entries per component); a kernel read index 7
+    """
+    forget(elem_dofs)
+    try:
+        check_range(elem_dofs, ndofs)
+    except ValueError as err:
+        if index is None:
+            raise
+        raise ValueError(f"{err}; a kernel read index {index}") from None
+    raise ValueError(f"elem_dofs held index {index}, outside [0, {ndofs}) for ndofs={ndofs}, "
+                     "when a kernel read it (the map changed while the call ran)")
 
 
 class MapInfo:

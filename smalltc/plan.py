@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import _interop, _validate
+from . import _interop, _memory, _validate
 from ._arrays import is_array
 from .maps import map_info
 from .backends import Unsupported, candidates
@@ -87,6 +87,8 @@ class Plan:
         self._pad = (None,) if self._beta_zero else ()          # GEMM executors take C or None
         self._on_gpu = xp.__name__ == "cupy"
         self._array_type, self._alloc = xp.ndarray, xp.empty
+        # a result from 64 MiB on is checked against the free memory before each allocation
+        self._big = math.prod(self._out_shape) * dtype.itemsize >= _memory.MIN_BYTES
 
     kernel = property(lambda self: self.executor.kernel)
     params = property(lambda self: dict(self.executor.params))
@@ -168,6 +170,8 @@ class Plan:
         if self._map is not None:
             map_info(operands[self._map], self.spec.ndofs)      # the range, once per map
         if out is None:
+            if self._big:
+                _memory.guard(self.spec.op, self._out_shape, dtype, on_gpu=self._on_gpu)
             out = self._alloc(self._out_shape, dtype=dtype)
         if self._no_work:
             return out

@@ -1,4 +1,4 @@
-"""The roofline bound of SPEC section 4, and the device probes it needs.
+"""The roofline bound of docs/math.md section 4, and the device probes it needs.
 
 ``Pmax = F / Tmin`` with ``Tmin = max(bytes / BW, F / peak)``: ``bytes``
 counts every input read once and every output written once (an operand
@@ -19,14 +19,14 @@ kernel 8a/8b       ``s*(isj + ksl + ijkl)``                ``2*s_ext*ijkl``
 kernel 9           ``s*(ksl + kilj)``                      ``3*s_ext*kilj``
 =================  ======================================  ==========================================
 
-(sums over ``t = 1..d``.) The action formula is SPEC's 3D line generalised:
+(sums over ``t = 1..d``.) The action formula is the 3D line of docs/math.md section 4 generalised:
 interpolating to the quadrature points contracts one axis at a time, step
 ``t`` producing ``nq^t nd^(d-t)`` values at ``2*nd`` flops each; the
 transpose costs the same; ``nq^d`` multiplies by ``D``. In 3D it is
 ``4*(nd^3 nq + nd^2 nq^2 + nd nq^3) + nq^3``. Assembly: step ``t`` of
 (1a)-(2c) writes ``nd^(2t) nq^(d-t)`` values, each a sum over ``nq`` of the
 triple product ``B B C`` (3 flops per term); in 3D
-``3*nq*(nd^2 nq^2 + nd^4 nq + nd^6)`` as in SPEC, in 2D
+``3*nq*(nd^2 nq^2 + nd^4 nq + nd^6)`` as in docs/math.md, in 2D
 ``3*nq*(nd^2 nq + nd^4)``, in 1D ``3*nq*nd^2``. Bytes read ``D`` once and
 write ``M`` once. A pairwise step (1a)-(4f) is its kernel with the
 catalogue's reshaped extents (``B1d`` shared); the pointwise ``D`` scaling
@@ -250,7 +250,7 @@ _COUNTS = {"gemm": _gemm_counts, "action": _action_counts, "assembly": _assembly
 
 
 def counts(op, sizes=None, dtype="float64") -> Counts:
-    """Bytes and flops of one batched operation (SPEC section 4).
+    """Bytes and flops of one batched operation (docs/math.md section 4).
 
     Parameters
     ----------
@@ -339,7 +339,7 @@ class Bound:
 
 
 def bound(op, sizes=None, dtype="float64", device=None, *, bandwidth=None, peak=None) -> Bound:
-    """Roofline bound (SPEC section 4) of ``op`` with ``sizes`` on ``device``.
+    """Roofline bound (docs/math.md section 4) of ``op`` with ``sizes`` on ``device``.
 
     Parameters
     ----------

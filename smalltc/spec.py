@@ -14,7 +14,7 @@ which kind of spec it holds:
 ``spec.size_key``   the name of the size in a tuning table
                     (``"action/3d/nd4nq5c1"``; no batch count, no dtype)
 ``spec.sizes()``    the sizes the roofline formulas take
-``str(spec)``       a readable one-liner (``mass_apply_3d p=3 nq=5 E=10 float64``)
+``str(spec)``       a readable one-liner (``action_3d p=3 nq=5 E=10 float64``)
 ==================  =========================================================
 
 Every cache in smalltc is keyed on ``spec.kernel_key()`` (the spec without
@@ -27,7 +27,7 @@ Examples
 >>> [(o.name, o.shape) for o in s.inputs]
 [('B1d', (5, 4)), ('D', (10, 5, 5, 5)), ('V', (10, 4, 4, 4))]
 >>> s.size_key, s.items, str(s)
-('action/3d/nd4nq5c1', 10, 'mass_apply_3d p=3 nq=5 E=10 float64')
+('action/3d/nd4nq5c1', 10, 'action_3d p=3 nq=5 E=10 float64')
 >>> GemmSpec(batch=3, m=2, n=2, k=2, dtype="float32", beta_zero=False).size_key
 'gemm/nn+beta/m2n2k2'
 
@@ -42,7 +42,7 @@ operand):
 >>> [(o.name, o.shape) for o in d.inputs]
 [('G1d', (5, 5)), ('Q', (10, 6, 5, 5, 5)), ('V', (10, 5, 5, 5))]
 >>> d.size_key, str(d)
-('diffusion/action/3d/nd5nq5c1+co', 'diffusion_apply_3d p=4 nq=5 E=10 float64 collocated')
+('diffusion/action/3d/nd5nq5c1+co', 'diffusion_action_3d p=4 nq=5 E=10 float64 collocated')
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
            "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES", "QFUNCS",
            "nsym", "spec_from_dict"]
 
-#: kernels (8a), (8b), (9) of SPEC section 3: output axis order per kind.
+#: kernels (8a), (8b), (9) of docs/math.md section 3: output axis order per kind.
 CONTRACT_KINDS = {
     "8a": "A[i,j,k,l] = sum_s X[i,s,j] Y[k,s,l]",
     "8b": "A[i,k,l,j] = sum_s X[i,s,j] Y[k,s,l]",
@@ -351,7 +351,9 @@ class ActionSpec(_Operator):
 
     def __str__(self):
         comp = f" ncomp={self.ncomp}" if self.comp_axis else ""
-        return (f"{self._name('apply')} p={self.p} nq={self.nq}{comp} "
+        # named for the action: ``action_3d`` (mass), ``diffusion_action_3d``, ...
+        name = (f"action_{self.dim}d" if self.qfunc == "mass" else self._name("action"))
+        return (f"{name} p={self.p} nq={self.nq}{comp} "
                 f"E={self.batch} {self.dtype}{self._co}")
 
 

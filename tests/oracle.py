@@ -1,4 +1,4 @@
-"""Float64 NumPy einsum oracles, written straight from SPEC section 2-3.
+"""Float64 NumPy einsum oracles, written straight from docs/math.md sections 2-3.
 
 Deliberately independent of smalltc's own reference backend (which is
 sum-factorised): here each operation is one einsum of the defining formula.

@@ -103,7 +103,7 @@ def test_precompile_records_and_cache_report(tmp_path):
     assert all(r["backend"] == "cpu" and r["device"] == "cpu" for r in recs)
     assert recs[0]["compiled"] and recs[0]["new_files"] > 0     # an empty cache: it compiled
     assert not again[0]["compiled"] and again[0]["new_files"] == 0
-    assert rep["cpu"]["compiled"] >= 1 and "stc_mass_apply_1d_f64_nd2_nq2" in rep["cpu"]["names"]
+    assert rep["cpu"]["compiled"] >= 1 and "stc_mass_action_1d_f64_nd2_nq2" in rep["cpu"]["names"]
     assert set(rep["cuda"]) >= {"dir", "modules", "files", "bytes"}
 
 
@@ -144,11 +144,11 @@ def test_cli_precompile_and_info(capsys, tmp_path):
                  "--device", "cpu", "--no-progress", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "1 builds on the CPU" in text and "cache:" in text
-    assert json.loads(out.read_text())[0]["kernel"] == "stc_mass_apply_1d_f64_nd2_nq2"
+    assert json.loads(out.read_text())[0]["kernel"] == "stc_mass_action_1d_f64_nd2_nq2"
     assert main(["info", "--kernels"]) == 0
     text = capsys.readouterr().out
     assert "kernel caches (smalltc precompile fills them):" in text
-    assert "stc_mass_apply_1d_f64_nd2_nq2" in text
+    assert "stc_mass_action_1d_f64_nd2_nq2" in text
     assert main(["info", "--json"]) == 0
     assert "caches" in json.loads(capsys.readouterr().out)
 

@@ -268,9 +268,12 @@ def test_bp1_suite_end_to_end(tmp_path, capsys):
                                                                          (2, "lobatto")]
     for c in cs:
         assert not c.get("error"), c.get("error")
-        assert set(c["impls"]) == {"smalltc", "deterministic", "unfused", "cg", "cg (unfused)"}
+        assert set(c["impls"]) == {"smalltc", "deterministic", "unfused", "cg", "cg (unfused)",
+                                   "unchecked"}
         assert all(r["status"] == "ok" for r in c["impls"].values())
-        assert all(r["first_call_s"] > 0 for r in c["impls"].values())
+        assert all(r["first_call_s"] > 0 for k, r in c["impls"].items() if k != "unchecked")
+        assert c["impls"]["unchecked"]["check_cost"] > -1            # the bounds check's cost
+        assert c["impls"]["unchecked"]["kernel"].endswith("_unchecked")
         assert c["impls"]["smalltc"]["rel_err"] <= 1e-12
         ndofs = c["sizes"]["ndofs"]
         assert c["bound"]["dofs"] == ndofs and c["cg_bound"]["bytes"] > c["bound"]["bytes"]
@@ -348,3 +351,18 @@ def test_solve_suite_end_to_end(tmp_path, capsys):
     assert all(r["time_to_solution_s"] >= r["solve_s"] > 0 for r in im.values())
     assert "== solve" in capsys.readouterr().out
     assert (tmp_path / "solve-p2-solve-float64.png").exists()
+
+
+def test_default_out_is_not_the_repository_results(tmp_path, monkeypatch):
+    """Without --out the files go to smalltc-bench/<device> in the current folder, never
+    into results/; on the host each smalltc timing has its after-a-BLAS-call twin."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress",
+                 "--backend", "cpu", "--device", "cpu", "--suite", "gemm", "--sizes", "2",
+                 "--no-plot", "--no-baselines"]) == 0
+    files = list((tmp_path / "smalltc-bench").glob("*/bench-*.json"))
+    assert files and not (tmp_path / "results").exists()
+    doc = json.loads(files[0].read_text())
+    st = doc["cases"][0]["impls"]["smalltc"]
+    assert st["status"] == "ok" and len(st["after_blas_times_ns"]) == 2
+    assert st["after_blas_fraction"] > 0

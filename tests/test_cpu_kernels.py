@@ -145,7 +145,7 @@ def test_action_generic_matches_specialised(dim, p, nq):
     B1d, D, V = _action_inputs(np.random.default_rng(5), dim, p, nq, "float64", ncomp=2)
     ref = action_einsum(B1d, D, V, dim)
     fast = smalltc.plan("action", B1d, D, V, backend="cpu")
-    assert fast.specialized and fast.kernel.startswith(f"stc_mass_apply_{dim}d_f64")
+    assert fast.specialized and fast.kernel.startswith(f"stc_mass_action_{dim}d_f64")
     slow = generic_executor(fast.spec)
     assert slow.specialized is False
     u_fast, u_slow = poisoned(V.shape, V.dtype), poisoned(V.shape, V.dtype)
@@ -170,7 +170,7 @@ def test_action_p16_3d():
     """The largest specialised size: p = 16 (nd = 17), nq = 18."""
     B1d, D, V = _action_inputs(np.random.default_rng(7), 3, 16, 18, "float64")
     p = smalltc.plan("action", B1d, D, V, backend="cpu")
-    assert p.specialized and p.kernel == "stc_mass_apply_3d_f64_nd17_nq18"
+    assert p.specialized and p.kernel == "stc_mass_action_3d_f64_nd17_nq18"
     out = p(B1d, D, V, out=poisoned(V.shape, V.dtype))
     assert rel(out, action_einsum(B1d, D, V, 3)) < 1e-12
 

@@ -58,7 +58,7 @@ def test_kernel_per_device_and_geometry(fake_device):
     ctx = action_ctx(3, 3, 4, 3, "float64")
     assert ctx["line"] == 0
     ex = CudaBackend().build(spec)
-    assert ex.kernel == "stc_mass_apply_3d_f64_nd3nq4c3" and ex.ctx == ctx
+    assert ex.kernel == "stc_mass_action_3d_f64_nd3nq4c3" and ex.ctx == ctx
     ex.run(("B", "D", "V"), "U")
     fake_device.dev = 1
     ex.run(("B", "D", "V"), "U")
@@ -215,7 +215,7 @@ def test_line_form_orders_its_constant_bank_per_module(fake_device, monkeypatch)
     params = dict(per_block=1, line=1, prefetch=0)        # no prefetch: no grid cap
     a = CudaBackend().build(spec, params=params)
     b = CudaBackend().build(spec.with_batch(50), params=params)
-    assert a.ctx["line"] == 1 and a.kernel == "stc_mass_apply_3d_f64_nd5nq6c1_line"
+    assert a.ctx["line"] == 1 and a.kernel == "stc_mass_action_3d_f64_nd5nq6c1_line"
     a.run((B, "D", "V"), "U")                 # stream 7
     a.run((B, "D", "V"), "U")                 # stream 7 again: no wait
     current[0] = Stream(9)
@@ -250,5 +250,5 @@ def test_choose_needs_no_device():
     spec = ActionSpec(dim=3, nq=4, nd=3, batch=10, dtype="float32")
     c = choose(spec, DEVICE, params="heuristic")
     assert (c.template, c.entry, c.source, c.family.name) == (
-        "action.cu.j2", "stc_mass_apply_3d_f32_nd3nq4c1", "heuristic", "action")
+        "action.cu.j2", "stc_mass_action_3d_f32_nd3nq4c1", "heuristic", "action")
     assert choose(spec, dict(DEVICE, smem_optin=64), params="heuristic") is None

@@ -106,6 +106,8 @@ def _configs():
             for params in (None,) + ((dict(per_block=2, line=1, prefetch=0),) if dim == 3 else ()):
                 ctx = MASS_APPLY.context(s, params)
                 out.append((MASS_APPLY.template(ctx), ctx))
+            if p == 4:      # the bench's variant without the map's bounds check
+                out.append((MASS_APPLY.template(ctx), dict(ctx, bounds_check=0)))
             d = MassDiagonalSpec(dim=dim, nq=p + 2, nd=p + 1, batch=1, dtype=dt, ndofs=1,
                                  index_dtype=it, deterministic=det)
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))

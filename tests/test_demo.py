@@ -16,6 +16,10 @@ def test_demo_quick_runs(tmp_path, capsys):
         doc = json.load(f)
     proj = doc["projection"]
     assert proj["iterations"] > 0 and proj["relative_l2_error"] < 1e-2
+    # the CG rate is timed on a second, compiled solve, in a unit that shows it: never
+    # "0.000 GDoF/s (0%)"
+    assert proj["time_solve_warm_s"] > 0 and proj["cg_dofs_per_s"] > 0
+    assert "solve: 0.000 GDoF/s" not in out and "(0%" not in out
     assert doc["probes"]["bandwidth"]["value"] > 0
     for rec in doc["cases"]:
         st = rec["impls"]["smalltc"]

@@ -249,7 +249,7 @@ PLAN_CALL_ERRORS = [  # (plan call, exception, pattern)
      r"V is a list, but this plan was built for numpy arrays"),
     (lambda p: p(B1d, None, V3), TypeError, r"D is None; expected an array"),
     (lambda p: p(B1d, D3, V3, alpha=2.0), TypeError,
-     r"alpha and beta are GEMM options; this plan runs mass_apply_3d p=3 nq=5 E=10"),
+     r"alpha and beta are GEMM options; this plan runs action_3d p=3 nq=5 E=10"),
     (lambda p: p(B1d, D3, V3, beta=1.0), TypeError, r"alpha and beta are GEMM options"),
 ]
 

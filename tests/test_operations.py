@@ -104,7 +104,7 @@ def test_assembly(case, method, xp_name, backend):
 @pytest.mark.parametrize("xp_name,backend", BACKENDS)
 @pytest.mark.parametrize("dim,p,nq", [(1, 3, 5), (2, 2, 3), (2, 4, 6), (3, 1, 2), (3, 3, 5)])
 def test_assembly_consistent_with_action(dim, p, nq, xp_name, backend):
-    """SPEC invariant: M @ V == batched_contract(B1d, D, V), for any V."""
+    """Invariant of docs/math.md section 2: M @ V == batched_contract(B1d, D, V), for any V."""
     xp, nd = xp_of(xp_name), p + 1
     rng = np.random.default_rng(7)
     B1d, D, V = _inputs(xp, rng, "float64", (nq, nd), (E,) + (nq,) * dim, (E,) + (nd,) * dim)

@@ -172,7 +172,7 @@ def test_keys_names_and_operands():
     assert m.kernel_key() == ("action", 3, 5, 4, "float64", 1)
     d = ActionSpec(dim=3, nq=6, nd=5, batch=10, dtype="float64", qfunc="diffusion")
     assert d.size_key == "diffusion/action/3d/nd5nq6c1"
-    assert str(d) == "diffusion_apply_3d p=4 nq=6 E=10 float64"
+    assert str(d) == "diffusion_action_3d p=4 nq=6 E=10 float64"
     assert d.kernel_key()[-1] == ("qfunc", "diffusion")
     co = MassApplySpec(dim=3, nq=5, nd=5, batch=8, dtype="float64", ndofs=100,
                        qfunc="diffusion", collocated=True)

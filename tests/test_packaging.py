@@ -64,3 +64,37 @@ def test_installed_copy_works_from_another_directory(wheel, tmp_path):
     expected = {p.name for p in (ROOT / "templates").rglob("*.j2")}
     for name in expected:
         assert name in res.stdout, f"template {name} not found by the installed copy"
+
+
+def test_sdist_carries_the_docs(tmp_path):
+    """The mathematics and conventions page travels with the source distribution."""
+    import tarfile
+    res = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation",
+                          "--outdir", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    if res.returncode != 0 and "No module named build" in res.stderr:
+        pytest.skip("the build package is not installed")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (sdist,) = tmp_path.glob("smalltc-*.tar.gz")
+    names = tarfile.open(sdist).getnames()
+    assert any(n.endswith("/docs/math.md") for n in names), names[:20]
+
+
+def test_nothing_points_outside_the_repository():
+    """The README, docstrings, notes, results and templates cite docs/math.md, never a file
+    outside the repository (a shared SPEC, ../shared, a seeds/ path)."""
+    import re
+    bad = re.compile(r"\bSPEC section|\bSPEC \d|\.\./shared|SPEC\.md|seeds/")
+    hits = []
+    for folder in ("smalltc", "fem", "tuning", "templates", "tests", "notes", "results", "docs",
+                   "scripts"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md", ".j2", ".sh", ".txt") and path.is_file():
+                for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                    if bad.search(line) and path.name != "test_packaging.py":
+                        hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    for name in ("README.md", "Makefile", "pyproject.toml"):
+        for i, line in enumerate((ROOT / name).read_text().splitlines(), 1):
+            if bad.search(line):
+                hits.append(f"{name}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits[:20])
+    assert (ROOT / "docs" / "math.md").read_text().count("\n## ") >= 8   # sections 1-8

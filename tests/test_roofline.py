@@ -1,4 +1,4 @@
-"""The roofline formulas of SPEC section 4 against hand-counted cases."""
+"""The roofline formulas of docs/math.md section 4 against hand-counted cases."""
 import math
 
 import pytest
@@ -103,7 +103,7 @@ def test_action_3d_formula_of_spec():
 def test_dofs_per_second_bound():
     b = roofline.bound("action", dict(dim=3, p=7, nq=9, batch=10 ** 6), "float64",
                        bandwidth=4.2e12, peak=INF)
-    # SPEC 6: 98-157 GDoF/s for p = 1..8, nq = p + 2 at 4.2 TB/s
+    # docs/math.md section 6: 98-157 GDoF/s for p = 1..8, nq = p + 2 at 4.2 TB/s
     assert 98e9 < b.dofs_per_s < 157e9
 
 

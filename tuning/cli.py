@@ -101,9 +101,9 @@ def _fail(msg):
 def run(args, device=None, clock=None) -> int:
     """Run ``smalltc tune``. ``device``/``clock``: stand-ins for tests."""
     if args.repeats < 20 and not args.dry_run and device is None:
-        return _fail(f"--repeats {args.repeats}: SPEC section 5 asks for >= 20")
+        return _fail(f"--repeats {args.repeats}: docs/math.md section 5 asks for >= 20")
     if args.footprint_mb < 256 and not args.dry_run and device is None:
-        return _fail(f"--footprint-mb {args.footprint_mb}: SPEC section 5 asks for >= 256 MB")
+        return _fail(f"--footprint-mb {args.footprint_mb}: docs/math.md section 5 asks for >= 256 MB")
     work = pathlib.Path(args.work)
     shipped = shipped_dir().resolve()
     out = pathlib.Path(args.out) if args.out else (work if args.dry_run else shipped)

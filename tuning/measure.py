@@ -1,4 +1,4 @@
-"""Where candidates run: the GPU (CUDA events, SPEC section 5) or a dry run (no GPU).
+"""Where candidates run: the GPU (CUDA events, docs/math.md section 5) or a dry run (no GPU).
 
 A *device* gives the search what it needs, and nothing else:
 
@@ -41,7 +41,7 @@ from smalltc.backends.cuda.family import DEFAULT_DEVICE
 __all__ = ["GpuDevice", "DryRunDevice", "forms", "small_batch", "per_item_bytes",
            "sized", "TOL", "FOOTPRINT", "GEMM_MIN_BATCH"]
 
-#: SPEC section 5: relative error allowed against the float64 einsum reference
+#: docs/math.md section 5: relative error allowed against the float64 einsum reference
 TOL = {"float64": 1e-12, "float32": 1e-5}
 FOOTPRINT = 256 * 2 ** 20       # bytes read + written by one timed call (above any L2)
 GEMM_MIN_BATCH = 100_000        # the paper's setting

@@ -16,7 +16,7 @@ pairwise       ``action:DIM:P:NQ``                    every reshaped (8a)/(8b)/(
 Examples
 --------
 >>> [str(s) for s in parse("action", ["3:1-2:p+1"], "float64")]
-['mass_apply_3d p=1 nq=2 E=1 float64', 'mass_apply_3d p=2 nq=3 E=1 float64']
+['action_3d p=1 nq=2 E=1 float64', 'action_3d p=2 nq=3 E=1 float64']
 >>> [(s.m, s.n, s.k) for s in parse("gemm", ["2,3", "4x8x3"], "float32")]
 [(2, 2, 2), (3, 3, 3), (4, 8, 3)]
 """
@@ -31,7 +31,7 @@ __all__ = ["parse", "DEFAULT_SIZES", "OPS"]
 
 OPS = ("gemm", "action", "assembly", "pairwise")
 DEFAULT_SIZES = {
-    "gemm": ["2-32", "2-32:nn+beta"],     # beta != 0: the SPEC section 6 benchmark setting
+    "gemm": ["2-32", "2-32:nn+beta"],     # beta != 0: the docs/math.md section 6 benchmark setting
     "action": ["2:1-8:p+1,p+2", "3:1-8:p+1,p+2"],
     "assembly": ["2:1-6:p+1,p+2", "3:1-6:p+1,p+2"],
     "pairwise": ["action:2:1-8:p+2", "action:3:1-8:p+2", "assembly:2:1-6:p+2",

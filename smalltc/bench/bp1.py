@@ -17,6 +17,9 @@ one process, on the same vectors:
 ``smalltc``          the fused apply ``y = M x`` (:func:`smalltc.mass_apply`: gather
                      through the DoF map, action, scatter-add; atomics on a GPU)
 ``deterministic``    the same with ``deterministic=True`` (a pass per element colour)
+``unchecked``        the fused apply rendered without the map's bounds check, timed
+                     alternately with the checked one; ``check_cost`` is the checked
+                     median over this one, minus 1 (the check is always on otherwise)
 ``unfused``          gather, :func:`smalltc.batched_contract`, scatter-add apart (the
                      ``MassOperator(fused=False)`` path FEM users ran before)
 ``cg``               one CG iteration (:func:`smalltc.fem.cg`: the fused operator and
@@ -27,7 +30,7 @@ one process, on the same vectors:
                      exact inverse (it would stop after one iteration)
 ``cg (unfused)``     the same with the unfused operator and the plain CG loop
 
-Rates are unique DoFs per second (``ndofs / t``). Bounds (SPEC section 4, the
+Rates are unique DoFs per second (``ndofs / t``). Bounds (docs/math.md section 4, the
 bandwidth measured in the run): the apply's reads ``x``, ``D`` and the DoF map
 once and writes ``y`` once; a CG iteration adds the 13 vector passes of the fused
 updates (:data:`smalltc.fem._cg_fused.VECTOR_PASSES`: ``p.Ap`` reads 2 vectors,
@@ -122,6 +125,27 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
     return per, r.iterations, first
 
 
+def _unchecked(plan, b, ops, y, checked_times, repeats, warmup, on_gpu, op_name):
+    """The fused apply rendered without the map's bounds check, timed in turn with the
+    checked one (three alternations; ``check_cost``: the checked median over the
+    unchecked one, minus 1). ``ops``: the plan's operands (any qfunc)."""
+    import copy
+    try:
+        bare = copy.copy(plan)
+        bare.executor = plan.executor.unchecked()
+        checked, unchecked = list(checked_times), []
+        for _ in range(3):
+            unchecked += time_calls(lambda: bare(*ops, out=y), repeats=repeats,
+                                    warmup=warmup, on_gpu=on_gpu)
+            checked += time_calls(lambda: plan(*ops, out=y), repeats=repeats,
+                                  warmup=1, on_gpu=on_gpu)
+    except Exception as err:
+        return dict(what=f"smalltc.{op_name} without the bounds check", status="error",
+                    error=repr(err))
+    return _rec(b, unchecked, f"smalltc.{op_name} without the map's bounds check (bench only)",
+                check_cost=median(checked) / median(unchecked) - 1, kernel=bare.executor.kernel)
+
+
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
     """Measure one bake-off case; the record has the bench's layout (``impls``,
     ``bound``) and the CG iteration's bound under ``cg_bound``."""
@@ -194,6 +218,9 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
                                warmup=warmup, on_gpu=on_gpu)
             rec["impls"][name] = _rec(b, times, f"smalltc.{op_name} ({plan.backend}"
                                       + (", deterministic)" if op.deterministic else ")"), **info)
+            if name == "smalltc" and hasattr(plan.executor, "unchecked"):
+                rec["impls"]["unchecked"] = _unchecked(plan, b, ops, y, times, repeats,
+                                                       warmup, on_gpu, op_name)
         times = time_calls(lambda: unfused(x), repeats=max(3, repeats // 4), warmup=1,
                            on_gpu=on_gpu)
         rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter"
@@ -238,15 +265,16 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
 
 
 def table(rows, file) -> None:
-    """The table of a bake-off suite: GDoF/s (unique DoFs) and the fraction of each
-    bound (BP3/BP5 add the einsum chain and the apply's speed-up over it)."""
+    """The table of a bake-off suite: GDoF/s (unique DoFs), the fraction of each bound
+    (BP3/BP5 add the einsum chain and the apply's speed-up over it), and the map bounds
+    check's cost (``check``: the checked apply's time over the unchecked one's)."""
     suite = rows[0]["suite"] if rows else "bp1"
     ein = suite != "bp1"
     print(f"\n== {suite} (GDoF/s, unique DoFs; % of the apply's / the CG iteration's bound) ==",
           file=file)
     print(f"{'case':26s} {'ndofs':>9s} {'apply':>7s} {'%bnd':>5s} {'determ':>7s} "
           f"{'unfused':>7s} {'x unf':>6s} " + (f"{'einsum':>7s} {'x ein':>6s} " if ein else "")
-          + f"{'CG it':>7s} {'%bnd':>5s} {'CG unf':>7s} {'bound':>6s}", file=file)
+          + f"{'CG it':>7s} {'%bnd':>5s} {'CG unf':>7s} {'bound':>6s} {'check':>6s}", file=file)
     for c in rows:
         label = c["id"].replace(f" {c['dtype']}", "")
         if c.get("error"):
@@ -267,4 +295,12 @@ def table(rows, file) -> None:
               + (f"{f(e)} {(format(a / e, '6.1f') if a and e else '     -')} " if ein else "")
               + f"{f(g('cg'))} "
               f"{f(g('cg', 'fraction'), '5.0%', 1)} {f(g('cg (unfused)'))} "
-              f"{c['bound']['dofs_per_s'] * 1e-9:6.1f}", file=file)
+              f"{c['bound']['dofs_per_s'] * 1e-9:6.1f} "
+              f"{_cost(im.get('unchecked'))}", file=file)
+
+
+def _cost(rec):
+    """The bounds check's cost column: the checked apply's time over the unchecked one's."""
+    if not rec or rec.get("status") != "ok":
+        return f"{'-':>6s}"
+    return f"{rec['check_cost'] * 100:+5.1f}%"

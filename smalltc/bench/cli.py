@@ -58,7 +58,8 @@ def add_arguments(parser):
                              "default: all cores)")
     parser.add_argument("--no-baselines", action="store_true", help="time smalltc only")
     parser.add_argument("--out", default=None,
-                        help="folder for the JSON and PNGs (default results/<device-slug>)")
+                        help="folder for the JSON and PNGs (default smalltc-bench/<device-slug> in the "
+                             "current folder; the repository's results/ only when named)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
@@ -234,7 +235,7 @@ def main_run(args) -> dict:
     doc["skipped_baselines"] = skipped()
     doc["load_average_end"] = load_average()
     doc["numba"] = _numba_state()
-    out_dir = args.out or os.path.join("results", doc["device"]["slug"])
+    out_dir = args.out or os.path.join("smalltc-bench", doc["device"]["slug"])
     tag = _tag(args, suites, DEFAULT_SUITES)
     _finish(doc, out_dir, tag, plot=not args.no_plot)
     return doc

@@ -2,7 +2,7 @@
 
 Cases are matched by id (sizes and dtype, not batch); the ratio is
 ``rate(B) / rate(A)`` in the case's unit (GFLOP/s or DoF/s), so > 1 means B
-is faster. Runs on different devices compare too, but SPEC section 5 warns
+is faster. Runs on different devices compare too, but docs/math.md section 5 warns
 that only ratios measured in one run are claims.
 
 Examples

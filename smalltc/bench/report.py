@@ -171,10 +171,15 @@ def table(doc, file=None) -> None:
             continue
         base = baselines_in(rows)
         u = unit(rows[0])[0]
+        blas = any("after_blas_fraction" in (c.get("impls", {}).get("smalltc") or {})
+                   for c in rows)
         head = (f"{'case':44s} {'smalltc':>9s} {'bound':>9s} {'%bound':>7s} {'by':>2s} "
+                + (f"{'%aBLAS':>7s} " if blas else "")
                 + " ".join(f"{'x ' + b:>20s}" for b in base))
         print(f"\n== {suite} ({u}; by: the bound that applies, bw bandwidth, fl arithmetic; "
-              f"x NAME = smalltc speed / NAME speed, same inputs) ==", file=file)
+              f"x NAME = smalltc speed / NAME speed, same inputs"
+              + ("; %aBLAS: %bound with a NumPy matrix product before each call" if blas
+                 else "") + ") ==", file=file)
         print(head, file=file)
         for c in rows:
             label = c["id"].replace(f" {c['dtype']}", "")
@@ -189,6 +194,9 @@ def table(doc, file=None) -> None:
                 cells = f"{_status(st):>9s} {bound:9.3g} {'':>7s} {by:>2s}"
             else:
                 cells = f"{mine:9.3g} {bound:9.3g} {100 * st['fraction']:6.1f}% {by:>2s}"
+            if blas:
+                fa = (st or {}).get("after_blas_fraction")
+                cells += f" {100 * fa:6.1f}%" if fa else f" {'-':>7s}"
             ratios = []
             for b in base:
                 other = speed(c, b)

@@ -1,4 +1,4 @@
-"""Run one case: build each implementation, check it, then time it (SPEC section 5).
+"""Run one case: build each implementation, check it, then time it (docs/math.md section 5).
 
 For every implementation (smalltc first, then the baselines): poison its
 output buffer with NaN, run it once, require a finite result everywhere and
@@ -7,7 +7,10 @@ float64 NumPy reference is computed for the sampled elements only: elements
 are independent, and a full reference of a 2^25-DoF GPU problem would cost
 more than the whole run). A failed check is recorded (``status: "failed"``)
 and not timed. Then warm-up and ``repeats`` timed calls; the median is the
-figure reported.
+figure reported. On the host, ``repeats`` more calls each after a NumPy matrix
+product (:func:`smalltc._timing.blas_call`: the realistic case, where the BLAS's
+threads are still spinning when smalltc's kernels start) give
+``after_blas_median_s`` and ``after_blas_fraction`` (the table's ``%aBLAS``).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import traceback
 import numpy as np
 
 from .. import roofline
-from .._timing import median, time_calls, time_once
+from .._timing import blas_call, median, time_calls, time_once
 from .baselines import baselines as make_baselines
 from .cases import batched_flags, footprint, make_inputs, reference, smalltc_impl
 
@@ -118,6 +121,8 @@ def _measure(impl, ref, idx, xp, b, tol, on_gpu, repeats, warmup) -> dict:
                           else f"relative error {err:.3e} > {tol:g}")
             return r
         times = time_calls(impl.fn, repeats=repeats, warmup=warmup, on_gpu=on_gpu)
+        after = None if on_gpu else time_calls(impl.fn, repeats=repeats, warmup=0,
+                                               between=blas_call)
     except Exception as err:
         r["error"] = repr(err)
         r["trace"] = traceback.format_exc(limit=-8)
@@ -128,4 +133,8 @@ def _measure(impl, ref, idx, xp, b, tol, on_gpu, repeats, warmup) -> dict:
              gbytes_per_s=b.bytes / t * 1e-9)
     if b.dofs:
         r["dofs_per_s"] = b.dofs / t
+    if after is not None:            # host: each call after a NumPy matrix product (BLAS)
+        ta = median(after)
+        r.update(after_blas_times_ns=after, after_blas_median_s=ta,
+                 after_blas_fraction=b.tmin / ta)
     return r

@@ -31,7 +31,7 @@ Examples
 >>> B1d = np.random.rand(3, 2); D = np.random.rand(20, 3, 3); V = np.random.rand(20, 2, 2)
 >>> p = smalltc.plan("action", B1d, D, V, backend="cpu")
 >>> p.kernel, p.specialized
-('stc_mass_apply_2d_f64_nd2_nq3', True)
+('stc_mass_action_2d_f64_nd2_nq3', True)
 >>> bool(np.allclose(p(B1d, D, V), smalltc.batched_contract(B1d, D, V, backend="reference")))
 True
 """
@@ -45,6 +45,10 @@ from ..base import Backend, Unsupported
 from ..reference import einsum_executor
 
 __all__ = ["CpuBackend", "set_num_threads", "FAMILIES", "family_of", "choose"]
+
+from .threads import passive_openmp
+
+passive_openmp()      # before Numba's OpenMP starts: no spin-waiting workers (.threads)
 
 try:
     import numba

@@ -599,7 +599,8 @@ class ActionFamily(LanesFamily):
         return signature(spec.dtype, len(spec.inputs) + 1, ["int64"] * 4)
 
     def entry(self, spec, ctx):
-        return (f"stc_{getattr(spec, 'qfunc', 'mass')}_apply_{spec.dim}d_{SHORT[spec.dtype]}"
+        # the action's kernel, named for the action (stc_mass_action_*), one per qfunc
+        return (f"stc_{getattr(spec, 'qfunc', 'mass')}_action_{spec.dim}d_{SHORT[spec.dtype]}"
                 f"_nd{spec.nd}_nq{spec.nq}{'_co' if getattr(spec, 'collocated', False) else ''}")
 
     def executor(self, choice):

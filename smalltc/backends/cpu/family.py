@@ -10,7 +10,7 @@ module per kernel design, beside its templates, holding in one place
                            (:class:`.target.Target`), or None when they do not
                            fit; every size and parameter a constant
 ``template(ctx)``          which template renders it
-``entry(spec, ctx)``       the kernel's name (``stc_mass_apply_3d_f64_nd5_nq6``)
+``entry(spec, ctx)``       the kernel's name (``stc_mass_action_3d_f64_nd5_nq6``)
 ``executor(choice)``       the object that runs it
 ``params``, ``optional``   its tuning parameters (a table entry's keys), and the
                            value an older entry's missing optional one means
@@ -33,6 +33,7 @@ import numba
 from ..base import Executor
 from .runtime import load_kernel
 from .target import resolve, target_of
+from .threads import coordinate
 
 __all__ = ["Family", "Choice", "CpuExecutor"]
 
@@ -125,6 +126,7 @@ class CpuExecutor(Executor):
         self.params = dict(choice.family.public(ctx), isa=choice.target.isa)
         self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
                                               slp=ctx.get("slp", True), **ctx["render"])
+        coordinate()                  # the BLAS threads beside the kernels' (.threads)
 
     @staticmethod
     def nparts(nitems):

@@ -33,12 +33,20 @@ Tuning parameters as the action's (``lanes``, ``rb``, ``tr``, ``vbits``; ``tr`` 
 into the lane buffers with :func:`.simd.tr_rows`); the heuristic is the
 action's. Sizes beyond the action's limits raise ``Unsupported`` (the
 reference path runs them).
+
+Both kernels bounds-check every map entry they read (the last argument, an
+``int64`` pair, is the error flag and the offending index): an index outside
+``[0, ndofs)`` reads and writes nothing, and the executor raises the
+``ValueError`` of :func:`smalltc.maps.out_of_range` when the call returns (a
+map changed in place after its first use, which the once-per-map host check does
+not see). ``checked=False`` renders them without (for the bench, to measure the
+check's cost; nothing else uses it).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...maps import map_info
+from ...maps import map_info, out_of_range
 from .action import LanesFamily
 from .family import CpuExecutor
 from .runtime import NB_TYPES, SHORT
@@ -49,7 +57,7 @@ __all__ = ["MASS_APPLY", "MASS_DIAGONAL", "MassApplyFamily", "MassDiagonalFamily
 def _sig(dtype, index_dtype, n_float_before, n_float_after, tail):
     a = f"{NB_TYPES[dtype]}[:, ::1]"
     args = [a] * n_float_before + [f"{index_dtype}[:, ::1]"] + [a] * n_float_after
-    return f"void({', '.join(args + ['int32[::1]', 'int64[::1]'] + list(tail))})"
+    return f"void({', '.join(args + ['int32[::1]', 'int64[::1]'] + list(tail))}, int64[::1])"
 
 
 class MassApplyFamily(LanesFamily):
@@ -65,8 +73,8 @@ class MassApplyFamily(LanesFamily):
         return (f"stc_{spec.qfunc}_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
                 f"_i{spec.index_dtype[3:]}{'_co' if spec.collocated else ''}")
 
-    def executor(self, choice):
-        return MassApplyExecutor(choice)
+    def executor(self, choice, checked=True):
+        return MassApplyExecutor(_unchecked(choice) if not checked else choice)
 
 
 class MassDiagonalFamily(LanesFamily):
@@ -85,15 +93,35 @@ class MassDiagonalFamily(LanesFamily):
         return (f"stc_{spec.qfunc}_diag_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
                 f"_i{spec.index_dtype[3:]}{'_co' if spec.collocated else ''}")
 
-    def executor(self, choice):
-        return MassDiagonalExecutor(choice)
+    def executor(self, choice, checked=True):
+        return MassDiagonalExecutor(_unchecked(choice) if not checked else choice)
 
 
 MASS_APPLY = MassApplyFamily()
 MASS_DIAGONAL = MassDiagonalFamily()
 
 
-class MassApplyExecutor(CpuExecutor):
+def _unchecked(choice):
+    """The choice rendered without the bounds check (the bench's comparison only)."""
+    ctx = dict(choice.ctx, render=dict(choice.ctx["render"], bounds_check=0))
+    return choice._replace(ctx=ctx, entry=choice.entry + "_unchecked")
+
+
+class _Checked(CpuExecutor):
+    """Runs the kernel with an error flag and raises when it reports a bad map entry."""
+
+    def unchecked(self):
+        """This executor rendered without the bounds check (bench and tests only)."""
+        return type(self)(_unchecked(self.choice))
+
+    def _call(self, MAP, n, *args):
+        err = np.zeros(2, dtype=np.int64)
+        self.fn(*args, err)
+        if err[0]:
+            out_of_range(MAP, n, int(err[1]))
+
+
+class MassApplyExecutor(_Checked):
     """One kernel call: y = 0, then the colours in turn (the map's colouring, once per map)."""
 
     def run(self, operands, out, **_):
@@ -104,11 +132,11 @@ class MassApplyExecutor(CpuExecutor):
             return
         order, offsets = map_info(MAP, n).colors(MAP)
         data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
-        self.fn(*data, X.reshape(-1, n), MAP.reshape(E, -1), out.reshape(-1, n),
-                order, offsets, out.size // n, self.nparts(E))
+        self._call(MAP, n, *data, X.reshape(-1, n), MAP.reshape(E, -1), out.reshape(-1, n),
+                   order, offsets, out.size // n, self.nparts(E))
 
 
-class MassDiagonalExecutor(CpuExecutor):
+class MassDiagonalExecutor(_Checked):
     def run(self, operands, out, **_):
         *data, MAP = operands
         E, n = MAP.shape[0], out.shape[-1]
@@ -119,5 +147,5 @@ class MassDiagonalExecutor(CpuExecutor):
         if self.spec.collocated:            # B1d is the identity: the kernel takes it
             data = [np.eye(self.spec.nd, dtype=self.spec.dtype)] + data
         data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
-        self.fn(*data, MAP.reshape(E, -1), out.reshape(1, n), order, offsets,
-                self.nparts(E))
+        self._call(MAP, n, *data, MAP.reshape(E, -1), out.reshape(1, n), order, offsets,
+                   self.nparts(E))

@@ -34,7 +34,7 @@ Examples
 'action'
 >>> c = choose(spec, dict(name=None, cc="0", sms=132, smem_optin=232448))
 >>> c.template, c.entry, c.source
-('action_line.cu.j2', 'stc_mass_apply_3d_f64_nd6nq7c1_line', 'heuristic')
+('action_line.cu.j2', 'stc_mass_action_3d_f64_nd6nq7c1_line', 'heuristic')
 """
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ halves):
 =====================  =========================  ===================================
 form                   template                   entry point (example)
 =====================  =========================  ===================================
-shared-memory (rb=1)   ``action.cu.j2``           ``stc_mass_apply_3d_f64_nd3nq4c1``
-register-blocked rb>1  ``action_rb.cu.j2``        ``stc_mass_apply_3d_f64_nd9nq10c1``
-line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_apply_3d_f64_nd6nq7c1_line``
+shared-memory (rb=1)   ``action.cu.j2``           ``stc_mass_action_3d_f64_nd3nq4c1``
+register-blocked rb>1  ``action_rb.cu.j2``        ``stc_mass_action_3d_f64_nd9nq10c1``
+line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_action_3d_f64_nd6nq7c1_line``
 =====================  =========================  ===================================
 
 - shared-memory form: T = max(nd, nq); an item gets T*T threads in 3D, T in 2D
@@ -26,7 +26,7 @@ line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_apply_3d_f64_nd6nq7
 The operator family's diffusion and helmholtz instances (issue 27; ``spec.qfunc``,
 ``spec.collocated``) are the same templates with the pointwise stage of
 ``qfunc.cuh.j2`` (:func:`qfunc_ctx`): the shared-memory form in 1D-3D and the line form
-in 3D (``stc_diffusion_apply_3d_f64_nd5nq6c1_line``, ``..._co_line`` when collocated),
+in 3D (``stc_diffusion_action_3d_f64_nd5nq6c1_line``, ``..._co_line`` when collocated),
 G1d beside B1d in the constant bank; their heuristic is :func:`qfunc_line_heuristic`
 (notes/cuda.md, section 7c).
 
@@ -405,10 +405,10 @@ class ActionFamily(Family):
 
     def entry(self, spec, ctx):
         if ctx.get("qfunc"):
-            return (f"stc_{ctx['qfunc']}_apply_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}"
+            return (f"stc_{ctx['qfunc']}_action_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}"
                     f"nq{spec.nq}c{spec.ncomp}{'_co' if ctx['colloc'] else ''}"
                     f"{'_line' if ctx.get('line') else ''}")
-        return (f"stc_mass_apply_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
+        return (f"stc_mass_action_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
                 f"c{spec.ncomp}{'_line' if ctx.get('line') else ''}")
 
     def executor(self, choice, device):

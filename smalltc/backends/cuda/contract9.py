@@ -1,6 +1,6 @@
 """The kernel-(9) family: ``A[b](k,i,l,j) = sum_s B(s,i) B(s,j) C[b](k,s,l)``.
 
-Every step of the pairwise assembly (1a)-(2c) is this kernel (SPEC section 3).
+Every step of the pairwise assembly (1a)-(2c) is this kernel (docs/math.md section 3).
 ``contract9.cu.j2`` forms the products ``BB(i,j,s) = B(s,i) B(s,j)`` once per
 block in shared memory (rows :func:`bb_stride` apart, against bank conflicts),
 stages ``per_block`` items of C, and writes the outputs in storage order.

@@ -2,7 +2,7 @@
 
 ``gemm.cu.j2`` computes ``Out = alpha * X . Y (+ beta * C)`` for one item per
 group of threads, reading X and Y through the index formulas of (8a)/(8b)
-(SPEC section 3), so a GEMM with any transposes and every action step on any
+(docs/math.md section 3), so a GEMM with any transposes and every action step on any
 index run without transposes. Each item is staged in shared memory; a thread
 computes a ``thr_m x thr_n`` register tile; a block holds ``per_block`` items.
 ``prefetch`` = 1 double-buffers the per-item operands with ``cp.async``

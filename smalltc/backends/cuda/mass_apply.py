@@ -29,10 +29,22 @@ runs a launch per element colour. The heuristic is the action's (the line form
 from T = 5 on with prefetch 1); tuning parameters ``per_block, min_blocks, line,
 prefetch`` (``prefetch`` 0 or 1: the ``cp.async`` form copies contiguous slabs,
 not gathered values).
+
+Every kernel that reads the map checks each index (``fem_io.cuh.j2``): a bad one is
+replaced by entry 0 and reported in the device's error flag (:mod:`smalltc._errors`),
+which the next call that reads a map on the device, :func:`smalltc.check_errors` and
+:func:`smalltc.fem.cg` read and raise (``ValueError`` naming ``elem_dofs``, the index
+and the range). The deterministic form's second kernel reads the transposed map
+(``pos``, ``off``), which the library builds from the map at its first use: its entries
+are positions in the E-vector, in range whatever the map holds later, so it needs no
+check. ``unchecked()`` gives an executor rendered without the check (the bench's
+measure of its cost).
 """
 from __future__ import annotations
 
 from ..._arrays import cupy_or_none
+from ..._errors import device_flag, raise_pending, record_map
+from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
 from .action import ACTION, ActionExecutor, action_ctx, qfunc_ctx, qfunc_of
@@ -42,6 +54,23 @@ from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
 __all__ = ["MASS_APPLY", "MASS_DIAGONAL", "MassApplyFamily", "MassDiagonalFamily"]
 
 _ITYPE = {"int32": "int", "int64": "long long"}
+
+
+def _flag(MAP, ndofs):
+    """The current device's error flag pointer, after raising what it reports (a finished
+    kernel's bad map index) and recording the map this launch reads."""
+    dev = RT.current_device_id()
+    view, ptr = device_flag(dev)
+    if view[0]:
+        raise_pending(dev, MAP)
+    record_map(dev, MAP, ndofs)
+    return ptr
+
+
+def _unchecked_choice(choice):
+    """``choice`` rendered without the map's bounds check (the bench's comparison)."""
+    return choice._replace(ctx=dict(choice.ctx, bounds_check=0),
+                           entry=choice.entry + "_unchecked")
 
 
 def _zero(y):
@@ -141,7 +170,13 @@ class MassApplyExecutor(ActionExecutor):
         self.ncomp, self.ndd = spec.ncomp, spec.nd ** spec.dim
         self._evectors = {}                  # device -> the deterministic form's E-vector
 
+    def unchecked(self):
+        """This executor rendered without the map's bounds check (bench and tests only)."""
+        return MassApplyExecutor(_unchecked_choice(self.choice), self._device)
+
     def run(self, operands, out, **_):
+        # the map is the last operand for every qfunc: ..., x, map
+        self._err = _flag(operands[-1], self.ndofs)
         if self.deterministic:
             dst = self._evector(out)
         else:
@@ -179,6 +214,8 @@ class MassApplyExecutor(ActionExecutor):
         dev = cp.cuda.runtime.getDevice()
         u = self._evectors.get(dev)
         if u is None:
+            guard("mass_apply (deterministic)", (self.nbatch * self.ndd,), out.dtype,
+                  on_gpu=True, what="E-vector workspace")
             u = self._evectors[dev] = cp.empty(self.nbatch * self.ndd, dtype=out.dtype)
         return u
 
@@ -187,13 +224,15 @@ class MassApplyExecutor(ActionExecutor):
         colour's element list), the item count."""
         if nitems == 0:
             return
-        fmt = "P" * len(head) + "q" + "P" * len(tail) + "q"
+        fmt = "P" * len(head) + "qP" + "P" * len(tail) + "q"
         d = self._direct(fmt, nitems)
         if d is None:
             import numpy as np
-            self._launch(nitems, tuple(head) + (np.int64(self.ndofs),) + tuple(tail))
+            self._launch(nitems, tuple(head) + (np.int64(self.ndofs), np.uint64(self._err))
+                         + tuple(tail))
         else:
-            d(*[a.data.ptr for a in head], self.ndofs, *[a.data.ptr for a in tail], nitems)
+            d(*[a.data.ptr for a in head], self.ndofs, self._err,
+              *[a.data.ptr for a in tail], nitems)
 
 
 _SUM_THREADS = 256
@@ -316,19 +355,37 @@ MASS_DIAGONAL = MassDiagonalFamily()
 class MassDiagonalExecutor(KernelExecutor):
     def __init__(self, choice, device):
         super().__init__(choice, device)
+        self._device = device
         self.nbatch, self.ndofs = choice.spec.batch, choice.spec.ndofs
         self.colored = bool(choice.spec.deterministic)
+
+    def unchecked(self):
+        """This executor rendered without the map's bounds check (bench and tests only)."""
+        return MassDiagonalExecutor(_unchecked_choice(self.choice), self._device)
 
     def run(self, operands, out, **_):
         ops = [o for o in operands if o is not None]   # [B1d], G1d, [D], Q, map (qfunc)
         MAP = ops[-1]
+        err = _flag(MAP, self.ndofs)
         _zero(out)
         if not self.colored:
-            self._run_arrays(self.nbatch, tuple(ops) + (out,))
+            self._launch_map(self.nbatch, tuple(ops) + (out,), (), err)
             return
         order, offsets = map_info(MAP, self.ndofs).colors(MAP)
         for c in range(len(offsets) - 1):
             lo, hi = int(offsets[c]), int(offsets[c + 1])
             if hi > lo:
-                self._run_arrays(hi - lo, tuple(ops) + (out, order[lo:hi]))
+                self._launch_map(hi - lo, tuple(ops) + (out,), (order[lo:hi],), err)
+
+    def _launch_map(self, nitems, head, tail, err):
+        """One launch: the arrays ``head``, ``ndofs``, the error flag, the arrays ``tail``
+        (a colour's element list), the item count."""
+        import numpy as np
+        d = self._direct("P" * len(head) + "qP" + "P" * len(tail) + "q", nitems)
+        if d is None:
+            self._launch(nitems, tuple(head) + (np.int64(self.ndofs), np.uint64(err))
+                         + tuple(tail))
+        else:
+            d(*[a.data.ptr for a in head], self.ndofs, err, *[a.data.ptr for a in tail],
+              nitems)
 

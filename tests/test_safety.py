@@ -268,3 +268,60 @@ def test_openmp_waits_passively(env, expect):
                        env=dict(full, **env), timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == expect
+
+
+# the operator family's other instances (issue 27) through the same checked gather/scatter:
+# (qfunc, collocated, dimension, deterministic)
+QFUNC_MUTATIONS = [
+    ("diffusion", False, 2, False),
+    ("diffusion", True, 2, True),
+    ("helmholtz", False, 3, True),
+    ("helmholtz", True, 2, False),
+]
+
+
+@pytest.mark.parametrize("backend,module", _backends())
+@pytest.mark.parametrize("qfunc,collocated,dim,deterministic", QFUNC_MUTATIONS)
+def test_qfunc_map_changed_after_first_use_raises(backend, module, qfunc, collocated, dim,
+                                                  deterministic):
+    """Diffusion and Helmholtz, Gauss or collocated: the fused apply and the diagonal check
+    the map in the kernel as the mass instance does (a bad entry raises, the process stays
+    usable, the results are the same afterwards)."""
+    xp = pytest.importorskip(module)
+    p = 2
+    nq = p + 1 if collocated else p + 2
+    space = H1Space(box_mesh(dim, 2), p)
+    rng = np.random.default_rng(2)
+    E, nsym = space.nelements, dim * (dim + 1) // 2
+    B1d = None if collocated else xp.asarray(rng.standard_normal((nq, p + 1)))
+    G1d = xp.asarray(rng.standard_normal((nq, p + 1)))
+    Q = xp.asarray(rng.random((E, nsym) + (nq,) * dim))
+    D = xp.asarray(rng.random((E,) + (nq,) * dim) + 0.5)
+    data = Q if qfunc == "diffusion" else (D, Q)
+    x = xp.asarray(rng.standard_normal(space.ndofs))
+    m = xp.asarray(np.array(space.elem_dofs, dtype="int32"))
+    ndofs = space.ndofs
+
+    def apply():
+        return smalltc.operator_apply(qfunc, B1d, G1d, data, x, m, backend=backend,
+                                      deterministic=deterministic)
+
+    def diagonal():
+        return smalltc.operator_diagonal(qfunc, B1d, G1d, data, m, ndofs, backend=backend,
+                                         deterministic=deterministic)
+    good, diag = apply(), diagonal()
+    keep = int(m.reshape(-1)[3])
+    for value in (ndofs, -1):
+        for call in (apply, diagonal):
+            m.reshape(-1)[3] = keep
+            call()                                 # the map seen (a raise forgets it)
+            m.reshape(-1)[3] = value               # in place, after the first use
+            with pytest.raises(ValueError, match=rf"elem_dofs holds indices \S*{value}\S*, "
+                                                 rf"outside \[0, {ndofs}\)") as info:
+                call()
+                smalltc.check_errors()             # a GPU reports at its next read
+            if backend == "cpu":                   # the kernel's own check, not a fallback
+                assert "a kernel read index" in str(info.value), str(info.value)
+    m.reshape(-1)[3] = keep
+    assert float(abs(apply() - good).max()) <= 1e-12 * float(abs(good).max())
+    assert float(abs(diagonal() - diag).max()) <= 1e-12 * float(abs(diag).max())

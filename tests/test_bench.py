@@ -294,10 +294,12 @@ def test_bp3_bp5_suites_end_to_end(tmp_path, capsys, suite, rule):
     (c,) = doc["cases"]
     assert not c.get("error"), c.get("error")
     assert (c["sizes"]["nq"], c["sizes"]["quadrature"]) == rule
-    assert set(c["impls"]) == {"smalltc", "deterministic", "unfused", "einsum", "cg",
-                               "cg (unfused)"}
+    assert set(c["impls"]) == {"smalltc", "deterministic", "unchecked", "unfused", "einsum",
+                               "cg", "cg (unfused)"}
     assert all(r["status"] == "ok" for r in c["impls"].values()), c["impls"]
     assert c["impls"]["smalltc"]["rel_err"] <= 1e-12
+    assert c["impls"]["unchecked"]["check_cost"] > -1            # the bounds check's cost
+    assert c["impls"]["unchecked"]["kernel"].endswith("_unchecked")
     assert "diffusion" in c["impls"]["smalltc"]["kernel"] or \
         "einsum" in c["impls"]["smalltc"]["kernel"]
     nq, E, ndofs = c["sizes"]["nq"], c["sizes"]["batch"], c["sizes"]["ndofs"]

@@ -64,6 +64,22 @@ def _dtype(named):
     return next(iter(dts.values())).name
 
 
+def _split_dtype(named, data_names):
+    """``(dtype, qdtype)``: the common dtype of ``named``, or, where every data operand
+    (``data_names``: D, Q) is float32 and every other float64, ``("float64",
+    "float32")``: float32 point data read by float64 kernels (docs/math.md section 8).
+    Any other mix raises as :func:`_dtype`."""
+    try:
+        return _dtype(named), None
+    except TypeError:
+        data = {n: a for n, a in named.items() if n in data_names}
+        rest = {n: a for n, a in named.items() if n not in data_names}
+        if data and rest and all(np.dtype(a.dtype) == np.float32 for a in data.values()) \
+                and all(np.dtype(a.dtype) == np.float64 for a in rest.values()):
+            return "float64", "float32"
+        raise
+
+
 def check_scalar(name, value):
     if isinstance(value, (str, bytes)):          # float("2") would take it
         raise TypeError(f"{name} must be a real number, got {value!r}")
@@ -99,7 +115,7 @@ def action_spec(B1d, D, V):
     """Check the operands of ``batched_contract``; return ``(spec, xp, ops)``."""
     B1d, D, V = (_as_array(n, x) for n, x in (("B1d", B1d), ("D", D), ("V", V)))
     xp = array_module(B1d, D, V)
-    dtype = _dtype({"B1d": B1d, "D": D, "V": V})
+    dtype, qdtype = _split_dtype({"B1d": B1d, "D": D, "V": V}, ("D",))
     nq, nd = _check_b1d(B1d)
     dim = _check_d(D, nq)
     E = D.shape[0]
@@ -110,7 +126,7 @@ def action_spec(B1d, D, V):
                          f"dim={dim} (dim from D, nd from B1d)")
     ncomp = V.shape[1] if comp_axis else 1
     spec = ActionSpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ncomp=ncomp,
-                      comp_axis=comp_axis)
+                      comp_axis=comp_axis, qdtype=qdtype)
     if tuple(V.shape) != spec.v_shape:
         raise ValueError(f"V has shape {tuple(V.shape)}, expected {spec.v_shape} for "
                          f"E={E}, nd={nd}, dim={dim} (E from D, nd from B1d)")
@@ -138,7 +154,7 @@ def mass_apply_spec(B1d, D, x, elem_dofs, deterministic=False):
     B1d, D, x = (_as_array(n, a) for n, a in (("B1d", B1d), ("D", D), ("x", x)))
     elem_dofs = _as_array("elem_dofs", elem_dofs)
     xp = array_module(B1d, D, x, elem_dofs)
-    dtype = _dtype({"B1d": B1d, "D": D, "x": x})
+    dtype, qdtype = _split_dtype({"B1d": B1d, "D": D, "x": x}, ("D",))
     nq, nd = _check_b1d(B1d)
     dim = _check_d(D, nq)
     E = D.shape[0]
@@ -149,7 +165,7 @@ def mass_apply_spec(B1d, D, x, elem_dofs, deterministic=False):
     ncomp = x.shape[0] if x.ndim == 2 else 1
     spec = MassApplySpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ndofs=x.shape[-1],
                          ncomp=ncomp, comp_axis=x.ndim == 2, index_dtype=index_dtype,
-                         deterministic=bool(deterministic))
+                         deterministic=bool(deterministic), qdtype=qdtype)
     return spec, xp, (B1d, D, x, elem_dofs)
 
 
@@ -262,7 +278,10 @@ def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndof
     args = {n: _as_array(n, a) for n, a in zip(names, rest)}
     floats = dict(named, **{n: a for n, a in args.items() if n != "elem_dofs"})
     xp = array_module(*named.values(), *args.values())
-    dtype = _dtype(floats)
+    if level in ("action", "apply"):     # float32 point data with float64 vectors
+        dtype, qdtype = _split_dtype(floats, ("D", "Q"))
+    else:
+        dtype, qdtype = _dtype(floats), None
     if G1d.ndim != 2 or 0 in G1d.shape:
         raise ValueError(f"G1d has shape {tuple(G1d.shape)}, expected (nq, nd) with "
                          "nq, nd >= 1")
@@ -285,6 +304,8 @@ def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndof
                              f"E={E}, nq={nq}, dim={dim} (E and dim from Q, nq from G1d)")
     common = dict(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, qfunc=qfunc,
                   collocated=collocated)
+    if qdtype is not None:
+        common["qdtype"] = qdtype
     if level == "action":
         V = args["V"]
         if V.ndim not in (dim + 1, dim + 2):

@@ -60,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 
 from .family import CpuExecutor, Family
-from .runtime import SHORT, signature
+from .runtime import NB_TYPES, SHORT, signature
 from .target import resolve
 
 __all__ = ["ACTION", "ActionFamily", "action_steps", "operator_steps", "diagonal_steps",
@@ -494,6 +494,10 @@ class LanesFamily(Family):
                 spec.qfunc, spec.collocated, dim, nd, nq)
             buffers = buffers + qbuffers
             extra = dict(gathers=gathers, data_args=data_args)
+        if getattr(spec, "qdtype", None):
+            # the point data moves into the lanes by scalar copies (a float32 -> float64
+            # conversion each; the block transposes need one dtype)
+            extra = dict(extra, qmixed=True)
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
                       nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
                       signature=self.signature(spec), **self.extra_render, **extra)
@@ -596,12 +600,18 @@ class ActionFamily(LanesFamily):
                     render=render)
 
     def signature(self, spec):
-        return signature(spec.dtype, len(spec.inputs) + 1, ["int64"] * 4)
+        sig = signature(spec.dtype, len(spec.inputs) + 1, ["int64"] * 4)
+        if getattr(spec, "qdtype", None):      # float32 point data: its arrays typed so
+            types = [NB_TYPES[o.dtype or spec.dtype] for o in spec.inputs] + [
+                NB_TYPES[spec.dtype]]
+            sig = "void(" + ", ".join([f"{t}[:, ::1]" for t in types] + ["int64"] * 4) + ")"
+        return sig
 
     def entry(self, spec, ctx):
         # the action's kernel, named for the action (stc_mass_action_*), one per qfunc
         return (f"stc_{getattr(spec, 'qfunc', 'mass')}_action_{spec.dim}d_{SHORT[spec.dtype]}"
-                f"_nd{spec.nd}_nq{spec.nq}{'_co' if getattr(spec, 'collocated', False) else ''}")
+                f"_nd{spec.nd}_nq{spec.nq}{'_co' if getattr(spec, 'collocated', False) else ''}"
+                f"{'_q32' if getattr(spec, 'qdtype', None) else ''}")
 
     def executor(self, choice):
         return ActionExecutor(choice)

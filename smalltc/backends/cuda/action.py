@@ -49,6 +49,7 @@ from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_LOCAL_BYTES, MAX_THREADS,
                      even)
 
 __all__ = ["ACTION", "ActionFamily", "action_ctx", "action_line_ctx", "qfunc_ctx", "qfunc_of",
+           "point_data_f32",
            "LINE_FROM_T", "LINE_PREFETCH", "BULK_FROM_CC", "QFUNCS"]
 
 #: the 3D heuristic takes the line form from this T = max(nd, nq) on: on an H100 it ran
@@ -371,6 +372,37 @@ def _qfunc_space(spec):
                            stages=0), why
 
 
+def point_data_f32(ctx, spec, rebuild):
+    """The context for float32 point data with float64 vectors (``spec.qdtype``; docs/math.md
+    section 8), or ``ctx`` unchanged for the other specs: the templates read D and Q
+    through ``qt`` (``float``) pointers and compute in ``real_t``. The forms that copy D or
+    Q as raw slabs into shared memory of ``real_t`` (the bulk form, ``prefetch`` 3; the
+    line form's ``qmode`` "smem") and the register-blocked shared-memory form (``rb`` > 1,
+    ``action_rb.cu.j2``) are not taken: given as parameters they give None; the heuristic's
+    choice of one is replaced by ``rebuild(params)`` with the nearest form that reads
+    through pointers (qmode "regs"; ``rb`` 1 with ``prefetch`` 1 on the line form)."""
+    if ctx is None or not getattr(spec, "qdtype", None):
+        return ctx
+    if ctx.get("qsmem") or ctx.get("rb", 1) != 1 or ctx.get("prefetch", 0) == 3:
+        if rebuild is None:
+            return None
+        if ctx.get("qfunc"):
+            ctx = rebuild(dict(per_block=ctx["per_block"], min_blocks=ctx["min_blocks"],
+                               line=ctx["line"], qmode="regs"))
+        else:
+            line = int(ctx.get("line", 0))
+            for ne in range(ctx["per_block"] * max(1, ctx.get("rb", 1)), 0, -1):
+                new = rebuild(dict(per_block=ne, min_blocks=0, rb=1, line=line,
+                                   prefetch=1 if line else 0, stages=0))
+                if new is not None:
+                    break
+            ctx = new
+        if ctx is None or ctx.get("qsmem") or ctx.get("rb", 1) != 1 \
+                or ctx.get("prefetch", 0) == 3:
+            return None
+    return dict(ctx, qt="float")
+
+
 class ActionFamily(Family):
     """The fused action; see the module docstring."""
 
@@ -389,6 +421,12 @@ class ActionFamily(Family):
         return True
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        ctx = self._context(spec, params, device)
+        rebuild = (None if params is not None else
+                   lambda p: self._context(spec, p, device))
+        return point_data_f32(ctx, spec, rebuild)
+
+    def _context(self, spec, params, device):
         qf, co = qfunc_of(spec)
         if qf != "mass" or co:
             return qfunc_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype, qf, co,
@@ -404,12 +442,13 @@ class ActionFamily(Family):
         return "action.cu.j2" if ctx["rb"] == 1 else "action_rb.cu.j2"
 
     def entry(self, spec, ctx):
+        q32 = "_q32" if ctx.get("qt") else ""
         if ctx.get("qfunc"):
             return (f"stc_{ctx['qfunc']}_action_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}"
                     f"nq{spec.nq}c{spec.ncomp}{'_co' if ctx['colloc'] else ''}"
-                    f"{'_line' if ctx.get('line') else ''}")
+                    f"{'_line' if ctx.get('line') else ''}{q32}")
         return (f"stc_mass_action_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
-                f"c{spec.ncomp}{'_line' if ctx.get('line') else ''}")
+                f"c{spec.ncomp}{'_line' if ctx.get('line') else ''}{q32}")
 
     def executor(self, choice, device):
         """The executor; the heuristic's register cap (``min_blocks``) must not spill:

@@ -47,7 +47,7 @@ from ..._errors import device_flag, raise_pending, record_map
 from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
-from .action import ACTION, ActionExecutor, action_ctx, qfunc_ctx, qfunc_of
+from .action import ACTION, ActionExecutor, action_ctx, point_data_f32, qfunc_ctx, qfunc_of
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
                      KernelExecutor, even)
 
@@ -95,6 +95,12 @@ class MassApplyFamily(Family):
         return True
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        ctx = self._context(spec, params, device)
+        rebuild = (None if params is not None else
+                   lambda p: self._context(spec, p, device))
+        return point_data_f32(ctx, spec, rebuild)
+
+    def _context(self, spec, params, device):
         qf, co = qfunc_of(spec)
         if qf != "mass" or co:
             # diffusion, helmholtz: the action's contexts (line form in 3D, prefetch 0)
@@ -131,13 +137,15 @@ class MassApplyFamily(Family):
         return ACTION.template(ctx)
 
     def entry(self, spec, ctx):
+        q32 = "_q32" if ctx.get("qt") else ""
         if ctx.get("qfunc"):
             return (f"stc_{ctx['qfunc']}_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
                     f"c{spec.ncomp}_i{spec.index_dtype[3:]}{'_co' if ctx['colloc'] else ''}"
-                    f"{'_line' if ctx.get('line') else ''}{'_ev' if spec.deterministic else ''}")
+                    f"{'_line' if ctx.get('line') else ''}{'_ev' if spec.deterministic else ''}"
+                    f"{q32}")
         return (f"stc_mass_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}"
                 f"_i{spec.index_dtype[3:]}{'_line' if ctx.get('line') else ''}"
-                f"{'_ev' if spec.deterministic else ''}")
+                f"{'_ev' if spec.deterministic else ''}{q32}")
 
     def executor(self, choice, device):
         return MassApplyExecutor(choice, device)
@@ -316,6 +324,12 @@ class MassDiagonalFamily(Family):
         return True
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        ctx = self._context(spec, params, device)
+        rebuild = (None if params is not None else
+                   lambda p: self._context(spec, p, device))
+        return point_data_f32(ctx, spec, rebuild)
+
+    def _context(self, spec, params, device):
         qf, co = qfunc_of(spec)
         if qf != "mass" or co:
             ctx = qfunc_diagonal_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, qf, co,

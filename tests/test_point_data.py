@@ -1,0 +1,267 @@
+"""Less point data (docs/math.md section 8): float32 point data with float64 vectors, and the
+vertex geometry recomputed in the kernel.
+
+float32 point data: D and Q given as float32 while B1d, G1d, x (V) are float64; the kernels
+read float32 and compute in float64. Each kernel's output is poisoned with NaN first and
+must equal the float64 operator applied to the float32-rounded data (the reference einsum
+path) to float64 round-off. CPU kernels here; the CUDA forms forced one by one on a GPU
+(skipped without one); the CUDA sources compile with nvcc (skipped without nvcc).
+"""
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import smalltc
+from smalltc._arrays import gpu_available
+from smalltc.roofline import counts
+from smalltc.spec import ActionSpec, MassApplySpec
+from smalltc import fem
+
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no CUDA device")]
+NVCC = shutil.which("nvcc")
+TOL64 = 1e-13
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def _data(qfunc, dim, nq, E, rng):
+    """float32 point data: D positive, Q symmetric positive definite per point."""
+    q = (E,) + (nq,) * dim
+    D = (rng.random(q) + 0.5).astype(np.float32) if qfunc != "diffusion" else None
+    Q = None
+    if qfunc != "mass":
+        A = rng.standard_normal(q + (dim, dim))
+        M = np.einsum("...ij,...kj->...ik", A, A) + dim * np.eye(dim)
+        iu = np.triu_indices(dim)
+        Q = np.moveaxis(M[..., iu[0], iu[1]], -1, 1).astype(np.float32)
+    return D, Q
+
+
+def _pack(qfunc, D, Q):
+    return {"mass": D, "diffusion": Q, "helmholtz": (D, Q)}[qfunc]
+
+
+def _up(data):
+    if isinstance(data, tuple):
+        return tuple(_up(d) for d in data)
+    return data.astype(np.float64)
+
+
+# (qfunc, dim, p, collocated): CPU lanes kernels (each compiles in seconds: kept few)
+CPU_CASES = [("mass", 3, 2, False), ("diffusion", 2, 1, False), ("diffusion", 3, 3, True),
+             ("helmholtz", 2, 2, False)]
+CPU_IDS = ["{}-{}d-p{}{}".format(q, d, p, "-co" if co else "") for q, d, p, co in CPU_CASES]
+
+
+def _basis(p, co):
+    b = fem.basis_1d(p, p + 1, quadrature="gll") if co else fem.basis_1d(p, p + 2)
+    return (None if co else b.B1d), b.G1d, b.B1d.shape[0]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=CPU_IDS)
+def test_float32_point_data_cpu(case):
+    qfunc, dim, p, co = case
+    rng = np.random.default_rng(7 * dim + p)
+    B1d, G1d, nq = _basis(p, co)
+    if co:
+        B1d_ = None
+    else:
+        B1d_ = B1d
+    space = fem.H1Space(fem.box_mesh(dim, 3 if dim == 2 else 2), p)
+    E = space.nelements
+    D, Q = _data(qfunc, dim, nq, E, rng)
+    data = _pack(qfunc, D, Q)
+    G = None if qfunc == "mass" else G1d
+    # element level
+    V = rng.standard_normal((E,) + (p + 1,) * dim)
+    ref = smalltc.operator_action(qfunc, B1d_, G, _up(data), V, backend="reference")
+    out = np.full(V.shape, np.nan)
+    U = smalltc.operator_action(qfunc, B1d_, G, data, V, out=out, backend="cpu")
+    assert U is out and rel_err(U, ref) <= TOL64
+    # fused apply through a permuted map
+    m = rng.permutation(space.ndofs)[space.elem_dofs].astype(np.int32)
+    x = rng.standard_normal(space.ndofs)
+    ref = smalltc.operator_apply(qfunc, B1d_, G, _up(data), x, m, backend="reference")
+    y = np.full(x.shape, np.nan)
+    smalltc.operator_apply(qfunc, B1d_, G, data, x, m, out=y, backend="cpu")
+    assert rel_err(y, ref) <= TOL64
+    # and it is not the float64 data's result (the data did lose bits)
+    full = smalltc.operator_apply(qfunc, B1d_, G, _up(data), x, m, backend="reference")
+    assert np.array_equal(full, ref)
+
+
+def test_float32_point_data_public_functions_and_plans():
+    """mass_apply, batched_contract, diffusion_apply take float32 D/Q with float64 vectors;
+    the plan's spec says so; its kernel is its own (entry suffix ``_q32``)."""
+    rng = np.random.default_rng(1)
+    b = fem.basis_1d(2, 4)
+    space = fem.H1Space(fem.box_mesh(2, 3), 2)
+    E, m = space.nelements, space.dof_map()
+    D, Q = _data("helmholtz", 2, 4, E, rng)
+    x = rng.standard_normal(space.ndofs)
+    y = smalltc.mass_apply(b.B1d, D, x, m, backend="reference")
+    assert y.dtype == np.float64
+    assert rel_err(y, smalltc.mass_apply(b.B1d, D.astype(np.float64), x, m,
+                                         backend="reference")) <= TOL64
+    p = smalltc.plan("mass_apply", b.B1d, D, x, m, backend="reference")
+    assert p.spec.qdtype == "float32" and p.spec.size_key == "mass_apply/2d/nd3nq4c1+q32"
+    y2 = smalltc.diffusion_apply(b.B1d, b.G1d, Q, x, m, backend="reference")
+    assert rel_err(y2, smalltc.diffusion_apply(b.B1d, b.G1d, Q.astype(np.float64), x, m,
+                                               backend="reference")) <= TOL64
+
+
+def test_float32_point_data_errors_and_keys():
+    rng = np.random.default_rng(2)
+    b = fem.basis_1d(2, 4)
+    D, Q = _data("helmholtz", 2, 4, 5, rng)
+    V = rng.standard_normal((5, 3, 3))
+    # float32 data needs float64 vectors and bases: other mixes stay errors
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        smalltc.batched_contract(b.B1d.astype(np.float32), D.astype(np.float64), V)
+    with pytest.raises(TypeError, match="mixed dtypes"):     # float32 vectors, float64 data
+        smalltc.batched_contract(b.B1d.astype(np.float32), D.astype(np.float64),
+                                 V.astype(np.float32))
+    # the diagonal and the assembly take one dtype (their data are read once)
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        smalltc.assemble_diffusion(b.B1d, b.G1d, Q)
+    with pytest.raises(ValueError, match="qdtype='float32' is for float64 vectors"):
+        ActionSpec(dim=2, nq=4, nd=3, batch=5, dtype="float32", qdtype="float32")
+    with pytest.raises(ValueError, match="qdtype must be one of"):
+        ActionSpec(dim=2, nq=4, nd=3, batch=5, dtype="float64", qdtype="float16")
+    # default: every key as before; float32 data: keys of their own
+    s = MassApplySpec(dim=3, nq=4, nd=3, batch=5, dtype="float64", ndofs=10)
+    s32 = MassApplySpec(dim=3, nq=4, nd=3, batch=5, dtype="float64", ndofs=10,
+                        qdtype="float32")
+    assert s.kernel_key() == ("mass_apply", 3, 4, 3, "float64", 1, "int32", False)
+    assert "qdtype" not in s.as_dict() and s32.as_dict()["qdtype"] == "float32"
+    assert s32.kernel_key() != s.kernel_key() and s32.size_key.endswith("+q32")
+    assert [o.dtype for o in s32.inputs][:2] == [None, "float32"]
+    assert "float32-data" in str(s32)
+
+
+def test_float32_point_data_bytes():
+    """The bound reads 4 bytes a point value (BP3 3D p = 2: Q is 6 nq^3 doubles an
+    element, 92% of the stored form's bytes; 46% less traffic with float32)."""
+    kw = dict(dim=3, nq=4, nd=3, batch=1000, dtype="float64", ndofs=9261, qfunc="diffusion")
+    c64 = counts(MassApplySpec(**kw))
+    c32 = counts(MassApplySpec(qdtype="float32", **kw))
+    q = 1000 * 6 * 64
+    assert c64.bytes - c32.bytes == 4 * q and c64.flops == c32.flops
+
+
+# --- CUDA -------------------------------------------------------------------------------
+
+CUDA_CASES = [("mass", 2, 3, False), ("mass", 3, 2, False), ("mass", 3, 5, False),
+              ("diffusion", 2, 2, False), ("diffusion", 3, 2, False),
+              ("diffusion", 3, 4, True), ("helmholtz", 3, 3, False)]
+
+
+def _cuda_forms(qfunc, dim):
+    """The heuristic (None), then every form that reads the data through pointers."""
+    if dim != 3:
+        return [None, dict(per_block=2, min_blocks=0, rb=1, line=0, prefetch=0, stages=0)]
+    if qfunc == "mass":
+        return [None] + [dict(per_block=2, min_blocks=0, rb=1, line=ln, prefetch=pf, stages=0)
+                         for ln, pf in ((0, 0), (1, 0), (1, 1), (1, 2))]
+    return [None, dict(per_block=2, min_blocks=0, rb=1, line=0, prefetch=0, stages=0)] + [
+        dict(per_block=2, min_blocks=0, rb=1, line=1, prefetch=0, stages=0, qmode=m)
+        for m in ("global", "regs")]
+
+
+def _q32_specs(qfunc, dim, p, co, E, ndofs):
+    nd, nq = p + 1, p + 1 if co else p + 2
+    kw = dict(dim=dim, nq=nq, nd=nd, batch=E, dtype="float64", qfunc=qfunc, collocated=co,
+              qdtype="float32")
+    return ActionSpec(**kw), MassApplySpec(ndofs=ndofs, **kw)
+
+
+def test_cuda_float32_data_choices_without_a_gpu():
+    """The heuristic of every case reads through pointers (no bulk or Q-in-shared form),
+    names its kernel ``..._q32``; a form that copies raw slabs is refused as parameters."""
+    from smalltc.backends.cuda import choose
+    from smalltc.backends.cuda.action import ACTION
+    H100 = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=232448)
+    for qfunc, dim, p, co in CUDA_CASES:
+        for spec in _q32_specs(qfunc, dim, p, co, 64, 100):
+            c = choose(spec, H100)
+            assert c.entry.endswith("_q32") and c.ctx["qt"] == "float", c.entry
+            assert c.ctx.get("prefetch", 0) != 3 and not c.ctx.get("qsmem")
+            assert c.ctx.get("rb", 1) == 1
+    a, _ = _q32_specs("mass", 3, 7, False, 64, 100)
+    assert ACTION.context(a, dict(per_block=2, min_blocks=0, rb=1, line=1, prefetch=3,
+                                  stages=2), H100) is None
+    d, _ = _q32_specs("diffusion", 3, 3, False, 64, 100)
+    assert ACTION.context(d, dict(per_block=2, min_blocks=0, line=1, qmode="smem"),
+                          H100) is None
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_cuda_float32_data_sources_compile(tmp_path):
+    from smalltc.backends.cuda.action import ACTION
+    from smalltc.backends.cuda.mass_apply import MASS_APPLY
+    from smalltc.backends.cuda.runtime import render
+    parts = {}
+    i = 0
+    for qfunc, dim, p, co in CUDA_CASES:
+        for fam, spec in zip((ACTION, MASS_APPLY), _q32_specs(qfunc, dim, p, co, 1, 1)):
+            for prm in _cuda_forms(qfunc, dim):
+                if prm is not None and fam is MASS_APPLY:
+                    prm = {k: v for k, v in prm.items() if k in fam.params or k == "qmode"}
+                    if prm.get("prefetch", 0) > 1:
+                        continue
+                ctx = fam.context(spec, prm)
+                assert ctx is not None, (qfunc, dim, p, prm)
+                src = render(fam.template(ctx), dict(ctx, entry=f"{fam.entry(spec, ctx)}_{i}"))
+                assert "const float* __restrict__" in src
+                parts.setdefault(fam.template(ctx), []).append(
+                    f"namespace n{i} {{\n{src}\n}}\n")
+                i += 1
+    for t, srcs in parts.items():
+        path = tmp_path / f"{t}.cu"
+        path.write_text("".join(srcs))
+        r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
+                            str(path)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=gpu) for c in CUDA_CASES],
+                         ids=["{}-{}d-p{}{}".format(q, d, p, "-co" if co else "")
+                              for q, d, p, co in CUDA_CASES])
+def test_cuda_float32_point_data(case):
+    import cupy as cp
+    from smalltc.backends.cuda import CudaBackend
+    qfunc, dim, p, co = case
+    rng = np.random.default_rng(11 * dim + p)
+    B1d, G1d, nq = _basis(p, co)
+    space = fem.H1Space(fem.box_mesh(dim, 3 if dim == 2 else 2), p)
+    E = space.nelements
+    D, Q = _data(qfunc, dim, nq, E, rng)
+    V = rng.standard_normal((E,) + (p + 1,) * dim)
+    m = rng.permutation(space.ndofs)[space.elem_dofs].astype(np.int32)
+    x = rng.standard_normal(space.ndofs)
+    G = None if qfunc == "mass" else G1d
+    data = _pack(qfunc, D, Q)
+    ref_u = smalltc.operator_action(qfunc, B1d, G, _up(data), V, backend="reference")
+    ref_y = smalltc.operator_apply(qfunc, B1d, G, _up(data), x, m, backend="reference")
+    a, s = _q32_specs(qfunc, dim, p, co, E, space.ndofs)
+    dev = lambda *arrs: [cp.asarray(z) for z in arrs if z is not None]   # noqa: E731
+    datas = [D, Q] if qfunc == "helmholtz" else [D if qfunc == "mass" else Q]
+    for prm in _cuda_forms(qfunc, dim):
+        ex = CudaBackend().build(a, prm)
+        assert ex.specialized and "_q32" in ex.kernel, ex.kernel
+        out = cp.full(V.shape, np.nan)
+        ex.run(dev(B1d, G, *datas, V), out)
+        assert rel_err(out.get(), ref_u) <= TOL64, (ex.kernel, prm)
+        if prm is not None and prm.get("prefetch", 0) > 1:
+            continue
+        prm2 = None if prm is None else {k: v for k, v in prm.items() if k != "rb"
+                                         and k != "stages"}
+        ex = CudaBackend().build(s, prm2)
+        y = cp.full(x.shape, np.nan)
+        ex.run(dev(B1d, G, *datas, x, m), y)
+        assert rel_err(y.get(), ref_y) <= TOL64, (ex.kernel, prm)

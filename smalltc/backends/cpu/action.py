@@ -467,8 +467,9 @@ class LanesFamily(Family):
         raise NotImplementedError
 
     def supports(self, spec):
-        """Every instance of the operator family (docs/math.md section 7)."""
-        return True
+        """Every instance of the operator family (docs/math.md section 7) with stored point
+        data (float64 or float32); the vertex geometry runs the reference path here."""
+        return getattr(spec, "geometry", None) is None
 
     def context(self, spec, params=None, target=None):
         target = resolve(target)

@@ -372,6 +372,16 @@ def _qfunc_space(spec):
                            stages=0), why
 
 
+#: the vertex geometry's kernels so far (none: the reference path runs it)
+VERTEX_FORMS = ()
+
+
+def _vertex_ok(spec):
+    """True for stored point data, and for the vertex geometry where a form has it."""
+    return getattr(spec, "geometry", None) is None or (
+        spec.qfunc, spec.dim) in VERTEX_FORMS
+
+
 def point_data_f32(ctx, spec, rebuild):
     """The context for float32 point data with float64 vectors (``spec.qdtype``; docs/math.md
     section 8), or ``ctx`` unchanged for the other specs: the templates read D and Q
@@ -417,8 +427,10 @@ class ActionFamily(Family):
         return spec.op == "action"
 
     def supports(self, spec):
-        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated."""
-        return True
+        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated, with
+        stored point data (float64 or float32) or, mass and diffusion, the vertex
+        geometry (:data:`VERTEX_FORMS`)."""
+        return _vertex_ok(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
         ctx = self._context(spec, params, device)

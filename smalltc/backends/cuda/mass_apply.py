@@ -91,8 +91,9 @@ class MassApplyFamily(Family):
         return spec.op == "mass_apply"
 
     def supports(self, spec):
-        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated."""
-        return True
+        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated (as
+        the action's :meth:`.action.ActionFamily.supports`)."""
+        return ACTION.supports(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
         ctx = self._context(spec, params, device)
@@ -320,8 +321,9 @@ class MassDiagonalFamily(Family):
         return spec.op == "mass_diagonal"
 
     def supports(self, spec):
-        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated."""
-        return True
+        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated (as
+        the action's :meth:`.action.ActionFamily.supports`)."""
+        return ACTION.supports(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
         ctx = self._context(spec, params, device)

@@ -558,8 +558,8 @@ def vertex_operator_spec(level, qfunc, B1d, G1d, X, coef, *rest, deterministic=F
         raise ValueError(f"B1d is None (the collocated form) but G1d has shape "
                          f"{tuple(basis.shape)}: collocated needs nq == nd")
     Xa = named["X"]
-    E = Xa.shape[0] if Xa.ndim == 3 else -1
-    dim = check_vertices(Xa, named["coef"], E)
+    dim = check_vertices(Xa, named["coef"])
+    E = Xa.shape[0]
     common = dict(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, qfunc=qfunc,
                   collocated=collocated, geometry="vertices")
     if level == "action":

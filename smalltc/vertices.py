@@ -84,7 +84,7 @@ def point_data(qfunc, X, coef, nq, collocated=False):
     return xp.ascontiguousarray(xp.moveaxis(M[..., iu[0], iu[1]], -1, 1).astype(X.dtype))
 
 
-def check_vertices(X, coef, E, dim_hint=None):
+def check_vertices(X, coef, E=None, dim_hint=None):
     """Check the vertex operands: ``X`` (E, 2^dim, dim) with dim 1..3 and ``coef`` (E,);
     return dim. Errors name the operand, its shape and what was expected."""
     if X.ndim != 3 or X.shape[2] not in (1, 2, 3) or X.shape[1] != 2 ** X.shape[2]:
@@ -95,12 +95,12 @@ def check_vertices(X, coef, E, dim_hint=None):
     if dim_hint is not None and dim != dim_hint:
         raise ValueError(f"X (vertices) has shape {tuple(X.shape)}: dim {dim}, but the other "
                          f"operands are {dim_hint}D")
-    if X.shape[0] != E:
+    if E is not None and X.shape[0] != E:
         raise ValueError(f"X (vertices) has shape {tuple(X.shape)}, expected E={E} elements "
-                         "on axis 0 (E from elem_dofs or V)")
-    if tuple(coef.shape) != (E,):
-        raise ValueError(f"coef has shape {tuple(coef.shape)}, expected ({E},): one "
-                         "coefficient an element (or pass a scalar)")
+                         "on axis 0")
+    if tuple(coef.shape) != (X.shape[0],):
+        raise ValueError(f"coef has shape {tuple(coef.shape)}, expected ({X.shape[0]},): one "
+                         "coefficient an element (E from X; or pass a scalar)")
     return dim
 
 

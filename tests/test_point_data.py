@@ -265,3 +265,153 @@ def test_cuda_float32_point_data(case):
         y = cp.full(x.shape, np.nan)
         ex.run(dev(B1d, G, *datas, x, m), y)
         assert rel_err(y.get(), ref_y) <= TOL64, (ex.kernel, prm)
+
+
+# --- vertex geometry ----------------------------------------------------------------------
+
+from smalltc.vertices import point_data, vertices_of_mesh  # noqa: E402
+
+# (qfunc, dim, p, collocated)
+VX_CASES = [(q, d, p, co) for q in ("mass", "diffusion") for d in (2, 3) for p in (1, 2, 3, 4)
+            for co in (False, True) if not (co and q == "mass")]
+
+
+def _vx_setup(qfunc, dim, p, co, seed=0):
+    mesh = fem.box_mesh(dim, 2, distortion=0.08)
+    space = fem.H1Space(mesh, p)
+    nq = p + 1 if co else p + 2
+    quad = "gll" if co else "gauss"
+    b = fem.basis_1d(p, nq, quad)
+    X = vertices_of_mesh(mesh, check_nq=nq)
+    coef = np.random.default_rng(seed).random(space.nelements) + 0.5
+    return mesh, space, nq, quad, (None if co else b.B1d), b.G1d, X, coef
+
+
+@pytest.mark.parametrize("case", VX_CASES, ids=["{}-{}d-p{}{}".format(
+    q, d, p, "-co" if co else "") for q, d, p, co in VX_CASES])
+def test_vertex_geometry_reference(case):
+    """The vertex form equals the stored float64 form with the FEM layer's D/Q (times the
+    per-element coefficient), element level and fused, outputs poisoned."""
+    qfunc, dim, p, co = case
+    mesh, space, nq, quad, B1d, G1d, X, coef = _vx_setup(qfunc, dim, p, co)
+    E = space.nelements
+    cs = coef.reshape((E,) + (1,) * (dim + (qfunc == "diffusion")))
+    data = (fem.mass_data(mesh, nq, quadrature=quad) if qfunc == "mass" else
+            fem.diffusion_data(mesh, nq, quadrature=quad)) * cs
+    assert rel_err(point_data(qfunc, X, coef, nq, co), data) <= TOL64
+    G = None if qfunc == "mass" else G1d
+    rng = np.random.default_rng(3)
+    V = rng.standard_normal((E,) + (p + 1,) * dim)
+    ref = smalltc.operator_action(qfunc, B1d, G, data, V, backend="reference")
+    out = np.full(V.shape, np.nan)
+    U = smalltc.operator_action(qfunc, B1d, G, None, V, out=out, vertices=X, coef=coef,
+                                backend="reference")
+    assert U is out and rel_err(U, ref) <= TOL64
+    m = rng.permutation(space.ndofs)[space.elem_dofs].astype(np.int64 if p % 2 else np.int32)
+    x = rng.standard_normal(space.ndofs)
+    ref = smalltc.operator_apply(qfunc, B1d, G, data, x, m, backend="reference")
+    y = np.full(x.shape, np.nan)
+    smalltc.operator_apply(qfunc, B1d, G, None, x, m, out=y, vertices=X, coef=coef,
+                           backend="reference")
+    assert rel_err(y, ref) <= TOL64
+
+
+def test_vertex_geometry_public_functions():
+    """mass_apply and diffusion_apply with vertices= (a scalar coef is a constant); the
+    auto backend without a vertex kernel runs the reference path and says so."""
+    mesh, space, nq, quad, B1d, G1d, X, _ = _vx_setup("diffusion", 2, 2, False)
+    x = np.random.default_rng(4).standard_normal(space.ndofs)
+    m = space.dof_map()
+    y = smalltc.diffusion_apply(B1d, G1d, None, x, m, vertices=X, coef=2.0)
+    ref = smalltc.diffusion_apply(B1d, G1d, fem.diffusion_data(mesh, nq, 2.0), x, m,
+                                  backend="reference")
+    assert rel_err(y, ref) <= TOL64
+    y = smalltc.mass_apply(B1d, None, x, m, vertices=X)
+    assert rel_err(y, smalltc.mass_apply(B1d, fem.mass_data(mesh, nq), x, m)) <= TOL64
+    U = smalltc.diffusion_action(B1d, G1d, None, np.ones((space.nelements, 3, 3)),
+                                 vertices=X)
+    assert float(abs(U).max()) < 1e-12                       # constants: no gradient
+    p = smalltc.plan  # the plan's spec: its own key
+    s = MassApplySpec(dim=3, nq=4, nd=3, batch=5, dtype="float64", ndofs=10,
+                      qfunc="diffusion", geometry="vertices")
+    assert [(o.name, o.shape) for o in s.inputs] == [
+        ("B1d", (4, 3)), ("G1d", (4, 3)), ("X", (5, 8, 3)), ("coef", (5,)), ("x", (10,)),
+        ("elem_dofs", (5, 3, 3, 3))]
+    assert s.size_key == "diffusion/mass_apply/3d/nd3nq4c1+vx" and "vertex" in str(s)
+    assert p is not None
+
+
+VX_ERRORS = [     # the mesh has 4 elements
+    (dict(vertices=np.zeros((4, 4, 3))), ValueError, r"X \(vertices\) has shape \(4, 4, 3\), "
+     r"expected \(E, 2\^dim, dim\)"),
+    (dict(vertices=np.zeros((3, 4, 2))), ValueError, r"coef has shape \(4,\), expected "
+     r"\(3,\).*E from X"),
+    (dict(vertices=np.zeros((3, 4, 2)), coef=np.ones(3)), ValueError,
+     r"elem_dofs has shape \(4, 3, 3\), expected \(3, 3, 3\)"),
+    (dict(vertices=np.zeros((4, 8, 3))), ValueError, r"elem_dofs has shape"),
+    (dict(vertices=np.zeros((4, 4, 2), dtype=np.float32)), TypeError, r"mixed dtypes"),
+    (dict(coef=np.ones(8)), ValueError, r"coef has shape \(8,\), expected \(4,\)"),
+    (dict(vertices=[[0.0]]), TypeError, r"vertices must be an array"),
+    (dict(Q="data"), TypeError, r"not both"),
+    (dict(vertices=None, coef=2.0), TypeError, r"coef= goes with vertices="),
+]
+
+
+@pytest.mark.parametrize("kw,exc,match", VX_ERRORS)
+def test_vertex_geometry_errors(kw, exc, match):
+    mesh, space, nq, quad, B1d, G1d, X, coef = _vx_setup("diffusion", 2, 2, False)
+    args = dict(vertices=X, coef=coef, Q=None)
+    args.update(kw)
+    if isinstance(args["Q"], str):
+        args["Q"] = fem.diffusion_data(mesh, nq)
+    with pytest.raises(exc, match=match):
+        smalltc.diffusion_apply(B1d, G1d, args["Q"], np.ones(space.ndofs), space.dof_map(),
+                                vertices=args["vertices"], coef=args["coef"],
+                                backend="reference")
+
+
+def test_vertex_geometry_errors_levels_and_qfuncs():
+    mesh, space, nq, quad, B1d, G1d, X, coef = _vx_setup("diffusion", 2, 2, False)
+    with pytest.raises(ValueError, match="vertices= is for qfunc 'mass' or 'diffusion'"):
+        smalltc.operator_apply("helmholtz", B1d, G1d, None, np.ones(space.ndofs),
+                               space.dof_map(), vertices=X)
+    with pytest.raises(ValueError, match="helmholtz"):
+        MassApplySpec(dim=3, nq=4, nd=3, batch=5, dtype="float64", ndofs=10,
+                      qfunc="helmholtz", geometry="vertices")
+    with pytest.raises(ValueError, match="exclude each other"):
+        MassApplySpec(dim=3, nq=4, nd=3, batch=5, dtype="float64", ndofs=10,
+                      qdtype="float32", geometry="vertices")
+
+
+@pytest.mark.parametrize("qfunc", ["mass", "diffusion"])
+@pytest.mark.parametrize("point", ["float32", "vertices"])
+def test_fem_operators_point_data(qfunc, point):
+    """fem.mass_operator / fem.diffusion_operator with point_data=: the stored operator's
+    result (float32: to the data's rounding), its diagonal; errors for curved geometry, a
+    function coefficient, the assembled form."""
+    make = fem.mass_operator if qfunc == "mass" else fem.diffusion_operator
+    kw = {"rho" if qfunc == "mass" else "kappa": 1.5}
+    space = fem.H1Space(fem.box_mesh(2, 3, distortion=0.08), 2)
+    A, B = make(space, **kw), make(space, point_data=point, **kw)
+    x = np.random.default_rng(5).standard_normal(space.ndofs)
+    tol = 1e-6 if point == "float32" else TOL64
+    assert rel_err(B(x), A(x)) <= tol and rel_err(B.diagonal(), A.diagonal()) <= tol
+    if point == "float32":
+        assert (B.D if qfunc == "mass" else B.Q).dtype == np.float32
+        return
+    with pytest.raises(ValueError, match="not the multilinear map of its vertices"):
+        make(fem.H1Space(fem.box_mesh(2, 2, geom_order=2, distortion=0.1), 2),
+             point_data=point)
+    with pytest.raises(ValueError, match="not a function of x"):
+        make(space, point_data=point, **{k: (lambda z: z[0]) for k in kw})
+    with pytest.raises(ValueError, match="fused matrix-free"):
+        make(space, point_data=point, assembled=True)
+
+
+def test_vertex_geometry_bytes():
+    """The bound of the vertex form: x, y, the map once and 2^dim dim + 1 values an element
+    (3D: 25 doubles against Q's 6 nq^3)."""
+    kw = dict(dim=3, nq=4, nd=3, batch=1000, dtype="float64", ndofs=9261, qfunc="diffusion")
+    c = counts(MassApplySpec(geometry="vertices", **kw))
+    assert c.bytes == 8 * (2 * 9261 + 2 * 12) + 1000 * 8 * 25 + 4 * 1000 * 27
+    assert c.flops > counts(MassApplySpec(**kw)).flops

@@ -415,3 +415,174 @@ def test_vertex_geometry_bytes():
     c = counts(MassApplySpec(geometry="vertices", **kw))
     assert c.bytes == 8 * (2 * 9261 + 2 * 12) + 1000 * 8 * 25 + 4 * 1000 * 27
     assert c.flops > counts(MassApplySpec(**kw)).flops
+
+
+# --- the CUDA vertex geometry: its device functions checked on the host, its kernels ------
+
+CXX = shutil.which("g++") or shutil.which("c++")
+_HOST = r"""
+#include <cmath>
+#include <cstdio>
+typedef double real_t; typedef long long idx_t;
+#define __constant__ static const
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __ldg(p) (*(p))
+#define STC_MIN(a, b) ((a) < (b) ? (a) : (b))
+using std::fma; using std::fabs;
+%s
+int main() {
+    const int E = %d, NQ = %d, DIM = %d, NV = 1 << DIM;
+    static real_t X[E * NV * DIM], CFv[E];
+    for (int t = 0; t < E * NV * DIM; ++t) if (scanf("%%lf", &X[t]) != 1) return 1;
+    for (int t = 0; t < E; ++t) if (scanf("%%lf", &CFv[t]) != 1) return 1;
+    for (int e = 0; e < E; ++e)
+        for (int k = 0; k < (DIM == 3 ? NQ * NQ * NQ : NQ * NQ); ++k) {
+            real_t f[STC_VXF], q[6];
+            const int kx = k %% NQ, ky = (k / NQ) %% NQ, kz = k / (NQ * NQ);
+            DIM == 3 ? SETUP3 : SETUP2;
+            const int slow = DIM == 3 ? kz : ky;
+            stc_vx_q(f, slow, q);
+            printf("%%.17g", stc_vx_d(f, slow));
+            for (int c = 0; c < DIM * (DIM + 1) / 2; ++c) printf(" %%.17g", q[c]);
+            printf("\n");
+        }
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+@pytest.mark.parametrize("dim,nq,co", [(2, 3, False), (3, 4, False), (3, 3, True)])
+def test_cuda_vertex_device_functions_on_the_host(tmp_path, dim, nq, co):
+    """vertex.cuh.j2's stc_vx_setup / stc_vx_d / stc_vx_q, compiled as host C++, give the
+    D and Q of :func:`smalltc.vertices.point_data` (distorted elements, random coef)."""
+    from smalltc.backends.cuda import runtime as RT
+    from smalltc.backends.cuda.action import vertex_ctx
+    spec = ActionSpec(dim=dim, nq=nq, nd=nq if co else nq - 1, batch=3, dtype="float64",
+                      qfunc="diffusion", collocated=co, geometry="vertices")
+    ctx = vertex_ctx(dict(rb=1, prefetch=0), spec, None)
+    mod = RT._env().get_template("vertex.cuh.j2").make_module(
+        dict(ctx, dim=dim, nq=nq, dtype="float64", real="double"))
+    setup3 = "stc_vx_setup(X + e * NV * DIM, CFv[e], ky, kx, f)" if dim == 3 else "(void)0"
+    setup2 = "stc_vx_setup(X + e * NV * DIM, CFv[e], kx, f)" if dim == 2 else "(void)0"
+    src = (_HOST % (mod.helpers(), 3, nq, dim)).replace("SETUP3", setup3).replace(
+        "SETUP2", setup2)
+    (tmp_path / "vx.cpp").write_text(src)
+    r = subprocess.run([CXX, "-O1", "-Wno-unknown-pragmas", "-o", str(tmp_path / "vx"),
+                        str(tmp_path / "vx.cpp")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    mesh = fem.box_mesh(dim, {2: (3, 1), 3: (3, 1, 1)}[dim], distortion=0.1)
+    X = vertices_of_mesh(mesh)
+    coef = np.random.default_rng(1).random(3) + 0.5
+    stdin = " ".join(repr(float(v)) for v in np.concatenate([X.ravel(), coef]))
+    r = subprocess.run([str(tmp_path / "vx")], input=stdin, capture_output=True, text=True)
+    assert r.returncode == 0
+    got = np.array([[float(t) for t in line.split()] for line in r.stdout.splitlines()])
+    D = point_data("mass", X, coef, nq, co).reshape(-1)
+    Q = point_data("diffusion", X, coef, nq, co)
+    Q = np.moveaxis(Q, 1, -1).reshape(-1, dim * (dim + 1) // 2)
+    assert rel_err(got[:, 0], D) <= TOL64 and rel_err(got[:, 1:], Q) <= TOL64
+
+
+VX_CUDA = [("mass", 2, 3, False), ("mass", 3, 2, False), ("mass", 3, 5, False),
+           ("diffusion", 2, 2, False), ("diffusion", 2, 3, True), ("diffusion", 3, 1, False),
+           ("diffusion", 3, 3, False), ("diffusion", 3, 4, True)]
+
+
+def _vx_forms(qfunc, dim):
+    """The heuristic (None), the shared-memory form, and in 3D the line form."""
+    base = dict(per_block=2, min_blocks=0, rb=1, line=0, prefetch=0, stages=0)
+    forms = [None, base]
+    if dim == 3:
+        forms.append(dict(base, line=1, **({} if qfunc == "mass" else dict(qmode="global"))))
+    return forms
+
+
+def test_cuda_vertex_choices_without_a_gpu():
+    """Every VX_CUDA case has a vertex kernel (``_vx``) for each form; the forms that read
+    stored data elsewhere are refused as parameters."""
+    from smalltc.backends.cuda import choose
+    from smalltc.backends.cuda.action import ACTION
+    H100 = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=232448)
+    for qfunc, dim, p, co in VX_CUDA:
+        nd, nq = p + 1, p + 1 if co else p + 2
+        kw = dict(dim=dim, nq=nq, nd=nd, batch=64, dtype="float64", qfunc=qfunc,
+                  collocated=co, geometry="vertices")
+        for spec in (ActionSpec(**kw), MassApplySpec(ndofs=100, **kw)):
+            c = choose(spec, H100)
+            assert c is not None and c.entry.endswith("_vx") and c.ctx["geometry"] == 1
+    a = ActionSpec(dim=3, nq=5, nd=4, batch=8, dtype="float64", qfunc="diffusion",
+                   geometry="vertices")
+    assert ACTION.context(a, dict(per_block=2, min_blocks=0, line=1, qmode="regs"),
+                          H100) is None
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_cuda_vertex_sources_compile(tmp_path):
+    from smalltc.backends.cuda.action import ACTION
+    from smalltc.backends.cuda.mass_apply import MASS_APPLY
+    from smalltc.backends.cuda.runtime import render
+    parts, i = {}, 0
+    for qfunc, dim, p, co in VX_CUDA:
+        nd, nq = p + 1, p + 1 if co else p + 2
+        kw = dict(dim=dim, nq=nq, nd=nd, batch=1, dtype="float64", qfunc=qfunc,
+                  collocated=co, geometry="vertices")
+        for fam, spec in ((ACTION, ActionSpec(**kw)), (MASS_APPLY, MassApplySpec(ndofs=1, **kw))):
+            for prm in _vx_forms(qfunc, dim):
+                if prm is not None and fam is MASS_APPLY:
+                    prm = {k: v for k, v in prm.items() if k not in ("rb", "stages")}
+                ctx = fam.context(spec, prm)
+                assert ctx is not None, (qfunc, dim, p, prm)
+                src = render(fam.template(ctx), dict(ctx, entry=f"{fam.entry(spec, ctx)}_{i}"))
+                assert "stc_vx_setup(XV" in src and "__ldg(D" not in src and "Qe" not in src
+                parts.setdefault(fam.template(ctx), []).append(f"namespace n{i} {{\n{src}\n}}\n")
+                i += 1
+    for t, srcs in parts.items():
+        path = tmp_path / f"{t}.cu"
+        path.write_text("".join(srcs))
+        r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
+                            str(path)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=gpu) for c in VX_CUDA],
+                         ids=["{}-{}d-p{}{}".format(q, d, p, "-co" if co else "")
+                              for q, d, p, co in VX_CUDA])
+def test_cuda_vertex_geometry(case):
+    """Each CUDA form of the vertex geometry (element level and fused) against the stored
+    float64 path, outputs poisoned."""
+    import cupy as cp
+    from smalltc.backends.cuda import CudaBackend
+    qfunc, dim, p, co = case
+    mesh, space, nq, quad, B1d, G1d, X, coef = _vx_setup(qfunc, dim, p, co, seed=9)
+    E = space.nelements
+    G = None if qfunc == "mass" else G1d
+    data = point_data(qfunc, X, coef, nq, co)
+    rng = np.random.default_rng(10)
+    V = rng.standard_normal((E,) + (p + 1,) * dim)
+    m = rng.permutation(space.ndofs)[space.elem_dofs].astype(np.int32)
+    x = rng.standard_normal(space.ndofs)
+    ref_u = smalltc.operator_action(qfunc, B1d, G, data, V, backend="reference")
+    ref_y = smalltc.operator_apply(qfunc, B1d, G, data, x, m, backend="reference")
+    kw = dict(dim=dim, nq=nq, nd=p + 1, batch=E, dtype="float64", qfunc=qfunc, collocated=co,
+              geometry="vertices")
+    dev = lambda *arrs: [cp.asarray(z) for z in arrs if z is not None]   # noqa: E731
+    for prm in _vx_forms(qfunc, dim):
+        ex = CudaBackend().build(ActionSpec(**kw), prm)
+        assert ex.specialized and "_vx" in ex.kernel, ex.kernel
+        out = cp.full(V.shape, np.nan)
+        ex.run(dev(B1d, G, X, coef, V), out)
+        assert rel_err(out.get(), ref_u) <= TOL64, (ex.kernel, prm)
+        prm2 = None if prm is None else {k: v for k, v in prm.items()
+                                         if k not in ("rb", "stages")}
+        ex = CudaBackend().build(MassApplySpec(ndofs=space.ndofs, **kw), prm2)
+        y = cp.full(x.shape, np.nan)
+        ex.run(dev(B1d, G, X, coef, x, m), y)
+        assert rel_err(y.get(), ref_y) <= TOL64, (ex.kernel, prm)
+    # the public function on CuPy arrays takes the kernel
+    y = smalltc.operator_apply(qfunc, *[None if a is None else cp.asarray(a) for a in (B1d, G)],
+                               None, cp.asarray(x), cp.asarray(m), vertices=cp.asarray(X),
+                               coef=cp.asarray(coef))
+    assert rel_err(y.get(), ref_y) <= TOL64

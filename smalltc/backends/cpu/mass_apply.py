@@ -78,7 +78,7 @@ class MassApplyFamily(LanesFamily):
     def entry(self, spec, ctx):
         return (f"stc_{spec.qfunc}_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
                 f"_i{spec.index_dtype[3:]}{'_co' if spec.collocated else ''}"
-                f"{'_q32' if spec.qdtype else ''}")
+                f"{'_q32' if spec.qdtype else ''}{'_vx' if spec.geometry else ''}")
 
     def executor(self, choice, checked=True):
         return MassApplyExecutor(_unchecked(choice) if not checked else choice)

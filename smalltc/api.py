@@ -429,6 +429,16 @@ def _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out, st
     if not hasattr(vertices, "shape"):
         raise TypeError(f"vertices must be an array (E, 2^dim, dim), got "
                         f"{type(vertices).__name__}")
+    if _interop.any_foreign(B1d, G1d, vertices, coef, *rest, out):
+        scalar = not hasattr(coef, "shape")      # a constant: made in the views' library
+
+        def fn(B1d, G1d, X, *arrays, out):
+            c, arrays = (coef, arrays) if scalar else (arrays[0], arrays[1:])
+            return _vertex_operator(level, qfunc, B1d, G1d, None, X, c, arrays, out, None,
+                                    backend, deterministic)
+        names = ("B1d", "G1d", "X") + (() if scalar else ("coef",)) + _REST_NAMES[level]
+        flat = (B1d, G1d, vertices) + (() if scalar else (coef,)) + tuple(rest)
+        return _interop.call(fn, names, flat, out, stream)
     coef = _coef_array(coef, vertices, rest[0])
     try:
         key = ("vertex operator", level, qfunc, backend, bool(deterministic), _sig(B1d),
@@ -438,12 +448,6 @@ def _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out, st
         key = p = None
     flat = (B1d, G1d, vertices, coef) + tuple(rest)
     if p is None:
-        if _interop.any_foreign(*flat, out):
-            def fn(B1d, G1d, X, c, *arrays, out):
-                return _vertex_operator(level, qfunc, B1d, G1d, None, X, c, arrays, out,
-                                        None, backend, deterministic)
-            return _interop.call(fn, ("B1d", "G1d", "X", "coef") + _REST_NAMES[level], flat,
-                                 out, stream)
         spec, xp, ops = _validate.vertex_operator_spec(level, qfunc, B1d, G1d, vertices, coef,
                                                        *rest, deterministic=deterministic)
         p = cached_plan(key, [x for x in flat if x is not None], spec, xp, backend, "auto")

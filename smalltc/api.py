@@ -284,6 +284,10 @@ def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="
         element colour (elements of a colour share no DoF), the same bits every
         run. On the CPU every form is race-free.
     backend, stream : as for :func:`batched_contract`.
+    vertices, coef : array (E, 2^dim, dim) and number or (E,), optional
+        Instead of ``D`` (pass ``D=None``): the point data recomputed in the kernel from
+        the element vertices and a density (:func:`operator_apply`; docs/math.md section
+        8). ``D`` may also be float32 with float64 ``B1d`` and ``x``.
 
     Returns
     -------
@@ -561,6 +565,17 @@ def operator_apply(qfunc, B1d, G1d, data, x, elem_dofs, *, out=None, determinist
     :func:`mass_apply` (``x``, ``elem_dofs``, ``out``, ``deterministic``, ``backend``,
     ``stream`` as there).
 
+    Less point data (docs/math.md section 8), for mass and diffusion:
+
+    - float32 ``data`` with float64 bases and ``x``: the kernels read float32 and compute
+      in float64 (the float64 operator of the float32-rounded data);
+    - ``vertices=X`` (E, 2^dim, dim), ``data=None``: the point data recomputed in the
+      kernel from the vertices of multilinear (order-1) elements, in tensor order with the
+      last axis fastest, and ``coef`` (a number, default 1, or one value an element: rho
+      for mass, kappa for diffusion). The quadrature must be the one ``B1d``/``G1d`` are
+      evaluated at: Gauss-Legendre with nq points, Gauss-Lobatto when ``B1d=None``
+      (:mod:`smalltc.vertices`; what ``fem.basis_1d`` gives).
+
     Returns
     -------
     y : array, x's shape and dtype
@@ -574,6 +589,15 @@ def operator_apply(qfunc, B1d, G1d, data, x, elem_dofs, *, out=None, determinist
     >>> elem_dofs = np.array([[0, 1], [1, 2]], dtype=np.int32)
     >>> print(smalltc.operator_apply("diffusion", B1d, G1d, Q, np.array([0., 1., 0.]),
     ...                              elem_dofs))
+    [-1.  2. -1.]
+
+    The same operator from the vertices of the two elements (0 to 1/2, 1/2 to 1):
+
+    >>> from smalltc import fem
+    >>> b = fem.basis_1d(1, 2)
+    >>> X = np.array([[[0.0], [0.5]], [[0.5], [1.0]]])
+    >>> print(smalltc.operator_apply("diffusion", b.B1d, b.G1d, None, np.array([0., 1., 0.]),
+    ...                              elem_dofs, vertices=X, coef=0.5))
     [-1.  2. -1.]
     """
     return _operator("apply", qfunc, B1d, G1d, data, (x, elem_dofs), out, stream, backend,
@@ -631,6 +655,7 @@ def diffusion_action(B1d, G1d, Q, V, *, out=None, backend="auto", stream=None,
     Q : array (E, nsym, nq, ..., nq), the packed symmetric matrices
     V : array (E, [ncomp,] nd, ..., nd)
     out, backend, stream : as for :func:`batched_contract`.
+    vertices, coef : as for :func:`operator_apply` (``Q=None``).
 
     Examples
     --------
@@ -650,7 +675,9 @@ def diffusion_apply(B1d, G1d, Q, x, elem_dofs, *, out=None, deterministic=False,
                     backend="auto", stream=None, vertices=None, coef=None):
     """The global diffusion operator, fused: ``y = sum_e R_e^T (sum_ab G_a^T Q_e^ab G_b)
     R_e x`` (CEED BP3; BP5 with ``B1d=None``, collocated); as :func:`mass_apply` with
-    ``G1d`` and ``Q`` (:func:`operator_apply` with ``"diffusion"``).
+    ``G1d`` and ``Q`` (:func:`operator_apply` with ``"diffusion"``). ``Q`` may be float32
+    with float64 bases and ``x``; ``Q=None`` with ``vertices=X`` and ``coef`` (kappa)
+    recomputes it in the kernel from the element vertices (:func:`operator_apply`).
 
     Examples
     --------

@@ -46,7 +46,8 @@ from .geometry import diffusion_data, mass_data
 from .tensor import interp_t
 
 __all__ = ["Operator", "AssembledOperator", "MassOperator", "AssembledMassOperator",
-           "mass_operator", "diffusion_operator", "helmholtz_operator", "linear_operator"]
+           "mass_operator", "diffusion_operator", "helmholtz_operator", "linear_operator",
+           "Float32DataOperator", "VertexOperator"]
 
 
 class _SpaceOperator:
@@ -330,6 +331,133 @@ class Operator(_SpaceOperator):
                                          backend=self.backend)
 
 
+class Float32DataOperator(Operator):
+    """:class:`Operator` whose point data ``D``/``Q`` are stored in float32 while its bases
+    and vectors are float64: the kernels read float32 and compute in float64 (half the
+    point-data bytes; docs/math.md section 8). Built by :func:`mass_operator` and
+    :func:`diffusion_operator` with ``point_data="float32"``; the diagonal is computed
+    from the float32 data upcast (once, at the call)."""
+
+    def __init__(self, space, data, B1d, G1d=None, **kw):
+        super().__init__(space, data, B1d, G1d, **kw)
+        if self.dtype != np.float64:
+            raise ValueError(f"point_data='float32' is for float64 operators, got "
+                             f"{self.dtype}")
+        self.D = None if self.D is None else self.D.astype(np.float32)
+        self.Q = None if self.Q is None else self.Q.astype(np.float32)
+
+    def diagonal(self):
+        D, Q = self.D, self.Q
+        try:
+            self.D = None if D is None else D.astype(self.dtype)
+            self.Q = None if Q is None else Q.astype(self.dtype)
+            return super().diagonal()
+        finally:
+            self.D, self.Q = D, Q
+
+
+class VertexOperator(Operator):
+    """:class:`Operator` whose point data are recomputed in the kernel from the element
+    vertices ``X`` (E, 2^dim, dim) and a coefficient ``coef`` (E,) (docs/math.md section
+    8): no ``D``/``Q`` in memory, 2^dim dim + 1 values an element read. Mass and diffusion,
+    fused only; order-1 (multilinear) geometry. Built by :func:`mass_operator` and
+    :func:`diffusion_operator` with ``point_data="vertices"``.
+
+    Examples
+    --------
+    >>> from smalltc.fem import H1Space, box_mesh
+    >>> space = H1Space(box_mesh(2, 3, distortion=0.05), p=2)
+    >>> K = diffusion_operator(space, point_data="vertices")
+    >>> K0 = diffusion_operator(space)
+    >>> x = np.random.default_rng(0).random(space.ndofs)
+    >>> bool(np.allclose(K(x), K0(x), rtol=1e-12, atol=1e-12))
+    True
+    """
+
+    def __init__(self, space, X, coef, B1d, G1d=None, *, qfunc="mass", backend="auto",
+                 deterministic=False, dtype=np.float64):
+        if qfunc not in ("mass", "diffusion"):
+            raise ValueError(f"point_data='vertices' is for the mass and diffusion "
+                             f"operators, got qfunc {qfunc!r}")
+        xp = _module_of(*(a for a in (X, B1d, G1d) if a is not None))
+        self.space, self.xp, self.qfunc = space, xp, qfunc
+        self.dtype = np.dtype(dtype)
+        self.X = xp.ascontiguousarray(xp.asarray(X), dtype=self.dtype)
+        self.coef = xp.ascontiguousarray(xp.asarray(coef), dtype=self.dtype)
+        self.B1d = None if B1d is None else xp.ascontiguousarray(B1d, dtype=self.dtype)
+        self.G1d = None if G1d is None else xp.ascontiguousarray(G1d, dtype=self.dtype)
+        self.nq = (B1d if B1d is not None else G1d).shape[0]
+        self.D = self.Q = None
+        self.backend = backend
+        self.fused, self.deterministic = True, bool(deterministic)
+        self.dof_map = space.dof_map(xp)
+
+    def point_data(self):
+        """The stored form's D or Q of this operator (:func:`smalltc.vertices.point_data`)."""
+        from smalltc.vertices import point_data
+        return point_data(self.qfunc, self.X, self.coef, self.nq, self.collocated)
+
+    def apply(self, x, out=None):
+        """``y = A x``, the point data recomputed in the kernel."""
+        x = self._vector(x)
+        return smalltc.operator_apply(self.qfunc, self.B1d, self.G1d, None, x, self.dof_map,
+                                      out=out, deterministic=self.deterministic,
+                                      backend=self.backend, vertices=self.X, coef=self.coef)
+
+    def diagonal(self):
+        """The diagonal, from the point data computed once at the call."""
+        data = self.point_data()
+        if self.qfunc == "mass":
+            return smalltc.mass_diagonal(self.B1d, data, self.dof_map, self.space.ndofs,
+                                         deterministic=self.deterministic,
+                                         backend=self.backend)
+        return smalltc.operator_diagonal(self.qfunc, self.B1d, self.G1d, data, self.dof_map,
+                                         self.space.ndofs, deterministic=self.deterministic,
+                                         backend=self.backend)
+
+
+def _coefficient(value, space, name):
+    """A vertex operator's coefficient: None (1), a number, or an (E,) array of
+    per-element values; a function of x needs the stored point data."""
+    E = space.nelements
+    if value is None:
+        return np.ones(E)
+    if callable(value):
+        raise ValueError(f"point_data='vertices' takes {name} as a number or an (E,) array of "
+                         f"per-element values, not a function of x (use the stored point "
+                         "data for a varying coefficient)")
+    a = np.asarray(to_host(value) if is_cupy(value) else value, dtype=np.float64)
+    if a.ndim == 0:
+        return np.full(E, float(a))
+    if a.shape != (E,):
+        raise ValueError(f"{name} has shape {a.shape}, expected a number or ({E},) for "
+                         "point_data='vertices' (one value an element)")
+    return a
+
+
+def _point_data_operator(point_data, space, qfunc, data_fn, coefficient, name, nq, quadrature,
+                         B1d, G1d, assembled, backend, fused, deterministic, dtype, xp):
+    """The non-stored forms of :func:`mass_operator` and :func:`diffusion_operator`."""
+    if point_data not in ("float32", "vertices"):
+        raise ValueError(f"point_data must be 'stored', 'float32' or 'vertices', got "
+                         f"{point_data!r}")
+    if assembled or not fused:
+        raise ValueError(f"point_data={point_data!r} is for the fused matrix-free operator "
+                         "(assembled=False, fused=True)")
+    if np.dtype(dtype) != np.float64:
+        raise ValueError(f"point_data={point_data!r} is for float64 operators, got dtype "
+                         f"{np.dtype(dtype)}")
+    if point_data == "float32":
+        data = data_fn()
+        return Float32DataOperator(space, xp.asarray(data), B1d, G1d, qfunc=qfunc,
+                                   backend=backend, fused=True, deterministic=deterministic)
+    from smalltc.vertices import vertices_of_mesh
+    X = vertices_of_mesh(space.mesh, check_nq=nq)
+    coef = _coefficient(coefficient, space, name)
+    return VertexOperator(space, xp.asarray(X), xp.asarray(coef), B1d, G1d, qfunc=qfunc,
+                          backend=backend, deterministic=deterministic)
+
+
 class MassOperator(Operator):
     """Matrix-free global mass operator: :class:`Operator` with ``qfunc="mass"``.
 
@@ -471,7 +599,7 @@ class AssembledMassOperator(AssembledOperator):
 
 def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
                   dtype=np.float64, backend="auto", device="cpu", fused=True,
-                  deterministic=False):
+                  deterministic=False, point_data="stored"):
     """Build the mass operator of an H1 space in one call.
 
     Parameters
@@ -498,10 +626,17 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     deterministic : bool
         For the fused operator: the same bits every run (see
         :func:`smalltc.mass_apply`), e.g. for reproducible CG iterates on a GPU.
+    point_data : {"stored", "float32", "vertices"}
+        Where the point data ``D`` come from (docs/math.md section 8): stored in the
+        operator's dtype (default); stored in float32 with float64 vectors
+        (:class:`Float32DataOperator`); or recomputed in the kernel from the element
+        vertices (:class:`VertexOperator`: order-1 geometry, ``rho`` a number or one value
+        an element; a curved mesh raises ValueError). Both for the fused float64
+        operator only.
 
     Returns
     -------
-    MassOperator or AssembledMassOperator
+    MassOperator, AssembledMassOperator, Float32DataOperator or VertexOperator
 
     Raises
     ------
@@ -517,6 +652,12 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
     """
     xp = resolve_device(device)
     nq = space.p + 2 if nq is None else nq
+    if point_data != "stored":
+        return _point_data_operator(
+            point_data, space, "mass",
+            lambda: mass_data(space.mesh, nq, rho, quadrature=quadrature, dtype=np.float64),
+            rho, "rho", nq, quadrature, xp.asarray(basis_1d(space.p, nq, quadrature).B1d),
+            None, assembled, backend, fused, deterministic, dtype, xp)
     D = mass_data(space.mesh, nq, rho, quadrature=quadrature, dtype=dtype,
                   device="cpu" if xp is np else "gpu")
     B1d = basis_1d(space.p, nq, quadrature).B1d
@@ -544,7 +685,7 @@ def _build(space, qfunc, data, B1d, G1d, assembled, backend, fused, deterministi
 
 def diffusion_operator(space, nq=None, kappa=None, *, assembled=False, quadrature="gauss",
                        dtype=np.float64, backend="auto", device="cpu", fused=True,
-                       deterministic=False):
+                       deterministic=False, point_data="stored"):
     """Build the diffusion (stiffness) operator ``K`` of an H1 space in one call:
     ``u^T K v = int kappa grad u . grad v`` (CEED BP3; BP5 collocated).
 
@@ -563,10 +704,13 @@ def diffusion_operator(space, nq=None, kappa=None, *, assembled=False, quadratur
         Rule name; ``"gll"`` with ``nq = p + 1`` is the collocated form (Gauss-Lobatto
         points on the nodes: ``B1d`` the identity, not applied).
     dtype, backend, device, fused, deterministic : as for :func:`mass_operator`.
+    point_data : {"stored", "float32", "vertices"}
+        As for :func:`mass_operator` (``Q`` in float32, or recomputed from the vertices
+        with ``kappa`` a number or one value an element).
 
     Returns
     -------
-    Operator or AssembledOperator
+    Operator, AssembledOperator, Float32DataOperator or VertexOperator
 
     Examples
     --------
@@ -581,6 +725,14 @@ def diffusion_operator(space, nq=None, kappa=None, *, assembled=False, quadratur
     xp = resolve_device(device)
     nq = (space.p + (1 if quadrature in ("gll", "lobatto", "gauss-lobatto") else 2)
           if nq is None else nq)
+    if point_data != "stored":
+        B1d, G1d = _operator_basis(space, nq, quadrature, xp)
+        return _point_data_operator(
+            point_data, space, "diffusion",
+            lambda: diffusion_data(space.mesh, nq, kappa, quadrature=quadrature,
+                                   dtype=np.float64),
+            kappa, "kappa", nq, quadrature, B1d, G1d, assembled, backend, fused,
+            deterministic, dtype, xp)
     Q = diffusion_data(space.mesh, nq, kappa, quadrature=quadrature, dtype=dtype,
                        device="cpu" if xp is np else "gpu")
     B1d, G1d = _operator_basis(space, nq, quadrature, xp)

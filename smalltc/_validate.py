@@ -64,6 +64,22 @@ def _dtype(named):
     return next(iter(dts.values())).name
 
 
+def _split_dtype(named, data_names):
+    """``(dtype, qdtype)``: the common dtype of ``named``, or, where every data operand
+    (``data_names``: D, Q) is float32 and every other float64, ``("float64",
+    "float32")``: float32 point data read by float64 kernels (docs/math.md section 8).
+    Any other mix raises as :func:`_dtype`."""
+    try:
+        return _dtype(named), None
+    except TypeError:
+        data = {n: a for n, a in named.items() if n in data_names}
+        rest = {n: a for n, a in named.items() if n not in data_names}
+        if data and rest and all(np.dtype(a.dtype) == np.float32 for a in data.values()) \
+                and all(np.dtype(a.dtype) == np.float64 for a in rest.values()):
+            return "float64", "float32"
+        raise
+
+
 def check_scalar(name, value):
     if isinstance(value, (str, bytes)):          # float("2") would take it
         raise TypeError(f"{name} must be a real number, got {value!r}")
@@ -99,7 +115,7 @@ def action_spec(B1d, D, V):
     """Check the operands of ``batched_contract``; return ``(spec, xp, ops)``."""
     B1d, D, V = (_as_array(n, x) for n, x in (("B1d", B1d), ("D", D), ("V", V)))
     xp = array_module(B1d, D, V)
-    dtype = _dtype({"B1d": B1d, "D": D, "V": V})
+    dtype, qdtype = _split_dtype({"B1d": B1d, "D": D, "V": V}, ("D",))
     nq, nd = _check_b1d(B1d)
     dim = _check_d(D, nq)
     E = D.shape[0]
@@ -110,7 +126,7 @@ def action_spec(B1d, D, V):
                          f"dim={dim} (dim from D, nd from B1d)")
     ncomp = V.shape[1] if comp_axis else 1
     spec = ActionSpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ncomp=ncomp,
-                      comp_axis=comp_axis)
+                      comp_axis=comp_axis, qdtype=qdtype)
     if tuple(V.shape) != spec.v_shape:
         raise ValueError(f"V has shape {tuple(V.shape)}, expected {spec.v_shape} for "
                          f"E={E}, nd={nd}, dim={dim} (E from D, nd from B1d)")
@@ -138,7 +154,7 @@ def mass_apply_spec(B1d, D, x, elem_dofs, deterministic=False):
     B1d, D, x = (_as_array(n, a) for n, a in (("B1d", B1d), ("D", D), ("x", x)))
     elem_dofs = _as_array("elem_dofs", elem_dofs)
     xp = array_module(B1d, D, x, elem_dofs)
-    dtype = _dtype({"B1d": B1d, "D": D, "x": x})
+    dtype, qdtype = _split_dtype({"B1d": B1d, "D": D, "x": x}, ("D",))
     nq, nd = _check_b1d(B1d)
     dim = _check_d(D, nq)
     E = D.shape[0]
@@ -149,7 +165,7 @@ def mass_apply_spec(B1d, D, x, elem_dofs, deterministic=False):
     ncomp = x.shape[0] if x.ndim == 2 else 1
     spec = MassApplySpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ndofs=x.shape[-1],
                          ncomp=ncomp, comp_axis=x.ndim == 2, index_dtype=index_dtype,
-                         deterministic=bool(deterministic))
+                         deterministic=bool(deterministic), qdtype=qdtype)
     return spec, xp, (B1d, D, x, elem_dofs)
 
 
@@ -262,7 +278,10 @@ def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndof
     args = {n: _as_array(n, a) for n, a in zip(names, rest)}
     floats = dict(named, **{n: a for n, a in args.items() if n != "elem_dofs"})
     xp = array_module(*named.values(), *args.values())
-    dtype = _dtype(floats)
+    if level in ("action", "apply"):     # float32 point data with float64 vectors
+        dtype, qdtype = _split_dtype(floats, ("D", "Q"))
+    else:
+        dtype, qdtype = _dtype(floats), None
     if G1d.ndim != 2 or 0 in G1d.shape:
         raise ValueError(f"G1d has shape {tuple(G1d.shape)}, expected (nq, nd) with "
                          "nq, nd >= 1")
@@ -285,6 +304,8 @@ def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndof
                              f"E={E}, nq={nq}, dim={dim} (E and dim from Q, nq from G1d)")
     common = dict(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, qfunc=qfunc,
                   collocated=collocated)
+    if qdtype is not None:
+        common["qdtype"] = qdtype
     if level == "action":
         V = args["V"]
         if V.ndim not in (dim + 1, dim + 2):
@@ -489,3 +510,75 @@ def as_usable(xp, x):
     if usable(x):
         return x
     return xp.array(x, order="C", copy=True)
+
+
+def vertex_operator_spec(level, qfunc, B1d, G1d, X, coef, *rest, deterministic=False):
+    """Check the operands of an operator whose point data are recomputed from the element
+    vertices (docs/math.md section 8); return ``(spec, xp, ops)`` with ``ops`` in
+    ``spec.inputs``' order (``X`` (E, 2^dim, dim) and ``coef`` (E,) in place of D or Q).
+    Levels "action" (``rest`` = V) and "apply" (x, elem_dofs); qfunc "mass" (G1d None)
+    or "diffusion" (``B1d=None``: collocated, Gauss-Lobatto)."""
+    from .vertices import check_vertices
+    if level not in ("action", "apply"):
+        raise ValueError(f"vertices= is for the action and the fused apply; the {level} "
+                         "takes stored point data (smalltc.vertices.point_data makes them)")
+    if qfunc not in ("mass", "diffusion"):
+        raise ValueError(f"vertices= is for qfunc 'mass' or 'diffusion', got {qfunc!r}")
+    names = _LEVEL_ARGS[level]
+    if len(rest) != len(names):
+        raise TypeError(f"the {level} of an operator takes {', '.join(names)} after the "
+                        f"data; got {len(rest)} operands")
+    if qfunc == "mass":
+        if G1d is not None:
+            raise ValueError("G1d is for qfunc 'diffusion'; the mass operator takes G1d=None")
+        if B1d is None:
+            raise ValueError("B1d is None, but the mass operator has no collocated form: "
+                             "pass B1d (nq, nd)")
+    elif G1d is None:
+        raise ValueError("G1d is None; qfunc 'diffusion' needs the 1D derivative matrix G1d "
+                         "(nq, nd)")
+    named = {} if B1d is None else {"B1d": _as_array("B1d", B1d)}
+    if G1d is not None:
+        named["G1d"] = _as_array("G1d", G1d)
+    named["X"], named["coef"] = _as_array("X", X), _as_array("coef", coef)
+    args = {n: _as_array(n, a) for n, a in zip(names, rest)}
+    floats = dict(named, **{n: a for n, a in args.items() if n != "elem_dofs"})
+    xp = array_module(*named.values(), *args.values())
+    dtype = _dtype(floats)
+    basis = named.get("B1d", named.get("G1d"))
+    if basis.ndim != 2 or 0 in basis.shape:
+        raise ValueError(f"{'B1d' if 'B1d' in named else 'G1d'} has shape "
+                         f"{tuple(basis.shape)}, expected (nq, nd) with nq, nd >= 1")
+    nq, nd = basis.shape
+    for n in ("B1d", "G1d"):
+        if n in named and tuple(named[n].shape) != (nq, nd):
+            raise ValueError(f"{n} has shape {tuple(named[n].shape)}, expected {(nq, nd)}")
+    collocated = B1d is None
+    if collocated and nq != nd:
+        raise ValueError(f"B1d is None (the collocated form) but G1d has shape "
+                         f"{tuple(basis.shape)}: collocated needs nq == nd")
+    Xa = named["X"]
+    dim = check_vertices(Xa, named["coef"])
+    E = Xa.shape[0]
+    common = dict(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, qfunc=qfunc,
+                  collocated=collocated, geometry="vertices")
+    if level == "action":
+        V = args["V"]
+        comp_axis = V.ndim == dim + 2
+        spec = ActionSpec(ncomp=V.shape[1] if comp_axis and V.ndim > 1 else 1,
+                          comp_axis=comp_axis, **common)
+        if tuple(V.shape) != spec.v_shape:
+            raise ValueError(f"V has shape {tuple(V.shape)}, expected {spec.v_shape} for "
+                             f"E={E}, nd={nd}, dim={dim} (E and dim from X, nd from the "
+                             "basis)")
+    else:
+        x, elem_dofs = args["x"], args["elem_dofs"]
+        index_dtype = _check_map(elem_dofs, E, nd, dim, "E and dim from X, nd from the basis")
+        if x.ndim not in (1, 2) or x.shape[-1] == 0:
+            raise ValueError(f"x has shape {tuple(x.shape)}, expected (ndofs,) or "
+                             "(ncomp, ndofs) with ndofs >= 1")
+        spec = MassApplySpec(ndofs=x.shape[-1], ncomp=x.shape[0] if x.ndim == 2 else 1,
+                             comp_axis=x.ndim == 2, index_dtype=index_dtype,
+                             deterministic=bool(deterministic), **common)
+    arrays = dict(named, **args)
+    return spec, xp, tuple(arrays[o.name] for o in spec.inputs)

@@ -253,7 +253,7 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
 
 
 def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="auto",
-               stream=None):
+               stream=None, vertices=None, coef=None):
     """The global mass operator, fused: ``y = sum_e R_e^T B^T D_e B R_e x``.
 
     For any FEM code with its own numbering: ``R_e`` gathers element ``e``'s
@@ -284,6 +284,10 @@ def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="
         element colour (elements of a colour share no DoF), the same bits every
         run. On the CPU every form is race-free.
     backend, stream : as for :func:`batched_contract`.
+    vertices, coef : array (E, 2^dim, dim) and number or (E,), optional
+        Instead of ``D`` (pass ``D=None``): the point data recomputed in the kernel from
+        the element vertices and a density (:func:`operator_apply`; docs/math.md section
+        8). ``D`` may also be float32 with float64 ``B1d`` and ``x``.
 
     Returns
     -------
@@ -308,6 +312,9 @@ def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="
     >>> print(y * 4)
     [1. 2. 1.]
     """
+    if vertices is not None or coef is not None:
+        return _operator("apply", "mass", B1d, None, D, (x, elem_dofs), out, stream, backend,
+                         deterministic, vertices=vertices, coef=coef)
     try:
         key = ("mass_apply", backend, bool(deterministic), type(B1d), B1d.shape, B1d.dtype,
                type(D), D.shape, D.dtype, type(x), x.shape, x.dtype, type(elem_dofs),
@@ -389,10 +396,79 @@ _REST_NAMES = {"action": ("V",), "apply": ("x", "elem_dofs"), "diagonal": ("elem
                "assembly": ()}
 
 
+_COEFS: dict = {}
+
+
+def _coef_array(coef, X, like):
+    """``coef`` as an (E,) array of ``like``'s library and dtype: an array passes through;
+    a scalar (a constant coefficient) becomes a cached filled array (8 bytes an element
+    read by the kernel)."""
+    if hasattr(coef, "shape") and getattr(coef, "ndim", 0) > 0:
+        return coef
+    from ._arrays import array_module
+    xp = array_module(like)
+    E = X.shape[0] if getattr(X, "ndim", 0) == 3 else 0
+    dev = None
+    if xp.__name__ == "cupy":
+        dev = xp.cuda.runtime.getDevice()
+    key = (xp.__name__, dev, E, float(coef), str(like.dtype))
+    a = _COEFS.get(key)
+    if a is None:
+        if len(_COEFS) > 64:
+            _COEFS.clear()
+        a = _COEFS[key] = xp.full((E,), float(coef), dtype=like.dtype)
+    return a
+
+
+def _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out, stream, backend,
+                     deterministic):
+    """The body of the operators with ``vertices=`` (docs/math.md section 8): the point
+    data are recomputed from the element vertices in the kernel (the reference path:
+    :func:`smalltc.vertices.point_data`, then the stored-data einsum)."""
+    if data is not None:
+        raise TypeError(f"pass the point data or vertices=, not both (got data of type "
+                        f"{type(data).__name__} and vertices)")
+    if coef is None:
+        coef = 1.0
+    if not hasattr(vertices, "shape"):
+        raise TypeError(f"vertices must be an array (E, 2^dim, dim), got "
+                        f"{type(vertices).__name__}")
+    if _interop.any_foreign(B1d, G1d, vertices, coef, *rest, out):
+        scalar = not hasattr(coef, "shape")      # a constant: made in the views' library
+
+        def fn(B1d, G1d, X, *arrays, out):
+            c, arrays = (coef, arrays) if scalar else (arrays[0], arrays[1:])
+            return _vertex_operator(level, qfunc, B1d, G1d, None, X, c, arrays, out, None,
+                                    backend, deterministic)
+        names = ("B1d", "G1d", "X") + (() if scalar else ("coef",)) + _REST_NAMES[level]
+        flat = (B1d, G1d, vertices) + (() if scalar else (coef,)) + tuple(rest)
+        return _interop.call(fn, names, flat, out, stream)
+    coef = _coef_array(coef, vertices, rest[0])
+    try:
+        key = ("vertex operator", level, qfunc, backend, bool(deterministic), _sig(B1d),
+               _sig(G1d), _sig(vertices), _sig(coef)) + tuple(_sig(r) for r in rest)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        key = p = None
+    flat = (B1d, G1d, vertices, coef) + tuple(rest)
+    if p is None:
+        spec, xp, ops = _validate.vertex_operator_spec(level, qfunc, B1d, G1d, vertices, coef,
+                                                       *rest, deterministic=deterministic)
+        p = cached_plan(key, [x for x in flat if x is not None], spec, xp, backend, "auto")
+        return p(*ops, out=out, stream=stream)
+    return p(*(x for x in flat if x is not None), out=out, stream=stream)
+
+
 def _operator(level, qfunc, B1d, G1d, data, rest, out, stream, backend, deterministic=False,
-              ndofs=None):
+              ndofs=None, vertices=None, coef=None):
     """The public operators' common body: the plan of (level, qfunc, call signature),
     built on the first call; arrays of another library through :mod:`._interop`."""
+    if vertices is not None or coef is not None:
+        if vertices is None:
+            raise TypeError("coef= goes with vertices= (the coefficient of the vertex "
+                            "geometry); with stored point data it is part of D or Q")
+        return _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out,
+                                stream, backend, deterministic)
     try:
         key = ("operator", level, qfunc, backend, bool(deterministic), ndofs, _sig(B1d),
                _sig(G1d), _sig(data)) + tuple(_sig(r) for r in rest)
@@ -422,7 +498,8 @@ def _operator(level, qfunc, B1d, G1d, data, rest, out, stream, backend, determin
     return p(*(x for x in flat if x is not None), out=out, stream=stream)
 
 
-def operator_action(qfunc, B1d, G1d, data, V, *, out=None, backend="auto", stream=None):
+def operator_action(qfunc, B1d, G1d, data, V, *, out=None, backend="auto", stream=None,
+                    vertices=None, coef=None):
     """The element action of an operator of the family (docs/math.md section 7).
 
     ``qfunc`` picks the physics at the quadrature points:
@@ -475,17 +552,29 @@ def operator_action(qfunc, B1d, G1d, data, V, *, out=None, backend="auto", strea
     >>> float(abs(U).max()) < 1e-12                     # constants have no gradient
     True
     """
-    return _operator("action", qfunc, B1d, G1d, data, (V,), out, stream, backend)
+    return _operator("action", qfunc, B1d, G1d, data, (V,), out, stream, backend,
+                     vertices=vertices, coef=coef)
 
 
 def operator_apply(qfunc, B1d, G1d, data, x, elem_dofs, *, out=None, deterministic=False,
-                   backend="auto", stream=None):
+                   backend="auto", stream=None, vertices=None, coef=None):
     """The global operator ``y = sum_e R_e^T A_e R_e x`` of the family, fused.
 
     ``A_e`` is the element action of :func:`operator_action` (``qfunc``, ``B1d``,
     ``G1d``, ``data`` as there); gather, action and scatter-add as in
     :func:`mass_apply` (``x``, ``elem_dofs``, ``out``, ``deterministic``, ``backend``,
     ``stream`` as there).
+
+    Less point data (docs/math.md section 8), for mass and diffusion:
+
+    - float32 ``data`` with float64 bases and ``x``: the kernels read float32 and compute
+      in float64 (the float64 operator of the float32-rounded data);
+    - ``vertices=X`` (E, 2^dim, dim), ``data=None``: the point data recomputed in the
+      kernel from the vertices of multilinear (order-1) elements, in tensor order with the
+      last axis fastest, and ``coef`` (a number, default 1, or one value an element: rho
+      for mass, kappa for diffusion). The quadrature must be the one ``B1d``/``G1d`` are
+      evaluated at: Gauss-Legendre with nq points, Gauss-Lobatto when ``B1d=None``
+      (:mod:`smalltc.vertices`; what ``fem.basis_1d`` gives).
 
     Returns
     -------
@@ -501,9 +590,18 @@ def operator_apply(qfunc, B1d, G1d, data, x, elem_dofs, *, out=None, determinist
     >>> print(smalltc.operator_apply("diffusion", B1d, G1d, Q, np.array([0., 1., 0.]),
     ...                              elem_dofs))
     [-1.  2. -1.]
+
+    The same operator from the vertices of the two elements (0 to 1/2, 1/2 to 1):
+
+    >>> from smalltc import fem
+    >>> b = fem.basis_1d(1, 2)
+    >>> X = np.array([[[0.0], [0.5]], [[0.5], [1.0]]])
+    >>> print(smalltc.operator_apply("diffusion", b.B1d, b.G1d, None, np.array([0., 1., 0.]),
+    ...                              elem_dofs, vertices=X, coef=0.5))
+    [-1.  2. -1.]
     """
     return _operator("apply", qfunc, B1d, G1d, data, (x, elem_dofs), out, stream, backend,
-                     deterministic)
+                     deterministic, vertices=vertices, coef=coef)
 
 
 def operator_diagonal(qfunc, B1d, G1d, data, elem_dofs, ndofs, *, out=None,
@@ -545,7 +643,8 @@ def assemble_operator(qfunc, B1d, G1d, data, *, out=None, backend="auto", stream
     return _operator("assembly", qfunc, B1d, G1d, data, (), out, stream, backend)
 
 
-def diffusion_action(B1d, G1d, Q, V, *, out=None, backend="auto", stream=None):
+def diffusion_action(B1d, G1d, Q, V, *, out=None, backend="auto", stream=None,
+                     vertices=None, coef=None):
     """The diffusion action on element vectors, ``U_e = sum_{a,b} G_a^T (Q_e^{ab} * G_b
     V_e)`` (CEED BP3, element level): :func:`operator_action` with ``"diffusion"``.
 
@@ -556,6 +655,7 @@ def diffusion_action(B1d, G1d, Q, V, *, out=None, backend="auto", stream=None):
     Q : array (E, nsym, nq, ..., nq), the packed symmetric matrices
     V : array (E, [ncomp,] nd, ..., nd)
     out, backend, stream : as for :func:`batched_contract`.
+    vertices, coef : as for :func:`operator_apply` (``Q=None``).
 
     Examples
     --------
@@ -567,14 +667,17 @@ def diffusion_action(B1d, G1d, Q, V, *, out=None, backend="auto", stream=None):
     >>> U.shape
     (2, 4, 4, 4)
     """
-    return _operator("action", "diffusion", B1d, G1d, Q, (V,), out, stream, backend)
+    return _operator("action", "diffusion", B1d, G1d, Q, (V,), out, stream, backend,
+                     vertices=vertices, coef=coef)
 
 
 def diffusion_apply(B1d, G1d, Q, x, elem_dofs, *, out=None, deterministic=False,
-                    backend="auto", stream=None):
+                    backend="auto", stream=None, vertices=None, coef=None):
     """The global diffusion operator, fused: ``y = sum_e R_e^T (sum_ab G_a^T Q_e^ab G_b)
     R_e x`` (CEED BP3; BP5 with ``B1d=None``, collocated); as :func:`mass_apply` with
-    ``G1d`` and ``Q`` (:func:`operator_apply` with ``"diffusion"``).
+    ``G1d`` and ``Q`` (:func:`operator_apply` with ``"diffusion"``). ``Q`` may be float32
+    with float64 bases and ``x``; ``Q=None`` with ``vertices=X`` and ``coef`` (kappa)
+    recomputes it in the kernel from the element vertices (:func:`operator_apply`).
 
     Examples
     --------
@@ -588,7 +691,7 @@ def diffusion_apply(B1d, G1d, Q, x, elem_dofs, *, out=None, deterministic=False,
     True
     """
     return _operator("apply", "diffusion", B1d, G1d, Q, (x, elem_dofs), out, stream,
-                     backend, deterministic)
+                     backend, deterministic, vertices=vertices, coef=coef)
 
 
 def diffusion_diagonal(B1d, G1d, Q, elem_dofs, ndofs, *, out=None, deterministic=False,

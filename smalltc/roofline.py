@@ -128,6 +128,33 @@ def _qdata(sizes, dim):
     return {"mass": 1, "diffusion": nsym, "helmholtz": nsym + 1}[q]
 
 
+def _data_bytes(sizes, dim, nq, s):
+    """Bytes of point data an element (docs/math.md section 8): the stored D/Q at ``s``
+    bytes a value, at 4 with float32 point data (``qdtype``), or with the vertex geometry
+    (``geometry="vertices"``) the element's ``2^dim`` vertices of ``dim`` coordinates and
+    its coefficient, ``s (2^dim dim + 1)`` (3D: 25 values against 6 nq^3)."""
+    if sizes.get("geometry") == "vertices":
+        return s * (2 ** dim * dim + 1)
+    qs = 4 if sizes.get("qdtype") == "float32" else s
+    return qs * _qdata(sizes, dim) * nq ** dim
+
+
+def _geometry_flops(sizes, dim, nq):
+    """Flops of recomputing the point data from the vertices, per element: at each point
+    J (``dim^2`` entries, each ``2^dim`` products and sums, ``2 2^dim dim^2``), det J (3D
+    14, 2D 3, 1D 0) and the weight and coefficient (3); diffusion also the adjugate (3D 27,
+    2D 0) and the packed ``nsym`` entries of ``adj adj^T / det`` (``2 dim + 1`` each) and
+    the division (1)."""
+    if sizes.get("geometry") != "vertices":
+        return 0
+    det = {1: 0, 2: 3, 3: 14}[dim]
+    point = 2 * 2 ** dim * dim * dim + det + 3
+    if sizes.get("qfunc", "mass") != "mass":
+        point += {1: 0, 2: 0, 3: 27}[dim] + _qdata(dict(qfunc="diffusion"), dim) * (
+            2 * dim + 1) + 1
+    return point * nq ** dim
+
+
 def _operator_flops(sizes, dim, nq, nd):
     """Flops of one diffusion or Helmholtz element action by the direct sum
     factorisation (:func:`smalltc.backends.cpu.action.operator_steps`): forward, step t
@@ -153,15 +180,16 @@ def _operator_flops(sizes, dim, nq, nd):
 def _action_counts(sizes, s):
     dim, nq, nd = _need(sizes, "dim", "action"), _need(sizes, "nq", "action"), _nd(sizes)
     batch, ncomp = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1))
+    geo = _geometry_flops(sizes, dim, nq)
     if sizes.get("qfunc", "mass") != "mass":
-        per_elem = s * (2 * ncomp * nd ** dim + _qdata(sizes, dim) * nq ** dim)
+        per_elem = s * 2 * ncomp * nd ** dim + _data_bytes(sizes, dim, nq, s)
         nbasis = 1 if sizes.get("collocated", False) else 2
         return Counts("action", per_elem * batch + s * nbasis * nq * nd,
-                      ncomp * _operator_flops(sizes, dim, nq, nd) * batch, batch,
+                      (ncomp * _operator_flops(sizes, dim, nq, nd) + geo) * batch, batch,
                       batch * ncomp * nd ** dim)
-    per_elem = s * (2 * ncomp * nd ** dim + nq ** dim)
+    per_elem = s * 2 * ncomp * nd ** dim + _data_bytes(sizes, dim, nq, s)
     interp = sum(nq ** t * nd ** (dim - t + 1) for t in range(1, dim + 1))
-    flops = ncomp * (4 * interp + nq ** dim)
+    flops = ncomp * (4 * interp + nq ** dim) + geo
     return Counts("action", per_elem * batch + s * nq * nd, flops * batch, batch,
                   batch * ncomp * nd ** dim)
 
@@ -222,11 +250,12 @@ def _mass_apply_counts(sizes, s):
     ib = int(sizes.get("index_bytes", 4))
     nbasis = 2 if sizes.get("qfunc", "mass") != "mass" and not sizes.get("collocated") \
         else 1                              # B1d, and G1d
-    nbytes = s * (2 * ncomp * ndofs + E * _qdata(sizes, dim) * nq ** dim
-                  + nbasis * nq * nd) + ib * E * nd ** dim
+    nbytes = s * (2 * ncomp * ndofs + nbasis * nq * nd) + E * _data_bytes(
+        sizes, dim, nq, s) + ib * E * nd ** dim
     act = _action_counts(dict(dim=dim, nq=nq, nd=nd, batch=E, ncomp=ncomp,
                               qfunc=sizes.get("qfunc", "mass"),
-                              collocated=sizes.get("collocated", False)), s)
+                              collocated=sizes.get("collocated", False),
+                              geometry=sizes.get("geometry")), s)
     return Counts("mass_apply", nbytes, act.flops + E * ncomp * nd ** dim, E, ncomp * ndofs)
 
 

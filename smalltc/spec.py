@@ -51,6 +51,7 @@ from typing import NamedTuple
 
 __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
            "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES", "QFUNCS",
+           "QDTYPES", "GEOMETRIES",
            "nsym", "spec_from_dict"]
 
 #: kernels (8a), (8b), (9) of docs/math.md section 3: output axis order per kind.
@@ -78,7 +79,15 @@ class Operand(NamedTuple):
 QFUNCS = ("mass", "diffusion", "helmholtz")
 #: fields of the FEM specs left out of keys and dicts while they hold these defaults
 #: (so every mass key, table entry and golden record stays as it was)
-_OPERATOR_DEFAULTS = (("qfunc", "mass"), ("collocated", False))
+_OPERATOR_DEFAULTS = (("qfunc", "mass"), ("collocated", False), ("qdtype", None),
+                      ("geometry", None))
+#: the point-data dtypes: None (the spec's dtype) or float32 point data with float64
+#: vectors (docs/math.md section 8: less data)
+QDTYPES = (None, "float32")
+#: where the point data comes from: None (stored D/Q) or "vertices" (recomputed in the
+#: kernel from the vertex coordinates of trilinear/bilinear elements and one coefficient
+#: an element; docs/math.md section 8)
+GEOMETRIES = (None, "vertices")
 
 
 def nsym(dim: int) -> int:
@@ -104,7 +113,8 @@ class _Spec:
     def kernel_key(self):
         return (self.op,) + tuple(
             v for k, v in self.__dict__.items()
-            if k not in ("batch", "comp_axis", "qfunc", "collocated")) + _non_default(self)
+            if k not in ("batch", "comp_axis", "qfunc", "collocated", "qdtype", "geometry")
+        ) + _non_default(self)
 
     def with_batch(self, batch: int):
         return replace(self, batch=batch)
@@ -156,15 +166,43 @@ class _Operator(_Spec):
                     if self.qfunc != "mass" else ())
 
     def _data_operands(self):
+        if getattr(self, "geometry", None) == "vertices":
+            # the element's 2^dim vertices (tensor order, the last axis fastest) and its
+            # coefficient (rho for mass, kappa for diffusion): docs/math.md section 8
+            return (Operand("X", (self.batch, 2 ** self.dim, self.dim), True),
+                    Operand("coef", (self.batch,), True, True))
+        qdt = getattr(self, "qdtype", None)
         q = (self.batch,) + (self.nq,) * self.dim
-        d = (Operand("D", q, True, True),) if self.qfunc in ("mass", "helmholtz") else ()
-        return d + ((Operand("Q", (self.batch, self.nsym) + q[1:], True),)
+        d = (Operand("D", q, True, True, qdt),) if self.qfunc in ("mass", "helmholtz") else ()
+        return d + ((Operand("Q", (self.batch, self.nsym) + q[1:], True, False, qdt),)
                     if self.qfunc in ("diffusion", "helmholtz") else ())
 
+    def _check_data_source(self):
+        """``qdtype`` (float32 point data with float64 vectors) and ``geometry``
+        ("vertices": the point data recomputed from vertex coordinates): action and
+        fused apply only, one at a time; the vertex form for mass and diffusion."""
+        qdt, geo = getattr(self, "qdtype", None), getattr(self, "geometry", None)
+        if qdt not in QDTYPES:
+            raise ValueError(f"qdtype must be one of {QDTYPES}, got {qdt!r}")
+        if geo not in GEOMETRIES:
+            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geo!r}")
+        if qdt is not None and self.dtype != "float64":
+            raise ValueError(f"qdtype={qdt!r} is for float64 vectors (float32 point data "
+                             f"read, float64 arithmetic); the spec's dtype is {self.dtype}")
+        if qdt is not None and geo is not None:
+            raise ValueError("qdtype and geometry='vertices' exclude each other (the vertex "
+                             "form reads no point data)")
+        if geo is not None and self.qfunc == "helmholtz":
+            raise ValueError("geometry='vertices' is for qfunc 'mass' or 'diffusion' (not "
+                             "'helmholtz', which needs two coefficients)")
+
     def _key(self, level):
-        """``size_key`` with the qfunc prefix and the collocated suffix (none for mass)."""
+        """``size_key`` with the qfunc prefix and the collocated suffix (none for mass),
+        ``+q32`` for float32 point data, ``+vx`` for the vertex geometry."""
         pre = "" if self.qfunc == "mass" else f"{self.qfunc}/"
-        return pre + level + ("+co" if self.collocated else "")
+        return (pre + level + ("+co" if self.collocated else "")
+                + ("+q32" if getattr(self, "qdtype", None) else "")
+                + ("+vx" if getattr(self, "geometry", None) else ""))
 
     def _name(self, what):
         """``str()``'s first word: ``mass_apply_3d``, ``diffusion_operator_2d``, ..."""
@@ -172,7 +210,9 @@ class _Operator(_Spec):
 
     @property
     def _co(self):
-        return " collocated" if self.collocated else ""
+        return (" collocated" if self.collocated else "") + (
+            " float32-data" if getattr(self, "qdtype", None) else "") + (
+            " vertex-geometry" if getattr(self, "geometry", None) else "")
 
     def _extra_sizes(self):
         return dict(_non_default(self))
@@ -308,10 +348,13 @@ class ActionSpec(_Operator):
     comp_axis: bool = False
     qfunc: str = "mass"
     collocated: bool = False
+    qdtype: str | None = None
+    geometry: str | None = None
     op = "action"
 
     def __post_init__(self):
         self._check_operator()
+        self._check_data_source()
         # V is (batch, ncomp, nd, ...) for ncomp > 1; without the axis its shape would
         # hold 1/ncomp of the items the kernels process (the tuner made such specs once)
         if self.ncomp > 1 and not self.comp_axis:
@@ -443,6 +486,8 @@ class MassApplySpec(_Operator):
     deterministic: bool = False
     qfunc: str = "mass"
     collocated: bool = False
+    qdtype: str | None = None
+    geometry: str | None = None
     op = "mass_apply"
 
     def __post_init__(self):
@@ -451,6 +496,7 @@ class MassApplySpec(_Operator):
         if self.index_dtype not in INDEX_DTYPES:
             raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {self.index_dtype!r}")
         self._check_operator()
+        self._check_data_source()
 
     def kernel_key(self):
         """No batch count and no vector length: one kernel serves every mesh."""

@@ -258,6 +258,26 @@ def _operator_path(spec):
     return f"{q}: {kernel}{co}", fn
 
 
+def _geometry_path(spec):
+    """(kernel text, function of the operands) for a spec whose point data come from the
+    element vertices (``geometry="vertices"``, docs/math.md section 8): D or Q computed
+    by :func:`smalltc.vertices.point_data`, then the stored-data path."""
+    from ..vertices import point_data
+    names = [o.name for o in spec.inputs]
+    q, dim = spec.qfunc, spec.dim
+
+    def fn(*ops):
+        a = dict(zip(names, ops))
+        data = point_data(q, a["X"], a["coef"], spec.nq, spec.collocated)
+        D, Q = (data, None) if q == "mass" else (None, data)
+        if spec.op == "action":
+            return operator_action_einsum(q, a.get("B1d"), a.get("G1d"), D, Q, a["V"], dim)
+        return operator_apply_unfused(q, a.get("B1d"), a.get("G1d"), D, Q, a["x"],
+                                      a["elem_dofs"], dim)
+    what = "einsum chains" if spec.op == "action" else "gather, einsum chains, scatter-add"
+    return f"{q}: point data from the vertices (einsum), {what}", fn
+
+
 class _Run(Executor):
     def __init__(self, kernel, fn):
         self.kernel, self._fn = kernel, fn
@@ -297,10 +317,13 @@ def einsum_executor(spec, backend):
     """The einsum path of an operator instance that a compiled ``backend`` has no kernel
     for (docs/math.md section 7): runs the reference code on the same arrays, reported as
     a generic path (``specialized=False``; the plan logs it)."""
-    kernel, fn = (_operator_path(spec) if getattr(spec, "qfunc", "mass") != "mass" else
+    geo = getattr(spec, "geometry", None)
+    kernel, fn = (_geometry_path(spec) if geo else
+                  _operator_path(spec) if getattr(spec, "qfunc", "mass") != "mass" else
                   _PATHS[spec.op])
     ex = _Run(f"reference {kernel.format(spec=spec)} (no {backend} kernel for this "
-              "instance)", functools.partial(fn, spec) if spec.qfunc == "mass" else fn)
+              "instance)", functools.partial(fn, spec) if spec.qfunc == "mass" and not geo
+              else fn)
     ex.specialized, ex.source = False, "generic"
     return ex
 
@@ -316,6 +339,8 @@ class ReferenceBackend(Backend):
         if params not in (None, "heuristic"):
             raise ValueError(f"the reference backend has no tuning parameters; got params "
                              f"{params}")
+        if getattr(spec, "geometry", None):
+            return _Run(*_geometry_path(spec))
         if getattr(spec, "qfunc", "mass") != "mass":
             kernel, fn = _operator_path(spec)
             return _Run(kernel, fn)

@@ -146,9 +146,59 @@ def _unchecked(plan, b, ops, y, checked_times, repeats, warmup, on_gpu, op_name)
                 check_cost=median(checked) / median(unchecked) - 1, kernel=bare.executor.kernel)
 
 
-def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
+def _point_data_impls(rec, forms, *, qfunc, mesh, nq, collocated, B1d, G1d, data, x, emap,
+                      ref, y, spec, bound_args, backend, xp, on_gpu, repeats, warmup, dtype):
+    """The apply with less point data (``--point-data``; docs/math.md section 8), each
+    against its own bound (``bound`` in its record): ``float32-data`` (D/Q in float32,
+    checked against the float64 result to 1e-5: the data's rounding), ``vertices`` (the
+    geometry from the element vertices and a coefficient of 1, to 1e-12)."""
+    import dataclasses
+
+    import smalltc
+    from ..vertices import vertices_of_mesh
+    for form in forms:
+        name = {"float32": "float32-data", "vertices": "vertices"}[form]
+        if dtype != "float64":
+            rec["impls"][name] = dict(what=name, status="skipped",
+                                      error="float64 runs only (float64 vectors)")
+            continue
+        try:
+            if form == "float32":
+                kw = dict(qdtype="float32")
+                args = (B1d, G1d, data.astype(np.float32))
+                extra = {}
+                tol = 1e-5
+            else:
+                kw = dict(geometry="vertices")
+                X = xp.asarray(vertices_of_mesh(mesh, check_nq=nq))
+                args = (B1d, G1d, None)
+                extra = dict(vertices=X, coef=xp.ones(X.shape[0], dtype=dtype))
+                tol = 1e-12
+            b = roofline.bound(dataclasses.replace(spec, **kw), **bound_args)
+
+            def call():
+                return smalltc.operator_apply(qfunc, *args, x, emap, out=y, backend=backend,
+                                              **extra)
+            y.fill(math.nan)
+            _, first = time_once(call, on_gpu=on_gpu)
+            err = float(xp.linalg.norm(y - ref) / xp.linalg.norm(ref))
+            info = dict(rel_err=err, tolerance=tol, first_call_s=first, bound=b.as_dict())
+            if not (err <= tol and bool(xp.isfinite(y).all())):
+                rec["impls"][name] = dict(info, what=name, status="failed",
+                                          error=f"relative error {err:.3e} > {tol:g}")
+                continue
+            times = time_calls(call, repeats=repeats, warmup=warmup, on_gpu=on_gpu)
+            rec["impls"][name] = _rec(b, times, f"smalltc.operator_apply ({qfunc}, {name}; "
+                                      "fraction of its own bound)", **info)
+        except Exception as err:
+            rec["impls"][name] = dict(what=name, status="error", error=repr(err))
+
+
+def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
+             point_data=()) -> dict:
     """Measure one bake-off case; the record has the bench's layout (``impls``,
-    ``bound``) and the CG iteration's bound under ``cg_bound``."""
+    ``bound``) and the CG iteration's bound under ``cg_bound``; ``point_data``: the
+    forms with less point data also timed (:func:`_point_data_impls`)."""
     import smalltc
     from ..fem import (H1Space, Operator, basis_1d, box_mesh, diffusion_data, jacobi,
                        mass_data)
@@ -221,6 +271,12 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
             if name == "smalltc" and hasattr(plan.executor, "unchecked"):
                 rec["impls"]["unchecked"] = _unchecked(plan, b, ops, y, times, repeats,
                                                        warmup, on_gpu, op_name)
+        if point_data:
+            _point_data_impls(rec, point_data, qfunc=qfunc, mesh=mesh, nq=nq,
+                              collocated=collocated, B1d=B1d, G1d=G1d, data=data, x=x,
+                              emap=emap, ref=ref, y=y, spec=spec, bound_args=bound_args,
+                              backend=backend, xp=xp, on_gpu=on_gpu, repeats=repeats,
+                              warmup=warmup, dtype=case.dtype)
         times = time_calls(lambda: unfused(x), repeats=max(3, repeats // 4), warmup=1,
                            on_gpu=on_gpu)
         rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter"
@@ -296,7 +352,22 @@ def table(rows, file) -> None:
               + f"{f(g('cg'))} "
               f"{f(g('cg', 'fraction'), '5.0%', 1)} {f(g('cg (unfused)'))} "
               f"{c['bound']['dofs_per_s'] * 1e-9:6.1f} "
-              f"{_cost(im.get('unchecked'))}", file=file)
+              f"{_cost(im.get('unchecked'))}" + _point_cols(im), file=file)
+
+
+def _point_cols(im):
+    """The less-point-data columns (``--point-data``): GDoF/s and the fraction of the
+    form's own bound, where the run has them."""
+    out = ""
+    for name, label in (("float32-data", "f32"), ("vertices", "vx")):
+        r = im.get(name)
+        if r is None:
+            continue
+        if r.get("status") != "ok":
+            out += f"  {label} {r.get('status', '-')}"
+            continue
+        out += f"  {label} {r['dofs_per_s'] * 1e-9:6.2f} {r['fraction']:4.0%}"
+    return out
 
 
 def _cost(rec):

@@ -56,6 +56,12 @@ def add_arguments(parser):
     parser.add_argument("--threads", type=int, default=None,
                         help="Numba threads for the cpu backend (numba.set_num_threads; "
                              "default: all cores)")
+    parser.add_argument("--point-data", default=None, metavar="FORMS",
+                        help="bp1, bp3, bp5: also time the apply with less point data, each "
+                             "against its own bound (docs/math.md section 8): 'float32' (D/Q "
+                             "stored in float32, float64 vectors), 'vertices' (the geometry "
+                             "recomputed in the kernel from the element vertices); comma "
+                             "separated, e.g. float32,vertices (float64 runs only)")
     parser.add_argument("--no-baselines", action="store_true", help="time smalltc only")
     parser.add_argument("--out", default=None,
                         help="folder for the JSON and PNGs (default smalltc-bench/<device-slug> in the "
@@ -211,7 +217,8 @@ def main_run(args) -> dict:
     doc["options"] = dict(backend=args.backend, method=args.method, dtype=args.dtype,
                           suites=suites, sizes=args.sizes, p=args.p, dim=args.dim,
                           repeats=repeats, warmup=args.warmup, quick=quick, threads=threads,
-                          baselines=not args.no_baselines, footprint_mib=args.footprint)
+                          baselines=not args.no_baselines, footprint_mib=args.footprint,
+                          point_data=list(_point_data_forms(getattr(args, "point_data", None))))
     _warn_in_cache(kind, todo, doc)
     doc["equivalent_command"] = _equivalent_command(args)
     doc["cases"] = []
@@ -222,7 +229,9 @@ def main_run(args) -> dict:
             bar.set_description(case.id[:40])
         if case.op in BP_SUITES:
             doc["cases"].append(run_bp1(case, bound_args, xp=xp, backend=args.backend,
-                                        repeats=repeats, warmup=args.warmup))
+                                        repeats=repeats, warmup=args.warmup,
+                                        point_data=_point_data_forms(
+                                            getattr(args, "point_data", None))))
             continue
         if case.op == "solve":
             from .solve import run_case as run_solve
@@ -239,6 +248,17 @@ def main_run(args) -> dict:
     tag = _tag(args, suites, DEFAULT_SUITES)
     _finish(doc, out_dir, tag, plot=not args.no_plot)
     return doc
+
+
+def _point_data_forms(value):
+    """``--point-data``'s forms as a tuple (empty when not given); ValueError for others."""
+    if not value:
+        return ()
+    forms = tuple(f.strip() for f in str(value).split(",") if f.strip())
+    bad = [f for f in forms if f not in ("float32", "vertices")]
+    if bad:
+        raise ValueError(f"--point-data takes 'float32' and 'vertices', got {', '.join(bad)}")
+    return forms
 
 
 def _tag(args, suites, all_suites) -> str:

@@ -156,7 +156,8 @@ class CpuBackend(Backend):
         choice = choose(spec, None, params)
         if choice is not None:
             return choice.family.executor(choice)
-        if getattr(spec, "qfunc", "mass") != "mass" or getattr(spec, "collocated", False):
+        if getattr(spec, "qfunc", "mass") != "mass" or getattr(spec, "collocated", False) \
+                or getattr(spec, "qdtype", None) or getattr(spec, "geometry", None):
             return einsum_executor(spec, "cpu")      # an instance without a kernel here
         ex = generic_executor(spec)
         if ex is None:

@@ -60,7 +60,7 @@ from __future__ import annotations
 import numpy as np
 
 from .family import CpuExecutor, Family
-from .runtime import SHORT, signature
+from .runtime import NB_TYPES, SHORT, signature
 from .target import resolve
 
 __all__ = ["ACTION", "ActionFamily", "action_steps", "operator_steps", "diagonal_steps",
@@ -452,6 +452,19 @@ def _operator_heuristic(spec, target):
     return dict(tr=1, rb=1, lanes=vectors * target.lanes(spec.dtype))
 
 
+def _vertex_render(spec, data_args):
+    """The template data of the vertex geometry (``_lanes.j2``'s ``vertex_data``): no data
+    gathered, the arguments XV and CF in place of D or Q, the 1D rule's constants."""
+    from ...vertices import rule_1d
+    x, w = rule_1d(spec.nq, bool(spec.collocated))
+    lit = (lambda v: [repr(float(a)) for a in v])
+    args = data_args.replace("Q", "XV, CF") if spec.qfunc != "mass" else \
+        data_args.replace("D", "XV, CF")
+    return dict(gathers=[], data_args=args,
+                vertex=dict(dim=spec.dim, nq=spec.nq, qfunc=spec.qfunc, n0=lit((1 - x) / 2),
+                            n1=lit((1 + x) / 2), w=lit(w)))
+
+
 class LanesFamily(Family):
     """The lane-vectorised families (the action, the FEM operator and its diagonal): one
     claim rule, parameters, context and search space; a subclass names its template and
@@ -467,8 +480,12 @@ class LanesFamily(Family):
         raise NotImplementedError
 
     def supports(self, spec):
-        """Every instance of the operator family (docs/math.md section 7)."""
-        return True
+        """Every instance of the operator family (docs/math.md section 7) with stored point
+        data (float64 or float32); the vertex geometry (docs/math.md section 8) in 2D and
+        3D for the action and the fused apply (not the diagonal)."""
+        if getattr(spec, "geometry", None) is None:
+            return True
+        return not self.back_only and spec.dim in (2, 3)
 
     def context(self, spec, params=None, target=None):
         target = resolve(target)
@@ -494,6 +511,13 @@ class LanesFamily(Family):
                 spec.qfunc, spec.collocated, dim, nd, nq)
             buffers = buffers + qbuffers
             extra = dict(gathers=gathers, data_args=data_args)
+        if getattr(spec, "qdtype", None):
+            # the point data moves into the lanes by scalar copies (a float32 -> float64
+            # conversion each; the block transposes need one dtype)
+            extra = dict(extra, qmixed=True)
+        if getattr(spec, "geometry", None) == "vertices":
+            # the point data computed into the lane buffers (dt, q<c>) from X and CF
+            extra = dict(extra, **_vertex_render(spec, extra.get("data_args", "B, D")))
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, nv=nd ** dim,
                       nqd=nq ** dim, nd=nd, nq=nq, rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
                       signature=self.signature(spec), **self.extra_render, **extra)
@@ -523,7 +547,8 @@ class ActionFamily(LanesFamily):
 
     def context(self, spec, params=None, target=None):
         target = resolve(target)
-        if getattr(spec, "qfunc", "mass") != "mass":        # the lanes form only, so far
+        if getattr(spec, "qfunc", "mass") != "mass" \
+                or getattr(spec, "geometry", None):          # the lanes form only, so far
             if params is not None:
                 params = dict(params)
                 if params.pop("form", "lanes") != "lanes" or params.pop("jb", 0) != 0 \
@@ -596,12 +621,19 @@ class ActionFamily(LanesFamily):
                     render=render)
 
     def signature(self, spec):
-        return signature(spec.dtype, len(spec.inputs) + 1, ["int64"] * 4)
+        sig = signature(spec.dtype, len(spec.inputs) + 1, ["int64"] * 4)
+        if getattr(spec, "qdtype", None):      # float32 point data: its arrays typed so
+            types = [NB_TYPES[o.dtype or spec.dtype] for o in spec.inputs] + [
+                NB_TYPES[spec.dtype]]
+            sig = "void(" + ", ".join([f"{t}[:, ::1]" for t in types] + ["int64"] * 4) + ")"
+        return sig
 
     def entry(self, spec, ctx):
         # the action's kernel, named for the action (stc_mass_action_*), one per qfunc
         return (f"stc_{getattr(spec, 'qfunc', 'mass')}_action_{spec.dim}d_{SHORT[spec.dtype]}"
-                f"_nd{spec.nd}_nq{spec.nq}{'_co' if getattr(spec, 'collocated', False) else ''}")
+                f"_nd{spec.nd}_nq{spec.nq}{'_co' if getattr(spec, 'collocated', False) else ''}"
+                f"{'_q32' if getattr(spec, 'qdtype', None) else ''}"
+                f"{'_vx' if getattr(spec, 'geometry', None) else ''}")
 
     def executor(self, choice):
         return ActionExecutor(choice)

@@ -54,9 +54,13 @@ from .runtime import NB_TYPES, SHORT
 __all__ = ["MASS_APPLY", "MASS_DIAGONAL", "MassApplyFamily", "MassDiagonalFamily"]
 
 
-def _sig(dtype, index_dtype, n_float_before, n_float_after, tail):
+def _sig(dtype, index_dtype, n_float_before, n_float_after, tail, before=None):
+    """``before``: the dtypes of the leading arrays where they differ from ``dtype``
+    (float32 point data with float64 vectors)."""
     a = f"{NB_TYPES[dtype]}[:, ::1]"
-    args = [a] * n_float_before + [f"{index_dtype}[:, ::1]"] + [a] * n_float_after
+    lead = ([f"{NB_TYPES[d]}[:, ::1]" for d in before] if before is not None else
+            [a] * n_float_before)
+    args = lead + [f"{index_dtype}[:, ::1]"] + [a] * n_float_after
     return f"void({', '.join(args + ['int32[::1]', 'int64[::1]'] + list(tail))}, int64[::1])"
 
 
@@ -67,11 +71,14 @@ class MassApplyFamily(LanesFamily):
     templates = ("mass_apply.py.j2",)
 
     def signature(self, spec):
-        return _sig(spec.dtype, spec.index_dtype, len(spec.inputs) - 1, 1, ["int64"] * 2)
+        before = [o.dtype or spec.dtype for o in spec.inputs[:-1]]
+        return _sig(spec.dtype, spec.index_dtype, len(spec.inputs) - 1, 1, ["int64"] * 2,
+                    before if getattr(spec, "qdtype", None) else None)
 
     def entry(self, spec, ctx):
         return (f"stc_{spec.qfunc}_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}"
-                f"_i{spec.index_dtype[3:]}{'_co' if spec.collocated else ''}")
+                f"_i{spec.index_dtype[3:]}{'_co' if spec.collocated else ''}"
+                f"{'_q32' if spec.qdtype else ''}{'_vx' if spec.geometry else ''}")
 
     def executor(self, choice, checked=True):
         return MassApplyExecutor(_unchecked(choice) if not checked else choice)

@@ -138,7 +138,8 @@ class CudaBackend(Backend):
             return choice.family.executor(choice, device)
         if spec.op in ("gemm", "contract"):
             return generic_executor(spec, device)
-        if getattr(spec, "qfunc", "mass") != "mass":     # an instance without a kernel here
+        if getattr(spec, "qfunc", "mass") != "mass" or getattr(spec, "qdtype", None) \
+                or getattr(spec, "geometry", None):     # an instance without a kernel here
             return einsum_executor(spec, "cuda")
         if spec.op in ("action", "assembly"):
             return _PairwiseFallback(self, spec, "an element does not fit in shared memory"

@@ -49,6 +49,7 @@ from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_LOCAL_BYTES, MAX_THREADS,
                      even)
 
 __all__ = ["ACTION", "ActionFamily", "action_ctx", "action_line_ctx", "qfunc_ctx", "qfunc_of",
+           "point_data_f32", "vertex_ctx", "VERTEX_FORMS",
            "LINE_FROM_T", "LINE_PREFETCH", "BULK_FROM_CC", "QFUNCS"]
 
 #: the 3D heuristic takes the line form from this T = max(nd, nq) on: on an H100 it ran
@@ -371,6 +372,83 @@ def _qfunc_space(spec):
                            stages=0), why
 
 
+#: the (qfunc, dim) instances with a vertex-geometry kernel (docs/math.md section 8)
+VERTEX_FORMS = (("mass", 2), ("mass", 3), ("diffusion", 2), ("diffusion", 3))
+
+
+def vertex_ctx(ctx, spec, rebuild):
+    """The context for the vertex geometry (``spec.geometry == "vertices"``; ``vertex.cuh.j2``),
+    or ``ctx`` unchanged for the other specs: the point data recomputed from XV and CF where
+    the kernel read D or Q. The forms that read D or Q elsewhere (the line form's prefetch
+    1-3 and ``qmode`` "regs"/"smem", the register-blocked form) are not taken: given as
+    parameters they give None; the heuristic's choice of one is replaced by
+    ``rebuild(params)`` with the same form reading at the point (prefetch 0, qmode
+    "global", rb 1). The 1D rule's values and weights become constants of the kernel."""
+    if ctx is None or getattr(spec, "geometry", None) != "vertices":
+        return ctx
+
+    def bad(c):
+        return (c is None or c.get("qsmem") or c.get("qpre") or c.get("rb", 1) != 1
+                or c.get("prefetch", 0) != 0)
+    if bad(ctx):
+        if rebuild is None:
+            return None
+        if ctx.get("qfunc"):
+            ctx = rebuild(dict(per_block=ctx["per_block"], min_blocks=ctx["min_blocks"],
+                               line=ctx["line"], qmode="global"))
+        else:
+            line, new = int(ctx.get("line", 0)), None
+            for ne in range(ctx["per_block"] * max(1, ctx.get("rb", 1)), 0, -1):
+                new = rebuild(dict(per_block=ne, min_blocks=0, rb=1, line=line, prefetch=0,
+                                   stages=0))
+                if new is not None:
+                    break
+            ctx = new
+        if bad(ctx):
+            return None
+    from ...vertices import rule_1d
+    x, w = rule_1d(spec.nq, bool(getattr(spec, "collocated", False)))
+    lit = (lambda v: [repr(float(a)) for a in v])
+    return dict(ctx, geometry=1, vx_n0=lit((1 - x) / 2), vx_n1=lit((1 + x) / 2), vx_w=lit(w))
+
+
+def _vertex_ok(spec):
+    """True for stored point data, and for the vertex geometry where a form has it."""
+    return getattr(spec, "geometry", None) is None or (
+        spec.qfunc, spec.dim) in VERTEX_FORMS
+
+
+def point_data_f32(ctx, spec, rebuild):
+    """The context for float32 point data with float64 vectors (``spec.qdtype``; docs/math.md
+    section 8), or ``ctx`` unchanged for the other specs: the templates read D and Q
+    through ``qt`` (``float``) pointers and compute in ``real_t``. The forms that copy D or
+    Q as raw slabs into shared memory of ``real_t`` (the bulk form, ``prefetch`` 3; the
+    line form's ``qmode`` "smem") and the register-blocked shared-memory form (``rb`` > 1,
+    ``action_rb.cu.j2``) are not taken: given as parameters they give None; the heuristic's
+    choice of one is replaced by ``rebuild(params)`` with the nearest form that reads
+    through pointers (qmode "regs"; ``rb`` 1 with ``prefetch`` 1 on the line form)."""
+    if ctx is None or not getattr(spec, "qdtype", None):
+        return ctx
+    if ctx.get("qsmem") or ctx.get("rb", 1) != 1 or ctx.get("prefetch", 0) == 3:
+        if rebuild is None:
+            return None
+        if ctx.get("qfunc"):
+            ctx = rebuild(dict(per_block=ctx["per_block"], min_blocks=ctx["min_blocks"],
+                               line=ctx["line"], qmode="regs"))
+        else:
+            line = int(ctx.get("line", 0))
+            for ne in range(ctx["per_block"] * max(1, ctx.get("rb", 1)), 0, -1):
+                new = rebuild(dict(per_block=ne, min_blocks=0, rb=1, line=line,
+                                   prefetch=1 if line else 0, stages=0))
+                if new is not None:
+                    break
+            ctx = new
+        if ctx is None or ctx.get("qsmem") or ctx.get("rb", 1) != 1 \
+                or ctx.get("prefetch", 0) == 3:
+            return None
+    return dict(ctx, qt="float")
+
+
 class ActionFamily(Family):
     """The fused action; see the module docstring."""
 
@@ -385,10 +463,18 @@ class ActionFamily(Family):
         return spec.op == "action"
 
     def supports(self, spec):
-        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated."""
-        return True
+        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated, with
+        stored point data (float64 or float32) or, mass and diffusion, the vertex
+        geometry (:data:`VERTEX_FORMS`)."""
+        return _vertex_ok(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        ctx = self._context(spec, params, device)
+        rebuild = (None if params is not None else
+                   lambda p: self._context(spec, p, device))
+        return vertex_ctx(point_data_f32(ctx, spec, rebuild), spec, rebuild)
+
+    def _context(self, spec, params, device):
         qf, co = qfunc_of(spec)
         if qf != "mass" or co:
             return qfunc_ctx(spec.dim, spec.nd, spec.nq, spec.ncomp, spec.dtype, qf, co,
@@ -404,12 +490,13 @@ class ActionFamily(Family):
         return "action.cu.j2" if ctx["rb"] == 1 else "action_rb.cu.j2"
 
     def entry(self, spec, ctx):
+        q32 = "_q32" if ctx.get("qt") else "_vx" if ctx.get("geometry") else ""
         if ctx.get("qfunc"):
             return (f"stc_{ctx['qfunc']}_action_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}"
                     f"nq{spec.nq}c{spec.ncomp}{'_co' if ctx['colloc'] else ''}"
-                    f"{'_line' if ctx.get('line') else ''}")
+                    f"{'_line' if ctx.get('line') else ''}{q32}")
         return (f"stc_mass_action_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
-                f"c{spec.ncomp}{'_line' if ctx.get('line') else ''}")
+                f"c{spec.ncomp}{'_line' if ctx.get('line') else ''}{q32}")
 
     def executor(self, choice, device):
         """The executor; the heuristic's register cap (``min_blocks``) must not spill:
@@ -545,15 +632,15 @@ class ActionExecutor(KernelExecutor):
         if self._qfunc:
             self._run_qfunc([o for o in operands if o is not None], out)
             return
-        B1d, D, V = operands
+        B1d, *data, V = operands          # data: D, or X and coef (the vertex geometry)
         if not self._line:
-            self._run_arrays(self.nbatch, (B1d, D, V, out))
+            self._run_arrays(self.nbatch, (B1d, *data, V, out))
             return
-        if self._bulk and (D.data.ptr | V.data.ptr) & 15:
+        if self._bulk and (data[0].data.ptr | V.data.ptr) & 15:
             self._unaligned().run(operands, out)
             return
         self._load_constant_bank(B1d)
-        self._run_arrays(self.nbatch, (D, V, out))
+        self._run_arrays(self.nbatch, (*data, V, out))
         self._after_launch()
 
     def _load_constant_bank(self, B1d, G1d=None):

@@ -47,7 +47,8 @@ from ..._errors import device_flag, raise_pending, record_map
 from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
-from .action import ACTION, ActionExecutor, action_ctx, qfunc_ctx, qfunc_of
+from .action import (ACTION, ActionExecutor, action_ctx, point_data_f32, qfunc_ctx, qfunc_of,
+                     vertex_ctx)
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
                      KernelExecutor, even)
 
@@ -91,10 +92,17 @@ class MassApplyFamily(Family):
         return spec.op == "mass_apply"
 
     def supports(self, spec):
-        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated."""
-        return True
+        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated (as
+        the action's :meth:`.action.ActionFamily.supports`)."""
+        return ACTION.supports(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        ctx = self._context(spec, params, device)
+        rebuild = (None if params is not None else
+                   lambda p: self._context(spec, p, device))
+        return vertex_ctx(point_data_f32(ctx, spec, rebuild), spec, rebuild)
+
+    def _context(self, spec, params, device):
         qf, co = qfunc_of(spec)
         if qf != "mass" or co:
             # diffusion, helmholtz: the action's contexts (line form in 3D, prefetch 0)
@@ -131,13 +139,15 @@ class MassApplyFamily(Family):
         return ACTION.template(ctx)
 
     def entry(self, spec, ctx):
+        q32 = "_q32" if ctx.get("qt") else "_vx" if ctx.get("geometry") else ""
         if ctx.get("qfunc"):
             return (f"stc_{ctx['qfunc']}_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
                     f"c{spec.ncomp}_i{spec.index_dtype[3:]}{'_co' if ctx['colloc'] else ''}"
-                    f"{'_line' if ctx.get('line') else ''}{'_ev' if spec.deterministic else ''}")
+                    f"{'_line' if ctx.get('line') else ''}{'_ev' if spec.deterministic else ''}"
+                    f"{q32}")
         return (f"stc_mass_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}c{spec.ncomp}"
                 f"_i{spec.index_dtype[3:]}{'_line' if ctx.get('line') else ''}"
-                f"{'_ev' if spec.deterministic else ''}")
+                f"{'_ev' if spec.deterministic else ''}{q32}")
 
     def executor(self, choice, device):
         return MassApplyExecutor(choice, device)
@@ -195,10 +205,10 @@ class MassApplyExecutor(ActionExecutor):
                 self._after_launch()
             self._sum_evector(dst, MAP, out)
             return
-        B1d, D, X, MAP = operands
+        B1d, *data, X, MAP = operands     # data: D, or XV and CF (the vertex geometry)
         if self._line:
             self._load_constant_bank(B1d)
-        head = (D, X, MAP, dst) if self._line else (B1d, D, X, MAP, dst)
+        head = (*data, X, MAP, dst) if self._line else (B1d, *data, X, MAP, dst)
         self._launch_items(self.nbatch, head, ())
         if self._line:
             self._after_launch()
@@ -312,10 +322,17 @@ class MassDiagonalFamily(Family):
         return spec.op == "mass_diagonal"
 
     def supports(self, spec):
-        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated."""
-        return True
+        """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated (as
+        the action's :meth:`.action.ActionFamily.supports`)."""
+        return ACTION.supports(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        ctx = self._context(spec, params, device)
+        rebuild = (None if params is not None else
+                   lambda p: self._context(spec, p, device))
+        return point_data_f32(ctx, spec, rebuild)
+
+    def _context(self, spec, params, device):
         qf, co = qfunc_of(spec)
         if qf != "mass" or co:
             ctx = qfunc_diagonal_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, qf, co,

@@ -1,0 +1,140 @@
+"""The vertex geometry: point data recomputed from an element's vertices (docs/math.md
+section 8).
+
+A trilinear (3D), bilinear (2D) or linear (1D) element is described by its ``2^dim``
+vertices ``X[e, v, i]`` (``v`` in tensor order, the last axis fastest: ``v = (v_1, ...,
+v_dim)`` with ``v_a`` 0 at ``xi_a = -1`` and 1 at ``xi_a = +1``; ``i`` the coordinate) and
+one coefficient ``coef[e]`` (rho for mass, kappa for diffusion). At each quadrature point
+``J_{ia} = sum_v X[v, i] dN_v / dxi_a`` with ``N_v`` the tensor products of
+``(1 - xi) / 2`` and ``(1 + xi) / 2``, and
+
+- mass: ``D = w coef |det J|``,
+- diffusion: ``Q = w coef |det J| J^-1 J^-T`` (packed upper triangle, as stored Q).
+
+The quadrature is the one the operators' ``B1d`` and ``G1d`` are evaluated at: Gauss-Legendre
+with ``nq`` points, Gauss-Lobatto on the nodes when collocated (``fem.basis_1d(p, nq)`` and
+``fem.basis_1d(p, p + 1, "gll")``). The kernels hold these 1D values and weights as constants.
+:func:`point_data` is the einsum form: the reference backend's path and the tests' oracle.
+
+>>> import numpy as np
+>>> X = np.array([[[0., 0.], [0., 2.], [1., 0.], [1., 2.]]])   # [0, 1] x [0, 2]
+>>> D = point_data("mass", X, np.ones(1), 3)
+>>> round(float(D.sum()), 12)                                   # the area
+2.0
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+__all__ = ["rule_1d", "point_data", "vertices_of_mesh", "check_vertices"]
+
+
+@functools.lru_cache(maxsize=None)
+def rule_1d(nq, collocated=False):
+    """Points and weights of the 1D rule the vertex kernels assume: ``nq`` Gauss-Legendre
+    points, or Gauss-Lobatto when ``collocated`` (read-only arrays).
+
+    >>> x, w = rule_1d(2)
+    >>> print(np.round(x * np.sqrt(3), 12), w)
+    [-1.  1.] [1. 1.]
+    """
+    from .fem.quadrature import quadrature_rule
+    x, w = quadrature_rule(int(nq), "gll" if collocated else "gauss")
+    x, w = np.array(x, dtype=np.float64), np.array(w, dtype=np.float64)
+    x.flags.writeable = w.flags.writeable = False
+    return x, w
+
+
+def _xp(x):
+    from ._arrays import array_module
+    return array_module(x)
+
+
+def point_data(qfunc, X, coef, nq, collocated=False):
+    """D (mass) or Q (diffusion) at the quadrature points, from the vertices ``X`` (E,
+    2^dim, dim) and the coefficient ``coef`` (E,), in ``X``'s dtype (computed in
+    float64); NumPy or CuPy (``X``'s library).
+
+    >>> X = np.array([[[0., 0.], [0., .5], [.5, 0.], [.5, .5]]])   # a square of side 1/2
+    >>> Q = point_data("diffusion", X, np.ones(1), 3)
+    >>> print(np.round(Q[0, :, 1, 1], 6))       # as fem.diffusion_data(box_mesh(2, 2), 3)
+    [0.790123 0.       0.790123]
+    """
+    xp = _xp(X)
+    E, nv, dim = X.shape
+    x, w = rule_1d(nq, collocated)
+    N = np.stack([(1 - x) / 2, (1 + x) / 2], axis=1)                # (nq, 2)
+    dN = np.tile([-0.5, 0.5], (nq, 1))
+    N, dN = xp.asarray(N), xp.asarray(dN)
+    Xr = X.astype(xp.float64).reshape((E,) + (2,) * dim + (dim,))
+    ks, vs = "klm"[:dim], "uvw"[:dim]
+    expr = ",".join(f"{k}{v}" for k, v in zip(ks, vs)) + f",e{vs}i->e{ks}i"
+    J = xp.stack([xp.einsum(expr, *[dN if d == a else N for d in range(dim)], Xr)
+                  for a in range(dim)], axis=-1)                    # (E, nq.., i, a)
+    det = xp.linalg.det(J)
+    W = xp.asarray(functools.reduce(np.multiply.outer, [w] * dim))
+    scale = W[None] * xp.abs(det) * coef.astype(xp.float64).reshape((E,) + (1,) * dim)
+    if qfunc == "mass":
+        return scale.astype(X.dtype)
+    Ji = xp.linalg.inv(J)                                           # (E, nq.., a, i)
+    M = xp.einsum("...ai,...bi->...ab", Ji, Ji) * scale[..., None, None]
+    iu = np.triu_indices(dim)
+    return xp.ascontiguousarray(xp.moveaxis(M[..., iu[0], iu[1]], -1, 1).astype(X.dtype))
+
+
+def check_vertices(X, coef, E=None, dim_hint=None):
+    """Check the vertex operands: ``X`` (E, 2^dim, dim) with dim 1..3 and ``coef`` (E,);
+    return dim. Errors name the operand, its shape and what was expected."""
+    if X.ndim != 3 or X.shape[2] not in (1, 2, 3) or X.shape[1] != 2 ** X.shape[2]:
+        raise ValueError(f"X (vertices) has shape {tuple(X.shape)}, expected (E, 2^dim, dim): "
+                         "(E, 8, 3) in 3D, (E, 4, 2) in 2D, (E, 2, 1) in 1D, vertices in "
+                         "tensor order")
+    dim = X.shape[2]
+    if dim_hint is not None and dim != dim_hint:
+        raise ValueError(f"X (vertices) has shape {tuple(X.shape)}: dim {dim}, but the other "
+                         f"operands are {dim_hint}D")
+    if E is not None and X.shape[0] != E:
+        raise ValueError(f"X (vertices) has shape {tuple(X.shape)}, expected E={E} elements "
+                         "on axis 0")
+    if tuple(coef.shape) != (X.shape[0],):
+        raise ValueError(f"coef has shape {tuple(coef.shape)}, expected ({X.shape[0]},): one "
+                         "coefficient an element (E from X; or pass a scalar)")
+    return dim
+
+
+def vertices_of_mesh(mesh, check_nq=None):
+    """``X`` (E, 2^dim, dim) of a mesh whose elements are the multilinear images of their
+    vertices (a box mesh; any mesh with order-1 geometry), in the tensor order of the
+    mesh's element numbering. ``check_nq``: verify at that many Gauss points per axis that
+    the mesh's own map is the multilinear one; a curved (higher-order) geometry raises
+    ValueError.
+
+    >>> from smalltc.fem import box_mesh
+    >>> vertices_of_mesh(box_mesh(2, 2), check_nq=3)[0]
+    array([[0. , 0. ],
+           [0. , 0.5],
+           [0.5, 0. ],
+           [0.5, 0.5]])
+    """
+    from .fem.geometry import map_points
+    corners = np.array([-1.0, 1.0])
+    P = np.asarray(map_points(mesh, corners))                       # (E, dim, 2, ...)
+    E, dim = P.shape[0], P.shape[1]
+    X = np.ascontiguousarray(np.moveaxis(P.reshape(E, dim, 2 ** dim), 1, 2))
+    if check_nq:
+        x, _ = rule_1d(check_nq)
+        own = np.asarray(map_points(mesh, x))                       # (E, dim, nq, ...)
+        N = np.stack([(1 - x) / 2, (1 + x) / 2], axis=1)
+        ks, vs = "klm"[:dim], "uvw"[:dim]
+        expr = ",".join(f"{k}{v}" for k, v in zip(ks, vs)) + f",e{vs}i->ei{ks}"
+        lin = np.einsum(expr, *[N] * dim, X.reshape((E,) + (2,) * dim + (dim,)))
+        err = np.abs(lin - own).max() / max(np.abs(own).max(), 1e-300)
+        if err > 1e-12:
+            raise ValueError(f"the mesh's geometry is not the multilinear map of its vertices "
+                             f"(relative difference {err:.2e} at the quadrature points): the "
+                             "vertex geometry needs order-1 (straight-sided, trilinear or "
+                             "bilinear) elements; use the stored point data for curved ones")
+    return X
+

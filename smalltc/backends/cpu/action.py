@@ -467,8 +467,9 @@ class LanesFamily(Family):
         raise NotImplementedError
 
     def supports(self, spec):
-        """Every instance of the operator family (docs/math.md section 7)."""
-        return True
+        """Every instance of the operator family (docs/math.md section 7) but the corner
+        force, whose kernels are :class:`ForceFamily`'s."""
+        return getattr(spec, "qfunc", "mass") not in ("force", "force_t")
 
     def context(self, spec, params=None, target=None):
         target = resolve(target)

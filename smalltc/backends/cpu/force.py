@@ -26,8 +26,8 @@ Examples
 >>> sum(1 for st in steps if "axis" in st)        # 3 + 3 x 8 contractions
 27
 >>> steps, buffers = force_steps("force_t", 2, 4, 6)
->>> [st.get("kind", "contract") for st in steps][:5]
-['contract', 'contract', 'contract', 'contract', 'force_sum']
+>>> [st.get("kind", "contract") for st in steps][:6]      # 2D: 4 gradient contractions
+['in', 'contract', 'contract', 'contract', 'contract', 'force_sum']
 """
 from __future__ import annotations
 
@@ -38,13 +38,16 @@ from .target import resolve
 __all__ = ["FORCE", "ForceFamily", "force_steps"]
 
 
-def force_steps(qfunc, dim, nd, nq):
+def force_steps(qfunc, dim, nd, nq, per_comp=False):
     """The lanes steps of the corner force (see the module docstring): ``(steps,
     buffers)``, each step a one-axis contraction (as :func:`.action.operator_steps`'), a
     pointwise stage (kind ``"force_scale"``: ``a<j> *= u``; ``"force_sum"``: ``s (+)=
     sum_a a<c d + a> * g_a``) or a copy marker (kind ``"in"``/``"out"`` with ``comp``: the
     template moves ``vt`` from or to component ``comp``). ``vt`` holds one H1 component
-    (``nd^dim``), ``et`` the L2 field (``(nd-1)^dim``), ``a<j>`` A's entries."""
+    (``nd^dim``), ``et`` the L2 field (``(nd-1)^dim``), ``a<j>`` A's entries.
+    ``per_comp`` (the CUDA form, which reads A where it multiplies): ``F``'s pointwise
+    stage per component, into ``h<a>`` (``a < dim``), before that component's back sum;
+    every pointwise step lists the entries of A it reads as ``acol`` (``c * dim + a``)."""
     pad = 3 - dim
     nl = nd - 1
     steps, sizes = [], {}
@@ -109,11 +112,19 @@ def force_steps(qfunc, dim, nd, nq):
         src, shape = "et", lshape
         for ax in range(2, pad - 1, -1):
             src, shape = contract(src, shape, ax, "L", False, nl)
-        steps.append(dict(kind="force_scale", u=src, a=[f"a{j}" for j in range(dim * dim)],
-                          npts=nq ** dim))
+        if not per_comp:
+            steps.append(dict(kind="force_scale", u=src, a=[f"a{j}" for j in range(dim * dim)],
+                              acol=list(range(dim * dim)), npts=nq ** dim))
         for c in range(dim):
             state.update(n=0, prefix="f")
-            back_sum([f"a{c * dim + a}" for a in range(dim)], "vt")
+            if per_comp:
+                for a in range(dim):
+                    sizes[f"h{a}"] = nq ** dim
+                steps.append(dict(kind="force_scale", u=src, a=[f"h{a}" for a in range(dim)],
+                                  acol=[c * dim + a for a in range(dim)], npts=nq ** dim))
+                back_sum([f"h{a}" for a in range(dim)], "vt")
+            else:
+                back_sum([f"a{c * dim + a}" for a in range(dim)], "vt")
             steps.append(dict(kind="out", comp=c))
     elif qfunc == "force_t":
         sizes["s"] = nq ** dim
@@ -122,7 +133,8 @@ def force_steps(qfunc, dim, nd, nq):
             steps.append(dict(kind="in", comp=c))
             g = gradients("vt")
             steps.append(dict(kind="force_sum", g=g, a=[f"a{c * dim + a}" for a in range(dim)],
-                              dst="s", acc=c > 0, npts=nq ** dim))
+                              acol=[c * dim + a for a in range(dim)], dst="s", acc=c > 0,
+                              npts=nq ** dim))
         state.update(n=0, prefix="l")
         src, shape = "s", qshape
         for i, ax in enumerate(range(pad, 3)):

@@ -136,6 +136,11 @@ def test_fused_equals_gather_element_scatter(dim, p, dtype, backend):
     want = np.zeros((dim, ndofs))
     for c in range(dim):
         np.add.at(want[c], emap.reshape(E, -1), Fe[:, c])
+    if backend == "cpu":
+        for args, kw in (((e, emap), dict(ndofs=ndofs)), ((wg, emap), {})):
+            pl = smalltc.plan("force_apply" if kw else "force_apply_transpose", L, B, G, A,
+                              *args, backend="cpu", **kw)
+            assert pl.specialized and pl.kernel.startswith("stc_force")
     out = poisoned((dim, ndofs), dtype)
     y = smalltc.force_apply(L, B, G, A, e, elem_dofs=emap, out=out, backend=backend)
     assert y is out and rel_err(y, want) < TOL[dtype] * 10
@@ -147,6 +152,27 @@ def test_fused_equals_gather_element_scatter(dim, p, dtype, backend):
     r = smalltc.force_apply_transpose(L, B, G, A, wg, elem_dofs=emap, out=out_t,
                                       backend=backend)
     assert r is out_t and rel_err(r, oracle_force_t(L, B, G, A, W)) < TOL[dtype] * 10
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_cpu_kernel_reports_a_map_changed_in_place(transpose):
+    """The fused CPU kernels check every map entry they read: a map mutated after its first
+    (host-checked) use raises the ValueError naming elem_dofs when the call returns."""
+    emap, ndofs = mesh_map(2, 1)
+    emap = emap.copy()
+    L, B, G, A, e, _ = operands(2, 1, emap.shape[0])
+    wg = np.ones((2, ndofs))
+    if transpose:
+        def call():
+            return smalltc.force_apply_transpose(L, B, G, A, wg, elem_dofs=emap, backend="cpu")
+    else:
+        def call():
+            return smalltc.force_apply(L, B, G, A, e, elem_dofs=emap, ndofs=ndofs,
+                                       backend="cpu")
+    call()
+    emap[0, 0, 0] = ndofs + 7
+    with pytest.raises(ValueError, match="elem_dofs"):
+        call()
 
 
 def l2_basis(p, nq):

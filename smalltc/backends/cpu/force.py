@@ -16,9 +16,13 @@ Steps (:func:`force_steps`), per chunk of ``lanes`` elements, the A matrices cop
   the pointwise stage ``s (+)= sum_a A[c, a] * g_ca``; then ``B_l2^T`` along every axis
   (``d`` contractions) into the L2 element field.
 
-Intermediates of one component's chain reuse the buffers of the one before. The fused
-kinematic side (``MassApplySpec``) has no kernel here yet: the plan runs the reference
-path and says so.
+Intermediates of one component's chain reuse the buffers of the one before.
+
+The fused kinematic side (``MassApplySpec``, ``stc_force_op_3d_f64_nd5_nq8_i32``): the
+same template with ``fused``, the map I/O of the fused operator family (``_lanes.j2``'s
+``map_gather``/``map_scatter``, bounds-checked, as ``mass_apply.py.j2``): ``F`` adds into
+``y`` colour by colour (:func:`smalltc.maps.element_colors`: no races, the same bits for
+any thread count), ``F^T`` gathers ``w`` (no colours needed: one pass).
 
 Examples
 --------
@@ -31,7 +35,11 @@ Examples
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ...maps import map_info
 from .action import LanesFamily, MAX_ND, MAX_NQ, lanes_ctx, HEURISTIC, ActionExecutor
+from .mass_apply import _Checked, _sig, _unchecked
 from .runtime import SHORT, signature
 from .target import resolve
 
@@ -152,7 +160,8 @@ class ForceFamily(LanesFamily):
     templates = ("force.py.j2",)
 
     def claims(self, spec):
-        return (spec.op == "action" and getattr(spec, "qfunc", "mass") in ("force", "force_t")
+        return (spec.op in ("action", "mass_apply")
+                and getattr(spec, "qfunc", "mass") in ("force", "force_t")
                 and spec.nd <= MAX_ND and spec.nq <= MAX_NQ)
 
     def supports(self, spec):
@@ -170,17 +179,24 @@ class ForceFamily(LanesFamily):
         render = dict(dtype=dt, W=p["lanes"], steps=steps, buffers=buffers, qfunc=spec.qfunc,
                       dim=dim, nv=nd ** dim, nl=(nd - 1) ** dim, nqd=nq ** dim, nd=nd, nq=nq,
                       rb=p["rb"], tr=p["tr"], vbits=p["vbits"],
-                      signature=self.signature(spec))
+                      fused=int(spec.op == "mass_apply"), signature=self.signature(spec))
         return dict(p, dtype=dt, form="lanes", render=render)
 
     def signature(self, spec):
+        if spec.op == "mass_apply":          # L, B, G, A, V, MAP, U, order, offsets, ...
+            return _sig(spec.dtype, spec.index_dtype, 5, 1, ["int64"])
         return signature(spec.dtype, 6, ["int64"] * 3)       # L, B, G, A, V, U
 
     def entry(self, spec, ctx):
+        if spec.op == "mass_apply":
+            return (f"stc_{spec.qfunc}_op_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}"
+                    f"_nq{spec.nq}_i{spec.index_dtype[3:]}")
         return (f"stc_{spec.qfunc}_action_{spec.dim}d_{SHORT[spec.dtype]}_nd{spec.nd}"
                 f"_nq{spec.nq}")
 
-    def executor(self, choice):
+    def executor(self, choice, checked=True):
+        if choice.spec.op == "mass_apply":
+            return ForceApplyExecutor(_unchecked(choice) if not checked else choice)
         return ForceExecutor(choice)
 
 
@@ -196,3 +212,30 @@ class ForceExecutor(ActionExecutor):
 
 
 FORCE = ForceFamily()
+
+
+class ForceApplyExecutor(_Checked):
+    """The fused kinematic side: ``F`` zeroes ``y`` and runs the map's colours in turn
+    (colouring once per map), ``F^T`` one pass over the elements; a bad map entry raises
+    when the call returns (the kernel's error flag)."""
+
+    def __init__(self, choice):
+        super().__init__(choice)
+        self.W = choice.ctx["lanes"]
+
+    def run(self, operands, out, **_):
+        s = self.spec
+        L, B, G, A, F, MAP = operands
+        E, n = MAP.shape[0], s.ndofs
+        if E == 0:
+            out[...] = 0
+            return
+        if s.qfunc == "force":
+            order, offsets = map_info(MAP, n).colors(MAP)
+            F, Y = F.reshape(E, -1), out.reshape(s.dim, n)
+        else:
+            order = np.arange(E, dtype=np.int32)
+            offsets = np.array([0, E], dtype=np.int64)
+            Y = out.reshape(E, -1)
+        self._call(MAP, n, L, B, G, A.reshape(E, -1), F, MAP.reshape(E, -1), Y, order,
+                   offsets, self.nparts(-(-E // self.W)))

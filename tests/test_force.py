@@ -298,6 +298,27 @@ def test_spec_rejects_force_at_other_levels():
 
 # --- GPU ------------------------------------------------------------------------------------
 
+H100 = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=232448)
+
+
+@pytest.mark.parametrize("dim,p", [(3, 1), (3, 4), (3, 8), (2, 5), (1, 3)])
+@pytest.mark.parametrize("qfunc", ["force", "force_t"])
+def test_cuda_choices_without_a_gpu(dim, p, qfunc):
+    """Every Laghos size (and 3D up to p = 8) gets the force family's kernel, its own entry
+    per direction and level; the deterministic F is the element kernel (``_ev``)."""
+    from smalltc.backends.cuda import choose
+    from smalltc.spec import ActionSpec, MassApplySpec
+    kw = dict(dim=dim, nq=2 * p, nd=p + 1, batch=64, dtype="float64", ncomp=dim,
+              comp_axis=True, qfunc=qfunc)
+    for spec, start in ((ActionSpec(**kw), f"stc_{qfunc}_action_"),
+                        (MassApplySpec(ndofs=99, **kw), f"stc_{qfunc}_op_"),
+                        (MassApplySpec(ndofs=99, deterministic=True, **kw), f"stc_{qfunc}_op_")):
+        c = choose(spec, H100)
+        assert c.family.name == "force" and c.template == "force.cu.j2"
+        assert c.entry.startswith(start) and c.ctx["smem_bytes"] <= H100["smem_optin"]
+        assert c.entry.endswith("_ev") == (qfunc == "force" and spec.op == "mass_apply"
+                                           and spec.deterministic)
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dim,p,dtype", [(3, 2, "float64"), (3, 4, "float32"),
@@ -328,4 +349,11 @@ def test_gpu_against_the_oracle(dim, p, dtype, backend):
         y = smalltc.force_apply(*d[:5], elem_dofs=cp.asarray(emap), ndofs=ndofs,
                                 deterministic=det, backend=backend)
         assert rel_err(y, want) < TOL[dtype] * 10
+    if backend == "cuda":              # other launch shapes: threads per item, items a block
+        for prm in (dict(tpi=32, per_block=3), dict(tpi=128, per_block=2)):
+            pl = smalltc.plan("force_apply", *d[:5], backend="cuda", params=prm)
+            assert pl.specialized and pl.kernel.startswith("stc_force_action_")
+            out.fill(cp.nan)
+            pl(*d[:5], out=out)
+            assert rel_err(out, oracle_force(L, B, G, A, e)) < TOL[dtype] * 10
 

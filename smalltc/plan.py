@@ -383,8 +383,8 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         spec, xp, _ = _validate.operator_spec(level, qfunc, B1d, G1d, data, *rest[ndata:],
                                               deterministic=deterministic, ndofs=ndofs)
     else:
-        raise ValueError(f"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply', "
-                         f"'mass_diagonal', 'force_apply' or 'force_apply_transpose', or an "
-                         f"operator's '<qfunc>_<level>' "
+        raise ValueError(f"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply' "
+                         f"or 'mass_diagonal', the corner force's 'force_apply' or "
+                         f"'force_apply_transpose', or an operator's '<qfunc>_<level>' "
                          f"({', '.join(sorted(_OPERATOR_OPS))}), got {op!r}")
     return build_plan(spec, xp, backend, method, params, reshape_inputs=extents is not None)

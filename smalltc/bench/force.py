@@ -39,7 +39,12 @@ TARGET = ((2_000_000, 200_000), (100_000, 20_000))
 
 
 def cases(dtype, kind, ps=None, quick=False, dims=None) -> list:
-    """The cases of the suite for ``dtype`` on a device of ``kind`` ("cpu"/"gpu")."""
+    """The cases of the suite for ``dtype`` on a device of ``kind`` ("cpu"/"gpu"): per
+    dimension (3, then 2) and order, ``F`` then ``F^T``.
+
+    >>> [c.id for c in cases("float64", "cpu", ps=[2], dims=[3])]
+    ['force F dim=3 p=2 nq=4 n=14 float64', 'force FT dim=3 p=2 nq=4 n=14 float64']
+    """
     target = TARGET[1 if quick else 0][0 if kind == "gpu" else 1]
     out = []
     for dim in dims or (3, 2):

@@ -12,6 +12,8 @@ arrays (NVIDIA GPUs), with a plan/execute API:
 - :func:`diffusion_apply`, :func:`diffusion_action`, :func:`diffusion_diagonal`,
   :func:`assemble_diffusion`: the diffusion operator (CEED BP3/BP5) at every level;
   :func:`operator_apply` and friends: the family (mass, diffusion, Helmholtz) by name
+- :func:`force_apply`, :func:`force_apply_transpose`: BLAST's corner force ``F`` and
+  ``F^T`` (mixed spaces H1^d and L2), per element or with the kinematic side fused
 - :func:`plan`: build once, call many times
 - :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
 
@@ -29,8 +31,8 @@ import logging as _logging
 
 from .api import (assemble_diffusion, assemble_mass, assemble_operator, batched_contract,
                   batched_gemm, contract, diffusion_action, diffusion_apply,
-                  diffusion_diagonal, mass_apply, mass_diagonal, operator_action,
-                  operator_apply, operator_diagonal)
+                  diffusion_diagonal, force_apply, force_apply_transpose, mass_apply,
+                  mass_diagonal, operator_action, operator_apply, operator_diagonal)
 from ._errors import check_errors
 from .aot import precompile
 from .catalogue import STEPS
@@ -40,7 +42,7 @@ __version__ = "0.1.0"
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
-           "assemble_operator", "plan", "precompile", "check_errors",
+           "assemble_operator", "force_apply", "force_apply_transpose", "plan", "precompile", "check_errors",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

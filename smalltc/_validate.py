@@ -15,11 +15,11 @@ import numpy as np
 from . import _interop
 from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_array,
                       is_cupy, usable)
-from .spec import (QFUNCS, ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec,
+from .spec import (FORCE_QFUNCS, QFUNCS, ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec,
                    MassDiagonalSpec, nsym)
 
 __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec", "mass_apply_spec",
-           "mass_diagonal_spec", "operator_spec", "OPERATOR_LEVELS",
+           "mass_diagonal_spec", "operator_spec", "force_spec", "OPERATOR_LEVELS",
            "check_operands", "check_out", "reshape_like", "as_usable", "check_scalar"]
 
 
@@ -244,6 +244,9 @@ def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndof
     """
     if level not in OPERATOR_LEVELS:
         raise ValueError(f"level must be one of {tuple(OPERATOR_LEVELS)}, got {level!r}")
+    if qfunc in FORCE_QFUNCS:
+        raise ValueError(f"qfunc {qfunc!r} (the corner force, mixed spaces) runs through "
+                         "smalltc.force_apply and smalltc.force_apply_transpose")
     if qfunc not in QFUNCS:
         raise ValueError(f"qfunc must be one of {QFUNCS}, got {qfunc!r}")
     names = _LEVEL_ARGS[level]
@@ -338,6 +341,84 @@ def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndof
         spec = AssemblySpec(**common)
     arrays = dict(named, **args)
     return spec, xp, tuple(arrays[o.name] for o in spec.inputs)
+
+
+def force_spec(transpose, B_l2, B1d, G1d, A, field, elem_dofs=None, ndofs=None,
+               deterministic=False):
+    """Check the operands of the corner force (docs/math.md section 7); return
+    ``(spec, xp, ops)`` with ``ops`` in ``spec.inputs``' order.
+
+    ``transpose`` False: ``F e`` (``field`` is ``e``, the L2 element field ``(E, p, ...,
+    p)``), True: ``F^T w`` (``field`` is ``w``, ``(E, dim, p+1, ..., p+1)``). With
+    ``elem_dofs`` the kinematic side is global: ``F`` adds into ``(dim, ndofs)`` (``ndofs``
+    given), ``F^T`` gathers ``w`` of shape ``(dim, ndofs)``.
+    """
+    qfunc = "force_t" if transpose else "force"
+    fname = "w" if transpose else "e"
+    named = {"B_l2": _as_array("B_l2", B_l2), "B1d": _as_array("B1d", B1d),
+             "G1d": _as_array("G1d", G1d), "A": _as_array("A", A)}
+    floats = dict(named, **{fname: _as_array(fname, field)})
+    field = floats[fname]
+    arrays = [*floats.values()]
+    if elem_dofs is not None:
+        elem_dofs = _as_array("elem_dofs", elem_dofs)
+        arrays.append(elem_dofs)
+    xp = array_module(*arrays)
+    dtype = _dtype(floats)
+    B1d, G1d, B_l2, A = named["B1d"], named["G1d"], named["B_l2"], named["A"]
+    if B1d.ndim != 2 or B1d.shape[0] < 1 or B1d.shape[1] < 2:
+        raise ValueError(f"B1d has shape {tuple(B1d.shape)}, expected (nq, p+1) with "
+                         "nq >= 1, p >= 1 (the kinematic H1 basis)")
+    nq, nd = B1d.shape
+    if tuple(G1d.shape) != (nq, nd):
+        raise ValueError(f"G1d has shape {tuple(G1d.shape)}, expected {(nq, nd)} (B1d's "
+                         "shape: the kinematic H1 basis and its derivative)")
+    if tuple(B_l2.shape) != (nq, nd - 1):
+        raise ValueError(f"B_l2 has shape {tuple(B_l2.shape)}, expected {(nq, nd - 1)} (the "
+                         f"thermodynamic L2 basis of order p-1 = {nd - 2}: nq from B1d, p "
+                         "nodes per axis)")
+    dim = A.ndim - 3
+    if dim not in (1, 2, 3) or tuple(A.shape[1:]) != (dim, dim) + (nq,) * dim:
+        raise ValueError(f"A has shape {tuple(A.shape)}, expected (E, d, d, nq, ..., nq) "
+                         f"with d = 1, 2 or 3 and nq={nq} (nq from B1d)")
+    E = A.shape[0]
+    common = dict(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, ncomp=dim, comp_axis=True,
+                  qfunc=qfunc)
+    e_shape = (E,) + (nd - 1,) * dim
+    w_shape = (E, dim) + (nd,) * dim
+    src = "E and d from A, p from B1d"
+    if elem_dofs is None:
+        if ndofs is not None:
+            raise ValueError("ndofs is for the fused form (with elem_dofs); without a map "
+                             "the kinematic side is the element field")
+        want = w_shape if transpose else e_shape
+        if tuple(field.shape) != want:
+            raise ValueError(f"{fname} has shape {tuple(field.shape)}, expected {want} ({src})")
+        spec = ActionSpec(**common)
+        ops = dict(named, **{fname: field})
+    else:
+        index_dtype = _check_map(elem_dofs, E, nd, dim, src)
+        if transpose:
+            if field.ndim != 2 or field.shape[0] != dim or field.shape[1] == 0:
+                raise ValueError(f"w has shape {tuple(field.shape)}, expected (d, ndofs) = "
+                                 f"({dim}, ndofs) with ndofs >= 1 (the global kinematic "
+                                 f"vector gathered through elem_dofs; {src})")
+            if ndofs is not None and int(ndofs) != field.shape[1]:
+                raise ValueError(f"ndofs={ndofs} but w has shape {tuple(field.shape)}")
+            ndofs = field.shape[1]
+        else:
+            if tuple(field.shape) != e_shape:
+                raise ValueError(f"e has shape {tuple(field.shape)}, expected {e_shape} "
+                                 f"({src})")
+            if isinstance(ndofs, bool) or not isinstance(ndofs, (int, np.integer)) \
+                    or ndofs < 1:
+                raise ValueError(f"ndofs must be a positive integer (the global kinematic "
+                                 f"vector's length per component, y is (d, ndofs)), got "
+                                 f"{ndofs!r}")
+        spec = MassApplySpec(ndofs=int(ndofs), index_dtype=index_dtype,
+                             deterministic=bool(deterministic), **common)
+        ops = dict(named, **{fname: field, "elem_dofs": elem_dofs})
+    return spec, xp, tuple(ops[o.name] for o in spec.inputs)
 
 
 def gemm_spec(A, B, C, *, alpha, beta, trans_a, trans_b):

@@ -20,7 +20,7 @@ from .plan import _PLANS, cached_plan
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
-           "assemble_operator"]
+           "assemble_operator", "force_apply", "force_apply_transpose"]
 
 
 def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stream=None):
@@ -728,3 +728,140 @@ def assemble_diffusion(B1d, G1d, Q, *, out=None, backend="auto", stream=None):
     ((3, 9, 9), True)
     """
     return _operator("assembly", "diffusion", B1d, G1d, Q, (), out, stream, backend)
+
+
+# --- the corner force: mixed spaces H1^d and L2 (docs/math.md section 7) ---------------------
+
+def _force(transpose, B_l2, B1d, G1d, A, field, elem_dofs, ndofs, out, deterministic,
+           backend, stream):
+    """The corner force's common body (both directions, element level and fused): the plan
+    of the call signature, built on the first call; other libraries through
+    :mod:`._interop`."""
+    if elem_dofs is not None and ndofs is None and not transpose and out is not None:
+        ndofs = getattr(out, "shape", (None,))[-1]          # F: y's length from out
+    try:
+        key = ("force", bool(transpose), backend, bool(deterministic), ndofs, _sig(B_l2),
+               _sig(B1d), _sig(G1d), _sig(A), _sig(field), _sig(elem_dofs))
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        key = p = None
+    fname = "w" if transpose else "e"
+    flat = (B_l2, B1d, G1d, A, field) + (() if elem_dofs is None else (elem_dofs,))
+    if p is None:
+        if _interop.any_foreign(*flat, out):
+            names = ("B_l2", "B1d", "G1d", "A", fname, "elem_dofs")[:len(flat)]
+
+            def fn(*arrays, out):
+                m = arrays[5] if len(arrays) > 5 else None
+                return _force(transpose, *arrays[:5], m, ndofs, out, deterministic, backend,
+                              None)
+            return _interop.call(fn, names, flat, out, stream)
+        spec, xp, ops = _validate.force_spec(transpose, B_l2, B1d, G1d, A, field, elem_dofs,
+                                             ndofs, deterministic)
+        p = cached_plan(key, flat, spec, xp, backend, "auto")
+        return p(*ops, out=out, stream=stream)
+    return p(*flat, out=out, stream=stream)
+
+
+def force_apply(B_l2, B1d, G1d, A, e, *, elem_dofs=None, ndofs=None, out=None,
+                deterministic=False, backend="auto", stream=None):
+    """BLAST's corner force ``F e`` (H1^d <- L2; Laghos' ``ForceMult``), matrix-free.
+
+    Per element and kinematic component ``c`` (docs/math.md section 7):
+    ``(F e)_c = sum_a G_a^T (A[c, a] * (B_L2 e))``, with ``B_L2 e`` the thermodynamic
+    (L2, order ``p - 1``) field at the quadrature points (``B_l2`` on every axis) and
+    ``G_a`` the reference gradient of the kinematic (H1, order ``p``) basis along tensor
+    axis ``a`` (``G1d`` on axis ``a``, ``B1d`` on the others). With ``elem_dofs`` the
+    kinematic side is global: the element results are added into ``y`` of shape
+    ``(d, ndofs)`` through the map (as :func:`mass_apply`); the L2 side is always per
+    element (discontinuous).
+
+    Parameters
+    ----------
+    B_l2 : array, shape (nq, p)
+        The L2 basis (order ``p - 1``) at the quadrature points.
+    B1d, G1d : arrays, shape (nq, p + 1)
+        The H1 basis (order ``p``) and its derivative on [-1, 1].
+    A : array, shape (E, d, d, nq, ..., nq)
+        ``A[e, c, a, k...]``: the ``d x d`` matrix of each quadrature point (in BLAST
+        ``w |J| sigma J^-T``; not symmetric). Its rank sets the dimension d (1 to 3).
+    e : array, shape (E, p, ..., p)
+        The thermodynamic field per element.
+    elem_dofs : int32 or int64 array, shape (E, p + 1, ..., p + 1), optional
+        The kinematic element-to-DoF map (per component; every index in ``[0, ndofs)``).
+    ndofs : int, optional
+        With ``elem_dofs``: the global vector's length per component (or given by
+        ``out``'s shape).
+    out : array, optional
+        The result buffer (overwritten, not added to).
+    deterministic : bool
+        With ``elem_dofs``: the additions in a fixed order (see :func:`mass_apply`).
+    backend, stream : as for :func:`batched_contract`.
+
+    Returns
+    -------
+    array, shape (E, d, p + 1, ..., p + 1), or (d, ndofs) with ``elem_dofs``
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit together (the message names the operand and the expected
+        shape), an index of ``elem_dofs`` out of range, ``ndofs`` missing with
+        ``elem_dofs``.
+    TypeError
+        Mixed dtypes or array libraries, ``elem_dofs`` not int32/int64.
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> from smalltc import fem
+    >>> p, nq = 2, 4
+    >>> h1, l2 = fem.basis_1d(p, nq), fem.basis_1d(p - 1, nq)    # Gauss points, nq = 2p
+    >>> rng = np.random.default_rng(0)
+    >>> A = rng.random((5, 2, 2, nq, nq)); e = rng.random((5, p, p))
+    >>> Fe = smalltc.force_apply(l2.B1d, h1.B1d, h1.G1d, A, e)
+    >>> Fe.shape
+    (5, 2, 3, 3)
+    >>> w = rng.random(Fe.shape)                                  # W . (F e) == (F^T W) . e
+    >>> FTw = smalltc.force_apply_transpose(l2.B1d, h1.B1d, h1.G1d, A, w)
+    >>> bool(np.isclose(np.vdot(w, Fe), np.vdot(FTw, e)))
+    True
+    """
+    return _force(False, B_l2, B1d, G1d, A, e, elem_dofs, ndofs, out, deterministic,
+                  backend, stream)
+
+
+def force_apply_transpose(B_l2, B1d, G1d, A, w, *, elem_dofs=None, out=None,
+                          backend="auto", stream=None):
+    """The transposed corner force ``F^T w`` (L2 <- H1^d; Laghos' ``ForceMultTranspose``).
+
+    Per element: ``F^T w = B_L2^T (sum_{c,a} A[c, a] * (G_a w_c))`` (docs/math.md section
+    7; operands as for :func:`force_apply`). With ``elem_dofs``, ``w`` is the global
+    kinematic vector ``(d, ndofs)`` and each element's values are gathered through the map
+    (the element vectors never reach memory in the fused kernels).
+
+    Parameters
+    ----------
+    B_l2, B1d, G1d, A : as for :func:`force_apply`.
+    w : array, shape (E, d, p + 1, ..., p + 1), or (d, ndofs) with ``elem_dofs``
+    elem_dofs : int32 or int64 array, shape (E, p + 1, ..., p + 1), optional
+    out, backend, stream : as for :func:`batched_contract`.
+
+    Returns
+    -------
+    array, shape (E, p, ..., p)
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> from smalltc import fem
+    >>> space = fem.H1Space(fem.box_mesh(2, 2), p=2)             # 4 elements, 25 DoFs
+    >>> h1, l2 = fem.basis_1d(2, 4), fem.basis_1d(1, 4)
+    >>> A = np.random.default_rng(1).random((4, 2, 2, 4, 4))
+    >>> ones = np.ones((2, space.ndofs))          # a constant velocity has no gradient
+    >>> r = smalltc.force_apply_transpose(l2.B1d, h1.B1d, h1.G1d, A, ones,
+    ...                                   elem_dofs=space.dof_map())
+    >>> r.shape, float(abs(r).max()) < 1e-12
+    ((4, 2, 2), True)
+    """
+    return _force(True, B_l2, B1d, G1d, A, w, elem_dofs, None, out, False, backend, stream)

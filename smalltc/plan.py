@@ -296,7 +296,9 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         ``contract``, ``mass_apply``, ``mass_diagonal``); for the diffusion and
         Helmholtz operators ``"<qfunc>_<level>"``, qfunc "diffusion" or "helmholtz",
         level "action", "apply", "diagonal" or "assembly" (``diffusion_action``,
-        ``diffusion_apply``, ``diffusion_diagonal``, ``assemble_diffusion``).
+        ``diffusion_apply``, ``diffusion_diagonal``, ``assemble_diffusion``); the corner
+        force "force_apply" and "force_apply_transpose" (operands ``(B_l2, B1d, G1d, A,
+        e or w[, elem_dofs])``, ``ndofs`` for the fused ``F``).
     *operands : arrays
         Examples with the shapes and dtype of later calls: ``(B1d, D, V)``,
         ``(B1d, D)``, ``(A, B[, C])``, ``(X, Y)``, ``(B1d, D, x, elem_dofs)`` or
@@ -361,6 +363,14 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         spec, xp, _ = _validate.mass_apply_spec(*operands, deterministic=deterministic)
     elif op == "mass_diagonal":
         spec, xp, _ = _validate.mass_diagonal_spec(*operands, ndofs, deterministic=deterministic)
+    elif op in ("force_apply", "force_apply_transpose"):
+        if len(operands) not in (5, 6):
+            raise TypeError(f"op {op!r} takes B_l2, B1d, G1d, A, the field "
+                            f"({'w' if op.endswith('transpose') else 'e'}) and optionally "
+                            f"elem_dofs; got {len(operands)} operands")
+        spec, xp, _ = _validate.force_spec(op.endswith("transpose"), *operands[:5],
+                                           operands[5] if len(operands) == 6 else None,
+                                           ndofs, deterministic)
     elif op in _OPERATOR_OPS:
         qfunc, level = _OPERATOR_OPS[op]
         ndata = 2 if qfunc == "helmholtz" else 1
@@ -374,6 +384,7 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
                                               deterministic=deterministic, ndofs=ndofs)
     else:
         raise ValueError(f"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply' "
-                         f"or 'mass_diagonal', or an operator's '<qfunc>_<level>' "
+                         f"or 'mass_diagonal', the corner force's 'force_apply' or "
+                         f"'force_apply_transpose', or an operator's '<qfunc>_<level>' "
                          f"({', '.join(sorted(_OPERATOR_OPS))}), got {op!r}")
     return build_plan(spec, xp, backend, method, params, reshape_inputs=extents is not None)

@@ -14,6 +14,7 @@ operation          bytes per item                          flops per item
 =================  ======================================  ==========================================
 batched GEMM       ``s*(mk + kn + mn*(2 if beta else 1))``  ``2mnk``
 action, dim d      ``s*(2*c*nd^d + nq^d)``                 ``c*(4*sum_t nq^t nd^(d-t+1) + nq^d)``
+corner force       ``s*(d^2 nq^d + (nd-1)^d + d nd^d)``    :func:`_force_flops`
 assembly, dim d    ``s*(nq^d + nd^(2d))``                  ``3*nq*sum_t nd^(2t) nq^(d-t)``
 kernel 8a/8b       ``s*(isj + ksl + ijkl)``                ``2*s_ext*ijkl``
 kernel 9           ``s*(ksl + kilj)``                      ``3*s_ext*kilj``
@@ -177,7 +178,50 @@ def _operator_flops(sizes, dim, nq, nd):
     return fwd + point + back + adds
 
 
+def _force_flops(sizes, dim, nq, nd):
+    """Flops of one corner-force element application (docs/math.md section 7;
+    :func:`smalltc.backends.cpu.force.force_steps`), ``nl = nd - 1`` L2 nodes per axis.
+    ``F``: the L2 interpolation (step t: ``nq^t nl^(dim-t)`` outputs over ``nl``), ``A *
+    u`` (``dim^2 nq^dim``), then per component the diffusion action's back half (the
+    transposed gradients with shared partial sums and their additions). ``F^T``: per
+    component the diffusion action's forward half (the ``dim`` gradients), ``sum_{c,a}
+    A g`` (``2 dim^2 nq^dim``), the transposed L2 interpolation."""
+    nl = nd - 1
+    fwd = sum((t + 1 if t < dim else dim) * 2 * nd * nq ** t * nd ** (dim - t)
+              for t in range(1, dim + 1))
+    back = sum((dim - t + 1 + (t >= 2)) * 2 * nq * nd ** t * nq ** (dim - t)
+               + (t >= 2) * nd ** t * nq ** (dim - t) for t in range(1, dim + 1))
+    l2 = sum(2 * nl * nq ** t * nl ** (dim - t) for t in range(1, dim + 1))
+    l2t = sum(2 * nq * nl ** t * nq ** (dim - t) for t in range(1, dim + 1))
+    if sizes.get("qfunc") == "force":
+        return l2 + dim * dim * nq ** dim + dim * back
+    return dim * fwd + 2 * dim * dim * nq ** dim + l2t
+
+
+def _force_counts(sizes, s, fused):
+    """The corner force's bound: ``A`` read once (``dim^2 nq^dim`` an element), the L2
+    field once (``(nd-1)^dim``), the kinematic side once: the element field (``dim
+    nd^dim``) or, fused, the global vector (``dim ndofs``) and the map (``nd^dim`` indices
+    an element); the three 1D matrices once. ``dofs``: the kinematic DoFs (element DoFs
+    ``E dim nd^dim``; fused, the unique ``dim ndofs``)."""
+    op = "mass_apply" if fused else "action"
+    dim, nq, nd = _need(sizes, "dim", op), _need(sizes, "nq", op), _nd(sizes)
+    E = int(sizes.get("batch", 1))
+    per_elem = s * (dim * dim * nq ** dim + (nd - 1) ** dim)
+    basis = s * nq * (2 * nd + nd - 1)
+    if fused:
+        ndofs = _need(sizes, "ndofs", op)
+        ib = int(sizes.get("index_bytes", 4))
+        nbytes = E * per_elem + s * dim * ndofs + ib * E * nd ** dim + basis
+        adds = E * dim * nd ** dim if sizes.get("qfunc") == "force" else 0
+        return Counts(op, nbytes, E * _force_flops(sizes, dim, nq, nd) + adds, E, dim * ndofs)
+    nbytes = E * (per_elem + s * dim * nd ** dim) + basis
+    return Counts(op, nbytes, E * _force_flops(sizes, dim, nq, nd), E, E * dim * nd ** dim)
+
+
 def _action_counts(sizes, s):
+    if sizes.get("qfunc") in ("force", "force_t"):
+        return _force_counts(sizes, s, False)
     dim, nq, nd = _need(sizes, "dim", "action"), _need(sizes, "nq", "action"), _nd(sizes)
     batch, ncomp = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1))
     geo = _geometry_flops(sizes, dim, nq)
@@ -244,6 +288,8 @@ def _mass_apply_counts(sizes, s):
     """The fused operator ``y = sum_e R_e^T B^T D_e B R_e x``: x read once, y written once,
     D read once, the map read once (``index_bytes`` an entry); the action's flops plus the
     additions into y. ``dofs`` are the unique DoFs, ``ncomp * ndofs``."""
+    if sizes.get("qfunc") in ("force", "force_t"):
+        return _force_counts(sizes, s, True)
     dim, nq, nd = (_need(sizes, k, "mass_apply") for k in ("dim", "nq", "nd"))
     E, ncomp, ndofs = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1)), \
         _need(sizes, "ndofs", "mass_apply")

@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
            "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES", "QFUNCS",
-           "QDTYPES", "GEOMETRIES",
+           "QDTYPES", "GEOMETRIES", "FORCE_QFUNCS",
            "nsym", "spec_from_dict"]
 
 #: kernels (8a), (8b), (9) of docs/math.md section 3: output axis order per kind.
@@ -75,8 +75,12 @@ class Operand(NamedTuple):
     dtype: str | None = None
 
 
-#: the quadrature functions of the FEM operations (docs/math.md section 7)
+#: the quadrature functions of the FEM operations (docs/math.md section 7); "force" and
+#: "force_t" are BLAST's corner force ``F`` (H1^d <- L2) and its transpose (L2 <- H1^d):
+#: mixed spaces, element level ("action") and kinematic side fused ("mass_apply") only
 QFUNCS = ("mass", "diffusion", "helmholtz")
+#: the mixed-space (corner force) instances
+FORCE_QFUNCS = ("force", "force_t")
 #: fields of the FEM specs left out of keys and dicts while they hold these defaults
 #: (so every mass key, table entry and golden record stays as it was)
 _OPERATOR_DEFAULTS = (("qfunc", "mass"), ("collocated", False), ("qdtype", None),
@@ -148,19 +152,59 @@ class _Operator(_Spec):
     """
 
     def _check_operator(self):
+        if self.qfunc in FORCE_QFUNCS:
+            return self._check_force()
         if self.qfunc not in QFUNCS:
-            raise ValueError(f"qfunc must be one of {QFUNCS}, got {self.qfunc!r}")
+            raise ValueError(f"qfunc must be one of {QFUNCS} or the corner force's "
+                             f"{FORCE_QFUNCS}, got {self.qfunc!r}")
         if self.collocated and self.qfunc == "mass":
             raise ValueError("collocated=True is for qfunc 'diffusion' or 'helmholtz' (the "
                              "collocated mass action is the pointwise product D V)")
         if self.collocated and self.nq != self.nd:
             raise ValueError(f"collocated=True needs nq == nd, got nq={self.nq}, nd={self.nd}")
 
+    def _check_force(self):
+        """The corner force (docs/math.md section 7): the kinematic space H1 of order
+        ``p = nd - 1`` with ``dim`` components, the thermodynamic space L2 of order
+        ``p - 1`` (``nd - 1`` nodes per axis); element level and fused kinematic side."""
+        if self.op not in ("action", "mass_apply"):
+            raise ValueError(f"qfunc {self.qfunc!r} has the element level ('action') and the "
+                             f"fused kinematic side ('mass_apply'), not {self.op!r}")
+        if self.collocated:
+            raise ValueError(f"collocated=True is not a form of qfunc {self.qfunc!r} (the "
+                             "L2 basis is never the identity at the H1 points)")
+        if self.nd < 2:
+            raise ValueError(f"qfunc {self.qfunc!r} needs nd >= 2 (H1 of order p >= 1, L2 "
+                             f"of order p - 1), got nd={self.nd}")
+        if self.ncomp != self.dim or not self.comp_axis:
+            raise ValueError(f"qfunc {self.qfunc!r}: the kinematic field has dim={self.dim} "
+                             f"components (ncomp={self.dim}, comp_axis=True), got "
+                             f"ncomp={self.ncomp}, comp_axis={self.comp_axis}")
+
     @property
     def nsym(self):
         return nsym(self.dim)
 
+    @property
+    def force(self):
+        """Whether this is a corner-force instance (``qfunc`` "force" or "force_t")."""
+        return self.qfunc in FORCE_QFUNCS
+
+    @property
+    def nd_l2(self):
+        """Nodes per axis of the thermodynamic space L2 (order ``p - 1``): ``nd - 1``."""
+        return self.nd - 1
+
+    @property
+    def l2_shape(self):
+        """The thermodynamic (L2) element field's shape ``(E, nd - 1, ..., nd - 1)``."""
+        return (self.batch,) + (self.nd - 1,) * self.dim
+
     def _basis_operands(self):
+        if self.qfunc in FORCE_QFUNCS:
+            return (Operand("B_l2", (self.nq, self.nd - 1), False),
+                    Operand("B1d", (self.nq, self.nd), False),
+                    Operand("G1d", (self.nq, self.nd), False))
         b = () if self.collocated else (Operand("B1d", (self.nq, self.nd), False),)
         return b + ((Operand("G1d", (self.nq, self.nd), False),)
                     if self.qfunc != "mass" else ())
@@ -173,6 +217,8 @@ class _Operator(_Spec):
                     Operand("coef", (self.batch,), True, True))
         qdt = getattr(self, "qdtype", None)
         q = (self.batch,) + (self.nq,) * self.dim
+        if self.qfunc in FORCE_QFUNCS:
+            return (Operand("A", (self.batch, self.dim, self.dim) + q[1:], True),)
         d = (Operand("D", q, True, True, qdt),) if self.qfunc in ("mass", "helmholtz") else ()
         return d + ((Operand("Q", (self.batch, self.nsym) + q[1:], True, False, qdt),)
                     if self.qfunc in ("diffusion", "helmholtz") else ())
@@ -192,6 +238,9 @@ class _Operator(_Spec):
         if qdt is not None and geo is not None:
             raise ValueError("qdtype and geometry='vertices' exclude each other (the vertex "
                              "form reads no point data)")
+        if (qdt is not None or geo is not None) and self.qfunc in FORCE_QFUNCS:
+            raise ValueError(f"qdtype and geometry are options of the stored-data operators, "
+                             f"not of the corner force (qfunc={self.qfunc!r})")
         if geo is not None and self.qfunc == "helmholtz":
             raise ValueError("geometry='vertices' is for qfunc 'mass' or 'diffusion' (not "
                              "'helmholtz', which needs two coefficients)")
@@ -373,12 +422,21 @@ class ActionSpec(_Operator):
         comp = (self.ncomp,) if self.comp_axis else ()
         return (self.batch,) + comp + (self.nd,) * self.dim
 
-    out_shape = v_shape
+    @property
+    def out_shape(self):
+        """V's shape; the corner force: ``(E, dim, nd, ...)`` for "force" (H1^d), the L2
+        field ``(E, nd - 1, ...)`` for "force_t"."""
+        return self.l2_shape if self.qfunc == "force_t" else self.v_shape
 
     @property
     def inputs(self):
-        return (self._basis_operands() + self._data_operands()
-                + (Operand("V", self.v_shape, True),))
+        if self.qfunc == "force":
+            field = (Operand("e", self.l2_shape, True),)
+        elif self.qfunc == "force_t":
+            field = (Operand("w", self.v_shape, True),)
+        else:
+            field = (Operand("V", self.v_shape, True),)
+        return self._basis_operands() + self._data_operands() + field
 
     @property
     def p(self):
@@ -507,14 +565,23 @@ class MassApplySpec(_Operator):
     def x_shape(self):
         return ((self.ncomp,) if self.comp_axis else ()) + (self.ndofs,)
 
-    out_shape = x_shape
+    @property
+    def out_shape(self):
+        """x's shape; the corner force "force_t" (L2 <- H1^d, the kinematic vector ``w``
+        gathered): the L2 element field ``(E, nd - 1, ...)``."""
+        return self.l2_shape if self.qfunc == "force_t" else self.x_shape
 
     @property
     def inputs(self):
-        return (self._basis_operands() + self._data_operands()
-                + (Operand("x", self.x_shape, False),
-                   Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
-                           self.index_dtype)))
+        dofs = Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
+                       self.index_dtype)
+        if self.qfunc == "force":          # F e scatter-added into y (dim, ndofs)
+            field = Operand("e", self.l2_shape, True)
+        elif self.qfunc == "force_t":      # F^T w, w gathered from (dim, ndofs)
+            field = Operand("w", self.x_shape, False)
+        else:
+            field = Operand("x", self.x_shape, False)
+        return self._basis_operands() + self._data_operands() + (field, dofs)
 
     @property
     def p(self):

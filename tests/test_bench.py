@@ -368,3 +368,20 @@ def test_default_out_is_not_the_repository_results(tmp_path, monkeypatch):
     st = doc["cases"][0]["impls"]["smalltc"]
     assert st["status"] == "ok" and len(st["after_blas_times_ns"]) == 2
     assert st["after_blas_fraction"] > 0
+
+
+def test_force_suite_end_to_end(tmp_path, capsys):
+    """force on the CPU, tiny (the reference backend: no compile): both directions at 2D
+    p = 2, the element level, the fused form and the einsum chain checked and timed, each
+    against its own bound; the table and the plot."""
+    assert main(TINY + ["--suite", "force", "--p", "2", "--dim", "2", "--out",
+                        str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "bench-force-p2-dim2-float64.json").read_text())
+    assert [c["sizes"]["direction"] for c in doc["cases"]] == ["F", "FT"]
+    for c in doc["cases"]:
+        assert not c.get("error"), c.get("error")
+        assert set(c["impls"]) == {"smalltc", "fused", "einsum"}
+        assert all(r["status"] == "ok" and r["fraction"] > 0 for r in c["impls"].values())
+        assert c["fused_bound"]["bytes"] != c["bound"]["bytes"]
+    assert "== force" in capsys.readouterr().out
+    assert (tmp_path / "force-p2-dim2-force-float64.png").exists()

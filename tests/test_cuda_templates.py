@@ -17,6 +17,7 @@ import pytest
 from smalltc.backends.cuda.action import ACTION, action_ctx
 from smalltc.backends.cuda.assembly import assembly_ctx
 from smalltc.backends.cuda.contract9 import contract9_ctx
+from smalltc.backends.cuda.force import FORCE
 from smalltc.backends.cuda.layout import generic_ctx, layout_ctx
 from smalltc.backends.cuda.mass_apply import MASS_APPLY, MASS_DIAGONAL
 from smalltc.spec import ActionSpec, MassApplySpec, MassDiagonalSpec
@@ -140,6 +141,24 @@ def _configs():
             d = MassDiagonalSpec(dim=dim, nq=nq, nd=nd, batch=1, dtype=dt, ndofs=1,
                                  index_dtype=it, deterministic=det, qfunc=qf, collocated=co)
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
+    # the corner force (issue 31): both directions, element level, fused (atomic and the
+    # deterministic form's element kernel), both index types, 1D-3D, the bound check off once
+    for dim, p, q, dt, op, it, det in ((3, 1, "force", "float64", "action", None, False),
+                                       (3, 2, "force_t", "float64", "mass_apply", "int32", False),
+                                       (3, 4, "force", "float64", "mass_apply", "int64", False),
+                                       (3, 4, "force_t", "float32", "action", None, False),
+                                       (3, 8, "force", "float64", "action", None, False),
+                                       (2, 5, "force", "float32", "mass_apply", "int32", True),
+                                       (2, 3, "force_t", "float64", "mass_apply", "int64", False),
+                                       (1, 3, "force", "float64", "action", None, False)):
+        kw = dict(dim=dim, nq=2 * p, nd=p + 1, batch=1, dtype=dt, ncomp=dim, comp_axis=True,
+                  qfunc=q)
+        sp = ActionSpec(**kw) if op == "action" else MassApplySpec(
+            ndofs=1, index_dtype=it, deterministic=det, **kw)
+        ctx = FORCE.context(sp)
+        out.append(("force.cu.j2", ctx))
+        if (dim, p) == (3, 2):
+            out.append(("force.cu.j2", dict(ctx, bounds_check=0)))
     # device CG (fixed entry names with C linkage: one configuration in the translation unit)
     out.insert(20, ("cg.cu.j2", dict(dtype="float64", threads=256, blocks=1024, jacobi=1)))
     # the deterministic FEM operator's sum through the transposed map

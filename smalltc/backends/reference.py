@@ -16,7 +16,8 @@ from .base import Backend, Executor, Unsupported
 __all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_einsum",
            "mass_apply_unfused", "mass_diagonal_unfused", "operator_action_einsum",
            "operator_assembly_einsum", "operator_diagonal_einsum", "operator_apply_unfused",
-           "operator_diagonal_unfused", "sym_index", "einsum_executor"]
+           "operator_diagonal_unfused", "sym_index", "einsum_executor", "force_einsum",
+           "force_t_einsum", "force_apply_unfused", "force_t_apply_unfused"]
 
 
 def _xp(x):
@@ -226,8 +227,76 @@ def operator_diagonal_unfused(qfunc, B1d, G1d, D, Q, elem_dofs, ndofs, dim):
     return _scatter_add(xp, elem_dofs.reshape(E, -1), t.reshape(E, 1, -1), ndofs)[0]
 
 
+# --- the corner force (mixed spaces H1^d and L2; docs/math.md section 7) -------------------
+
+def _grad_mats(B1d, G1d, dim, a):
+    return [G1d if d == a else B1d for d in range(dim)]
+
+
+def force_einsum(B_l2, B1d, G1d, A, e, dim):
+    """``(F e)_c = sum_a G_a^T (A[c, a] * (B_L2 e))``: ``e`` (E, p, ..., p) -> (E, dim,
+    p+1, ..., p+1), einsum chains (the L2 field interpolated once, one chain per (c, a))."""
+    xp = _xp(e)
+    u = _per_axis(xp, [B_l2] * dim, e, 1, False)
+    comps = []
+    for c in range(dim):
+        U = None
+        for a in range(dim):
+            t = _per_axis(xp, _grad_mats(B1d, G1d, dim, a), A[:, c, a] * u, 1, True)
+            U = t if U is None else U + t
+        comps.append(U)
+    return xp.stack(comps, axis=1)
+
+
+def force_t_einsum(B_l2, B1d, G1d, A, w, dim):
+    """``F^T w = B_L2^T (sum_{c,a} A[c, a] * (G_a w_c))``: ``w`` (E, dim, p+1, ...) ->
+    (E, p, ..., p), einsum chains (one reference gradient per (c, a))."""
+    xp = _xp(w)
+    s = None
+    for c in range(dim):
+        for a in range(dim):
+            t = A[:, c, a] * _per_axis(xp, _grad_mats(B1d, G1d, dim, a), w[:, c], 1, False)
+            s = t if s is None else s + t
+    return _per_axis(xp, [B_l2] * dim, s, 1, True)
+
+
+def force_apply_unfused(B_l2, B1d, G1d, A, e, elem_dofs, ndofs, dim):
+    """``y = sum_e R_e^T (F e)_e``, ``y`` (dim, ndofs): the element force, scatter-added."""
+    xp = _xp(e)
+    E = e.shape[0]
+    U = force_einsum(B_l2, B1d, G1d, A, e, dim).reshape(E, dim, -1)
+    return _scatter_add(xp, elem_dofs.reshape(E, -1), U, ndofs)
+
+
+def force_t_apply_unfused(B_l2, B1d, G1d, A, w, elem_dofs, dim):
+    """``F^T (R_e w)`` per element, ``w`` (dim, ndofs) gathered through ``elem_dofs``."""
+    xp = _xp(w)
+    W = xp.moveaxis(w[:, elem_dofs], 0, 1)                  # (E, dim, p+1, ...)
+    return force_t_einsum(B_l2, B1d, G1d, A, W, dim)
+
+
+def _force_path(spec):
+    """(kernel text, function of the operands) for a corner-force ``spec``."""
+    dim, t = spec.dim, spec.qfunc == "force_t"
+    if spec.op == "action":
+        def fn(L, B, G, A, f):
+            return (force_t_einsum if t else force_einsum)(L, B, G, A, f, dim)
+        kernel = "einsum chains (sum-factorised, one per (c, a))"
+    elif t:
+        def fn(L, B, G, A, w, m):
+            return force_t_apply_unfused(L, B, G, A, w, m, dim)
+        kernel = "gather, einsum chains (unfused)"
+    else:
+        def fn(L, B, G, A, e, m):
+            return force_apply_unfused(L, B, G, A, e, m, spec.ndofs, dim)
+        kernel = "einsum chains, scatter-add (unfused)"
+    return f"{spec.qfunc}: {kernel}", fn
+
+
 def _operator_path(spec):
     """(kernel text, function of the operands) for a non-mass ``spec``."""
+    if spec.qfunc in ("force", "force_t"):
+        return _force_path(spec)
     names = [o.name for o in spec.inputs]
     q, dim = spec.qfunc, spec.dim
 

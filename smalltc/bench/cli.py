@@ -33,10 +33,11 @@ def add_arguments(parser):
                              "when there is one (or what --backend implies)")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--suite", action="append", default=None,
-                        help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve "
+                        help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve, force "
                              "(repeatable; default: the four kernel suites; bp1, bp3, bp5 are "
                              "the CEED bake-off problems: the FEM operators and CG; solve: "
-                             "Jacobi-CG, Chebyshev and p-multigrid solves)")
+                             "Jacobi-CG, Chebyshev and p-multigrid solves; force: BLAST's "
+                             "corner force F and F^T)")
     parser.add_argument("--sizes", default=None,
                         help="square GEMM sizes n, comma separated; add 'rect' to keep the "
                              "rectangular cases (default: n = 2..32 and rectangular)")
@@ -233,6 +234,11 @@ def main_run(args) -> dict:
                                         point_data=_point_data_forms(
                                             getattr(args, "point_data", None))))
             continue
+        if case.op == "force":
+            from .force import run_case as run_force
+            doc["cases"].append(run_force(case, bound_args, xp=xp, backend=args.backend,
+                                          repeats=repeats, warmup=args.warmup))
+            continue
         if case.op == "solve":
             from .solve import run_case as run_solve
             doc["cases"].append(run_solve(case, xp=xp, repeats=1 if kind == "cpu" or quick
@@ -322,7 +328,7 @@ def _warn_in_cache(kind, todo, doc):
     llc = _llc_bytes(doc["device"].get("properties", {}).get("l3"))
     if not llc:
         return
-    small = [c.id for c in todo if c.op not in BP_SUITES + ("solve",) and footprint(c) < llc]
+    small = [c.id for c in todo if c.op not in BP_SUITES + ("solve", "force") and footprint(c) < llc]
     doc["in_cache_cases"] = dict(llc_bytes=llc, cases=len(small))
     if small:
         print(f"  note: {len(small)} of {len(todo)} cases fit in the {llc >> 20} MiB last-level "

@@ -144,7 +144,8 @@ def _short(c):
 
 
 def plot_fraction(doc, path, plt):
-    suites = list(dict.fromkeys(c["suite"] for c in doc["cases"] if c["suite"] != "solve"))
+    suites = list(dict.fromkeys(c["suite"] for c in doc["cases"]
+                                if c["suite"] not in ("solve", "force")))
     if not suites:
         return None
     per = [[c for c in doc["cases"] if c["suite"] == s and not c.get("error")] for s in suites]
@@ -225,6 +226,11 @@ def plot_bp1(doc, path, plt, suite="bp1"):
     return path
 
 
+def _plot_force(doc, path, plt):
+    from .force import plot
+    return plot(doc, path, plt)
+
+
 def _plot_solve(doc, path, plt):
     from .solve import plot
     return plot(doc, path, plt)
@@ -243,7 +249,8 @@ def plot_all(doc, out_dir, prefix="") -> list:
     made = []
     bps = [(partial(plot_bp1, suite=s), s) for s in ("bp1", "bp3", "bp5")]
     for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
-                     (plot_fraction, "fraction"), *bps, (_plot_solve, "solve")):
+                     (plot_fraction, "fraction"), *bps, (_plot_solve, "solve"),
+                     (_plot_force, "force")):
         p = fn(doc, os.path.join(out_dir, f"{prefix}{stem}-{dt}.png"), plt)
         if p:
             made.append(p)

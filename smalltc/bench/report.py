@@ -115,7 +115,7 @@ def load(path) -> dict:
 
 def unit(rec) -> tuple:
     """``(label, key, scale)``: FEM operations in GDoF/s, the rest in GFLOP/s."""
-    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5"):
+    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force"):
         return "GDoF/s", "dofs_per_s", 1e-9
     return "GFLOP/s", "gflops", 1.0
 
@@ -164,6 +164,10 @@ def table(doc, file=None) -> None:
         if suite in ("bp1", "bp3", "bp5"):
             from .bp1 import table as bp1_table
             bp1_table(rows, file)
+            continue
+        if suite == "force":
+            from .force import table as force_table
+            force_table(rows, file)
             continue
         if suite == "solve":
             from .solve import table as solve_table

@@ -17,6 +17,9 @@ bp3, bp5   CEED BP3 and BP5: the diffusion operator (Gauss points, nq = p+2;
            collocated Gauss-Lobatto points, nq = p+1), the same measurements
            plus the einsum chain, ~4M unique DoFs (:mod:`.bp1`); not in the
            default run
+force      BLAST's corner force F and F^T at Laghos' sizes (3D p = 1..8, 2D
+           p = 1..5, nq = 2p): element level, fused with the kinematic map, the
+           einsum chain (:mod:`.force`); not in the default run
 solve      Poisson solves to 1e-8: Jacobi-CG, Chebyshev and p-multigrid,
            3D p = 2..8, distorted mesh (:mod:`.solve`); not in the default run
 =========  ===================================================================
@@ -48,7 +51,7 @@ DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
 #: the CEED bake-off suites: the FEM operators and CG (:mod:`.bp1`)
 BP_SUITES = ("bp1", "bp3", "bp5")
 #: every suite: the kernels, the bake-off problems, and the solves (:mod:`.solve`)
-SUITES = DEFAULT_SUITES + BP_SUITES + ("solve",)
+SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force")
 
 MiB = 2 ** 20
 
@@ -202,6 +205,9 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
     if suite in BP_SUITES:
         from .bp1 import cases as bp_cases
         return bp_cases(dtype, kind, ps, quick, suite)
+    if suite == "force":
+        from .force import cases as force_cases
+        return force_cases(dtype, kind, ps, quick, dims)
     if suite == "solve":
         from .solve import cases as solve_cases
         return solve_cases(dtype, kind, ps, quick)

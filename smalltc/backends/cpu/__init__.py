@@ -18,6 +18,7 @@ family            module                  templates (``templates/cpu/``)
 ``contract``      :mod:`.contract`        ``contract.py.j2`` (8a, 8b, 9)
 ``mass_apply``    :mod:`.mass_apply`      ``mass_apply.py.j2`` (the fused FEM operator)
 ``mass_diagonal``  :mod:`.mass_apply`     ``mass_diagonal.py.j2``
+``force``         :mod:`.force`           ``force.py.j2``, ``_lanes.j2`` (the corner force)
 ================  ======================  ==========================================
 
 What no family claims (sizes beyond the specialised kernels' limits) runs
@@ -60,12 +61,13 @@ if numba is not None:
     from .assembly import ASSEMBLY
     from .contract import CONTRACT, generic_executor
     from .family import Choice
+    from .force import FORCE
     from .gemm import GEMM
     from .mass_apply import MASS_APPLY, MASS_DIAGONAL
     from .target import host, resolve
 
     #: the kernel families, in the order they are asked
-    FAMILIES = (GEMM, ACTION, ASSEMBLY, CONTRACT, MASS_APPLY, MASS_DIAGONAL)
+    FAMILIES = (GEMM, FORCE, ACTION, ASSEMBLY, CONTRACT, MASS_APPLY, MASS_DIAGONAL)
 else:  # pragma: no cover
     FAMILIES = ()
 

@@ -482,7 +482,10 @@ class LanesFamily(Family):
     def supports(self, spec):
         """Every instance of the operator family (docs/math.md section 7) with stored point
         data (float64 or float32); the vertex geometry (docs/math.md section 8) in 2D and
-        3D for the action and the fused apply (not the diagonal)."""
+        3D for the action and the fused apply (not the diagonal); not the corner force,
+        whose kernels are :class:`ForceFamily`'s."""
+        if getattr(spec, "qfunc", "mass") in ("force", "force_t"):
+            return False
         if getattr(spec, "geometry", None) is None:
             return True
         return not self.back_only and spec.dim in (2, 3)

@@ -48,6 +48,7 @@ from .action import ACTION, qfunc_of
 from .assembly import ASSEMBLY
 from .contract9 import CONTRACT9
 from .family import Choice
+from .force import FORCE
 from .layout import LAYOUT, generic_executor
 from .mass_apply import MASS_APPLY, MASS_DIAGONAL
 from .runtime import SmalltcCompileError
@@ -55,7 +56,7 @@ from .runtime import SmalltcCompileError
 __all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "family_of", "choose"]
 
 #: the kernel families, in the order they are asked
-FAMILIES = (LAYOUT, CONTRACT9, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL)
+FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL)
 
 
 def family_of(spec):

@@ -465,8 +465,8 @@ class ActionFamily(Family):
     def supports(self, spec):
         """Every operator instance: mass, diffusion and helmholtz, Gauss or collocated, with
         stored point data (float64 or float32) or, mass and diffusion, the vertex
-        geometry (:data:`VERTEX_FORMS`)."""
-        return _vertex_ok(spec)
+        geometry (:data:`VERTEX_FORMS`); not the corner force (its own family)."""
+        return getattr(spec, "qfunc", "mass") not in ("force", "force_t") and _vertex_ok(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
         ctx = self._context(spec, params, device)

@@ -1,0 +1,210 @@
+"""The ``force`` suite: BLAST's corner force ``F`` (H1^d <- L2) and ``F^T`` (L2 <- H1^d)
+at Laghos' sizes (docs/math.md section 7): 3D p = 1..4 (and up to 8, which Laghos does
+not reach), 2D p = 1..5, ``nq = 2p``, the L2 space of order ``p - 1``. One case per
+(dimension, p, direction) on a box mesh (the kinematic DoF map of an order-p H1 space),
+random ``A`` (the operator is linear in it: its values do not change the time). Each case
+measures, in one process, on the same arrays:
+
+``smalltc``     the element level (:func:`smalltc.force_apply` /
+                :func:`smalltc.force_apply_transpose`: E-vectors in and out)
+``fused``       the kinematic side through the map (``elem_dofs=``: ``F`` adds into
+                the global ``(d, ndofs)`` vector, ``F^T`` gathers from it)
+``einsum``      the reference backend's NumPy/CuPy einsum chain of the element level
+                (one chain per (c, a): the code a Python user would write)
+
+Each is checked against the einsum chain (relative error) before it is timed. Bounds
+(:mod:`smalltc.roofline`): ``A`` read once (``d^2 nq^d`` an element), the L2 field once
+(``p^d``), the kinematic side once (``d (p+1)^d`` an element, or the global vector and the
+map for the fused form). Rates are kinematic DoFs per second (element DoFs ``E d
+(p+1)^d``; for the fused form the unique ``d ndofs``). Sizes: about 2M kinematic element
+DoFs on a GPU, 200k on a CPU (``quick``: 100k / 20k).
+"""
+from __future__ import annotations
+
+import math
+import traceback
+
+import numpy as np
+
+from .. import roofline
+from .._timing import time_calls, time_once
+from .cases import Case
+
+__all__ = ["cases", "run_case", "table", "plot", "SIZES"]
+
+#: dim -> the orders measured (Laghos: 3D p <= 4, 2D p <= 5; 3D up to 8 beyond it)
+SIZES = {3: tuple(range(1, 9)), 2: tuple(range(1, 6))}
+#: kinematic element DoFs a case on a GPU, on a CPU; ``quick``: a GPU's, a CPU's
+TARGET = ((2_000_000, 200_000), (100_000, 20_000))
+
+
+def cases(dtype, kind, ps=None, quick=False, dims=None) -> list:
+    """The cases of the suite for ``dtype`` on a device of ``kind`` ("cpu"/"gpu"): per
+    dimension (3, then 2) and order, ``F`` then ``F^T``.
+
+    >>> [c.id for c in cases("float64", "cpu", ps=[2], dims=[3])]
+    ['force F dim=3 p=2 nq=4 n=14 float64', 'force FT dim=3 p=2 nq=4 n=14 float64']
+    """
+    target = TARGET[1 if quick else 0][0 if kind == "gpu" else 1]
+    out = []
+    for dim in dims or (3, 2):
+        for p in ps or SIZES.get(dim, ()):
+            n = max(1, round((target / (dim * (p + 1) ** dim)) ** (1 / dim)))
+            for direction in ("F", "FT"):
+                out.append(Case("force", "force", dict(label=direction, dim=dim, p=p,
+                                                       nq=2 * p, n=n, batch=n ** dim,
+                                                       direction=direction),
+                                dtype, "" if kind == "gpu" else
+                                f"CPU sizes: ~{TARGET[0][1] // 1000}k kinematic DoFs"))
+    return out
+
+
+def _rec(b, times, what, **extra):
+    from .._timing import median
+    t = median(times)
+    return dict(what=what, status="ok", repeats=len(times), times_ns=times, median_s=t,
+                min_s=min(times) * 1e-9, fraction=b.tmin / t, dofs_per_s=b.dofs / t,
+                gbytes_per_s=b.bytes / t * 1e-9, gflops=b.flops / t * 1e-9, **extra)
+
+
+def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
+    """Measure one case; the record has the bench's layout (``impls``, ``bound``; the
+    fused form's bound under ``fused_bound``)."""
+    import smalltc
+    from ..fem import H1Space, basis_1d, box_mesh
+    from ..spec import ActionSpec, MassApplySpec
+    on_gpu = xp.__name__ == "cupy"
+    s = case.sizes
+    dim, p, nq, n, t = s["dim"], s["p"], s["nq"], s["n"], s["direction"] == "FT"
+    rec = dict(id=case.id, suite=case.suite, op=case.op, dtype=case.dtype, sizes=dict(s),
+               batch=case.batch, note=case.note, impls={})
+    try:
+        dt = case.dtype
+        space = H1Space(box_mesh(dim, n), p)
+        E = space.nelements
+        h1 = basis_1d(p, nq)
+        L = np.ones((nq, 1)) if p == 1 else basis_1d(p - 1, nq).B1d
+        rng = np.random.default_rng(0)
+        L, B, G = (xp.asarray(a.astype(dt)) for a in (L, h1.B1d, h1.G1d))
+        A = xp.asarray(rng.standard_normal((E, dim, dim) + (nq,) * dim).astype(dt))
+        e = xp.asarray(rng.standard_normal((E,) + (p,) * dim).astype(dt))
+        w = xp.asarray(rng.standard_normal((E, dim) + (p + 1,) * dim).astype(dt))
+        emap = space.dof_map(xp)
+        wg = xp.asarray(rng.standard_normal((dim, space.ndofs)).astype(dt))
+        q = "force_t" if t else "force"
+        common = dict(dim=dim, nq=nq, nd=p + 1, batch=E, dtype=dt, ncomp=dim, comp_axis=True,
+                      qfunc=q)
+        b = roofline.bound(ActionSpec(**common), **bound_args)
+        bf = roofline.bound(MassApplySpec(ndofs=space.ndofs,
+                                          index_dtype=np.dtype(emap.dtype).name, **common),
+                            **bound_args)
+        rec.update(bound=b.as_dict(), fused_bound=bf.as_dict(),
+                   footprint_bytes=int(A.nbytes + e.nbytes + w.nbytes + emap.nbytes))
+        fn = smalltc.force_apply_transpose if t else smalltc.force_apply
+        field = w if t else e
+        tol = 1e-12 if dt == "float64" else 1e-5
+        ref, first_e = time_once(lambda: fn(L, B, G, A, field, backend="reference"),
+                                 on_gpu=on_gpu)
+        times = time_calls(lambda: fn(L, B, G, A, field, backend="reference"),
+                           repeats=max(3, repeats // 4), warmup=1, on_gpu=on_gpu)
+        rec["impls"]["einsum"] = _rec(b, times, f"{xp.__name__} einsum chain (the reference "
+                                      "backend)", first_call_s=first_e)
+        if t:
+            Wg = xp.moveaxis(wg[:, emap], 0, 1)
+            ref_fused = fn(L, B, G, A, Wg, backend="reference")
+            fused_ops = (L, B, G, A, wg, emap)
+        else:
+            ref_fused = smalltc.force_apply(L, B, G, A, e, elem_dofs=emap, ndofs=space.ndofs,
+                                            backend="reference")
+            fused_ops = (L, B, G, A, e, emap)
+        op_name = "force_apply_transpose" if t else "force_apply"
+        for name, ops, want, bb in (("smalltc", (L, B, G, A, field), ref, b),
+                                    ("fused", fused_ops, ref_fused, bf)):
+            y = xp.full(want.shape, math.nan, dtype=dt)
+
+            def first_call():
+                pl = smalltc.plan(op_name, *ops, backend=backend,
+                                  ndofs=None if t or name == "smalltc" else space.ndofs)
+                pl(*ops, out=y)
+                return pl
+            plan, first = time_once(first_call, on_gpu=on_gpu)
+            err = float(xp.linalg.norm(y - want) / xp.linalg.norm(want))
+            info = dict(rel_err=err, tolerance=tol, first_call_s=first, backend=plan.backend,
+                        kernel=str(plan.kernel), specialized=bool(plan.specialized))
+            if not (err <= tol and bool(xp.isfinite(y).all())):
+                rec["impls"][name] = dict(info, status="failed",
+                                          error=f"relative error {err:.3e} > {tol:g}")
+                continue
+            times = time_calls(lambda: plan(*ops, out=y), repeats=repeats, warmup=warmup,
+                               on_gpu=on_gpu)
+            rec["impls"][name] = _rec(bb, times, f"smalltc.{op_name} ({plan.backend}"
+                                      + (", elem_dofs)" if name == "fused" else ")"), **info)
+    except Exception as err:   # a case that cannot run is recorded, the suite goes on
+        rec["error"] = repr(err)
+        rec["traceback"] = traceback.format_exc()
+    return rec
+
+
+def table(rows, file) -> None:
+    """One line per case: GDoF/s and the fraction of its bound per implementation, and the
+    element level over the einsum chain."""
+    print("\n== force (kinematic GDoF/s; %bound: fraction of the roofline bound, A and the "
+          "fields read or written once; x einsum = smalltc / the einsum chain) ==", file=file)
+    print(f"{'case':34s} {'smalltc':>9s} {'%bound':>7s} {'fused':>9s} {'%bound':>7s} "
+          f"{'einsum':>9s} {'x einsum':>9s}  kernel", file=file)
+    for c in rows:
+        label = c["id"].replace(f" {c['dtype']}", "")
+        if c.get("error"):
+            print(f"{label:34s} error: {c['error']}", file=file)
+            continue
+        cells = []
+        for name in ("smalltc", "fused", "einsum"):
+            r = c["impls"].get(name) or {}
+            if r.get("status") == "ok":
+                cells.append(f"{r['dofs_per_s'] * 1e-9:9.3g}" + (
+                    f" {100 * r['fraction']:6.1f}%" if name != "einsum" else ""))
+            else:
+                cells.append(f"{r.get('status', '-'):>9s}" + ("" if name == "einsum"
+                                                               else f" {'':>7s}"))
+        me, ein = c["impls"].get("smalltc") or {}, c["impls"].get("einsum") or {}
+        ratio = (f"{ein['median_s'] / me['median_s']:9.2f}" if me.get("status") == "ok"
+                 and ein.get("status") == "ok" else f"{'-':>9s}")
+        kernel = me.get("kernel", "")
+        print(f"{label:34s} {' '.join(cells)} {ratio}  {kernel[:60]}", file=file)
+
+
+def plot(doc, path, plt):
+    """Kinematic DoFs/s against p with the bounds: a panel per dimension, both directions,
+    the element level, the fused form and the einsum chain."""
+    cs = [c for c in doc["cases"] if c["suite"] == "force" and not c.get("error")]
+    if not cs:
+        return None
+    dims = sorted({c["sizes"]["dim"] for c in cs}, reverse=True)
+    fig, axes = plt.subplots(1, len(dims), figsize=(6 * len(dims), 4.6), squeeze=False)
+    for ax, dim in zip(axes[0], dims):
+        for k, (direction, label) in enumerate((("F", "F"), ("FT", "F^T"))):
+            sub = sorted((c for c in cs if c["sizes"]["dim"] == dim
+                          and c["sizes"]["direction"] == direction),
+                         key=lambda c: c["sizes"]["p"])
+            ps = [c["sizes"]["p"] for c in sub]
+            for name, style in (("smalltc", "-"), ("fused", ":"), ("einsum", "-.")):
+                pts = [(c["sizes"]["p"], c["impls"][name]["dofs_per_s"] * 1e-9) for c in sub
+                       if (c["impls"].get(name) or {}).get("status") == "ok"]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{2 * k}",
+                            label=f"{label} {name}")
+            ax.plot(ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub], "--", lw=1,
+                    color=f"C{2 * k + 1}", label=f"{label} bound (element level)")
+        ax.set_yscale("log")
+        ax.set_xlabel("kinematic order p (nq = 2p, L2 order p - 1)")
+        ax.set_ylabel("kinematic DoFs / s (x 1e9)")
+        ax.set_title(f"{dim}D", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    bw = doc["probes"]["bandwidth"]["value"] * 1e-9
+    fig.suptitle(f"{doc['device']['name']} {doc['options']['dtype']}: the corner force "
+                 f"F and F^T (BW = {bw:.0f} GB/s)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

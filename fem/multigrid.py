@@ -125,6 +125,7 @@ class Transfer:
         I1d, _ = lagrange_basis(gauss_lobatto(coarse.nd)[0], gauss_lobatto(fine.nd)[0])
         self.I1d = xp.asarray(I1d.astype(self.dtype))        # (nd_fine, nd_coarse)
         self.I1dT = xp.ascontiguousarray(self.I1d.T)
+        self.I1d = xp.ascontiguousarray(self.I1d)
         w = 1.0 / fine.multiplicity()
         if fine_free is not None:
             w = w * np.asarray(to_host(fine_free), dtype=bool)
@@ -150,7 +151,7 @@ class Transfer:
                  f"_{'i32' if itype == np.int32 else 'i64'}")
         return RT.get_kernel("pmg_transfer.cu.j2", entry, ctx)
 
-    def _fused(self, forward, x):
+    def _fused(self, forward, x, out=None):
         xp = self.xp
         x = xp.ascontiguousarray(xp.asarray(x, dtype=self.dtype))
         if forward:
@@ -159,12 +160,12 @@ class Transfer:
         else:
             M, src, dst = self.I1dT, self.fine, self.coarse
             w_in, w_out = self._fine_w, self._coarse_w
-        y = xp.zeros(dst.ndofs, dtype=self.dtype)
+        y = xp.zeros(dst.ndofs, dtype=self.dtype) if out is None else out
         E = self.fine.nelements
         grid = (int(min(E, 65535 * 8)),)
         self._kernel(forward)(grid, (_TRANSFER_THREADS,),
-                              (xp.ascontiguousarray(M), x, src.dof_map(xp), w_in,
-                               dst.dof_map(xp), w_out, y, np.int64(E)))
+                              (M, x, src.dof_map(xp), w_in, dst.dof_map(xp), w_out, y,
+                               np.int64(E)))
         return y
 
     def prolong(self, xc):
@@ -176,6 +177,14 @@ class Transfer:
         dim = self.fine.dim
         v = apply_tensor([self.I1d] * dim, self.coarse.gather(xc))
         return self.fine.scatter(v * self.weights)
+
+    def prolong_add(self, xc, x):
+        """``x += P x_coarse`` in place (the fused kernel adds into ``x`` directly);
+        returns ``x``."""
+        if self.fused and x.dtype == self.dtype and x.flags.c_contiguous:
+            return self._fused(True, xc, out=x)
+        x += self.prolong(xc)
+        return x
 
     def restrict(self, rf):
         """``r_coarse = P^T r_fine`` (shape (ndofs_fine,) -> (ndofs_coarse,))."""
@@ -228,6 +237,75 @@ class Constrained:
         return self._diag
 
 
+class _NoTimer:
+    """The V-cycle's timer when not profiling: a context that does nothing."""
+
+    def __call__(self, level, part):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_TIMER = _NoTimer()
+
+
+class _Timer:
+    """Accumulates seconds per ``(level, part)``: CUDA events on the current stream
+    (read after one synchronisation at the end) or ``perf_counter`` on the host."""
+
+    def __init__(self, on_gpu):
+        self.on_gpu, self.marks, self.host = on_gpu, [], {}
+        self._key = None
+
+    def __call__(self, level, part):
+        self._key = (level, part)
+        return self
+
+    def __enter__(self):
+        key = self._key
+        if self.on_gpu:
+            import cupy
+            ev = cupy.cuda.Event()
+            ev.record()
+            self.marks.append([key, ev, None])
+        else:
+            import time
+            self.marks.append([key, time.perf_counter(), None])
+        return self
+
+    def __exit__(self, *exc):
+        # the innermost open mark of this key (parts do not nest within one level)
+        for m in reversed(self.marks):
+            if m[2] is None:
+                break
+        if self.on_gpu:
+            import cupy
+            ev = cupy.cuda.Event()
+            ev.record()
+            m[2] = ev
+        else:
+            import time
+            m[2] = time.perf_counter()
+        return False
+
+    def totals(self):
+        out = {}
+        if self.on_gpu and self.marks:
+            self.marks[-1][2].synchronize()
+        for key, a, b in self.marks:
+            if self.on_gpu:
+                import cupy
+                dt = cupy.cuda.get_elapsed_time(a, b) * 1e-3
+            else:
+                dt = b - a
+            out[key] = out.get(key, 0.0) + dt
+        return out
+
+
 class _Level:
     """One level: its space, (constrained) operator, smoother, free mask."""
 
@@ -255,6 +333,9 @@ class PMultigrid(_Preconditioner):
         The solve of the order-1 (coarsest) level.
     cycles : int
         V-cycles run so far.
+    setup_times : dict
+        Seconds of the setup's parts (operators, transfers, assembly, eigenvalues,
+        csr, amg), from :func:`pmg`.
     """
 
     def __init__(self, levels, transfers, coarse, degree, kind):
@@ -264,6 +345,7 @@ class PMultigrid(_Preconditioner):
         self.xp = fine.A.xp
         self.n, self.dtype = fine.space.ndofs, fine.A.dtype
         self.cycles = 0
+        self.setup_times = {}
 
     @property
     def operator(self):
@@ -273,17 +355,77 @@ class PMultigrid(_Preconditioner):
     def __call__(self, r):
         """One V-cycle on ``A z = r`` from ``z = 0``; ``z`` in r's dtype."""
         self.cycles += 1
-        return self._vcycle(0, r).astype(r.dtype, copy=False)
+        return self._vcycle(0, r, _NO_TIMER).astype(r.dtype, copy=False)
 
-    def _vcycle(self, l, b):
+    def _vcycle(self, l, b, tm):
+        """The V-cycle below level ``l`` on ``A_l x = b``; ``tm(l, part)``: a context
+        around each part (the profile's timer, or nothing)."""
         if l == len(self.levels) - 1:
-            return self.coarse(b)
+            with tm(l, "coarse"):
+                return self.coarse(b)
         lev, T = self.levels[l], self.transfers[l]
         S = lev.smoother
-        x = S.smooth(b)
-        r = b - lev.A(x)
-        x = x + T.prolong(self._vcycle(l + 1, T.restrict(r)))
-        return S.smooth(b, x)
+        ops = S.vector_ops
+        with tm(l, "presmooth"):
+            x, xm = S._smooth(b.copy())                 # b is the caller's: r works on a copy
+        with tm(l, "residual"):
+            r = ops.residual(b, lev.raw(xm), x)
+        with tm(l, "restrict"):
+            rc = T.restrict(r)
+        ec = self._vcycle(l + 1, rc, tm)
+        with tm(l, "prolong"):
+            x = T.prolong_add(ec, x)
+        with tm(l, "residual"):
+            r = ops.residual(b, lev.raw(x if ops.free is None else x * ops.free), x)
+        with tm(l, "postsmooth"):
+            x, _ = S._smooth(r, x)
+        return x
+
+    def profile(self, r, repeats=3):
+        """Time one V-cycle's parts per level: smoothing, residuals, transfers, the
+        coarse solve (CUDA events around each part on a GPU, so only in this mode;
+        ``perf_counter`` on the host); the median of ``repeats`` V-cycles after one
+        untimed.
+
+        Returns
+        -------
+        dict
+            ``levels``: per level ``{"p", "ndofs", part: seconds, ...}`` (parts
+            ``presmooth``, ``residual`` (both), ``restrict``, ``prolong``; ``coarse`` on
+            the last level); ``vcycle_s``: the V-cycle timed whole; ``parts_s``: the sum
+            of the parts; ``apply_s``: one application of the finest (constrained)
+            operator, and ``vcycle_in_applications``.
+
+        Examples
+        --------
+        >>> from smalltc import fem
+        >>> M = fem.pmg(fem.H1Space(fem.box_mesh(2, 3), p=2), kind="diffusion",
+        ...             constrained="boundary")
+        >>> prof = M.profile(np.ones(M.n), repeats=1)
+        >>> sorted(prof["levels"][0]), sorted(prof["levels"][1])
+        (['ndofs', 'p', 'postsmooth', 'presmooth', 'prolong', 'residual', 'restrict'], ['coarse', 'ndofs', 'p'])
+        """
+        from smalltc._timing import median, time_calls
+        on_gpu = self.xp is not np
+        self._vcycle(0, r, _NO_TIMER)
+        runs = []
+        for _ in range(max(1, int(repeats))):
+            tm = _Timer(on_gpu)
+            self._vcycle(0, r, tm)
+            runs.append(tm.totals())
+        out = []
+        for l, lev in enumerate(self.levels):
+            row = {"p": lev.space.p, "ndofs": lev.space.ndofs}
+            for key in sorted({k for run in runs for (ll, k) in run if ll == l}):
+                row[key] = float(np.median([run.get((l, key), 0.0) for run in runs]))
+            out.append(row)
+        t_cycle = median(time_calls(lambda: self._vcycle(0, r, _NO_TIMER),
+                                    repeats=max(1, int(repeats)), warmup=0, on_gpu=on_gpu))
+        t_apply = median(time_calls(lambda: self.operator(r), repeats=max(1, int(repeats)),
+                                    warmup=1, on_gpu=on_gpu))
+        parts = sum(v for row in out for k, v in row.items() if k not in ("p", "ndofs"))
+        return {"levels": out, "vcycle_s": t_cycle, "parts_s": parts,
+                "apply_s": t_apply, "vcycle_in_applications": t_cycle / t_apply}
 
     def cost(self):
         """The V-cycle's operator applications: per level, and their sum weighted by each
@@ -498,12 +640,14 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
             fixed[idx] = True
         if fixed.shape != (space.ndofs,):
             raise ValueError(f"constrained has shape {fixed.shape}, expected ({space.ndofs},)")
+    clock = _SetupClock()
     levels, transfers = [], []
     op = fine_op if fine_op is not None else make(space)
-    xp = array_module(op.diagonal())
+    xp = clock.xp = array_module(op.diagonal())
     dtype = np.dtype(getattr(op, "dtype", np.float64))
     free = None if fixed is None else ~fixed
     levels.append(_Level(space, op, free, xp))
+    clock("operators")
     for q in orders[1:]:
         fine = levels[-1]
         cspace = H1Space(space.mesh, q)
@@ -515,18 +659,42 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
             cfree = ~touched
         transfers.append(Transfer(cspace, fine.space, xp, coarse_free=cfree,
                                   fine_free=fine.free, dtype=dtype))
+        clock("transfers")
         last = q == orders[-1] and coarse == "amg"
         levels.append(_Level(cspace, _make_coarse(make, cspace) if last else make(cspace),
                              cfree, xp))
+        clock("assembly" if last else "operators")
     for lev in levels[:-1]:
         lev.smoother = Chebyshev(lev.A, degree=degree, kind=smoother, steps=lambda_steps)
+    clock("eigenvalues")
     last = levels[-1]
     if coarse == "amg":
         A = assemble_csr(last.A, last.space)
+        clock("csr")
         solver = AMGSolver(A, xp, cycle=amg_cycle)
+        clock("amg")
     else:
         solver = CGSolver(last.A, last.A.diagonal(), tol=coarse_tol)
-    return PMultigrid(levels, transfers, solver, degree, smoother)
+    M = PMultigrid(levels, transfers, solver, degree, smoother)
+    M.setup_times = clock.times
+    return M
+
+
+class _SetupClock:
+    """Seconds of the setup's parts: ``clock(part)`` adds the time since the last call
+    (synchronising the GPU first, so a part's kernels count in it)."""
+
+    def __init__(self):
+        import time
+        self._now, self.xp = time.perf_counter, np
+        self.times, self._t = {}, self._now()
+
+    def __call__(self, part):
+        if self.xp is not np:
+            self.xp.cuda.runtime.deviceSynchronize()
+        t = self._now()
+        self.times[part] = self.times.get(part, 0.0) + (t - self._t)
+        self._t = t
 
 
 def _make_coarse(make, space):

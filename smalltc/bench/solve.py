@@ -58,8 +58,10 @@ def _operator_factory(device):
     return _factory("diffusion", None, device)
 
 
-def run_case(case, *, xp, repeats=1) -> dict:
-    """Solve one case with each preconditioner; the record has the bench's layout."""
+def run_case(case, *, xp, repeats=1, profile=False) -> dict:
+    """Solve one case with each preconditioner; the record has the bench's layout.
+    ``profile``: also :meth:`PMultigrid.profile` (a V-cycle's time per level and part)
+    in the pmg record's ``profile``."""
     from .. import fem
     on_gpu = xp.__name__ == "cupy"
     device = "gpu" if on_gpu else "cpu"
@@ -115,7 +117,10 @@ def run_case(case, *, xp, repeats=1) -> dict:
                              vcycle_fine_applications=c["fine_equivalent"],
                              vcycle_s=t_cycle, apply_s=t_apply,
                              vcycle_in_applications=t_cycle / t_apply,
-                             coarse=P.coarse.describe(), hierarchy=str(P))
+                             coarse=P.coarse.describe(), hierarchy=str(P),
+                             setup_parts=dict(getattr(P, "setup_times", {})))
+                    if profile:
+                        r["profile"] = P.profile(b, repeats=3)
             except Exception as err:
                 r.update(error=repr(err), trace=traceback.format_exc(limit=-8))
     except Exception as err:
@@ -158,6 +163,24 @@ def table(rows, file) -> None:
             v = im.get("pmg", {}).get(key)
             line += f" {v:5.1f}" if v else f" {'-':>5s}"
         print(line, file=file)
+    prof = [c for c in rows if c.get("impls", {}).get("pmg", {}).get("profile")]
+    if prof:
+        print("\n== solve: one p-multigrid V-cycle per level and part, ms (--profile; "
+              "res: both residuals; setup: the setup's parts, s) ==", file=file)
+        for c in prof:
+            pm = c["impls"]["pmg"]
+            pr = pm["profile"]
+            print(f"{c['id'].replace(' ' + c['dtype'], '')}: V-cycle {pr['vcycle_s'] * 1e3:.3g}"
+                  f" ms (parts {pr['parts_s'] * 1e3:.3g}), finest apply "
+                  f"{pr['apply_s'] * 1e3:.3g} ms, V/A t {pr['vcycle_in_applications']:.1f}",
+                  file=file)
+            for row in pr["levels"]:
+                parts = " ".join(f"{k[:5]} {v * 1e3:7.3f}" for k, v in row.items()
+                                 if k not in ("p", "ndofs"))
+                print(f"  p={row['p']:<2d} {row['ndofs']:>9d}  {parts}", file=file)
+            if pm.get("setup_parts"):
+                print("  setup: " + ", ".join(f"{k} {v:.3g}" for k, v in
+                                              pm["setup_parts"].items()), file=file)
 
 
 def plot(doc, path, plt):

@@ -61,6 +61,9 @@ def assemble_csr(operator, space):
     """
     import scipy.sparse as sp
     n = space.ndofs
+    if getattr(operator, "matrices", None) is not None and getattr(operator, "space", None) \
+            is space:
+        return _csr_from_elements(operator.matrices, space)
     if hasattr(operator, "to_csr"):
         indptr, indices, data = operator.to_csr()
         return sp.csr_matrix((to_host(data), to_host(indices), to_host(indptr)), shape=(n, n))
@@ -87,6 +90,28 @@ def assemble_csr(operator, space):
         vals.append(y[sub.row])
     return sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                          shape=(n, n)).tocsr()
+
+
+def _csr_from_elements(matrices, space):
+    """The sum of element matrices ``(E, n, n)`` into the global CSR matrix (SciPy, float64,
+    on the host): a COO triple summed by ``tocsr`` (linear time; no global sort), on the
+    device where the matrices are (``cupyx.scipy.sparse``), then copied to the host."""
+    import scipy.sparse as sp
+    xp = array_module(matrices)
+    E, m = matrices.shape[:2]
+    N = space.ndofs
+    dofs = space.dof_map(xp).reshape(E, m) if xp is not np else \
+        np.asarray(space.elem_dofs).reshape(E, m)
+    rows = xp.repeat(dofs, m, axis=1).ravel()
+    cols = xp.tile(dofs, (1, m)).ravel()
+    vals = matrices.reshape(-1).astype(np.float64, copy=False)
+    if xp is np:
+        return sp.coo_matrix((vals, (rows, cols)), shape=(N, N)).tocsr()
+    import cupyx.scipy.sparse as csp
+    A = csp.coo_matrix((vals, (rows.astype(np.int32), cols.astype(np.int32))),
+                       shape=(N, N)).tocsr()
+    A.sum_duplicates()
+    return sp.csr_matrix((A.data.get(), A.indices.get(), A.indptr.get()), shape=(N, N))
 
 
 def _pattern(space):

@@ -470,7 +470,7 @@ _QUADRATURES_GLL = ("gll", "lobatto", "gauss-lobatto")
 
 
 def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficients=None,
-             options=None):
+             options=None, coarse_nq_offset=None):
     """``space -> operator`` of the family (:func:`~smalltc.fem.operators.mass_operator`,
     ``diffusion_operator``, ``helmholtz_operator``) for the named kind, or like ``operator``
     (its ``qfunc``, quadrature rule, ``nq - p``, dtype, backend, fused)."""
@@ -510,8 +510,9 @@ def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficien
     if options.get("dtype") is not None:
         options["dtype"] = np.dtype(options["dtype"])
 
-    def make(space, assembled=False):
-        nq = space.p + nq_offset
+    def make(space, assembled=False, coarse=False):
+        nq = space.p + (nq_offset if not coarse or coarse_nq_offset is None
+                        else coarse_nq_offset)
         kw = dict(options, assembled=assembled)
         if kind == "mass":
             return ops.mass_operator(space, nq, c.get("rho"), **kw)
@@ -525,7 +526,8 @@ def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficien
 
 def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth",
         constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
-        operator_factory=None, device=None, nq_offset=None, quadrature=None, kappa=None,
+        operator_factory=None, device=None, nq_offset=None, coarse_nq_offset=1,
+        quadrature=None, kappa=None,
         alpha=None, rho=None, lambda_steps=10):
     """Build a p-multigrid preconditioner.
 
@@ -565,6 +567,12 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
     nq_offset : int, optional
         The levels built here use ``nq = p + nq_offset`` points (the given operator's
         offset; else 2, 1 for Gauss-Lobatto).
+    coarse_nq_offset : int or None
+        The levels below the finest use ``nq = q + coarse_nq_offset`` points (1 by
+        default: the order-2 level's operator on 27 points instead of 64 and the
+        order-1 level's assembly on 8 instead of 27, with the same iterations on a
+        distorted 3D box at p = 2, 4, 6); None: ``nq_offset``. Not for
+        ``operator_factory``.
     quadrature : str, optional
         Their rule (the given operator's: ``"gll"`` when it is collocated; else
         ``"gauss"``).
@@ -615,7 +623,9 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
                             f"space and kind=, or operator_factory=")
         device = device or getattr(fine_op, "device", "cpu")
     make = operator_factory or _factory(kind, fine_op, device, nq_offset, quadrature,
-                                        dict(kappa=kappa, alpha=alpha, rho=rho))
+                                        dict(kappa=kappa, alpha=alpha, rho=rho),
+                                        coarse_nq_offset=coarse_nq_offset)
+    own = operator_factory is None
     if bc_dofs is not None:
         if constrained is not None:
             raise ValueError("a ConstrainedOperator brings its constrained DoFs: "
@@ -661,8 +671,8 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
                                   fine_free=fine.free, dtype=dtype))
         clock("transfers")
         last = q == orders[-1] and coarse == "amg"
-        levels.append(_Level(cspace, _make_coarse(make, cspace) if last else make(cspace),
-                             cfree, xp))
+        levels.append(_Level(cspace, _make_coarse(make, cspace, own) if last else
+                             (make(cspace, coarse=True) if own else make(cspace)), cfree, xp))
         clock("assembly" if last else "operators")
     for lev in levels[:-1]:
         lev.smoother = Chebyshev(lev.A, degree=degree, kind=smoother, steps=lambda_steps)
@@ -697,9 +707,12 @@ class _SetupClock:
         self._t = t
 
 
-def _make_coarse(make, space):
+def _make_coarse(make, space, own=False):
     """The order-1 level for the AMG: assembled (element matrices, ``to_csr()``) where the
-    factory can (``make(space, assembled=True)``), else matrix-free (then probed)."""
+    factory can (``make(space, assembled=True)``), else matrix-free (then probed);
+    ``own``: pmg's own factory (the coarse levels' quadrature)."""
+    if own:
+        return make(space, assembled=True, coarse=True)
     try:
         return make(space, assembled=True)
     except TypeError:           # a user's factory without the keyword

@@ -14,6 +14,7 @@ from . import register
 from .base import Backend, Executor, Unsupported
 
 __all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_einsum",
+           "operator_assembly_gemm",
            "mass_apply_unfused", "mass_diagonal_unfused", "operator_action_einsum",
            "operator_assembly_einsum", "operator_diagonal_einsum", "operator_apply_unfused",
            "operator_diagonal_unfused", "sym_index", "einsum_executor"]
@@ -206,6 +207,65 @@ def operator_assembly_einsum(qfunc, B1d, G1d, D, Q, dim):
     return K.reshape(E, nd ** dim, nd ** dim)
 
 
+#: the dense assembly (:func:`operator_assembly_gemm`) runs up to this many entries per
+#: element row (nd^dim: 3D p <= 2, 2D p <= 4); beyond, its GEMM outgrows the einsum chains
+GEMM_ASSEMBLY_MAX_ND = 27
+
+
+def operator_assembly_gemm(qfunc, B1d, G1d, D, Q, dim, chunk_entries=2 ** 23):
+    """Element matrices as :func:`operator_assembly_einsum`, by dense gradients and one
+    GEMM per chunk of elements: with ``G_a`` the Kronecker products (``nq^dim x
+    nd^dim``; ``G1d`` on axis a, ``B1d`` on the others) and, for Helmholtz, ``B_all``,
+    ``H_a[k, e, j] = sum_b Q_e^ab[k] G_b[k, j]`` (and ``D_e[k] B_all[k, j]``), then
+    ``K[:, e, :] = [G_0; ...; B_all]^T [H_0; ...]``. Fast for low orders (the p = 1
+    matrices of a p-multigrid), where the einsum chains are many small contractions;
+    NumPy or CuPy (a cuBLAS GEMM).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> B, G, Q = rng.random((3, 2)), rng.random((3, 2)), rng.random((4, 6, 3, 3, 3))
+    >>> K = operator_assembly_gemm("diffusion", B, G, None, Q, 3)
+    >>> K.shape, bool(np.allclose(K, operator_assembly_einsum("diffusion", B, G, None, Q, 3)))
+    ((4, 8, 8), True)
+    """
+    xp = _xp(Q)
+    B = _eye_if_none(xp, B1d, G1d)
+    E, (nq, nd) = Q.shape[0], G1d.shape
+    K, N = nq ** dim, nd ** dim
+
+    def kron(mats):
+        out = mats[0]
+        for m in mats[1:]:
+            out = xp.kron(out, m)
+        return out
+    grads = [kron([G1d if d == a else B for d in range(dim)]) for a in range(dim)]
+    blocks = grads + ([kron([B] * dim)] if qfunc == "helmholtz" else [])
+    Gcat_T = xp.ascontiguousarray(xp.concatenate(blocks, axis=0).T)     # (N, nb K)
+    nb = len(blocks)
+    idx = sym_index(dim)
+    Qf = Q.reshape(E, -1, K)
+    Df = D.reshape(E, K) if qfunc == "helmholtz" else None
+    out = xp.empty((E, N, N), dtype=Q.dtype)
+    step = max(1, chunk_entries // (nb * K * N))
+    for e0 in range(0, E, step):
+        e1 = min(E, e0 + step)
+        m = e1 - e0
+        H = xp.empty((nb, K, m, N), dtype=Q.dtype)
+        for a in range(dim):
+            for b in range(dim):
+                t = Qf[e0:e1, idx[a][b]].T[:, :, None] * grads[b][:, None, :]
+                if b == 0:
+                    H[a] = t
+                else:
+                    H[a] += t
+        if Df is not None:
+            H[dim] = Df[e0:e1].T[:, :, None] * blocks[dim][:, None, :]
+        R = Gcat_T @ H.reshape(nb * K, m * N)                            # (N, m N)
+        out[e0:e1] = R.reshape(N, m, N).transpose(1, 0, 2)
+    return out
+
+
 def operator_apply_unfused(qfunc, B1d, G1d, D, Q, x, elem_dofs, dim):
     """``y = sum_e R_e^T A_e R_e x`` for the element action of ``qfunc``: gather, the
     einsum chains, scatter-add (as :func:`mass_apply_unfused`)."""
@@ -299,6 +359,16 @@ def einsum_executor(spec, backend):
     a generic path (``specialized=False``; the plan logs it)."""
     kernel, fn = (_operator_path(spec) if getattr(spec, "qfunc", "mass") != "mass" else
                   _PATHS[spec.op])
+    if spec.op == "assembly" and spec.qfunc != "mass" and \
+            spec.nd ** spec.dim <= GEMM_ASSEMBLY_MAX_ND:
+        names = [o.name for o in spec.inputs]
+
+        def fn(*ops):
+            a = dict(zip(names, ops))
+            return operator_assembly_gemm(spec.qfunc, a.get("B1d"), a["G1d"], a.get("D"),
+                                          a.get("Q"), spec.dim)
+        kernel = (f"{spec.qfunc}: dense gradients, one GEMM per chunk of elements"
+                  f"{', collocated' if spec.collocated else ''}")
     ex = _Run(f"reference {kernel.format(spec=spec)} (no {backend} kernel for this "
               "instance)", functools.partial(fn, spec) if spec.qfunc == "mass" else fn)
     ex.specialized, ex.source = False, "generic"

@@ -208,18 +208,22 @@ def operator_assembly_einsum(qfunc, B1d, G1d, D, Q, dim):
 
 
 #: the dense assembly (:func:`operator_assembly_gemm`) runs up to this many entries per
-#: element row (nd^dim: 3D p <= 2, 2D p <= 4); beyond, its GEMM outgrows the einsum chains
+#: element row (nd^dim: 3D p <= 2, 2D p <= 4); beyond, its GEMM (``nd^2dim`` columns)
+#: outgrows the einsum chains
 GEMM_ASSEMBLY_MAX_ND = 27
 
 
-def operator_assembly_gemm(qfunc, B1d, G1d, D, Q, dim, chunk_entries=2 ** 23):
-    """Element matrices as :func:`operator_assembly_einsum`, by dense gradients and one
-    GEMM per chunk of elements: with ``G_a`` the Kronecker products (``nq^dim x
-    nd^dim``; ``G1d`` on axis a, ``B1d`` on the others) and, for Helmholtz, ``B_all``,
-    ``H_a[k, e, j] = sum_b Q_e^ab[k] G_b[k, j]`` (and ``D_e[k] B_all[k, j]``), then
-    ``K[:, e, :] = [G_0; ...; B_all]^T [H_0; ...]``. Fast for low orders (the p = 1
-    matrices of a p-multigrid), where the einsum chains are many small contractions;
-    NumPy or CuPy (a cuBLAS GEMM).
+def operator_assembly_gemm(qfunc, B1d, G1d, D, Q, dim):
+    """Element matrices as :func:`operator_assembly_einsum`, as one GEMM of the packed
+    quadrature data with the products of dense gradients: with ``G_a`` the Kronecker
+    products (``nq^dim x nd^dim``; ``G1d`` on axis a, ``B1d`` on the others),
+    ``P_c[k, i, j] = G_a[k, i] G_b[k, j]`` (plus its transpose for a != b) for the packed
+    pair ``c = (a, b)``, and ``K_e = sum_{c, k} Q_e[c, k] P_c[k]``: ``Q`` reshaped to
+    ``(E, nsym nq^dim)`` times ``P`` ``(nsym nq^dim, nd^2dim)``, written straight into
+    the ``(E, nd^dim, nd^dim)`` result (Helmholtz: a second GEMM of ``D`` with the
+    products of ``B``). ``2 nsym nq^dim nd^2dim`` flops per element: for low orders (the
+    p = 1 matrices of a p-multigrid), where the einsum chains are many small
+    contractions; NumPy or CuPy (a cuBLAS GEMM).
 
     Examples
     --------
@@ -240,30 +244,17 @@ def operator_assembly_gemm(qfunc, B1d, G1d, D, Q, dim, chunk_entries=2 ** 23):
             out = xp.kron(out, m)
         return out
     grads = [kron([G1d if d == a else B for d in range(dim)]) for a in range(dim)]
-    blocks = grads + ([kron([B] * dim)] if qfunc == "helmholtz" else [])
-    Gcat_T = xp.ascontiguousarray(xp.concatenate(blocks, axis=0).T)     # (N, nb K)
-    nb = len(blocks)
-    idx = sym_index(dim)
-    Qf = Q.reshape(E, -1, K)
-    Df = D.reshape(E, K) if qfunc == "helmholtz" else None
-    out = xp.empty((E, N, N), dtype=Q.dtype)
-    step = max(1, chunk_entries // (nb * K * N))
-    for e0 in range(0, E, step):
-        e1 = min(E, e0 + step)
-        m = e1 - e0
-        H = xp.empty((nb, K, m, N), dtype=Q.dtype)
-        for a in range(dim):
-            for b in range(dim):
-                t = Qf[e0:e1, idx[a][b]].T[:, :, None] * grads[b][:, None, :]
-                if b == 0:
-                    H[a] = t
-                else:
-                    H[a] += t
-        if Df is not None:
-            H[dim] = Df[e0:e1].T[:, :, None] * blocks[dim][:, None, :]
-        R = Gcat_T @ H.reshape(nb * K, m * N)                            # (N, m N)
-        out[e0:e1] = R.reshape(N, m, N).transpose(1, 0, 2)
-    return out
+    pairs = [(a, b) for a in range(dim) for b in range(a, dim)]       # the packing order
+    P = xp.empty((len(pairs), K, N, N), dtype=Q.dtype)
+    for c, (a, b) in enumerate(pairs):
+        P[c] = grads[a][:, :, None] * grads[b][:, None, :]
+        if a != b:
+            P[c] += grads[b][:, :, None] * grads[a][:, None, :]
+    out = xp.matmul(Q.reshape(E, len(pairs) * K), P.reshape(-1, N * N))
+    if qfunc == "helmholtz":
+        Ball = kron([B] * dim)
+        out += xp.matmul(D.reshape(E, K), (Ball[:, :, None] * Ball[:, None, :]).reshape(K, -1))
+    return out.reshape(E, N, N)
 
 
 def operator_apply_unfused(qfunc, B1d, G1d, D, Q, x, elem_dofs, dim):
@@ -367,7 +358,7 @@ def einsum_executor(spec, backend):
             a = dict(zip(names, ops))
             return operator_assembly_gemm(spec.qfunc, a.get("B1d"), a["G1d"], a.get("D"),
                                           a.get("Q"), spec.dim)
-        kernel = (f"{spec.qfunc}: dense gradients, one GEMM per chunk of elements"
+        kernel = (f"{spec.qfunc}: one GEMM of Q with the dense gradients' products"
                   f"{', collocated' if spec.collocated else ''}")
     ex = _Run(f"reference {kernel.format(spec=spec)} (no {backend} kernel for this "
               "instance)", functools.partial(fn, spec) if spec.qfunc == "mass" else fn)

@@ -456,7 +456,8 @@ class PMultigrid(_Preconditioner):
             if getattr(lev.raw, "qfunc", None):
                 what += f"({lev.raw.qfunc}{', collocated' if getattr(lev.raw, 'collocated', False) else ''})"
             if lev.smoother is not None:
-                what += f"; lambda_max={lev.smoother.lambda_max:.3g}"
+                what += (f"; degree {lev.smoother.degree}, "
+                         f"lambda_max={lev.smoother.lambda_max:.3g}")
             else:
                 what += f"; coarse: {self.coarse.describe()}"
             lines.append(f"  {i:5d} {lev.space.p:3d} {lev.space.ndofs:10d} {free:10d}  {what}")
@@ -545,10 +546,13 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
     orders : list of int, optional
         The levels' orders, finest first, ending in 1; ``p, ceil(p/2), ..., 1`` by
         default (:func:`pmg_orders`).
-    degree : int
+    degree : int or sequence of int
         Chebyshev degree on every level but the coarsest: ``2 degree`` applications
-        of the level's operator per V-cycle. 3 by default: on a distorted 3D box
-        (p = 3..8) degree 2 needed 1.4-1.6x the iterations and no less time.
+        of the level's operator per V-cycle; a sequence gives one per level, finest
+        first (its last entry repeats). 3 by default. On a distorted 3D box, iterations
+        and DoF-weighted applications per CG iteration (degree 3 / 2 / 4 on the finest
+        level, 3 below): p = 4: 6, 8, 5 iterations, 46.8, 46.4, 49.0 applications in
+        all; p = 8: 8, 12, 6 and 63.4, 71.1, 59.5 (notes/solvers.md): within ~10%.
     smoother : {"fourth", "first"}
         Chebyshev kind (:mod:`smalltc.fem.chebyshev`).
     constrained : array of bool or int, "boundary", region name(s) or None
@@ -674,8 +678,12 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
         levels.append(_Level(cspace, _make_coarse(make, cspace, own) if last else
                              (make(cspace, coarse=True) if own else make(cspace)), cfree, xp))
         clock("assembly" if last else "operators")
-    for lev in levels[:-1]:
-        lev.smoother = Chebyshev(lev.A, degree=degree, kind=smoother, steps=lambda_steps)
+    degrees = [degree] if isinstance(degree, (int, np.integer)) else list(degree)
+    if not degrees:
+        raise ValueError("degree must be an integer or a non-empty sequence of integers")
+    for i, lev in enumerate(levels[:-1]):
+        lev.smoother = Chebyshev(lev.A, degree=degrees[min(i, len(degrees) - 1)],
+                                 kind=smoother, steps=lambda_steps)
     clock("eigenvalues")
     last = levels[-1]
     if coarse == "amg":

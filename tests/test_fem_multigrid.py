@@ -356,7 +356,7 @@ def test_the_amg_level_is_assembled_and_matches_the_probed_matrix():
     M = fem.pmg(V, kind="diffusion", constrained="boundary")
     last = M.levels[-1]
     assert type(last.raw).__name__ == "AssembledOperator"
-    K = fem.diffusion_operator(last.space)                  # matrix-free: probed
+    K = fem.diffusion_operator(last.space, nq=last.raw.G1d.shape[0])   # matrix-free: probed
     probed = assemble_csr(Constrained(K, K.diagonal(), last.free), last.space)
     assembled = assemble_csr(last.A, last.space)            # to_csr(), then F A F + C
     np.testing.assert_allclose(assembled.toarray(), probed.toarray(), rtol=0, atol=1e-14)
@@ -473,3 +473,13 @@ def test_element_matrices_sum_to_the_csr_of_to_csr():
     np.testing.assert_array_equal(A.indptr, indptr)
     np.testing.assert_array_equal(A.indices, indices)
     np.testing.assert_allclose(A.data, data, rtol=1e-14, atol=1e-14)
+
+
+def test_pmg_degree_per_level():
+    V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
+    M = fem.pmg(V, kind="diffusion", constrained="boundary", degree=[4, 2])
+    assert [lev.smoother.degree for lev in M.levels[:-1]] == [4, 2]
+    assert M.cost()["per_level"] == [(4, 8), (2, 4)]
+    assert "degree 4" in str(M)
+    with pytest.raises(ValueError, match="degree must be"):
+        fem.pmg(V, kind="diffusion", degree=[])

@@ -260,10 +260,11 @@ class AMGSolver(_Preconditioner):
         if level == len(self.levels):
             return self.coarse_inv @ b
         A, P, R, S = self.levels[level]
-        x = S.smooth(b)
+        x, _ = S._smooth(b.copy())                  # fused steps on the GPU (VectorOps)
         r = b - A(x)
-        x = x + P @ self._vcycle(level + 1, R @ r)
-        return S.smooth(b, x)
+        x += P @ self._vcycle(level + 1, R @ r)
+        x, _ = S._smooth(b - A(x), x)
+        return x
 
     def describe(self):
         """One line: levels, unknowns, operator complexity, cycle."""

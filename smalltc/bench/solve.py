@@ -42,17 +42,19 @@ DISTORTION = 0.08
 CHEBYSHEV_DEGREE = 4
 
 
-def cases(dtype, kind, ps=None, quick=False) -> list:
-    """The solve cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu")."""
+def cases(dtype, kind, ps=None, quick=False, ndofs=None) -> list:
+    """The solve cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu"); ``ndofs``:
+    about that many DoFs a case instead of the defaults."""
     target = (200_000 if quick else 2_000_000) if kind == "gpu" else \
         (8_000 if quick else 60_000)
+    target = int(ndofs) if ndofs else target
     ps = ps or ([2, 4] if quick else (list(range(2, 9)) if kind == "gpu" else [2, 3, 4, 5, 6]))
     out = []
     for p in ps:
         n = max(2, round(target ** (1 / 3) / p))
         out.append(Case("solve", "solve", dict(dim=3, p=p, n=n, batch=n ** 3,
                                                 ndofs=(n * p + 1) ** 3), dtype,
-                        "" if kind == "gpu" else "CPU sizes: ~60k DoFs"))
+                        "" if kind == "gpu" else f"CPU sizes: ~{target // 1000}k DoFs"))
     return out
 
 

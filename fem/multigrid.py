@@ -81,6 +81,14 @@ def boundary_mask(space, region=None):
     return np.any((idx == 0) | (idx == (L - 1)[:, None]), axis=0)
 
 
+def _numba_present():
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 #: threads per block of the fused transfer kernels (one element per block)
 _TRANSFER_THREADS = 128
 
@@ -103,7 +111,13 @@ class Transfer:
         CuPy vectors: one kernel each way (``templates/cuda/pmg_transfer.cu.j2``: gather,
         the sum-factorised interpolation in shared memory, weighted atomic scatter-add);
         False: the same with CuPy array operations (gather, three GEMMs, strided adds).
-        None (default): fused on the GPU. NumPy vectors always take the array path.
+        None (default): fused on the GPU.
+    host_kernel : bool or None
+        NumPy vectors: the element part compiled with Numba
+        (``templates/cpu/pmg_transfer.py.j2``: gather, the sum-factorised interpolation,
+        the weights; then ``numpy.bincount``), 3-10x faster than the array path (one
+        ``tensordot`` per axis); False: the array path. None (default): compiled where
+        Numba imports.
 
     Examples
     --------
@@ -116,7 +130,7 @@ class Transfer:
     """
 
     def __init__(self, coarse, fine, xp=np, *, coarse_free=None, fine_free=None,
-                 dtype=np.float64, fused=None):
+                 dtype=np.float64, fused=None, host_kernel=None):
         if coarse.mesh is not fine.mesh:
             raise ValueError("coarse and fine spaces must be on the same mesh object")
         if coarse.p > fine.p:
@@ -133,6 +147,7 @@ class Transfer:
         self.coarse_free = None if coarse_free is None else \
             xp.asarray(np.asarray(to_host(coarse_free), dtype=self.dtype))
         self.fused = (xp is not np) if fused is None else bool(fused) and xp is not np
+        self.host_kernel = _numba_present() if host_kernel is None else bool(host_kernel)
         if self.fused:
             self._fine_w = xp.asarray(w.astype(self.dtype))            # per fine DoF
             self._coarse_w = (xp.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
@@ -168,10 +183,57 @@ class Transfer:
                                np.int64(E)))
         return y
 
+    def _host_kernel(self, forward):
+        """The compiled element part of a transfer on the host
+        (``templates/cpu/pmg_transfer.py.j2``), or None without Numba."""
+        key = "_hk_f" if forward else "_hk_r"
+        if key not in self.__dict__:
+            try:
+                from smalltc.backends.cpu.runtime import NB_TYPES, load_kernel
+            except ImportError:
+                self.__dict__[key] = None
+                return None
+            nc, nf = self.coarse.nd, self.fine.nd
+            itype = np.dtype(self.fine.dof_map(np).dtype).name
+            a = f"{NB_TYPES[self.dtype.name]}[:, ::1]"
+            m = f"{itype}[:, ::1]"
+            sig = f"void({a}, {a}, {m}, {a}, {m}, {a}, {a}, int64, int64)"
+            entry = (f"stc_pmg_{'prolong' if forward else 'restrict'}_{self.fine.dim}d_"
+                     f"{'f64' if self.dtype == np.float64 else 'f32'}_q{self.coarse.p}"
+                     f"p{self.fine.p}_{'i32' if itype == 'int32' else 'i64'}")
+            fn, _ = load_kernel("pmg_transfer.py.j2", entry, dim=self.fine.dim,
+                                nin=nc if forward else nf, nout=nf if forward else nc,
+                                dtype=self.dtype.name, vbits=0, signature=sig)
+            if self.coarse_free is None:
+                self._cw = np.ones((1, self.coarse.ndofs), dtype=self.dtype)
+            else:
+                self._cw = self.coarse_free.reshape(1, -1)
+            w = self.fine.scatter(self.weights) / self.fine.multiplicity()
+            self._fw = np.ascontiguousarray(w.reshape(1, -1).astype(self.dtype))
+            self.__dict__[key] = fn
+        return self.__dict__[key]
+
+    def _host(self, forward, x):
+        """The host transfer: the compiled element part, then ``numpy.bincount``."""
+        import numba
+        fn = self._host_kernel(forward)
+        M = np.ascontiguousarray(self.I1d if forward else self.I1dT)
+        src, dst = (self.coarse, self.fine) if forward else (self.fine, self.coarse)
+        w_in, w_out = (self._cw, self._fw) if forward else (self._fw, self._cw)
+        E = self.fine.nelements
+        imap, omap = src.dof_map(np).reshape(E, -1), dst.dof_map(np).reshape(E, -1)
+        U = np.empty(omap.shape, dtype=self.dtype)
+        X = np.ascontiguousarray(x, dtype=self.dtype).reshape(1, -1)
+        fn(M, X, imap, w_in, omap, w_out, U, E, min(E, numba.get_num_threads()))
+        y = np.bincount(omap.ravel(), weights=U.ravel(), minlength=dst.ndofs)
+        return y.astype(self.dtype, copy=False)
+
     def prolong(self, xc):
         """``x_fine = P x_coarse`` (shape (ndofs_coarse,) -> (ndofs_fine,))."""
         if self.fused:
             return self._fused(True, xc)
+        if self.xp is np and self.host_kernel:
+            return self._host(True, xc)
         if self.coarse_free is not None:
             xc = xc * self.coarse_free
         dim = self.fine.dim
@@ -190,6 +252,8 @@ class Transfer:
         """``r_coarse = P^T r_fine`` (shape (ndofs_fine,) -> (ndofs_coarse,))."""
         if self.fused:
             return self._fused(False, rf)
+        if self.xp is np and self.host_kernel:
+            return self._host(False, rf)
         dim = self.fine.dim
         v = apply_tensor([self.I1dT] * dim, self.fine.gather(rf) * self.weights)
         rc = self.coarse.scatter(v)

@@ -483,3 +483,21 @@ def test_pmg_degree_per_level():
     assert "degree 4" in str(M)
     with pytest.raises(ValueError, match="degree must be"):
         fem.pmg(V, kind="diffusion", degree=[])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("dim, n, q, p", TRANSFER_CASES)
+def test_compiled_host_transfers_match_the_array_path(dim, n, q, p, dtype):
+    mesh = fem.box_mesh(dim, n, distortion=0.05)
+    Vq, Vp = fem.H1Space(mesh, q), fem.H1Space(mesh, p)
+    kw = dict(coarse_free=~boundary_mask(Vq), fine_free=~boundary_mask(Vp), dtype=dtype)
+    fast, plain = Transfer(Vq, Vp, **kw), Transfer(Vq, Vp, host_kernel=False, **kw)
+    assert fast.host_kernel and not plain.host_kernel
+    rng = np.random.default_rng(dim + 10 * p)
+    xc, xf = rng.standard_normal(Vq.ndofs).astype(dtype), rng.standard_normal(Vp.ndofs).astype(dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    for got, ref in ((fast.prolong(xc), plain.prolong(xc)), (fast.restrict(xf), plain.restrict(xf))):
+        assert got.dtype == dtype and got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    x = np.full(Vp.ndofs, 1.0, dtype=dtype)
+    np.testing.assert_allclose(fast.prolong_add(xc, x), 1.0 + plain.prolong(xc), rtol=tol, atol=tol)

@@ -589,7 +589,7 @@ def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficien
     return make
 
 
-def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth",
+def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fourth",
         constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
         operator_factory=None, device=None, nq_offset=None, coarse_nq_offset=1,
         quadrature=None, kappa=None,
@@ -610,13 +610,16 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
     orders : list of int, optional
         The levels' orders, finest first, ending in 1; ``p, ceil(p/2), ..., 1`` by
         default (:func:`pmg_orders`).
-    degree : int or sequence of int
+    degree : int or sequence of int, optional
         Chebyshev degree on every level but the coarsest: ``2 degree`` applications
         of the level's operator per V-cycle; a sequence gives one per level, finest
-        first (its last entry repeats). 3 by default. On a distorted 3D box, iterations
-        and DoF-weighted applications per CG iteration (degree 3 / 2 / 4 on the finest
-        level, 3 below): p = 4: 6, 8, 5 iterations, 46.8, 46.4, 49.0 applications in
-        all; p = 8: 8, 12, 6 and 63.4, 71.1, 59.5 (notes/solvers.md): within ~10%.
+        first (its last entry repeats). By default 3, and ``[4, 3]`` (4 on the finest
+        level) from p = 6 on. On a distorted 3D box, iterations and DoF-weighted
+        applications per solve (degree 3 / 2 / 4 on the finest level, 3 below): p = 4:
+        6, 8, 5 iterations, 46.8, 46.4, 49.0 applications; p = 6: 7, 10, 5 and 56.4,
+        60.6, 50.3; p = 8: 8, 12, 6 and 63.4, 71.1, 59.5; timed on one CPU thread at
+        166k DoFs, p = 6: 0.84-0.94 s against 1.13-1.19 s to solution with ``[4, 3]``
+        (notes/solvers.md).
     smoother : {"fourth", "first"}
         Chebyshev kind (:mod:`smalltc.fem.chebyshev`).
     constrained : array of bool or int, "boundary", region name(s) or None
@@ -742,6 +745,8 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
         levels.append(_Level(cspace, _make_coarse(make, cspace, own) if last else
                              (make(cspace, coarse=True) if own else make(cspace)), cfree, xp))
         clock("assembly" if last else "operators")
+    if degree is None:
+        degree = [4, 3] if space.p >= 6 else 3
     degrees = [degree] if isinstance(degree, (int, np.integer)) else list(degree)
     if not degrees:
         raise ValueError("degree must be an integer or a non-empty sequence of integers")

@@ -8,8 +8,9 @@ solved by :func:`smalltc.fem.cg` with
 
 ``jacobi``      the Jacobi preconditioner (the fused CG iteration)
 ``chebyshev``   Chebyshev (fourth kind, degree 4) of the Jacobi-preconditioned operator
-``pmg``         the p-multigrid V-cycle (:func:`smalltc.fem.pmg`: Chebyshev degree 3 on
-                the levels p, ceil(p/2), ..., 1, the levels below the finest on
+``pmg``         the p-multigrid V-cycle (:func:`smalltc.fem.pmg`'s defaults: Chebyshev
+                degree 3 (4 on the finest level from p = 6) on the levels p,
+                ceil(p/2), ..., 1, the levels below the finest on
                 ``nq = q + 1`` points; one AMG V-cycle on the order-1 level)
 
 from the same right-hand side ``b = A x*`` (``x*`` random). Each records the

@@ -185,7 +185,8 @@ class Transfer:
 
     def _host_kernel(self, forward):
         """The compiled element part of a transfer on the host
-        (``templates/cpu/pmg_transfer.py.j2``), or None without Numba."""
+        (``templates/cpu/pmg_transfer.py.j2``: one kernel per dimension, dtype and index
+        type, sizes at run time), or None without Numba."""
         key = "_hk_f" if forward else "_hk_r"
         if key not in self.__dict__:
             try:
@@ -193,16 +194,14 @@ class Transfer:
             except ImportError:
                 self.__dict__[key] = None
                 return None
-            nc, nf = self.coarse.nd, self.fine.nd
             itype = np.dtype(self.fine.dof_map(np).dtype).name
             a = f"{NB_TYPES[self.dtype.name]}[:, ::1]"
             m = f"{itype}[:, ::1]"
             sig = f"void({a}, {a}, {m}, {a}, {m}, {a}, {a}, int64, int64)"
-            entry = (f"stc_pmg_{'prolong' if forward else 'restrict'}_{self.fine.dim}d_"
-                     f"{'f64' if self.dtype == np.float64 else 'f32'}_q{self.coarse.p}"
-                     f"p{self.fine.p}_{'i32' if itype == 'int32' else 'i64'}")
+            entry = (f"stc_pmg_transfer_{self.fine.dim}d_"
+                     f"{'f64' if self.dtype == np.float64 else 'f32'}_"
+                     f"{'i32' if itype == 'int32' else 'i64'}")
             fn, _ = load_kernel("pmg_transfer.py.j2", entry, dim=self.fine.dim,
-                                nin=nc if forward else nf, nout=nf if forward else nc,
                                 dtype=self.dtype.name, vbits=0, signature=sig)
             if self.coarse_free is None:
                 self._cw = np.ones((1, self.coarse.ndofs), dtype=self.dtype)

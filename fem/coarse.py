@@ -170,10 +170,16 @@ def _pyamg():
     return pyamg
 
 
-class _SparseLevel:
-    """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``."""
+#: threads per block of the CSR product kernel (``templates/cuda/csr_spmv.cu.j2``)
+_SPMV_THREADS = 256
 
-    def __init__(self, A, xp):
+
+class _SparseLevel:
+    """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``. On
+    the GPU the product is one launch of ``templates/cuda/csr_spmv.cu.j2`` (``kernel``
+    True) or cupyx's (cuSPARSE, with its host set-up on every call)."""
+
+    def __init__(self, A, xp, kernel=False):
         A = A.tocsr()
         if xp is np:
             self.A = A
@@ -184,9 +190,36 @@ class _SparseLevel:
         self.xp = xp
         self.n = A.shape[0]
         self.dtype = np.dtype(A.dtype)
+        self.kernel = None
+        if kernel and xp is not np:
+            self.kernel = self._spmv_kernel()
+
+    def _spmv_kernel(self):
+        from smalltc.backends.cuda import runtime as RT
+        A = self.A
+        it = "int" if A.indices.dtype == np.int32 else "long long"
+        if A.indptr.dtype != A.indices.dtype:
+            return None
+        dt = np.dtype(A.data.dtype).name
+        entry = f"stc_csr_spmv_{'f64' if dt == 'float64' else 'f32'}_{'i32' if it == 'int' else 'i64'}"
+        kern = RT.get_kernel("csr_spmv.cu.j2", entry, dict(dtype=dt, index_t=it,
+                                                           threads=_SPMV_THREADS, min_blocks=0))
+        rows = A.shape[0]
+        grid = (int(max(1, min(-(-rows // _SPMV_THREADS), 65535))),)
+        args = (A.indptr, A.indices, A.data)
+        nrows = np.int64(rows)
+
+        def mv(x):
+            y = self.xp.empty(rows, dtype=A.data.dtype)
+            kern(grid, (_SPMV_THREADS,), args + (self.xp.ascontiguousarray(x), y, nrows))
+            return y
+        return mv
+
+    def __matmul__(self, x):
+        return self.kernel(x) if self.kernel is not None else self.A @ x
 
     def __call__(self, x):
-        return self.A @ x
+        return self @ x
 
     def diagonal(self):
         return self.xp.asarray(self.A.diagonal())
@@ -203,10 +236,16 @@ class AMGSolver(_Preconditioner):
         ``numpy`` or ``cupy``: where the vectors live.
     cycle : {"auto", "pyamg", "portable"}
         ``"auto"``: pyamg's cycle for NumPy, the portable one for CuPy.
-    max_coarse : int
-        pyamg's ``max_coarse`` (the coarsest level is solved densely).
+    max_coarse : int, optional
+        pyamg's ``max_coarse`` (the coarsest level is solved densely): 200 for pyamg's
+        cycle, 1000 for the portable one (a level fewer: the same iterations at p = 2,
+        4, 6, and each level of the portable cycle costs launches on a GPU).
     smoother_degree : int
         Portable cycle: degree of the Chebyshev-Jacobi smoother on each level.
+    spmv : {"auto", "kernel", "cupyx"}
+        Portable cycle on the GPU: the level products by ``templates/cuda/csr_spmv.cu.j2``
+        (``"auto"``/``"kernel"``: one launch each; checked against cupyx's at setup, and
+        cupyx's taken, with a warning, should they disagree) or by cupyx (cuSPARSE).
     **setup
         More keyword arguments of ``pyamg.smoothed_aggregation_solver``.
 
@@ -225,7 +264,8 @@ class AMGSolver(_Preconditioner):
     True
     """
 
-    def __init__(self, A, xp=np, *, cycle="auto", max_coarse=200, smoother_degree=2, **setup):
+    def __init__(self, A, xp=np, *, cycle="auto", max_coarse=None, smoother_degree=2,
+                 spmv="auto", **setup):
         pyamg = _pyamg()
         if cycle not in ("auto", "pyamg", "portable"):
             raise ValueError(f"cycle must be 'auto', 'pyamg' or 'portable', got {cycle!r}")
@@ -234,6 +274,8 @@ class AMGSolver(_Preconditioner):
         if cycle == "pyamg" and xp is not np:
             raise ValueError("cycle='pyamg' runs on the host; CuPy vectors need cycle='portable'")
         A = A.tocsr().astype(np.float64)
+        if max_coarse is None:      # the portable cycle: a level fewer, a dense coarsest
+            max_coarse = 200 if cycle == "pyamg" else 1000
         self.ml = pyamg.smoothed_aggregation_solver(A, max_coarse=max_coarse, **setup)
         self.cycle, self.xp = cycle, xp
         self.n, self.dtype = A.shape[0], np.dtype(np.float64)
@@ -241,14 +283,43 @@ class AMGSolver(_Preconditioner):
         if cycle == "pyamg":
             self._M = self.ml.aspreconditioner(cycle="V")
             return
-        self.levels = []
-        for lev in self.ml.levels[:-1]:
-            Al = _SparseLevel(lev.A, xp)
-            P = _SparseLevel(lev.P, xp).A
-            R = _SparseLevel(lev.P.T.tocsr(), xp).A
-            self.levels.append((Al, P, R, Chebyshev(Al, degree=smoother_degree)))
+        if spmv not in ("auto", "kernel", "cupyx"):
+            raise ValueError(f"spmv must be 'auto', 'kernel' or 'cupyx', got {spmv!r}")
+        self.spmv = "host" if xp is np else ("cupyx" if spmv == "cupyx" else "kernel")
+        self.levels = self._levels(xp, smoother_degree, self.spmv == "kernel")
+        if self.spmv == "kernel" and not self._kernel_agrees():
+            import logging
+            logging.getLogger("smalltc").warning(
+                "smalltc: the CSR product kernel disagreed with cupyx's on the AMG levels; "
+                "using cupyx's")
+            self.spmv = "cupyx"
+            self.levels = self._levels(xp, smoother_degree, False)
         Ac = self.ml.levels[-1].A.toarray()
-        self.coarse_inv = xp.asarray(np.linalg.pinv(Ac))     # symmetric
+        self.coarse_inv = xp.asarray(np.linalg.pinv(Ac, hermitian=True))     # symmetric
+
+    def _levels(self, xp, degree, kernel):
+        out = []
+        for lev in self.ml.levels[:-1]:
+            Al = _SparseLevel(lev.A, xp, kernel)
+            P = _SparseLevel(lev.P, xp, kernel)
+            R = _SparseLevel(lev.P.T.tocsr(), xp, kernel)
+            out.append((Al, P, R, Chebyshev(Al, degree=degree)))
+        return out
+
+    def _kernel_agrees(self):
+        """The kernel's products against cupyx's on a random vector, every matrix (once,
+        at setup; False also where a kernel could not be made)."""
+        rng = np.random.default_rng(0)
+        for mats in self.levels:
+            for M in mats[:3]:
+                if M.kernel is None:
+                    return False
+                x = self.xp.asarray(rng.standard_normal(M.A.shape[1]))
+                ref = M.A @ x
+                err = float(self.xp.abs(M.kernel(x) - ref).max())
+                if not err <= 1e-12 * max(1.0, float(self.xp.abs(ref).max())):
+                    return False
+        return True
 
     def __call__(self, b):
         """One V-cycle on ``A x = b`` from zero (float64 inside; ``x`` in b's dtype)."""

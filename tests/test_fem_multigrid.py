@@ -501,3 +501,32 @@ def test_compiled_host_transfers_match_the_array_path(dim, n, q, p, dtype):
         np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
     x = np.full(Vp.ndofs, 1.0, dtype=dtype)
     np.testing.assert_allclose(fast.prolong_add(xc, x), 1.0 + plain.prolong(xc), rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(xp_of("cupy") is None or not __import__(
+    "smalltc._arrays", fromlist=["gpu_available"]).gpu_available(), reason="no CUDA device")
+def test_amg_csr_kernel_matches_cupyx_on_the_gpu():
+    cp = xp_of("cupy")
+    V = fem.H1Space(fem.box_mesh(3, 9, distortion=0.05), 1)
+    A = assemble_csr(fem.diffusion_operator(V, nq=2), V) + __import__("scipy.sparse").sparse.eye(V.ndofs)
+    k = AMGSolver(A, cp, cycle="portable", spmv="kernel", max_coarse=50)
+    c = AMGSolver(A, cp, cycle="portable", spmv="cupyx", max_coarse=50)
+    assert k.spmv == "kernel" and c.spmv == "cupyx" and len(k.levels) >= 1
+    x = cp.asarray(np.random.default_rng(0).standard_normal(V.ndofs))
+    for (Ak, Pk, Rk, _), (Ac, Pc, Rc, _) in zip(k.levels, c.levels):
+        for M, N in ((Ak, Ac), (Pk, Pc), (Rk, Rc)):
+            v = x[:M.A.shape[1]]
+            np.testing.assert_allclose(to_numpy(M @ v), to_numpy(N @ v), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(to_numpy(k(x)), to_numpy(c(x)), rtol=1e-10, atol=1e-12)
+
+
+def test_amg_portable_cycle_takes_a_dense_coarsest_level_up_to_1000():
+    V = fem.H1Space(fem.box_mesh(3, 11, distortion=0.05), 1)
+    A = assemble_csr(fem.diffusion_operator(V, nq=2), V)
+    import scipy.sparse as sp
+    A = A + sp.eye(V.ndofs)
+    assert AMGSolver(A, cycle="portable").ml.levels[-1].A.shape[0] <= 1000
+    assert AMGSolver(A, cycle="pyamg").ml.levels[-1].A.shape[0] <= 200
+    with pytest.raises(ValueError, match="spmv must be"):
+        AMGSolver(A, cycle="portable", spmv="mkl")

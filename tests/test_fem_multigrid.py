@@ -521,12 +521,13 @@ def test_amg_csr_kernel_matches_cupyx_on_the_gpu():
     np.testing.assert_allclose(to_numpy(k(x)), to_numpy(c(x)), rtol=1e-10, atol=1e-12)
 
 
-def test_amg_portable_cycle_takes_a_dense_coarsest_level_up_to_1000():
+def test_amg_portable_cycle_options():
     V = fem.H1Space(fem.box_mesh(3, 11, distortion=0.05), 1)
     A = assemble_csr(fem.diffusion_operator(V, nq=2), V)
     import scipy.sparse as sp
     A = A + sp.eye(V.ndofs)
-    assert AMGSolver(A, cycle="portable").ml.levels[-1].A.shape[0] <= 1000
-    assert AMGSolver(A, cycle="pyamg").ml.levels[-1].A.shape[0] <= 200
+    S = AMGSolver(A, cycle="portable", max_coarse=1000)
+    assert S.ml.levels[-1].A.shape[0] <= 1000 and S.spmv == "host"
+    assert AMGSolver(A, cycle="portable").ml.levels[-1].A.shape[0] <= 200
     with pytest.raises(ValueError, match="spmv must be"):
         AMGSolver(A, cycle="portable", spmv="mkl")

@@ -39,7 +39,7 @@ import numpy as np
 
 from smalltc._arrays import array_module
 
-__all__ = ["Chebyshev", "chebyshev", "estimate_lambda_max", "KINDS"]
+__all__ = ["Chebyshev", "chebyshev", "estimate_lambda_max", "KINDS", "VectorOps"]
 
 #: the polynomial kinds :class:`Chebyshev` builds
 KINDS = ("fourth", "first")
@@ -121,6 +121,123 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0):
         raise ValueError(f"the Jacobi-preconditioned operator is not positive definite: "
                          f"Lanczos eigenvalue estimates {ev[0]:.3e} .. {ev[-1]:.3e}")
     return float(ev[-1])
+
+
+#: threads per block of the fused vector updates (``templates/cuda/pmg_vector.cu.j2``)
+_VECTOR_THREADS = 256
+
+
+class VectorOps:
+    """The vector updates of a Chebyshev smoothing (and a V-cycle's residual) on one
+    level, in place: NumPy array operations on the host, one fused kernel each on the
+    GPU (``templates/cuda/pmg_vector.cu.j2``).
+
+    ``free`` is the free mask ``f`` of a constrained operator ``A_c v = f A(f v) + (1 -
+    f) v`` (None: no constraints); ``y`` below is always the raw ``A(f v)``.
+
+    Parameters
+    ----------
+    inv_diag : array
+        ``1 / diag(A_c)`` (NumPy or CuPy).
+    free : array or None
+        The mask (1 free, 0 constrained) in ``inv_diag``'s dtype and module.
+
+    Examples
+    --------
+    >>> ops = VectorOps(np.full(3, 0.5), None)
+    >>> d, dm = ops.start(np.array([2.0, 4.0, 6.0]), 1.0)
+    >>> print(d, dm is d)
+    [1. 2. 3.] True
+    """
+
+    def __init__(self, inv_diag, free=None):
+        self.inv, self.xp = inv_diag, array_module(inv_diag)
+        self.gpu = self.xp is not np
+        self.n, self.dtype = int(inv_diag.size), inv_diag.dtype
+        if free is not None:
+            free = self.xp.asarray(free, dtype=self.dtype)
+        self.free = free
+        self.fixed = None if free is None else 1 - free
+        if self.gpu:
+            self._f = free if free is not None else self.xp.ones(self.n, dtype=self.dtype)
+            dev = self.xp.cuda.runtime.getDevice()
+            sms = self.xp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
+            self._grid = (int(max(1, min(-(-self.n // _VECTOR_THREADS), 8 * sms))),)
+            self._block = (_VECTOR_THREADS,)
+            self._n = np.int64(self.n)
+            self._real = np.float64 if self.dtype == np.float64 else np.float32
+
+    def _kernel(self, mode):
+        from smalltc.backends.cuda import runtime as RT
+        tag = "f64" if self.dtype == np.float64 else "f32"
+        return RT.get_kernel("pmg_vector.cu.j2", f"stc_pmg_{mode}_{tag}",
+                             dict(dtype=np.dtype(self.dtype).name, mode=mode,
+                                  threads=_VECTOR_THREADS, min_blocks=0))
+
+    def empty_like(self, v):
+        """A new vector (uninitialised)."""
+        return self.xp.empty_like(v)
+
+    def start(self, r, c1):
+        """``d = c1 D^-1 r``; returns ``(d, f d)`` (the same array without a mask)."""
+        if self.gpu:
+            d, dm = self.xp.empty_like(r), self.xp.empty_like(r)
+            self._kernel("start")(self._grid, self._block,
+                                  (r, self.inv, self._f, d, dm, self._real(c1), self._n))
+            return d, dm
+        d = self.inv * r
+        d *= c1
+        return d, (d if self.free is None else d * self.free)
+
+    def step(self, y, r, x, d, dm, c0, c1, xzero):
+        """``r -= A_c d`` (``y = A(f d)``), ``x += d`` (``x = d`` when ``xzero``),
+        ``d = c0 d + c1 D^-1 r``, ``dm = f d``: all in place."""
+        if self.gpu:
+            self._kernel("step")(self._grid, self._block,
+                                 (y, r, x, d, dm, self.inv, self._f, self._real(c0),
+                                  self._real(c1), np.int32(bool(xzero)), self._n))
+            return
+        if self.free is None:
+            r -= y
+        else:
+            y *= self.free
+            r -= y
+            r -= self.fixed * d
+        if xzero:
+            x[...] = d
+        else:
+            x += d
+        d *= c0
+        t = self.inv * r
+        t *= c1
+        d += t
+        if dm is not d:
+            np.multiply(d, self.free, out=dm)
+
+    def last(self, d, x, xzero):
+        """``x += d`` (``x = d`` when ``xzero``); returns ``(x, f x)``."""
+        if self.gpu:
+            xm = self.xp.empty_like(d)
+            self._kernel("last")(self._grid, self._block,
+                                 (d, x, xm, self._f, np.int32(bool(xzero)), self._n))
+            return x, xm
+        if xzero:
+            x = d
+        else:
+            x += d
+        return x, (x if self.free is None else x * self.free)
+
+    def residual(self, b, y, x):
+        """``r = b - A_c x`` from ``y = A(f x)``: a new vector."""
+        if self.gpu:
+            r = self.xp.empty_like(b)
+            self._kernel("residual")(self._grid, self._block, (b, y, x, self._f, r, self._n))
+            return r
+        if self.free is None:
+            return b - y
+        r = b - y * self.free
+        r -= self.fixed * x
+        return r
 
 
 class _Preconditioner:
@@ -219,6 +336,14 @@ class Chebyshev(_Preconditioner):
             raise ValueError(f"safety must be a number >= 1, got {safety!r}")
         self.operator = operator
         self.apply = _as_apply(operator)
+        # a constrained operator (multigrid.Constrained: A_c v = f A(f v) + (1 - f) v):
+        # the smoothing steps apply the raw A to f v and fold the rest into their updates
+        inner, free = getattr(operator, "operator", None), getattr(operator, "free", "none")
+        if callable(inner) and not isinstance(free, str):
+            self._raw, self._free = inner, free
+        else:
+            self._raw, self._free = self.apply, None
+        self._ops = None
         if diagonal is None:
             if not hasattr(operator, "diagonal"):
                 raise TypeError("operator has no diagonal(): pass diagonal=")
@@ -251,36 +376,68 @@ class Chebyshev(_Preconditioner):
         applications of ``A``); SPD for a valid bound, so a CG preconditioner."""
         return self.smooth(r)
 
+    def coefficients(self):
+        """The step scalars: ``[(c0_i, c1_i)]`` for ``i = 0 .. degree - 1`` with
+        ``d_0 = c1_0 D^-1 r`` and ``d_i = c0_i d_{i-1} + c1_i D^-1 r_i``.
+
+        Examples
+        --------
+        >>> S = Chebyshev(np.eye(3) * 2, degree=2, lambda_max=1.0, check=False)
+        >>> [(round(a, 4), round(b, 4)) for a, b in S.coefficients()]
+        [(0.0, 1.3333), (0.2, 2.4)]
+        """
+        lam, k = self.lambda_max, self.degree
+        if self.kind == "fourth":
+            out = [(0.0, 4.0 / (3.0 * lam))]
+            for i in range(1, k):
+                out.append(((2 * i - 1) / (2 * i + 3), (8 * i + 4) / ((2 * i + 3) * lam)))
+            return out
+        a, bnd = self.lower * lam, lam
+        theta, delta = (bnd + a) / 2, (bnd - a) / 2
+        sigma = theta / delta
+        rho = 1.0 / sigma
+        out = [(0.0, 1.0 / theta)]
+        for _ in range(1, k):
+            rho_new = 1.0 / (2 * sigma - rho)
+            out.append((rho_new * rho, 2 * rho_new / delta))
+            rho = rho_new
+        return out
+
     def smooth(self, b, x=None, r=None):
         """``degree`` Chebyshev steps on ``A x = b`` from ``x`` (zero when None).
 
         ``r``: the residual ``b - A x`` when the caller has it (saves an application).
-        Returns the new ``x`` (a new array; ``x`` itself is not modified).
+        Returns the new ``x`` (a new array; ``x``, ``b`` and ``r`` are not modified).
         """
         if x is None:
             r = b
         elif r is None:
             r = b - self.apply(x)
-        inv, lam, k = self.inv_diag, self.lambda_max, self.degree
-        if self.kind == "fourth":
-            d = (4.0 / (3.0 * lam)) * (inv * r)
-            for i in range(1, k):
-                x = d.copy() if x is None else x + d
-                r = r - self.apply(d)
-                d = ((2 * i - 1) / (2 * i + 3)) * d + ((8 * i + 4) / ((2 * i + 3) * lam)) * (inv * r)
-        else:
-            a, bnd = self.lower * lam, lam
-            theta, delta = (bnd + a) / 2, (bnd - a) / 2
-            sigma = theta / delta
-            rho = 1.0 / sigma
-            d = (inv * r) / theta
-            for _ in range(1, k):
-                x = d.copy() if x is None else x + d
-                r = r - self.apply(d)
-                rho_new = 1.0 / (2 * sigma - rho)
-                d = (rho_new * rho) * d + (2 * rho_new / delta) * (inv * r)
-                rho = rho_new
-        return d if x is None else x + d
+        x, _ = self._smooth(r.copy(), None if x is None else x.copy())
+        return x
+
+    def _smooth(self, r, x=None):
+        """The steps on vectors the caller gives up (``r`` and ``x`` are overwritten):
+        returns ``(x, f * x)`` (``f``: the free mask of a constrained operator, see
+        :class:`VectorOps`; the second is what the raw operator takes next). One
+        fused vector update per step on a GPU."""
+        ops = self.vector_ops
+        coef = self.coefficients()
+        d, dm = ops.start(r, coef[0][1])
+        xzero = x is None
+        if xzero:
+            x = ops.empty_like(r)
+        for c0, c1 in coef[1:]:
+            ops.step(self._raw(dm), r, x, d, dm, c0, c1, xzero)
+            xzero = False
+        return ops.last(d, x, xzero)
+
+    @property
+    def vector_ops(self):
+        """The :class:`VectorOps` of this smoother's operator (made on first use)."""
+        if self._ops is None:
+            self._ops = VectorOps(self.inv_diag, self._free)
+        return self._ops
 
     def __repr__(self):
         est = "" if self.estimate is None else f", estimate={self.estimate:.4g}"

@@ -61,6 +61,9 @@ def assemble_csr(operator, space):
     """
     import scipy.sparse as sp
     n = space.ndofs
+    if getattr(operator, "matrices", None) is not None and getattr(operator, "space", None) \
+            is space:
+        return _csr_from_elements(operator.matrices, space)
     if hasattr(operator, "to_csr"):
         indptr, indices, data = operator.to_csr()
         return sp.csr_matrix((to_host(data), to_host(indices), to_host(indptr)), shape=(n, n))
@@ -87,6 +90,28 @@ def assemble_csr(operator, space):
         vals.append(y[sub.row])
     return sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                          shape=(n, n)).tocsr()
+
+
+def _csr_from_elements(matrices, space):
+    """The sum of element matrices ``(E, n, n)`` into the global CSR matrix (SciPy, float64,
+    on the host): a COO triple summed by ``tocsr`` (linear time; no global sort), on the
+    device where the matrices are (``cupyx.scipy.sparse``), then copied to the host."""
+    import scipy.sparse as sp
+    xp = array_module(matrices)
+    E, m = matrices.shape[:2]
+    N = space.ndofs
+    dofs = space.dof_map(xp).reshape(E, m) if xp is not np else \
+        np.asarray(space.elem_dofs).reshape(E, m)
+    rows = xp.repeat(dofs, m, axis=1).ravel()
+    cols = xp.tile(dofs, (1, m)).ravel()
+    vals = matrices.reshape(-1).astype(np.float64, copy=False)
+    if xp is np:
+        return sp.coo_matrix((vals, (rows, cols)), shape=(N, N)).tocsr()
+    import cupyx.scipy.sparse as csp
+    A = csp.coo_matrix((vals, (rows.astype(np.int32), cols.astype(np.int32))),
+                       shape=(N, N)).tocsr()
+    A.sum_duplicates()
+    return sp.csr_matrix((A.data.get(), A.indices.get(), A.indptr.get()), shape=(N, N))
 
 
 def _pattern(space):
@@ -145,10 +170,16 @@ def _pyamg():
     return pyamg
 
 
-class _SparseLevel:
-    """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``."""
+#: threads per block of the CSR product kernel (``templates/cuda/csr_spmv.cu.j2``)
+_SPMV_THREADS = 256
 
-    def __init__(self, A, xp):
+
+class _SparseLevel:
+    """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``. On
+    the GPU the product is one launch of ``templates/cuda/csr_spmv.cu.j2`` (``kernel``
+    True) or cupyx's (cuSPARSE, with its host set-up on every call)."""
+
+    def __init__(self, A, xp, kernel=False):
         A = A.tocsr()
         if xp is np:
             self.A = A
@@ -159,9 +190,36 @@ class _SparseLevel:
         self.xp = xp
         self.n = A.shape[0]
         self.dtype = np.dtype(A.dtype)
+        self.kernel = None
+        if kernel and xp is not np:
+            self.kernel = self._spmv_kernel()
+
+    def _spmv_kernel(self):
+        from smalltc.backends.cuda import runtime as RT
+        A = self.A
+        it = "int" if A.indices.dtype == np.int32 else "long long"
+        if A.indptr.dtype != A.indices.dtype:
+            return None
+        dt = np.dtype(A.data.dtype).name
+        entry = f"stc_csr_spmv_{'f64' if dt == 'float64' else 'f32'}_{'i32' if it == 'int' else 'i64'}"
+        kern = RT.get_kernel("csr_spmv.cu.j2", entry, dict(dtype=dt, index_t=it,
+                                                           threads=_SPMV_THREADS, min_blocks=0))
+        rows = A.shape[0]
+        grid = (int(max(1, min(-(-rows // _SPMV_THREADS), 65535))),)
+        args = (A.indptr, A.indices, A.data)
+        nrows = np.int64(rows)
+
+        def mv(x):
+            y = self.xp.empty(rows, dtype=A.data.dtype)
+            kern(grid, (_SPMV_THREADS,), args + (self.xp.ascontiguousarray(x), y, nrows))
+            return y
+        return mv
+
+    def __matmul__(self, x):
+        return self.kernel(x) if self.kernel is not None else self.A @ x
 
     def __call__(self, x):
-        return self.A @ x
+        return self @ x
 
     def diagonal(self):
         return self.xp.asarray(self.A.diagonal())
@@ -178,10 +236,17 @@ class AMGSolver(_Preconditioner):
         ``numpy`` or ``cupy``: where the vectors live.
     cycle : {"auto", "pyamg", "portable"}
         ``"auto"``: pyamg's cycle for NumPy, the portable one for CuPy.
-    max_coarse : int
-        pyamg's ``max_coarse`` (the coarsest level is solved densely).
+    max_coarse : int, optional
+        pyamg's ``max_coarse`` (the coarsest level is solved densely; 200 by default).
+        1000 gave the same pmg iterations at p = 2, 4, 6 with a level fewer (launches
+        on a GPU), but its dense inverse costs 0.1-0.3 s of setup on the host against
+        ~1 ms saved a solve: not the default.
     smoother_degree : int
         Portable cycle: degree of the Chebyshev-Jacobi smoother on each level.
+    spmv : {"auto", "kernel", "cupyx"}
+        Portable cycle on the GPU: the level products by ``templates/cuda/csr_spmv.cu.j2``
+        (``"auto"``/``"kernel"``: one launch each; checked against cupyx's at setup, and
+        cupyx's taken, with a warning, should they disagree) or by cupyx (cuSPARSE).
     **setup
         More keyword arguments of ``pyamg.smoothed_aggregation_solver``.
 
@@ -200,7 +265,8 @@ class AMGSolver(_Preconditioner):
     True
     """
 
-    def __init__(self, A, xp=np, *, cycle="auto", max_coarse=200, smoother_degree=2, **setup):
+    def __init__(self, A, xp=np, *, cycle="auto", max_coarse=None, smoother_degree=2,
+                 spmv="auto", **setup):
         pyamg = _pyamg()
         if cycle not in ("auto", "pyamg", "portable"):
             raise ValueError(f"cycle must be 'auto', 'pyamg' or 'portable', got {cycle!r}")
@@ -209,6 +275,8 @@ class AMGSolver(_Preconditioner):
         if cycle == "pyamg" and xp is not np:
             raise ValueError("cycle='pyamg' runs on the host; CuPy vectors need cycle='portable'")
         A = A.tocsr().astype(np.float64)
+        if max_coarse is None:
+            max_coarse = 200
         self.ml = pyamg.smoothed_aggregation_solver(A, max_coarse=max_coarse, **setup)
         self.cycle, self.xp = cycle, xp
         self.n, self.dtype = A.shape[0], np.dtype(np.float64)
@@ -216,14 +284,43 @@ class AMGSolver(_Preconditioner):
         if cycle == "pyamg":
             self._M = self.ml.aspreconditioner(cycle="V")
             return
-        self.levels = []
-        for lev in self.ml.levels[:-1]:
-            Al = _SparseLevel(lev.A, xp)
-            P = _SparseLevel(lev.P, xp).A
-            R = _SparseLevel(lev.P.T.tocsr(), xp).A
-            self.levels.append((Al, P, R, Chebyshev(Al, degree=smoother_degree)))
+        if spmv not in ("auto", "kernel", "cupyx"):
+            raise ValueError(f"spmv must be 'auto', 'kernel' or 'cupyx', got {spmv!r}")
+        self.spmv = "host" if xp is np else ("cupyx" if spmv == "cupyx" else "kernel")
+        self.levels = self._levels(xp, smoother_degree, self.spmv == "kernel")
+        if self.spmv == "kernel" and not self._kernel_agrees():
+            import logging
+            logging.getLogger("smalltc").warning(
+                "smalltc: the CSR product kernel disagreed with cupyx's on the AMG levels; "
+                "using cupyx's")
+            self.spmv = "cupyx"
+            self.levels = self._levels(xp, smoother_degree, False)
         Ac = self.ml.levels[-1].A.toarray()
-        self.coarse_inv = xp.asarray(np.linalg.pinv(Ac))     # symmetric
+        self.coarse_inv = xp.asarray(np.linalg.pinv(Ac, hermitian=True))     # symmetric
+
+    def _levels(self, xp, degree, kernel):
+        out = []
+        for lev in self.ml.levels[:-1]:
+            Al = _SparseLevel(lev.A, xp, kernel)
+            P = _SparseLevel(lev.P, xp, kernel)
+            R = _SparseLevel(lev.P.T.tocsr(), xp, kernel)
+            out.append((Al, P, R, Chebyshev(Al, degree=degree)))
+        return out
+
+    def _kernel_agrees(self):
+        """The kernel's products against cupyx's on a random vector, every matrix (once,
+        at setup; False also where a kernel could not be made)."""
+        rng = np.random.default_rng(0)
+        for mats in self.levels:
+            for M in mats[:3]:
+                if M.kernel is None:
+                    return False
+                x = self.xp.asarray(rng.standard_normal(M.A.shape[1]))
+                ref = M.A @ x
+                err = float(self.xp.abs(M.kernel(x) - ref).max())
+                if not err <= 1e-12 * max(1.0, float(self.xp.abs(ref).max())):
+                    return False
+        return True
 
     def __call__(self, b):
         """One V-cycle on ``A x = b`` from zero (float64 inside; ``x`` in b's dtype)."""
@@ -235,10 +332,11 @@ class AMGSolver(_Preconditioner):
         if level == len(self.levels):
             return self.coarse_inv @ b
         A, P, R, S = self.levels[level]
-        x = S.smooth(b)
+        x, _ = S._smooth(b.copy())                  # fused steps on the GPU (VectorOps)
         r = b - A(x)
-        x = x + P @ self._vcycle(level + 1, R @ r)
-        return S.smooth(b, x)
+        x += P @ self._vcycle(level + 1, R @ r)
+        x, _ = S._smooth(b - A(x), x)
+        return x
 
     def describe(self):
         """One line: levels, unknowns, operator complexity, cycle."""

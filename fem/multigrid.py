@@ -81,6 +81,14 @@ def boundary_mask(space, region=None):
     return np.any((idx == 0) | (idx == (L - 1)[:, None]), axis=0)
 
 
+def _numba_present():
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 #: threads per block of the fused transfer kernels (one element per block)
 _TRANSFER_THREADS = 128
 
@@ -103,7 +111,13 @@ class Transfer:
         CuPy vectors: one kernel each way (``templates/cuda/pmg_transfer.cu.j2``: gather,
         the sum-factorised interpolation in shared memory, weighted atomic scatter-add);
         False: the same with CuPy array operations (gather, three GEMMs, strided adds).
-        None (default): fused on the GPU. NumPy vectors always take the array path.
+        None (default): fused on the GPU.
+    host_kernel : bool or None
+        NumPy vectors: the element part compiled with Numba
+        (``templates/cpu/pmg_transfer.py.j2``: gather, the sum-factorised interpolation,
+        the weights; then ``numpy.bincount``), 3-10x faster than the array path (one
+        ``tensordot`` per axis); False: the array path. None (default): compiled where
+        Numba imports.
 
     Examples
     --------
@@ -116,7 +130,7 @@ class Transfer:
     """
 
     def __init__(self, coarse, fine, xp=np, *, coarse_free=None, fine_free=None,
-                 dtype=np.float64, fused=None):
+                 dtype=np.float64, fused=None, host_kernel=None):
         if coarse.mesh is not fine.mesh:
             raise ValueError("coarse and fine spaces must be on the same mesh object")
         if coarse.p > fine.p:
@@ -125,6 +139,7 @@ class Transfer:
         I1d, _ = lagrange_basis(gauss_lobatto(coarse.nd)[0], gauss_lobatto(fine.nd)[0])
         self.I1d = xp.asarray(I1d.astype(self.dtype))        # (nd_fine, nd_coarse)
         self.I1dT = xp.ascontiguousarray(self.I1d.T)
+        self.I1d = xp.ascontiguousarray(self.I1d)
         w = 1.0 / fine.multiplicity()
         if fine_free is not None:
             w = w * np.asarray(to_host(fine_free), dtype=bool)
@@ -132,6 +147,7 @@ class Transfer:
         self.coarse_free = None if coarse_free is None else \
             xp.asarray(np.asarray(to_host(coarse_free), dtype=self.dtype))
         self.fused = (xp is not np) if fused is None else bool(fused) and xp is not np
+        self.host_kernel = _numba_present() if host_kernel is None else bool(host_kernel)
         if self.fused:
             self._fine_w = xp.asarray(w.astype(self.dtype))            # per fine DoF
             self._coarse_w = (xp.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
@@ -150,7 +166,7 @@ class Transfer:
                  f"_{'i32' if itype == np.int32 else 'i64'}")
         return RT.get_kernel("pmg_transfer.cu.j2", entry, ctx)
 
-    def _fused(self, forward, x):
+    def _fused(self, forward, x, out=None):
         xp = self.xp
         x = xp.ascontiguousarray(xp.asarray(x, dtype=self.dtype))
         if forward:
@@ -159,28 +175,84 @@ class Transfer:
         else:
             M, src, dst = self.I1dT, self.fine, self.coarse
             w_in, w_out = self._fine_w, self._coarse_w
-        y = xp.zeros(dst.ndofs, dtype=self.dtype)
+        y = xp.zeros(dst.ndofs, dtype=self.dtype) if out is None else out
         E = self.fine.nelements
         grid = (int(min(E, 65535 * 8)),)
         self._kernel(forward)(grid, (_TRANSFER_THREADS,),
-                              (xp.ascontiguousarray(M), x, src.dof_map(xp), w_in,
-                               dst.dof_map(xp), w_out, y, np.int64(E)))
+                              (M, x, src.dof_map(xp), w_in, dst.dof_map(xp), w_out, y,
+                               np.int64(E)))
         return y
+
+    def _host_kernel(self, forward):
+        """The compiled element part of a transfer on the host
+        (``templates/cpu/pmg_transfer.py.j2``: one kernel per dimension, dtype and index
+        type, sizes at run time), or None without Numba."""
+        key = "_hk_f" if forward else "_hk_r"
+        if key not in self.__dict__:
+            try:
+                from smalltc.backends.cpu.runtime import NB_TYPES, load_kernel
+            except ImportError:
+                self.__dict__[key] = None
+                return None
+            itype = np.dtype(self.fine.dof_map(np).dtype).name
+            a = f"{NB_TYPES[self.dtype.name]}[:, ::1]"
+            m = f"{itype}[:, ::1]"
+            sig = f"void({a}, {a}, {m}, {a}, {m}, {a}, {a}, int64, int64)"
+            entry = (f"stc_pmg_transfer_{self.fine.dim}d_"
+                     f"{'f64' if self.dtype == np.float64 else 'f32'}_"
+                     f"{'i32' if itype == 'int32' else 'i64'}")
+            fn, _ = load_kernel("pmg_transfer.py.j2", entry, dim=self.fine.dim,
+                                dtype=self.dtype.name, vbits=0, signature=sig)
+            if self.coarse_free is None:
+                self._cw = np.ones((1, self.coarse.ndofs), dtype=self.dtype)
+            else:
+                self._cw = self.coarse_free.reshape(1, -1)
+            w = self.fine.scatter(self.weights) / self.fine.multiplicity()
+            self._fw = np.ascontiguousarray(w.reshape(1, -1).astype(self.dtype))
+            self.__dict__[key] = fn
+        return self.__dict__[key]
+
+    def _host(self, forward, x):
+        """The host transfer: the compiled element part, then ``numpy.bincount``."""
+        import numba
+        fn = self._host_kernel(forward)
+        M = np.ascontiguousarray(self.I1d if forward else self.I1dT)
+        src, dst = (self.coarse, self.fine) if forward else (self.fine, self.coarse)
+        w_in, w_out = (self._cw, self._fw) if forward else (self._fw, self._cw)
+        E = self.fine.nelements
+        imap, omap = src.dof_map(np).reshape(E, -1), dst.dof_map(np).reshape(E, -1)
+        U = np.empty(omap.shape, dtype=self.dtype)
+        X = np.ascontiguousarray(x, dtype=self.dtype).reshape(1, -1)
+        fn(M, X, imap, w_in, omap, w_out, U, E, min(E, numba.get_num_threads()))
+        y = np.bincount(omap.ravel(), weights=U.ravel(), minlength=dst.ndofs)
+        return y.astype(self.dtype, copy=False)
 
     def prolong(self, xc):
         """``x_fine = P x_coarse`` (shape (ndofs_coarse,) -> (ndofs_fine,))."""
         if self.fused:
             return self._fused(True, xc)
+        if self.xp is np and self.host_kernel:
+            return self._host(True, xc)
         if self.coarse_free is not None:
             xc = xc * self.coarse_free
         dim = self.fine.dim
         v = apply_tensor([self.I1d] * dim, self.coarse.gather(xc))
         return self.fine.scatter(v * self.weights)
 
+    def prolong_add(self, xc, x):
+        """``x += P x_coarse`` in place (the fused kernel adds into ``x`` directly);
+        returns ``x``."""
+        if self.fused and x.dtype == self.dtype and x.flags.c_contiguous:
+            return self._fused(True, xc, out=x)
+        x += self.prolong(xc)
+        return x
+
     def restrict(self, rf):
         """``r_coarse = P^T r_fine`` (shape (ndofs_fine,) -> (ndofs_coarse,))."""
         if self.fused:
             return self._fused(False, rf)
+        if self.xp is np and self.host_kernel:
+            return self._host(False, rf)
         dim = self.fine.dim
         v = apply_tensor([self.I1dT] * dim, self.fine.gather(rf) * self.weights)
         rc = self.coarse.scatter(v)
@@ -228,6 +300,75 @@ class Constrained:
         return self._diag
 
 
+class _NoTimer:
+    """The V-cycle's timer when not profiling: a context that does nothing."""
+
+    def __call__(self, level, part):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_TIMER = _NoTimer()
+
+
+class _Timer:
+    """Accumulates seconds per ``(level, part)``: CUDA events on the current stream
+    (read after one synchronisation at the end) or ``perf_counter`` on the host."""
+
+    def __init__(self, on_gpu):
+        self.on_gpu, self.marks, self.host = on_gpu, [], {}
+        self._key = None
+
+    def __call__(self, level, part):
+        self._key = (level, part)
+        return self
+
+    def __enter__(self):
+        key = self._key
+        if self.on_gpu:
+            import cupy
+            ev = cupy.cuda.Event()
+            ev.record()
+            self.marks.append([key, ev, None])
+        else:
+            import time
+            self.marks.append([key, time.perf_counter(), None])
+        return self
+
+    def __exit__(self, *exc):
+        # the innermost open mark of this key (parts do not nest within one level)
+        for m in reversed(self.marks):
+            if m[2] is None:
+                break
+        if self.on_gpu:
+            import cupy
+            ev = cupy.cuda.Event()
+            ev.record()
+            m[2] = ev
+        else:
+            import time
+            m[2] = time.perf_counter()
+        return False
+
+    def totals(self):
+        out = {}
+        if self.on_gpu and self.marks:
+            self.marks[-1][2].synchronize()
+        for key, a, b in self.marks:
+            if self.on_gpu:
+                import cupy
+                dt = cupy.cuda.get_elapsed_time(a, b) * 1e-3
+            else:
+                dt = b - a
+            out[key] = out.get(key, 0.0) + dt
+        return out
+
+
 class _Level:
     """One level: its space, (constrained) operator, smoother, free mask."""
 
@@ -255,6 +396,9 @@ class PMultigrid(_Preconditioner):
         The solve of the order-1 (coarsest) level.
     cycles : int
         V-cycles run so far.
+    setup_times : dict
+        Seconds of the setup's parts (operators, transfers, assembly, eigenvalues,
+        csr, amg), from :func:`pmg`.
     """
 
     def __init__(self, levels, transfers, coarse, degree, kind):
@@ -264,6 +408,7 @@ class PMultigrid(_Preconditioner):
         self.xp = fine.A.xp
         self.n, self.dtype = fine.space.ndofs, fine.A.dtype
         self.cycles = 0
+        self.setup_times = {}
 
     @property
     def operator(self):
@@ -273,17 +418,77 @@ class PMultigrid(_Preconditioner):
     def __call__(self, r):
         """One V-cycle on ``A z = r`` from ``z = 0``; ``z`` in r's dtype."""
         self.cycles += 1
-        return self._vcycle(0, r).astype(r.dtype, copy=False)
+        return self._vcycle(0, r, _NO_TIMER).astype(r.dtype, copy=False)
 
-    def _vcycle(self, l, b):
+    def _vcycle(self, l, b, tm):
+        """The V-cycle below level ``l`` on ``A_l x = b``; ``tm(l, part)``: a context
+        around each part (the profile's timer, or nothing)."""
         if l == len(self.levels) - 1:
-            return self.coarse(b)
+            with tm(l, "coarse"):
+                return self.coarse(b)
         lev, T = self.levels[l], self.transfers[l]
         S = lev.smoother
-        x = S.smooth(b)
-        r = b - lev.A(x)
-        x = x + T.prolong(self._vcycle(l + 1, T.restrict(r)))
-        return S.smooth(b, x)
+        ops = S.vector_ops
+        with tm(l, "presmooth"):
+            x, xm = S._smooth(b.copy())                 # b is the caller's: r works on a copy
+        with tm(l, "residual"):
+            r = ops.residual(b, lev.raw(xm), x)
+        with tm(l, "restrict"):
+            rc = T.restrict(r)
+        ec = self._vcycle(l + 1, rc, tm)
+        with tm(l, "prolong"):
+            x = T.prolong_add(ec, x)
+        with tm(l, "residual"):
+            r = ops.residual(b, lev.raw(x if ops.free is None else x * ops.free), x)
+        with tm(l, "postsmooth"):
+            x, _ = S._smooth(r, x)
+        return x
+
+    def profile(self, r, repeats=3):
+        """Time one V-cycle's parts per level: smoothing, residuals, transfers, the
+        coarse solve (CUDA events around each part on a GPU, so only in this mode;
+        ``perf_counter`` on the host); the median of ``repeats`` V-cycles after one
+        untimed.
+
+        Returns
+        -------
+        dict
+            ``levels``: per level ``{"p", "ndofs", part: seconds, ...}`` (parts
+            ``presmooth``, ``residual`` (both), ``restrict``, ``prolong``; ``coarse`` on
+            the last level); ``vcycle_s``: the V-cycle timed whole; ``parts_s``: the sum
+            of the parts; ``apply_s``: one application of the finest (constrained)
+            operator, and ``vcycle_in_applications``.
+
+        Examples
+        --------
+        >>> from smalltc import fem
+        >>> M = fem.pmg(fem.H1Space(fem.box_mesh(2, 3), p=2), kind="diffusion",
+        ...             constrained="boundary")
+        >>> prof = M.profile(np.ones(M.n), repeats=1)
+        >>> sorted(prof["levels"][0]), sorted(prof["levels"][1])
+        (['ndofs', 'p', 'postsmooth', 'presmooth', 'prolong', 'residual', 'restrict'], ['coarse', 'ndofs', 'p'])
+        """
+        from smalltc._timing import median, time_calls
+        on_gpu = self.xp is not np
+        self._vcycle(0, r, _NO_TIMER)
+        runs = []
+        for _ in range(max(1, int(repeats))):
+            tm = _Timer(on_gpu)
+            self._vcycle(0, r, tm)
+            runs.append(tm.totals())
+        out = []
+        for l, lev in enumerate(self.levels):
+            row = {"p": lev.space.p, "ndofs": lev.space.ndofs}
+            for key in sorted({k for run in runs for (ll, k) in run if ll == l}):
+                row[key] = float(np.median([run.get((l, key), 0.0) for run in runs]))
+            out.append(row)
+        t_cycle = median(time_calls(lambda: self._vcycle(0, r, _NO_TIMER),
+                                    repeats=max(1, int(repeats)), warmup=0, on_gpu=on_gpu))
+        t_apply = median(time_calls(lambda: self.operator(r), repeats=max(1, int(repeats)),
+                                    warmup=1, on_gpu=on_gpu))
+        parts = sum(v for row in out for k, v in row.items() if k not in ("p", "ndofs"))
+        return {"levels": out, "vcycle_s": t_cycle, "parts_s": parts,
+                "apply_s": t_apply, "vcycle_in_applications": t_cycle / t_apply}
 
     def cost(self):
         """The V-cycle's operator applications: per level, and their sum weighted by each
@@ -314,7 +519,8 @@ class PMultigrid(_Preconditioner):
             if getattr(lev.raw, "qfunc", None):
                 what += f"({lev.raw.qfunc}{', collocated' if getattr(lev.raw, 'collocated', False) else ''})"
             if lev.smoother is not None:
-                what += f"; lambda_max={lev.smoother.lambda_max:.3g}"
+                what += (f"; degree {lev.smoother.degree}, "
+                         f"lambda_max={lev.smoother.lambda_max:.3g}")
             else:
                 what += f"; coarse: {self.coarse.describe()}"
             lines.append(f"  {i:5d} {lev.space.p:3d} {lev.space.ndofs:10d} {free:10d}  {what}")
@@ -328,7 +534,7 @@ _QUADRATURES_GLL = ("gll", "lobatto", "gauss-lobatto")
 
 
 def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficients=None,
-             options=None):
+             options=None, coarse_nq_offset=None):
     """``space -> operator`` of the family (:func:`~smalltc.fem.operators.mass_operator`,
     ``diffusion_operator``, ``helmholtz_operator``) for the named kind, or like ``operator``
     (its ``qfunc``, quadrature rule, ``nq - p``, dtype, backend, fused)."""
@@ -368,8 +574,9 @@ def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficien
     if options.get("dtype") is not None:
         options["dtype"] = np.dtype(options["dtype"])
 
-    def make(space, assembled=False):
-        nq = space.p + nq_offset
+    def make(space, assembled=False, coarse=False):
+        nq = space.p + (nq_offset if not coarse or coarse_nq_offset is None
+                        else coarse_nq_offset)
         kw = dict(options, assembled=assembled)
         if kind == "mass":
             return ops.mass_operator(space, nq, c.get("rho"), **kw)
@@ -381,9 +588,10 @@ def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficien
     return make
 
 
-def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth",
+def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fourth",
         constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
-        operator_factory=None, device=None, nq_offset=None, quadrature=None, kappa=None,
+        operator_factory=None, device=None, nq_offset=None, coarse_nq_offset=1,
+        quadrature=None, kappa=None,
         alpha=None, rho=None, lambda_steps=10):
     """Build a p-multigrid preconditioner.
 
@@ -401,10 +609,16 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
     orders : list of int, optional
         The levels' orders, finest first, ending in 1; ``p, ceil(p/2), ..., 1`` by
         default (:func:`pmg_orders`).
-    degree : int
+    degree : int or sequence of int, optional
         Chebyshev degree on every level but the coarsest: ``2 degree`` applications
-        of the level's operator per V-cycle. 3 by default: on a distorted 3D box
-        (p = 3..8) degree 2 needed 1.4-1.6x the iterations and no less time.
+        of the level's operator per V-cycle; a sequence gives one per level, finest
+        first (its last entry repeats). By default 3, and ``[4, 3]`` (4 on the finest
+        level) from p = 6 on. On a distorted 3D box, iterations and DoF-weighted
+        applications per solve (degree 3 / 2 / 4 on the finest level, 3 below): p = 4:
+        6, 8, 5 iterations, 46.8, 46.4, 49.0 applications; p = 6: 7, 10, 5 and 56.4,
+        60.6, 50.3; p = 8: 8, 12, 6 and 63.4, 71.1, 59.5; timed on one CPU thread at
+        166k DoFs, p = 6: 0.84-0.94 s against 1.13-1.19 s to solution with ``[4, 3]``
+        (notes/solvers.md).
     smoother : {"fourth", "first"}
         Chebyshev kind (:mod:`smalltc.fem.chebyshev`).
     constrained : array of bool or int, "boundary", region name(s) or None
@@ -423,6 +637,12 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
     nq_offset : int, optional
         The levels built here use ``nq = p + nq_offset`` points (the given operator's
         offset; else 2, 1 for Gauss-Lobatto).
+    coarse_nq_offset : int or None
+        The levels below the finest use ``nq = q + coarse_nq_offset`` points (1 by
+        default: the order-2 level's operator on 27 points instead of 64 and the
+        order-1 level's assembly on 8 instead of 27, with the same iterations on a
+        distorted 3D box at p = 2, 4, 6); None: ``nq_offset``. Not for
+        ``operator_factory``.
     quadrature : str, optional
         Their rule (the given operator's: ``"gll"`` when it is collocated; else
         ``"gauss"``).
@@ -473,7 +693,9 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
                             f"space and kind=, or operator_factory=")
         device = device or getattr(fine_op, "device", "cpu")
     make = operator_factory or _factory(kind, fine_op, device, nq_offset, quadrature,
-                                        dict(kappa=kappa, alpha=alpha, rho=rho))
+                                        dict(kappa=kappa, alpha=alpha, rho=rho),
+                                        coarse_nq_offset=coarse_nq_offset)
+    own = operator_factory is None
     if bc_dofs is not None:
         if constrained is not None:
             raise ValueError("a ConstrainedOperator brings its constrained DoFs: "
@@ -498,12 +720,14 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
             fixed[idx] = True
         if fixed.shape != (space.ndofs,):
             raise ValueError(f"constrained has shape {fixed.shape}, expected ({space.ndofs},)")
+    clock = _SetupClock()
     levels, transfers = [], []
     op = fine_op if fine_op is not None else make(space)
-    xp = array_module(op.diagonal())
+    xp = clock.xp = array_module(op.diagonal())
     dtype = np.dtype(getattr(op, "dtype", np.float64))
     free = None if fixed is None else ~fixed
     levels.append(_Level(space, op, free, xp))
+    clock("operators")
     for q in orders[1:]:
         fine = levels[-1]
         cspace = H1Space(space.mesh, q)
@@ -515,23 +739,56 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=3, smoother="fourth
             cfree = ~touched
         transfers.append(Transfer(cspace, fine.space, xp, coarse_free=cfree,
                                   fine_free=fine.free, dtype=dtype))
+        clock("transfers")
         last = q == orders[-1] and coarse == "amg"
-        levels.append(_Level(cspace, _make_coarse(make, cspace) if last else make(cspace),
-                             cfree, xp))
-    for lev in levels[:-1]:
-        lev.smoother = Chebyshev(lev.A, degree=degree, kind=smoother, steps=lambda_steps)
+        levels.append(_Level(cspace, _make_coarse(make, cspace, own) if last else
+                             (make(cspace, coarse=True) if own else make(cspace)), cfree, xp))
+        clock("assembly" if last else "operators")
+    if degree is None:
+        degree = [4, 3] if space.p >= 6 else 3
+    degrees = [degree] if isinstance(degree, (int, np.integer)) else list(degree)
+    if not degrees:
+        raise ValueError("degree must be an integer or a non-empty sequence of integers")
+    for i, lev in enumerate(levels[:-1]):
+        lev.smoother = Chebyshev(lev.A, degree=degrees[min(i, len(degrees) - 1)],
+                                 kind=smoother, steps=lambda_steps)
+    clock("eigenvalues")
     last = levels[-1]
     if coarse == "amg":
         A = assemble_csr(last.A, last.space)
+        clock("csr")
         solver = AMGSolver(A, xp, cycle=amg_cycle)
+        clock("amg")
     else:
         solver = CGSolver(last.A, last.A.diagonal(), tol=coarse_tol)
-    return PMultigrid(levels, transfers, solver, degree, smoother)
+    M = PMultigrid(levels, transfers, solver, degree, smoother)
+    M.setup_times = clock.times
+    return M
 
 
-def _make_coarse(make, space):
+class _SetupClock:
+    """Seconds of the setup's parts: ``clock(part)`` adds the time since the last call
+    (synchronising the GPU first, so a part's kernels count in it)."""
+
+    def __init__(self):
+        import time
+        self._now, self.xp = time.perf_counter, np
+        self.times, self._t = {}, self._now()
+
+    def __call__(self, part):
+        if self.xp is not np:
+            self.xp.cuda.runtime.deviceSynchronize()
+        t = self._now()
+        self.times[part] = self.times.get(part, 0.0) + (t - self._t)
+        self._t = t
+
+
+def _make_coarse(make, space, own=False):
     """The order-1 level for the AMG: assembled (element matrices, ``to_csr()``) where the
-    factory can (``make(space, assembled=True)``), else matrix-free (then probed)."""
+    factory can (``make(space, assembled=True)``), else matrix-free (then probed);
+    ``own``: pmg's own factory (the coarse levels' quadrature)."""
+    if own:
+        return make(space, assembled=True, coarse=True)
     try:
         return make(space, assembled=True)
     except TypeError:           # a user's factory without the keyword

@@ -338,8 +338,8 @@ def test_solve_suite_end_to_end(tmp_path, capsys):
     """solve on the CPU, tiny: the three preconditioners reach 1e-8 on the same problem,
     p-multigrid in the fewest iterations, with its hierarchy and V-cycle cost; the table
     and the plot of iterations against p."""
-    assert main(TINY[:-4] + ["--device", "cpu", "--suite", "solve", "--p", "2", "--out",
-                             str(tmp_path)]) == 0
+    assert main(TINY[:-4] + ["--device", "cpu", "--suite", "solve", "--p", "2", "--profile",
+                             "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "bench-solve-p2-float64.json").read_text())
     (c,) = doc["cases"]
     assert not c.get("error"), c.get("error")
@@ -351,7 +351,12 @@ def test_solve_suite_end_to_end(tmp_path, capsys):
     assert im["pmg"]["levels"] == [2, 1] and im["pmg"]["vcycle_fine_applications"] == 6
     assert im["pmg"]["vcycle_in_applications"] > 1
     assert all(r["time_to_solution_s"] >= r["solve_s"] > 0 for r in im.values())
-    assert "== solve" in capsys.readouterr().out
+    prof = im["pmg"]["profile"]                      # --profile: per level and part
+    assert [row["p"] for row in prof["levels"]] == [2, 1] and prof["levels"][1]["coarse"] > 0
+    assert prof["levels"][0]["presmooth"] > 0 and prof["vcycle_s"] > 0
+    assert set(im["pmg"]["setup_parts"]) >= {"operators", "eigenvalues", "amg"}
+    out = capsys.readouterr().out
+    assert "== solve" in out and "one p-multigrid V-cycle per level and part" in out
     assert (tmp_path / "solve-p2-solve-float64.png").exists()
 
 

@@ -173,6 +173,15 @@ def _configs():
         out.insert(23 + i, ("pmg_transfer.cu.j2", dict(dtype=dt, dim=dim, nin=nin, nout=nout,
                                                         threads=128, min_blocks=0,
                                                         index_t=it)))
+    # the AMG levels' CSR products (p-multigrid coarse solve on the GPU)
+    for i, (dt, it) in enumerate((("float64", "int"), ("float32", "long long"))):
+        out.insert(27 + i, ("csr_spmv.cu.j2", dict(dtype=dt, index_t=it, threads=256,
+                                                    min_blocks=0)))
+    # the p-multigrid's fused vector updates (Chebyshev steps, residual)
+    for i, (mode, dt) in enumerate((("start", "float64"), ("step", "float64"),
+                                    ("residual", "float32"), ("last", "float64"))):
+        out.insert(27 + i, ("pmg_vector.cu.j2", dict(dtype=dt, mode=mode, threads=256,
+                                                      min_blocks=0)))
     return [(t, f"stc_test_{t.split('.')[0]}_{i}", c) for i, (t, c) in enumerate(out)
             if c is not None]
 

@@ -307,7 +307,7 @@ def test_solve_poisson_with_chebyshev_and_pmg(precond):
 def test_pmg_levels_are_built_like_the_given_operator(make, kw):
     V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
     op = make(V)
-    M = fem.pmg(op, constrained="boundary", **kw)
+    M = fem.pmg(op, constrained="boundary", coarse_nq_offset=None, **kw)
     coarse = M.levels[1].raw
     assert coarse.qfunc == op.qfunc and coarse.space.p == 2
     assert coarse.G1d.shape[0] - 2 == op.G1d.shape[0] - 4          # the same nq - p
@@ -315,6 +315,16 @@ def test_pmg_levels_are_built_like_the_given_operator(make, kw):
     ref = make(M.levels[1].space)
     x = np.random.default_rng(0).random(coarse.space.ndofs)
     np.testing.assert_allclose(coarse(x), ref(x), rtol=1e-13, atol=1e-13)
+    b = M.operator(np.random.default_rng(1).random(V.ndofs))
+    assert fem.cg(M.operator, b, tol=1e-8, precond=M).iterations <= 8
+
+
+def test_pmg_coarse_levels_take_q_plus_1_points_by_default():
+    V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
+    op = fem.diffusion_operator(V)                                   # nq = p + 2
+    M = fem.pmg(op, constrained="boundary")
+    assert [lev.raw.G1d.shape[0] for lev in M.levels] == [6, 3, 2]
+    assert M.levels[0].raw is op
     b = M.operator(np.random.default_rng(1).random(V.ndofs))
     assert fem.cg(M.operator, b, tol=1e-8, precond=M).iterations <= 8
 
@@ -346,10 +356,178 @@ def test_the_amg_level_is_assembled_and_matches_the_probed_matrix():
     M = fem.pmg(V, kind="diffusion", constrained="boundary")
     last = M.levels[-1]
     assert type(last.raw).__name__ == "AssembledOperator"
-    K = fem.diffusion_operator(last.space)                  # matrix-free: probed
+    K = fem.diffusion_operator(last.space, nq=last.raw.G1d.shape[0])   # matrix-free: probed
     probed = assemble_csr(Constrained(K, K.diagonal(), last.free), last.space)
     assembled = assemble_csr(last.A, last.space)            # to_csr(), then F A F + C
     np.testing.assert_allclose(assembled.toarray(), probed.toarray(), rtol=0, atol=1e-14)
     # a factory without the assembled keyword: the order-1 level stays matrix-free
     M2 = fem.pmg(V, constrained="boundary", operator_factory=lambda s: fem.diffusion_operator(s))
     assert type(M2.levels[-1].raw).__name__ == "Operator"
+
+
+def _gpu_or_skip(xp_name):
+    if xp_name == "cupy" and not __import__("smalltc._arrays", fromlist=["gpu_available"]
+                                            ).gpu_available():
+        pytest.skip("no CUDA device")
+
+
+# (n, masked, xzero, dtype): the fused vector updates against their array expressions
+VECTOR_CASES = [(7, False, True, np.float64), (1000, True, False, np.float64),
+                (1000, True, True, np.float32), (33, False, False, np.float32)]
+
+
+@pytest.mark.parametrize("xp_name", array_modules())
+@pytest.mark.parametrize("n, masked, xzero, dtype", VECTOR_CASES)
+def test_vector_ops_match_the_array_expressions(xp_name, n, masked, xzero, dtype):
+    from smalltc.fem.chebyshev import VectorOps
+    _gpu_or_skip(xp_name)
+    xp = xp_of(xp_name)
+    rng = np.random.default_rng(n)
+    v = {k: rng.standard_normal(n).astype(dtype) for k in ("y", "r", "x", "d", "b")}
+    inv = rng.random(n).astype(dtype) + 0.5
+    f = (rng.random(n) < 0.7).astype(dtype) if masked else np.ones(n, dtype)
+    ops = VectorOps(xp.asarray(inv), xp.asarray(f) if masked else None)
+    # xp.array copies: the updates are in place and the references read v
+    tol = dict(rtol=1e-5 if dtype == np.float32 else 1e-13, atol=1e-5 if dtype == np.float32
+               else 1e-13)
+    # start: d = c1 inv r, dm = f d
+    d, dm = ops.start(xp.array(v["r"]), 0.7)
+    np.testing.assert_allclose(to_numpy(d), 0.7 * inv * v["r"], **tol)
+    np.testing.assert_allclose(to_numpy(dm), f * 0.7 * inv * v["r"], **tol)
+    # step, in place on poisoned x when xzero (its old values must not be read)
+    r, d = xp.array(v["r"]), xp.array(v["d"])
+    x = xp.full(n, np.nan, dtype=dtype) if xzero else xp.array(v["x"])
+    # a separate dm where it is one (with a mask; always on the GPU: start makes two)
+    dm = xp.full(n, np.nan, dtype=dtype) if masked or xp is not np else d
+    ops.step(xp.array(v["y"]), r, x, d, dm, 0.3, 1.9, xzero)
+    r_ref = v["r"] - (f * v["y"] + (1 - f) * v["d"])
+    d_ref = 0.3 * v["d"] + 1.9 * inv * r_ref
+    np.testing.assert_allclose(to_numpy(r), r_ref, **tol)
+    np.testing.assert_allclose(to_numpy(x), v["d"] if xzero else v["x"] + v["d"], **tol)
+    np.testing.assert_allclose(to_numpy(d), d_ref, **tol)
+    np.testing.assert_allclose(to_numpy(dm), f * d_ref, **tol)
+    # last and residual
+    x = xp.full(n, np.nan, dtype=dtype) if xzero else xp.array(v["x"])
+    x, xm = ops.last(xp.array(v["d"]), x, xzero)
+    x_ref = v["d"] if xzero else v["x"] + v["d"]
+    np.testing.assert_allclose(to_numpy(x), x_ref, **tol)
+    np.testing.assert_allclose(to_numpy(xm), f * x_ref, **tol)
+    r = ops.residual(xp.array(v["b"]), xp.array(v["y"]), xp.array(v["x"]))
+    np.testing.assert_allclose(to_numpy(r), v["b"] - (f * v["y"] + (1 - f) * v["x"]), **tol)
+
+
+def _plain_vcycle(M, l, b):
+    """The V-cycle written with the constrained operators and array expressions only."""
+    if l == len(M.levels) - 1:
+        return M.coarse(b)
+    lev, T, S = M.levels[l], M.transfers[l], M.levels[l].smoother
+    inv, lam, k = S.inv_diag, S.lambda_max, S.degree
+
+    def smooth(x, r):
+        d = (4.0 / (3.0 * lam)) * (inv * r)
+        for i in range(1, k):
+            x = d.copy() if x is None else x + d
+            r = r - lev.A(d)
+            d = ((2 * i - 1) / (2 * i + 3)) * d + ((8 * i + 4) / ((2 * i + 3) * lam)) * (inv * r)
+        return d if x is None else x + d
+    x = smooth(None, b)
+    x = x + T.prolong(_plain_vcycle(M, l + 1, T.restrict(b - lev.A(x))))
+    return smooth(x, b - lev.A(x))
+
+
+@pytest.mark.parametrize("xp_name", array_modules())
+@pytest.mark.parametrize("p", [2, 4])
+def test_fused_vcycle_matches_the_plain_vcycle(xp_name, p):
+    _gpu_or_skip(xp_name)
+    xp = xp_of(xp_name)
+    V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), p)
+    M = fem.pmg(V, kind="diffusion", constrained="boundary",
+                device="gpu" if xp_name == "cupy" else "cpu")
+    b = xp.asarray(np.random.default_rng(p).standard_normal(V.ndofs))
+    b0 = b.copy()
+    z = M(b)
+    np.testing.assert_array_equal(to_numpy(b), to_numpy(b0))          # r is not modified
+    np.testing.assert_allclose(to_numpy(z), to_numpy(_plain_vcycle(M, 0, b)), rtol=1e-11,
+                               atol=1e-11 * float(abs(to_numpy(z)).max()))
+
+
+def test_profile_times_every_part_of_every_level():
+    V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
+    M = fem.pmg(V, kind="diffusion", constrained="boundary")
+    prof = M.profile(np.ones(V.ndofs), repeats=2)
+    assert [row["p"] for row in prof["levels"]] == [4, 2, 1]
+    for row in prof["levels"][:-1]:
+        assert {"presmooth", "residual", "restrict", "prolong", "postsmooth"} <= set(row)
+        assert all(v > 0 for k, v in row.items() if k not in ("p", "ndofs"))
+    assert prof["levels"][-1]["coarse"] > 0
+    assert prof["vcycle_s"] > 0 and prof["apply_s"] > 0 and prof["parts_s"] > 0
+    assert set(M.setup_times) == {"operators", "transfers", "assembly", "eigenvalues", "csr",
+                                  "amg"}
+
+
+def test_element_matrices_sum_to_the_csr_of_to_csr():
+    V = fem.H1Space(fem.box_mesh(3, 3, distortion=0.1), 1)
+    op = fem.diffusion_operator(V, nq=2, assembled=True)
+    A = assemble_csr(op, V)
+    indptr, indices, data = op.to_csr()
+    np.testing.assert_array_equal(A.indptr, indptr)
+    np.testing.assert_array_equal(A.indices, indices)
+    np.testing.assert_allclose(A.data, data, rtol=1e-14, atol=1e-14)
+
+
+def test_pmg_degree_per_level():
+    V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
+    M = fem.pmg(V, kind="diffusion", constrained="boundary", degree=[4, 2])
+    assert [lev.smoother.degree for lev in M.levels[:-1]] == [4, 2]
+    assert M.cost()["per_level"] == [(4, 8), (2, 4)]
+    assert "degree 4" in str(M)
+    with pytest.raises(ValueError, match="degree must be"):
+        fem.pmg(V, kind="diffusion", degree=[])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("dim, n, q, p", TRANSFER_CASES)
+def test_compiled_host_transfers_match_the_array_path(dim, n, q, p, dtype):
+    mesh = fem.box_mesh(dim, n, distortion=0.05)
+    Vq, Vp = fem.H1Space(mesh, q), fem.H1Space(mesh, p)
+    kw = dict(coarse_free=~boundary_mask(Vq), fine_free=~boundary_mask(Vp), dtype=dtype)
+    fast, plain = Transfer(Vq, Vp, **kw), Transfer(Vq, Vp, host_kernel=False, **kw)
+    assert fast.host_kernel and not plain.host_kernel
+    rng = np.random.default_rng(dim + 10 * p)
+    xc, xf = rng.standard_normal(Vq.ndofs).astype(dtype), rng.standard_normal(Vp.ndofs).astype(dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    for got, ref in ((fast.prolong(xc), plain.prolong(xc)), (fast.restrict(xf), plain.restrict(xf))):
+        assert got.dtype == dtype and got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    x = np.full(Vp.ndofs, 1.0, dtype=dtype)
+    np.testing.assert_allclose(fast.prolong_add(xc, x), 1.0 + plain.prolong(xc), rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(xp_of("cupy") is None or not __import__(
+    "smalltc._arrays", fromlist=["gpu_available"]).gpu_available(), reason="no CUDA device")
+def test_amg_csr_kernel_matches_cupyx_on_the_gpu():
+    cp = xp_of("cupy")
+    V = fem.H1Space(fem.box_mesh(3, 9, distortion=0.05), 1)
+    A = assemble_csr(fem.diffusion_operator(V, nq=2), V) + __import__("scipy.sparse").sparse.eye(V.ndofs)
+    k = AMGSolver(A, cp, cycle="portable", spmv="kernel", max_coarse=50)
+    c = AMGSolver(A, cp, cycle="portable", spmv="cupyx", max_coarse=50)
+    assert k.spmv == "kernel" and c.spmv == "cupyx" and len(k.levels) >= 1
+    x = cp.asarray(np.random.default_rng(0).standard_normal(V.ndofs))
+    for (Ak, Pk, Rk, _), (Ac, Pc, Rc, _) in zip(k.levels, c.levels):
+        for M, N in ((Ak, Ac), (Pk, Pc), (Rk, Rc)):
+            v = x[:M.A.shape[1]]
+            np.testing.assert_allclose(to_numpy(M @ v), to_numpy(N @ v), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(to_numpy(k(x)), to_numpy(c(x)), rtol=1e-10, atol=1e-12)
+
+
+def test_amg_portable_cycle_options():
+    V = fem.H1Space(fem.box_mesh(3, 11, distortion=0.05), 1)
+    A = assemble_csr(fem.diffusion_operator(V, nq=2), V)
+    import scipy.sparse as sp
+    A = A + sp.eye(V.ndofs)
+    S = AMGSolver(A, cycle="portable", max_coarse=1000)
+    assert S.ml.levels[-1].A.shape[0] <= 1000 and S.spmv == "host"
+    assert AMGSolver(A, cycle="portable").ml.levels[-1].A.shape[0] <= 200
+    with pytest.raises(ValueError, match="spmv must be"):
+        AMGSolver(A, cycle="portable", spmv="mkl")

@@ -308,3 +308,19 @@ def test_cupy_arrays_run_every_instance():
     y = smalltc.diffusion_apply(None, cp.asarray(G1d), cp.asarray(Q), cp.asarray(x),
                                 cp.asarray(space.elem_dofs))
     assert isinstance(y, cp.ndarray) and rel_err(y, ref) <= 1e-12
+
+
+@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no CUDA device")])])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_dense_gemm_assembly_matches_the_oracle(xp_name, case):
+    """The compiled backends' fallback assembly for low orders (one GEMM of Q with the
+    dense gradients' products), every case of the table."""
+    from smalltc.backends.reference import operator_assembly_gemm
+    qfunc, co, dim, p, nq, dtype, ncomp = case
+    xp = xp_of(xp_name)
+    B1d, G1d, D, Q, space = _data(case)
+    K_ref = oracle.operator_matrices(qfunc, B1d, G1d, D, Q, dim)
+    b, g, d, q = _on(xp, dtype, B1d, G1d, D, Q)
+    K = operator_assembly_gemm(qfunc, b, g, d, q, dim)
+    assert K.dtype == np.dtype(dtype) and rel_err(K, K_ref) <= _tol(dtype, p)

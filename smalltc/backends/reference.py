@@ -14,6 +14,7 @@ from . import register
 from .base import Backend, Executor, Unsupported
 
 __all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_einsum",
+           "operator_assembly_gemm",
            "mass_apply_unfused", "mass_diagonal_unfused", "operator_action_einsum",
            "operator_assembly_einsum", "operator_diagonal_einsum", "operator_apply_unfused",
            "operator_diagonal_unfused", "sym_index", "einsum_executor", "force_einsum",
@@ -207,6 +208,56 @@ def operator_assembly_einsum(qfunc, B1d, G1d, D, Q, dim):
     return K.reshape(E, nd ** dim, nd ** dim)
 
 
+#: the dense assembly (:func:`operator_assembly_gemm`) runs up to this many entries per
+#: element row (nd^dim: 3D p <= 2, 2D p <= 4); beyond, its GEMM (``nd^2dim`` columns)
+#: outgrows the einsum chains
+GEMM_ASSEMBLY_MAX_ND = 27
+
+
+def operator_assembly_gemm(qfunc, B1d, G1d, D, Q, dim):
+    """Element matrices as :func:`operator_assembly_einsum`, as one GEMM of the packed
+    quadrature data with the products of dense gradients: with ``G_a`` the Kronecker
+    products (``nq^dim x nd^dim``; ``G1d`` on axis a, ``B1d`` on the others),
+    ``P_c[k, i, j] = G_a[k, i] G_b[k, j]`` (plus its transpose for a != b) for the packed
+    pair ``c = (a, b)``, and ``K_e = sum_{c, k} Q_e[c, k] P_c[k]``: ``Q`` reshaped to
+    ``(E, nsym nq^dim)`` times ``P`` ``(nsym nq^dim, nd^2dim)``, written straight into
+    the ``(E, nd^dim, nd^dim)`` result (Helmholtz: a second GEMM of ``D`` with the
+    products of ``B``). ``2 nsym nq^dim nd^2dim`` flops per element: for low orders (the
+    p = 1 matrices of a p-multigrid), where the einsum chains are many small
+    contractions; NumPy or CuPy (a cuBLAS GEMM).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> B, G, Q = rng.random((3, 2)), rng.random((3, 2)), rng.random((4, 6, 3, 3, 3))
+    >>> K = operator_assembly_gemm("diffusion", B, G, None, Q, 3)
+    >>> K.shape, bool(np.allclose(K, operator_assembly_einsum("diffusion", B, G, None, Q, 3)))
+    ((4, 8, 8), True)
+    """
+    xp = _xp(Q)
+    B = _eye_if_none(xp, B1d, G1d)
+    E, (nq, nd) = Q.shape[0], G1d.shape
+    K, N = nq ** dim, nd ** dim
+
+    def kron(mats):
+        out = mats[0]
+        for m in mats[1:]:
+            out = xp.kron(out, m)
+        return out
+    grads = [kron([G1d if d == a else B for d in range(dim)]) for a in range(dim)]
+    pairs = [(a, b) for a in range(dim) for b in range(a, dim)]       # the packing order
+    P = xp.empty((len(pairs), K, N, N), dtype=Q.dtype)
+    for c, (a, b) in enumerate(pairs):
+        P[c] = grads[a][:, :, None] * grads[b][:, None, :]
+        if a != b:
+            P[c] += grads[b][:, :, None] * grads[a][:, None, :]
+    out = xp.matmul(Q.reshape(E, len(pairs) * K), P.reshape(-1, N * N))
+    if qfunc == "helmholtz":
+        Ball = kron([B] * dim)
+        out += xp.matmul(D.reshape(E, K), (Ball[:, :, None] * Ball[:, None, :]).reshape(K, -1))
+    return out.reshape(E, N, N)
+
+
 def operator_apply_unfused(qfunc, B1d, G1d, D, Q, x, elem_dofs, dim):
     """``y = sum_e R_e^T A_e R_e x`` for the element action of ``qfunc``: gather, the
     einsum chains, scatter-add (as :func:`mass_apply_unfused`)."""
@@ -390,6 +441,16 @@ def einsum_executor(spec, backend):
     kernel, fn = (_geometry_path(spec) if geo else
                   _operator_path(spec) if getattr(spec, "qfunc", "mass") != "mass" else
                   _PATHS[spec.op])
+    if spec.op == "assembly" and spec.qfunc != "mass" and \
+            spec.nd ** spec.dim <= GEMM_ASSEMBLY_MAX_ND:
+        names = [o.name for o in spec.inputs]
+
+        def fn(*ops):
+            a = dict(zip(names, ops))
+            return operator_assembly_gemm(spec.qfunc, a.get("B1d"), a["G1d"], a.get("D"),
+                                          a.get("Q"), spec.dim)
+        kernel = (f"{spec.qfunc}: one GEMM of Q with the dense gradients' products"
+                  f"{', collocated' if spec.collocated else ''}")
     ex = _Run(f"reference {kernel.format(spec=spec)} (no {backend} kernel for this "
               "instance)", functools.partial(fn, spec) if spec.qfunc == "mass" and not geo
               else fn)

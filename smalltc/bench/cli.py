@@ -75,6 +75,14 @@ def add_arguments(parser):
                         help="join runs of one device and dtype (e.g. one suite each) into "
                              "bench-<dtype>.json in --out (default: the first file's folder), "
                              "print the table, redo the plots, and exit")
+    parser.add_argument("--ndofs", type=int, default=None,
+                        help="solve suite: about this many DoFs per case (default 2M on a GPU, "
+                             "60k on a CPU)")
+    parser.add_argument("--profile", action="store_true",
+                        help="solve suite: break one p-multigrid V-cycle's time down per level "
+                             "and part (smoothing, residuals, transfers, coarse solve; CUDA "
+                             "events around each part on a GPU, only in this mode) into the "
+                             "JSON and the table")
     parser.add_argument("--impl", default="smalltc",
                         help="with --compare: the implementation to compare (default smalltc)")
 
@@ -201,7 +209,8 @@ def main_run(args) -> dict:
     footprint = None if args.footprint is None else int(args.footprint * 2 ** 20)
     todo = [c for s in suites for c in cases(s, args.dtype, kind, sizes=_sizes(args.sizes),
                                              ps=ps, dims=dims, quick=quick,
-                                             footprint=footprint)]
+                                             footprint=footprint,
+                                             ndofs=getattr(args, "ndofs", None))]
     print(f"smalltc bench: {len(todo)} cases on {roofline.device_name(kind)} ({args.dtype}, "
           f"backend {args.backend}, {repeats} repeats); measuring bandwidth and peak ...",
           file=sys.stderr, flush=True)
@@ -242,7 +251,7 @@ def main_run(args) -> dict:
         if case.op == "solve":
             from .solve import run_case as run_solve
             doc["cases"].append(run_solve(case, xp=xp, repeats=1 if kind == "cpu" or quick
-                                          else 3))
+                                          else 3, profile=getattr(args, "profile", False)))
             continue
         doc["cases"].append(run_case(case, bound_args, xp=xp, backend=args.backend,
                                      method=args.method, repeats=repeats, warmup=args.warmup,

@@ -8,13 +8,17 @@ solved by :func:`smalltc.fem.cg` with
 
 ``jacobi``      the Jacobi preconditioner (the fused CG iteration)
 ``chebyshev``   Chebyshev (fourth kind, degree 4) of the Jacobi-preconditioned operator
-``pmg``         the p-multigrid V-cycle (:func:`smalltc.fem.pmg`: Chebyshev degree 3 on
-                the levels p, ceil(p/2), ..., 1; one AMG V-cycle on the order-1 level)
+``pmg``         the p-multigrid V-cycle (:func:`smalltc.fem.pmg`'s defaults: Chebyshev
+                degree 3 (4 on the finest level from p = 6) on the levels p,
+                ceil(p/2), ..., 1, the levels below the finest on
+                ``nq = q + 1`` points; one AMG V-cycle on the order-1 level)
 
 from the same right-hand side ``b = A x*`` (``x*`` random). Each records the
 iterations, the setup time (the preconditioner's construction: eigenvalue estimates,
 levels, AMG hierarchy), the solve time, the time to solution (their sum), the true
-relative residual and the distance to the Jacobi-CG answer; for pmg also the V-cycle's
+relative residual and the distance to the Jacobi-CG answer (pmg's setup is timed after a
+pmg of the same orders on 10^3 elements has compiled every level's kernels, that one's
+time in ``pmg_warmup_s``; the setup's parts in ``setup_parts``); for pmg also the V-cycle's
 cost in finest-level applications, counted (by DoFs, :meth:`PMultigrid.cost`) and timed
 (one V-cycle over one application of the constrained finest operator). Sizes: about 2M DoFs on a
 GPU, 60k on a CPU (``quick``: 200k / 8k). The solves run once (``repeats`` > 1 on a
@@ -39,17 +43,19 @@ DISTORTION = 0.08
 CHEBYSHEV_DEGREE = 4
 
 
-def cases(dtype, kind, ps=None, quick=False) -> list:
-    """The solve cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu")."""
+def cases(dtype, kind, ps=None, quick=False, ndofs=None) -> list:
+    """The solve cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu"); ``ndofs``:
+    about that many DoFs a case instead of the defaults."""
     target = (200_000 if quick else 2_000_000) if kind == "gpu" else \
         (8_000 if quick else 60_000)
+    target = int(ndofs) if ndofs else target
     ps = ps or ([2, 4] if quick else (list(range(2, 9)) if kind == "gpu" else [2, 3, 4, 5, 6]))
     out = []
     for p in ps:
         n = max(2, round(target ** (1 / 3) / p))
         out.append(Case("solve", "solve", dict(dim=3, p=p, n=n, batch=n ** 3,
                                                 ndofs=(n * p + 1) ** 3), dtype,
-                        "" if kind == "gpu" else "CPU sizes: ~60k DoFs"))
+                        "" if kind == "gpu" else f"CPU sizes: ~{target // 1000}k DoFs"))
     return out
 
 
@@ -58,8 +64,10 @@ def _operator_factory(device):
     return _factory("diffusion", None, device)
 
 
-def run_case(case, *, xp, repeats=1) -> dict:
-    """Solve one case with each preconditioner; the record has the bench's layout."""
+def run_case(case, *, xp, repeats=1, profile=False) -> dict:
+    """Solve one case with each preconditioner; the record has the bench's layout.
+    ``profile``: also :meth:`PMultigrid.profile` (a V-cycle's time per level and part)
+    in the pmg record's ``profile``."""
     from .. import fem
     on_gpu = xp.__name__ == "cupy"
     device = "gpu" if on_gpu else "cpu"
@@ -80,9 +88,20 @@ def run_case(case, *, xp, repeats=1) -> dict:
         builders = {
             "jacobi": lambda: fem.jacobi(A.diagonal()),
             "chebyshev": lambda: fem.chebyshev(A, degree=CHEBYSHEV_DEGREE),
-            "pmg": lambda: fem.pmg(raw, kind="diffusion", constrained=boundary_mask(space),
-                                   operator_factory=make),
+            "pmg": lambda: fem.pmg(raw, constrained=boundary_mask(space)),
         }
+        # the kernels of every level compile before the setup is timed (as the Jacobi
+        # solve's do, in its untimed first solve): a pmg of the same orders on 10^3
+        # elements (the order-1 level above the AMG's max_coarse, so that its levels'
+        # kernels (CSR products, cupyx's sparse kernels) compile too), timed apart
+        def warm():
+            small = fem.H1Space(fem.box_mesh(3, min(10, s["n"]), distortion=DISTORTION),
+                                s["p"])
+            M = fem.pmg(make(small), constrained=boundary_mask(small))
+            M(xp.ones(small.ndofs))
+            return M
+        _, warm_s = time_once(warm, on_gpu=on_gpu)
+        rec["pmg_warmup_s"] = warm_s
         ref = None
         for name in PRECONDS:
             r = rec["impls"][name] = dict(status="error")
@@ -115,7 +134,10 @@ def run_case(case, *, xp, repeats=1) -> dict:
                              vcycle_fine_applications=c["fine_equivalent"],
                              vcycle_s=t_cycle, apply_s=t_apply,
                              vcycle_in_applications=t_cycle / t_apply,
-                             coarse=P.coarse.describe(), hierarchy=str(P))
+                             coarse=P.coarse.describe(), hierarchy=str(P),
+                             setup_parts=dict(getattr(P, "setup_times", {})))
+                    if profile:
+                        r["profile"] = P.profile(b, repeats=3)
             except Exception as err:
                 r.update(error=repr(err), trace=traceback.format_exc(limit=-8))
     except Exception as err:
@@ -158,6 +180,27 @@ def table(rows, file) -> None:
             v = im.get("pmg", {}).get(key)
             line += f" {v:5.1f}" if v else f" {'-':>5s}"
         print(line, file=file)
+    prof = [c for c in rows if c.get("impls", {}).get("pmg", {}).get("profile")]
+    if prof:
+        print("\n== solve: one p-multigrid V-cycle per level and part, ms (--profile; "
+              "res: both residuals; setup: the setup's parts, s) ==", file=file)
+        for c in prof:
+            pm = c["impls"]["pmg"]
+            pr = pm["profile"]
+            print(f"{c['id'].replace(' ' + c['dtype'], '')}: V-cycle {pr['vcycle_s'] * 1e3:.3g}"
+                  f" ms (parts {pr['parts_s'] * 1e3:.3g}), finest apply "
+                  f"{pr['apply_s'] * 1e3:.3g} ms, V/A t {pr['vcycle_in_applications']:.1f}",
+                  file=file)
+            for row in pr["levels"]:
+                parts = " ".join(f"{k[:5]} {v * 1e3:7.3f}" for k, v in row.items()
+                                 if k not in ("p", "ndofs"))
+                print(f"  p={row['p']:<2d} {row['ndofs']:>9d}  {parts}", file=file)
+            if pm.get("setup_parts"):
+                print("  setup: " + ", ".join(f"{k} {v:.3g}" for k, v in
+                                              pm["setup_parts"].items())
+                      + (f"; the warm-up pmg on 10^3 elements (compiles): "
+                         f"{c['pmg_warmup_s']:.3g}" if c.get("pmg_warmup_s") else ""),
+                      file=file)
 
 
 def plot(doc, path, plt):

@@ -182,12 +182,13 @@ def _pairwise_cases(dtype, sz, ps):
 
 
 def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
-          footprint=None) -> list:
+          footprint=None, ndofs=None) -> list:
     """The cases of ``suite`` for ``dtype`` on a device of ``kind`` ("cpu"/"gpu").
 
     ``sizes`` filters the square GEMM sizes (add ``"rect"`` to keep the
     rectangular ones); ``ps`` the polynomial orders; ``dims`` the dimensions;
-    ``footprint`` (bytes) sets the CPU cases' size (:class:`Sizing`).
+    ``footprint`` (bytes) sets the CPU cases' size (:class:`Sizing`); ``ndofs`` the
+    solve suite's (about that many DoFs a case).
     """
     sz = Sizing(kind, quick, footprint)
     dims = list(dims) if dims else [2, 3]
@@ -210,5 +211,5 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
         return force_cases(dtype, kind, ps, quick, dims)
     if suite == "solve":
         from .solve import cases as solve_cases
-        return solve_cases(dtype, kind, ps, quick)
+        return solve_cases(dtype, kind, ps, quick, ndofs)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

@@ -277,7 +277,15 @@ class AMGSolver(_Preconditioner):
         A = A.tocsr().astype(np.float64)
         if max_coarse is None:
             max_coarse = 200
-        self.ml = pyamg.smoothed_aggregation_solver(A, max_coarse=max_coarse, **setup)
+        # pyamg draws the start vectors of its spectral radius estimates from NumPy's global
+        # generator: seeded here (and the caller's state restored), the same matrix gives the
+        # same hierarchy, so the same bits, every time
+        state = np.random.get_state()
+        try:
+            np.random.seed(0)
+            self.ml = pyamg.smoothed_aggregation_solver(A, max_coarse=max_coarse, **setup)
+        finally:
+            np.random.set_state(state)
         self.cycle, self.xp = cycle, xp
         self.n, self.dtype = A.shape[0], np.dtype(np.float64)
         self.nnz = A.nnz

@@ -531,3 +531,19 @@ def test_amg_portable_cycle_options():
     assert AMGSolver(A, cycle="portable").ml.levels[-1].A.shape[0] <= 200
     with pytest.raises(ValueError, match="spmv must be"):
         AMGSolver(A, cycle="portable", spmv="mkl")
+
+
+def test_amg_setup_is_reproducible_and_leaves_numpy_random_alone():
+    """pyamg's setup draws random start vectors from NumPy's global generator: AMGSolver
+    seeds it for the setup (the same matrix, the same hierarchy and result bits) and
+    restores the caller's state."""
+    V = fem.H1Space(fem.box_mesh(3, 5, distortion=0.05), 1)
+    A = assemble_csr(fem.diffusion_operator(V, nq=2, device="cpu"), V)
+    x = np.random.default_rng(1).standard_normal(V.ndofs)
+    np.random.seed(123)
+    before = np.random.random()
+    np.random.seed(123)
+    a, b = AMGSolver(A, np, max_coarse=20), AMGSolver(A, np, max_coarse=20)
+    assert np.random.random() == before
+    assert np.array_equal(a(x), b(x))
+

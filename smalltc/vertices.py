@@ -129,7 +129,7 @@ def vertices_of_mesh(mesh, check_nq=None):
         N = np.stack([(1 - x) / 2, (1 + x) / 2], axis=1)
         ks, vs = "klm"[:dim], "uvw"[:dim]
         expr = ",".join(f"{k}{v}" for k, v in zip(ks, vs)) + f",e{vs}i->ei{ks}"
-        lin = np.einsum(expr, *[N] * dim, X.reshape((E,) + (2,) * dim + (dim,)))
+        lin = np.einsum(expr, *[N] * dim, X.reshape((E,) + (2,) * dim + (dim,)), optimize=True)
         err = np.abs(lin - own).max() / max(np.abs(own).max(), 1e-300)
         if err > 1e-12:
             raise ValueError(f"the mesh's geometry is not the multilinear map of its vertices "

@@ -1,9 +1,11 @@
-"""A small stand-in for ``smalltc.fem.diffusion_operator`` (the diffusion operator of the
-generalised operator family), used by the Poisson tests only while the fem package does
-not have it: the same interface (``diffusion_operator(space, nq=None, kappa=None, *,
-quadrature="gauss", device=...)``, the LinearOperator protocol, ``diagonal()``), computed
-with NumPy/CuPy tensor contractions: ``K = sum_e R_e^T (sum_ab G_a^T Q^ab G_b) R_e`` with
-``Q^ab = w kappa |J| (J^-1 J^-T)_ab`` (docs/math.md section 7).
+"""A NumPy stand-in for ``smalltc.fem.diffusion_operator`` (the same interface:
+``diffusion_operator(space, nq=None, kappa=None, *, quadrature="gauss", device=...)``, the
+LinearOperator protocol, ``diagonal()``), computed with NumPy/CuPy tensor contractions:
+``K = sum_e R_e^T (sum_ab G_a^T Q^ab G_b) R_e`` with ``Q^ab = w kappa |J| (J^-1 J^-T)_ab``
+(docs/math.md section 7). The Poisson tests' sweeps (p = 1..6, 2D and 3D, every local
+orientation) run on it, because compiling the package's kernels for every size would cost
+the suite's time budget; ``test_package_diffusion_operator_matches_the_standin_on_a_file_mesh``
+checks the package's operator against it, and the remaining Poisson tests use the package's.
 """
 import numpy as np
 

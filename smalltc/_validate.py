@@ -322,14 +322,7 @@ def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndof
             raise ValueError(f"V has shape {tuple(V.shape)}, expected {spec.v_shape} for "
                              f"E={E}, nd={nd}, dim={dim} (E and dim from Q, nd from G1d)")
     elif level == "apply":
-        x, elem_dofs = args["x"], args["elem_dofs"]
-        index_dtype = _check_map(elem_dofs, E, nd, dim, "E from Q, nd from G1d")
-        if x.ndim not in (1, 2) or x.shape[-1] == 0:
-            raise ValueError(f"x has shape {tuple(x.shape)}, expected (ndofs,) or "
-                             "(ncomp, ndofs) with ndofs >= 1")
-        spec = MassApplySpec(ndofs=x.shape[-1], ncomp=x.shape[0] if x.ndim == 2 else 1,
-                             comp_axis=x.ndim == 2, index_dtype=index_dtype,
-                             deterministic=bool(deterministic), **common)
+        spec = _fused_spec(args, E, nd, dim, "E from Q, nd from G1d", deterministic, common)
     elif level == "diagonal":
         index_dtype = _check_map(args["elem_dofs"], E, nd, dim, "E from Q, nd from G1d")
         if isinstance(ndofs, bool) or not isinstance(ndofs, (int, np.integer)) or ndofs < 1:
@@ -653,13 +646,19 @@ def vertex_operator_spec(level, qfunc, B1d, G1d, X, coef, *rest, deterministic=F
                              f"E={E}, nd={nd}, dim={dim} (E and dim from X, nd from the "
                              "basis)")
     else:
-        x, elem_dofs = args["x"], args["elem_dofs"]
-        index_dtype = _check_map(elem_dofs, E, nd, dim, "E and dim from X, nd from the basis")
-        if x.ndim not in (1, 2) or x.shape[-1] == 0:
-            raise ValueError(f"x has shape {tuple(x.shape)}, expected (ndofs,) or "
-                             "(ncomp, ndofs) with ndofs >= 1")
-        spec = MassApplySpec(ndofs=x.shape[-1], ncomp=x.shape[0] if x.ndim == 2 else 1,
-                             comp_axis=x.ndim == 2, index_dtype=index_dtype,
-                             deterministic=bool(deterministic), **common)
+        spec = _fused_spec(args, E, nd, dim, "E and dim from X, nd from the basis",
+                           deterministic, common)
     arrays = dict(named, **args)
     return spec, xp, tuple(arrays[o.name] for o in spec.inputs)
+
+def _fused_spec(args, E, nd, dim, where, deterministic, common):
+    """The fused apply's spec from its global vector ``x`` and map ``elem_dofs`` (both
+    checked; ``where``: whence E, nd and dim came, for the map's message)."""
+    x = args["x"]
+    index_dtype = _check_map(args["elem_dofs"], E, nd, dim, where)
+    if x.ndim not in (1, 2) or x.shape[-1] == 0:
+        raise ValueError(f"x has shape {tuple(x.shape)}, expected (ndofs,) or "
+                         "(ncomp, ndofs) with ndofs >= 1")
+    return MassApplySpec(ndofs=x.shape[-1], ncomp=x.shape[0] if x.ndim == 2 else 1,
+                         comp_axis=x.ndim == 2, index_dtype=index_dtype,
+                         deterministic=bool(deterministic), **common)

@@ -199,6 +199,16 @@ def test_cuda_float32_data_choices_without_a_gpu():
                           H100) is None
 
 
+def _compile_all(parts, tmp_path):
+    """nvcc (sm_90) each template's rendered sources, one translation unit a template."""
+    for t, srcs in parts.items():
+        path = tmp_path / f"{t}.cu"
+        path.write_text("".join(srcs))
+        r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
+                            str(path)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
 def test_cuda_float32_data_sources_compile(tmp_path):
     from smalltc.backends.cuda.action import ACTION
@@ -220,12 +230,7 @@ def test_cuda_float32_data_sources_compile(tmp_path):
                 parts.setdefault(fam.template(ctx), []).append(
                     f"namespace n{i} {{\n{src}\n}}\n")
                 i += 1
-    for t, srcs in parts.items():
-        path = tmp_path / f"{t}.cu"
-        path.write_text("".join(srcs))
-        r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
-                            str(path)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stdout + r.stderr
+    _compile_all(parts, tmp_path)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=gpu) for c in CUDA_CASES],
@@ -566,12 +571,7 @@ def test_cuda_vertex_sources_compile(tmp_path):
                 assert "stc_vx_setup(XV" in src and "__ldg(D" not in src and "Qe" not in src
                 parts.setdefault(fam.template(ctx), []).append(f"namespace n{i} {{\n{src}\n}}\n")
                 i += 1
-    for t, srcs in parts.items():
-        path = tmp_path / f"{t}.cu"
-        path.write_text("".join(srcs))
-        r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
-                            str(path)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stdout + r.stderr
+    _compile_all(parts, tmp_path)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=gpu) for c in VX_CUDA],

@@ -1,9 +1,9 @@
 """Errors the kernels find while they run: the element-to-DoF map's bounds check.
 
 Every kernel that reads an element-to-DoF map checks each index it reads
-against ``[0, ndofs)``; an index outside reads and writes nothing (on a GPU the
-thread uses entry 0 instead, so no address outside the vectors is formed) and
-sets an error flag. The call then raises the ``ValueError`` of the host's
+against ``[0, ndofs)``; an index outside reads and writes nothing outside the
+vectors (on a GPU the thread clamps it into the range, so no address outside them is
+formed) and sets an error flag. The call then raises the ``ValueError`` of the host's
 first check (:func:`smalltc.maps.out_of_range`: ``elem_dofs``, the index, the
 range), so a map changed in place after its first use never crashes the
 process, corrupts its heap, or ends a CUDA context.

@@ -100,7 +100,8 @@ def test_element_level_against_the_oracle(dim, p, dtype, backend):
     assert rel_err(r, oracle_force_t(L, B, G, A, w)) < TOL[dtype] * 10
 
 
-@pytest.mark.parametrize("dim,p,nq", [(1, 3, 6), (2, 3, 4), (3, 2, 3)])
+# 3D at nq != 2p left out: its compile cost a minute of the suite (2D covers nq != 2p)
+@pytest.mark.parametrize("dim,p,nq", [(1, 3, 6), (2, 3, 4)])
 def test_other_quadratures_and_1d(dim, p, nq):
     """nq other than 2p, and 1D: the same operator."""
     L, B, G, A, e, w = operands(dim, p, 3, nq=nq)

@@ -251,7 +251,10 @@ def test_unchecked_executor_gives_the_same_result():
     bare = copy.copy(p)
     bare.executor = p.executor.unchecked()
     assert bare.executor.kernel.endswith("_unchecked")
-    assert np.array_equal(bare(B1d, D, x, m), p(B1d, D, x, m))
+    # to round-off, not bit for bit: the two are separate LLVM compiles, whose choices of
+    # fused multiply-adds may differ (a cold-cache run here differed in the last bits)
+    got, ref = bare(B1d, D, x, m), p(B1d, D, x, m)
+    np.testing.assert_allclose(got, ref, rtol=1e-13, atol=1e-13 * float(np.abs(ref).max()))
 
 
 @pytest.mark.parametrize("env,expect", [({}, "passive"), ({"OMP_WAIT_POLICY": "active"}, "active"),

@@ -418,6 +418,16 @@ def _vertex_ok(spec):
         spec.qfunc, spec.dim) in VERTEX_FORMS
 
 
+def point_data_ctx(context_of, spec, params, device):
+    """The context ``context_of(spec, params, device)`` gives, adapted to the spec's point
+    data (float32 data: :func:`point_data_f32`; the vertex geometry: :func:`vertex_ctx`);
+    without ``params`` (the heuristic's choice) a refused form is replaced by rebuilding
+    with other parameters. The fused and element-level families share it."""
+    ctx = context_of(spec, params, device)
+    rebuild = None if params is not None else (lambda p: context_of(spec, p, device))
+    return vertex_ctx(point_data_f32(ctx, spec, rebuild), spec, rebuild)
+
+
 def point_data_f32(ctx, spec, rebuild):
     """The context for float32 point data with float64 vectors (``spec.qdtype``; docs/math.md
     section 8), or ``ctx`` unchanged for the other specs: the templates read D and Q
@@ -469,10 +479,7 @@ class ActionFamily(Family):
         return getattr(spec, "qfunc", "mass") not in ("force", "force_t") and _vertex_ok(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
-        ctx = self._context(spec, params, device)
-        rebuild = (None if params is not None else
-                   lambda p: self._context(spec, p, device))
-        return vertex_ctx(point_data_f32(ctx, spec, rebuild), spec, rebuild)
+        return point_data_ctx(self._context, spec, params, device)
 
     def _context(self, spec, params, device):
         qf, co = qfunc_of(spec)

@@ -47,8 +47,8 @@ from ..._errors import device_flag, raise_pending, record_map
 from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
-from .action import (ACTION, ActionExecutor, action_ctx, point_data_f32, qfunc_ctx, qfunc_of,
-                     vertex_ctx)
+from .action import (ACTION, ActionExecutor, action_ctx, point_data_ctx, point_data_f32,
+                     qfunc_ctx, qfunc_of)
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
                      KernelExecutor, even)
 
@@ -97,10 +97,7 @@ class MassApplyFamily(Family):
         return ACTION.supports(spec)
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
-        ctx = self._context(spec, params, device)
-        rebuild = (None if params is not None else
-                   lambda p: self._context(spec, p, device))
-        return vertex_ctx(point_data_f32(ctx, spec, rebuild), spec, rebuild)
+        return point_data_ctx(self._context, spec, params, device)
 
     def _context(self, spec, params, device):
         qf, co = qfunc_of(spec)

@@ -248,7 +248,12 @@ class AMGSolver(_Preconditioner):
         (``"auto"``/``"kernel"``: one launch each; checked against cupyx's at setup, and
         cupyx's taken, with a warning, should they disagree) or by cupyx (cuSPARSE).
     **setup
-        More keyword arguments of ``pyamg.smoothed_aggregation_solver``.
+        More keyword arguments of ``pyamg.smoothed_aggregation_solver``. Its prolongation
+        smoother is ``("jacobi", {"omega": 4/3, "weighting": "local"})`` unless ``smooth=``
+        is given: pyamg's default weighting (``"diagonal"``) estimates a spectral radius
+        per level by Arnoldi iterations, 88% of its setup on the order-1 matrix of a
+        31^3 box (0.52 s against 0.065 s on this project's 2-core CPU), for one more CG
+        iteration of the AMG alone and the same p-multigrid iterations.
 
     Attributes
     ----------
@@ -283,6 +288,7 @@ class AMGSolver(_Preconditioner):
         state = np.random.get_state()
         try:
             np.random.seed(0)
+            setup.setdefault("smooth", ("jacobi", {"omega": 4.0 / 3.0, "weighting": "local"}))
             self.ml = pyamg.smoothed_aggregation_solver(A, max_coarse=max_coarse, **setup)
         finally:
             np.random.set_state(state)

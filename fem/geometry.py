@@ -285,8 +285,11 @@ def evaluate_field(func, x, name="f"):
     return val
 
 
-def _wdetj_on(xp, mesh, nq, quadrature, chunk=1 << 18):
-    """``w |J|`` computed on module ``xp`` (the GPU: cuBLAS), ``chunk`` elements at a time."""
+def _jacobian_chunks(xp, mesh, nq, quadrature, chunk=1 << 18):
+    """``(lo, J, detJ, w)`` for ``chunk`` elements at a time, computed on module ``xp`` (on
+    the GPU: cuBLAS GEMMs, only the element nodes copied there): ``J`` of the elements
+    ``lo:lo + len(J)`` (:func:`jacobian`'s layout), ``w`` the tensor weights. A tangled
+    element raises :func:`check_jacobian`'s error (its message made on the host)."""
     points, weights = quadrature_rule(nq, quadrature)
     Bg, Gg = (xp.asarray(a) for a in lagrange_basis(mesh.geom_nodes, _as_points(points)))
     dim = mesh.dim
@@ -294,17 +297,38 @@ def _wdetj_on(xp, mesh, nq, quadrature, chunk=1 << 18):
     for _ in range(dim - 1):
         w = np.multiply.outer(w, weights)
     w = xp.asarray(w)
-    out = xp.empty((mesh.nelements,) + (nq,) * dim)
     for lo in range(0, mesh.nelements, chunk):
         nodes = xp.asarray(mesh.nodes[lo:lo + chunk])
         cols = [apply_tensor([Gg if a == b else Bg for a in range(dim)], nodes)
                 for b in range(dim)]
-        detJ = det_jacobian(xp.stack(cols, axis=2))
+        J = xp.stack(cols, axis=2)
+        detJ = det_jacobian(J)
         if not bool((detJ > 0).all()):                 # the message is made on the host
             bad = to_host(detJ)
             bad = np.concatenate([np.ones((lo,) + bad.shape[1:]), bad])
             check_jacobian(bad, getattr(mesh, "shape", None))
-        out[lo:lo + chunk] = w[None] * detJ
+        yield lo, J, detJ, w
+
+
+def _wdetj_on(xp, mesh, nq, quadrature):
+    """``w |J|`` computed on module ``xp`` (:func:`_jacobian_chunks`)."""
+    out = xp.empty((mesh.nelements,) + (nq,) * mesh.dim)
+    for lo, J, detJ, w in _jacobian_chunks(xp, mesh, nq, quadrature):
+        out[lo:lo + len(J)] = w[None] * detJ
+    return out
+
+
+def _packed_q(J, detJ, scale, out):
+    """``out[:, c] = scale / |J| (adj J adj J^T)_{ab}`` (``= scale |J| (J^-1 J^-T)_{ab}``)
+    for the upper triangle ``(a, b)``, row by row; any array module."""
+    dim = J.shape[1]
+    adj = _adjugate(J)                                   # adj[a, i] = |J| (J^-1)[a, i]
+    s = scale / detJ
+    c = 0
+    for a in range(dim):
+        for b in range(a, dim):
+            out[:, c] = sum(adj[:, a, i] * adj[:, b, i] for i in range(dim)) * s
+            c += 1
     return out
 
 
@@ -387,7 +411,8 @@ def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64
     dtype : numpy dtype
         float64 (default) or float32; computed in float64, then cast.
     device : {"cpu", "gpu", "auto"}
-        Where ``Q`` is returned (computed on the host).
+        Where ``Q`` is returned and, for a constant ``kappa``, computed (on a GPU only
+        the element nodes are copied; a callable ``kappa`` is evaluated on the host).
 
     Returns
     -------
@@ -412,37 +437,36 @@ def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise ValueError(f"dtype must be float64 or float32, got {dt}")
     xp = resolve_device(device)
+    dim = mesh.dim
+    nsym = dim * (dim + 1) // 2
+    if not callable(kappa):           # computed where Q is returned, a chunk at a time
+        k = 1.0 if kappa is None else float(evaluate_field(kappa, np.zeros((dim, 1)), "kappa")
+                                            .ravel()[0])
+        Q = xp.empty((mesh.nelements, nsym) + (nq,) * dim, dtype=dt)
+        for lo, J, detJ, w in _jacobian_chunks(xp, mesh, nq, quadrature):
+            part = _packed_q(J, detJ, w[None] * k, xp.empty((len(J), nsym) + J.shape[3:]))
+            Q[lo:lo + len(J)] = part
+        return Q
     points, weights = quadrature_rule(nq, quadrature)
     J = jacobian(mesh, points)                           # (E, dim, dim, nq, ...)
     detJ = det_jacobian(J)
     check_jacobian(detJ, getattr(mesh, "shape", None))
-    dim = J.shape[1]
     w = weights
     for _ in range(dim - 1):
         w = np.multiply.outer(w, weights)
-    scale = w[None] / detJ                               # w |J| / |J|^2 (adj = |J| J^-1)
-    if kappa is not None:
-        if callable(kappa):
-            scale = scale * evaluate_field(kappa, np.moveaxis(map_points(mesh, points), 1, 0),
-                                           "kappa")
-        else:
-            scale = scale * float(evaluate_field(kappa, np.zeros((dim, 1)), "kappa").ravel()[0])
-    adj = _adjugate(J)                                   # adj[a, i] = |J| (J^-1)[a, i]
-    Q = np.empty((J.shape[0], dim * (dim + 1) // 2) + J.shape[3:], dtype=np.float64)
-    c = 0
-    for a in range(dim):
-        for b in range(a, dim):
-            Q[:, c] = sum(adj[:, a, i] * adj[:, b, i] for i in range(dim)) * scale
-            c += 1
+    scale = w[None] * evaluate_field(kappa, np.moveaxis(map_points(mesh, points), 1, 0),
+                                     "kappa")
+    Q = _packed_q(J, detJ, scale, np.empty((J.shape[0], nsym) + J.shape[3:]))
     return xp.asarray(np.ascontiguousarray(Q, dtype=dt))
 
 
 def _adjugate(J):
     """``adj(J)`` of Jacobians laid out as ``(E, dim, dim, ...)``: ``J adj(J) = |J| I``."""
+    xp = array_module(J)
     dim = J.shape[1]
     if dim == 1:
-        return np.ones_like(J)
-    adj = np.empty_like(J)
+        return xp.ones_like(J)
+    adj = xp.empty_like(J)
     if dim == 2:
         adj[:, 0, 0], adj[:, 1, 1] = J[:, 1, 1], J[:, 0, 0]
         adj[:, 0, 1], adj[:, 1, 0] = -J[:, 0, 1], -J[:, 1, 0]

@@ -399,9 +399,11 @@ class PMultigrid(_Preconditioner):
     setup_times : dict
         Seconds of the setup's parts (operators, transfers, assembly, eigenvalues,
         csr, amg), from :func:`pmg`.
+    graph : {"auto", True, False}
+        Whether a GPU V-cycle is replayed as a CUDA graph (:func:`pmg`'s ``graph``).
     """
 
-    def __init__(self, levels, transfers, coarse, degree, kind):
+    def __init__(self, levels, transfers, coarse, degree, kind, graph="auto"):
         self.levels, self.transfers, self.coarse = levels, transfers, coarse
         self.degree, self.kind = degree, kind
         fine = levels[0]
@@ -409,6 +411,10 @@ class PMultigrid(_Preconditioner):
         self.n, self.dtype = fine.space.ndofs, fine.A.dtype
         self.cycles = 0
         self.setup_times = {}
+        if graph not in ("auto", True, False):
+            raise ValueError(f"graph must be 'auto', True or False, got {graph!r}")
+        self.graph = graph
+        self._graphs = {}               # (dtype, shape) -> (input, output, Graph, pool)
 
     @property
     def operator(self):
@@ -418,7 +424,67 @@ class PMultigrid(_Preconditioner):
     def __call__(self, r):
         """One V-cycle on ``A z = r`` from ``z = 0``; ``z`` in r's dtype."""
         self.cycles += 1
+        if self.graph and self.xp is not np and self._graph_ok():
+            z = self._replay(r)
+            if z is not None:
+                return z.astype(r.dtype, copy=False)
         return self._vcycle(0, r, _NO_TIMER).astype(r.dtype, copy=False)
+
+    def _graph_ok(self):
+        """Whether the V-cycle can be one CUDA graph: no host synchronisation in it (the
+        AMG's portable cycle, not an iterative coarse solve)."""
+        return getattr(self.coarse, "cycle", None) == "portable"
+
+    def _replay(self, r):
+        """The V-cycle as a CUDA graph (CuPy stream capture), made on the first call of an
+        input dtype and shape, which runs eagerly (the kernels then exist) and captures the
+        same V-cycle, unexecuted, on a side stream, its temporaries in a memory pool of the
+        graph's own (their addresses are fixed in it). Later calls copy ``r`` into the
+        graph's input, launch it on the current stream and copy its output. ``None``:
+        not available (the eager V-cycle runs; a capture that failed is not retried)."""
+        xp = self.xp
+        key = (r.dtype.str, r.shape)
+        hit = self._graphs.get(key)
+        if hit is None:
+            z = self._vcycle(0, r, _NO_TIMER)
+            self._graphs[key] = self._capture(r)
+            return z
+        if hit is False:
+            return None
+        gin, gout, graph, _ = hit
+        from smalltc._errors import raise_pending
+        raise_pending(xp.cuda.Device().id)         # a map error of an earlier launch
+        gin[...] = r
+        graph.launch()
+        return gout.copy()
+
+    def _capture(self, r):
+        """``(input, output, Graph, pool)`` of the V-cycle on inputs like ``r``, or False
+        (logged) where CuPy or the driver refuses the capture."""
+        import logging
+        xp = self.xp
+        try:
+            gin = xp.empty_like(r)
+            gin[...] = r
+            pool = xp.cuda.MemoryPool()
+            side = xp.cuda.Stream(non_blocking=True)
+            xp.cuda.get_current_stream().synchronize()
+            with xp.cuda.using_allocator(pool.malloc), side:
+                mode = getattr(xp.cuda.runtime, "streamCaptureModeRelaxed", None)
+                side.begin_capture() if mode is None else side.begin_capture(mode)
+                try:
+                    gout = self._vcycle(0, gin, _NO_TIMER)
+                finally:
+                    graph = side.end_capture()
+            return gin, gout, graph, pool
+        except Exception as err:                # noqa: BLE001 - any refusal: run eagerly
+            if self.graph is True:
+                raise RuntimeError(f"the V-cycle could not be captured as a CUDA graph: "
+                                   f"{err}") from err
+            logging.getLogger("smalltc").warning(
+                "smalltc: the p-multigrid V-cycle could not be captured as a CUDA graph "
+                "(%s); it runs launch by launch", err)
+            return False
 
     def _vcycle(self, l, b, tm):
         """The V-cycle below level ``l`` on ``A_l x = b``; ``tm(l, part)``: a context
@@ -592,7 +658,7 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
         operator_factory=None, device=None, nq_offset=None, coarse_nq_offset=1,
         quadrature=None, kappa=None,
-        alpha=None, rho=None, lambda_steps=10):
+        alpha=None, rho=None, lambda_steps=10, graph="auto"):
     """Build a p-multigrid preconditioner.
 
     Parameters
@@ -653,6 +719,15 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         variable coefficient again.
     lambda_steps : int
         Lanczos steps of each smoother's eigenvalue estimate.
+    graph : {"auto", True, False}
+        On a GPU with the AMG coarse solve, run the V-cycle as one CUDA graph: the first
+        call (per input dtype and shape) runs it launch by launch and captures it; later
+        calls replay the capture (its ~100 launches at once, with no per-launch host
+        cost). The graph holds the levels' arrays as they are at the capture: build a new
+        preconditioner after changing an operator's data. ``"auto"``: where the capture
+        fails, a warning, and the launch-by-launch V-cycle; ``True``: an error instead;
+        ``False``: never. A bad map index in a replayed V-cycle is reported by the next
+        call (or :func:`smalltc.check_errors`). Ignored on the host.
 
     Returns
     -------
@@ -732,11 +807,9 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         fine = levels[-1]
         cspace = H1Space(space.mesh, q)
         cfree = None
-        probe = Transfer(cspace, fine.space, np)
         if fine.free is not None:
             # a coarse function nonzero at a constrained fine DoF is constrained
-            touched = _touches(probe, ~fine.free)
-            cfree = ~touched
+            cfree = ~_touches(cspace, fine.space, ~fine.free, xp)
         transfers.append(Transfer(cspace, fine.space, xp, coarse_free=cfree,
                                   fine_free=fine.free, dtype=dtype))
         clock("transfers")
@@ -761,7 +834,7 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         clock("amg")
     else:
         solver = CGSolver(last.A, last.A.diagonal(), tol=coarse_tol)
-    M = PMultigrid(levels, transfers, solver, degree, smoother)
+    M = PMultigrid(levels, transfers, solver, degree, smoother, graph=graph)
     M.setup_times = clock.times
     return M
 
@@ -795,11 +868,12 @@ def _make_coarse(make, space, own=False):
         return make(space)
 
 
-def _touches(T, fine_fixed):
+def _touches(coarse, fine, fine_fixed, xp=np):
     """Coarse DoFs whose basis function is nonzero at some fine DoF of ``fine_fixed``:
-    ``|P|^T`` applied to the mask (host, float64)."""
-    dim = T.fine.dim
-    absI = np.abs(to_host(T.I1d)).T
-    v = T.fine.gather(fine_fixed.astype(np.float64))
-    rc = T.coarse.scatter(apply_tensor([absI] * dim, v))
-    return rc > 1e-12
+    ``|P|^T`` applied to the mask, computed on module ``xp`` (the levels' device), returned
+    on the host (bool)."""
+    I1d, _ = lagrange_basis(gauss_lobatto(coarse.nd)[0], gauss_lobatto(fine.nd)[0])
+    absI = xp.asarray(np.abs(I1d).T)
+    v = fine.gather(xp.asarray(np.asarray(to_host(fine_fixed), dtype=np.float64)))
+    rc = coarse.scatter(apply_tensor([absI] * fine.dim, v))
+    return np.asarray(to_host(rc > 1e-12))

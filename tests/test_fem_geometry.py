@@ -1,11 +1,13 @@
 """Element maps at quadrature points: Jacobians, |J|, and the mass data D."""
 import numpy as np
 import pytest
+from conftest import array_modules
 
 from smalltc.fem import (
     box_mesh,
     check_jacobian,
     det_jacobian,
+    diffusion_data,
     evaluate_field,
     jacobian,
     map_points,
@@ -110,6 +112,24 @@ def test_float32_mass_data():
     D32 = mass_data(mesh, 3, dtype=np.float32)
     assert D32.dtype == np.float32 and D32.flags.c_contiguous
     np.testing.assert_allclose(D32, D64, rtol=1e-6)
+
+
+@pytest.mark.parametrize("xp_name", array_modules())
+@pytest.mark.parametrize("dim, geom_order", [(2, 2), (3, 1), (3, 2)])
+def test_diffusion_data_paths_agree(xp_name, dim, geom_order):
+    """A constant kappa (computed chunk by chunk where Q is returned: on a GPU, there)
+    against a callable one (on the host): the same Q to round-off, in both dtypes."""
+    from smalltc.fem._device import to_host
+    mesh = box_mesh(dim, 3, geom_order=geom_order, distortion=0.1)
+    device = "gpu" if xp_name == "cupy" else "cpu"
+    ref = diffusion_data(mesh, 4, lambda x: np.full(x.shape[1:], 2.5))
+    for dtype in (np.float64, np.float32):
+        Q = diffusion_data(mesh, 4, 2.5, dtype=dtype, device=device)
+        assert Q.dtype == dtype and Q.flags.c_contiguous and type(Q).__module__.startswith(xp_name)
+        np.testing.assert_allclose(to_host(Q), ref, rtol=1e-6 if dtype == np.float32 else 1e-13,
+                                   atol=1e-12 * abs(ref).max())
+    with pytest.raises(ValueError, match="tangled mesh"):
+        diffusion_data(box_mesh(dim, 4, distortion=0.5), 3, 1.0, device=device)
 
 
 def test_tangled_mesh_names_element():

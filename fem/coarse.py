@@ -310,7 +310,12 @@ class AMGSolver(_Preconditioner):
             self.spmv = "cupyx"
             self.levels = self._levels(xp, smoother_degree, False)
         Ac = self.ml.levels[-1].A.toarray()
-        self.coarse_inv = xp.asarray(np.linalg.pinv(Ac, hermitian=True))     # symmetric
+        inv = np.linalg.pinv(Ac, hermitian=True)                            # symmetric
+        import scipy.sparse as sp
+        # on the GPU the dense product runs in the CSR kernel (no cuBLAS call: the V-cycle
+        # can be captured as a CUDA graph, which CuPy's cuBLAS calls refuse)
+        self.coarse_inv = (xp.asarray(inv) if self.spmv != "kernel" else
+                           _SparseLevel(sp.csr_matrix(inv), xp, kernel=True))
 
     def _levels(self, xp, degree, kernel):
         out = []

@@ -688,5 +688,7 @@ class ActionExecutor(KernelExecutor):
         cp = cupy_or_none()
         slot = self._slots[cp.cuda.runtime.getDevice()]
         stream = cp.cuda.get_current_stream()
+        if stream.is_capturing():       # an event recorded in a capture cannot be waited on
+            return                      # outside it: the graph's launches order themselves
         slot[1].record(stream)
         slot[2] = stream.ptr

@@ -56,6 +56,8 @@ __all__ = ["cases", "run_case", "CG_EXTRA", "PROBLEMS"]
 
 #: iterations timed beyond the first 5 for the per-iteration CG time
 CG_EXTRA = 20
+#: the most extra iterations of the CG timing, and the time they should take
+CG_EXTRA_MAX, CG_SPAN_S = 100, 0.03
 
 #: suite -> (qfunc, the quadrature rules ``(nq - p, rule)``, unique DoFs on a GPU, on a
 #: CPU; ``quick``: a GPU's, a CPU's)
@@ -102,27 +104,36 @@ def _rec(b, times, what, **extra):
 
 
 def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
-    """Seconds per CG iteration: (t(5 + K) - t(5)) / K, median over ``repeats`` pairs
-    (where noise makes a pair's difference non-positive, as on a tiny problem, that pair
-    gives t(5 + K) / (5 + K), which includes the solve's setup: an upper bound), the
-    iterations done, and the seconds of the first (2-iteration) solve. Raises
-    RuntimeError when the solve stopped before its ``maxiter`` (a time of fewer
-    iterations is no iteration's time)."""
+    """Seconds per CG iteration: ``(t(5 + K) - t(5)) / K`` from the medians of ``repeats``
+    solves of each length, ``K`` (:data:`CG_EXTRA` to :data:`CG_EXTRA_MAX`) chosen so that
+    the K iterations take about :data:`CG_SPAN_S` (a solve's own host work and the odd
+    slow call, milliseconds, then count for little; per repeat, pairs of single solves of
+    20 iterations gave 0.2-8 ms for the same ~0.3 ms iteration on an H100). Where the
+    difference is not positive (a tiny problem) the figure is ``t(5 + K) / (5 + K)``,
+    which includes the solve's setup: an upper bound. Returns the per-iteration seconds
+    (one per repeat: the median figure repeated, so the record's median is it), the
+    iterations done and the seconds of the first (2-iteration) solve. Raises RuntimeError
+    when a solve stopped before its ``maxiter`` (a time of fewer iterations is no
+    iteration's time)."""
     from ..fem import cg
 
     def solve(n):
         return cg(M, rhs, tol=1e-300, maxiter=n, precond=P, raise_on_failure=False,
                   fused=fused)
     _, first = time_once(lambda: solve(2), on_gpu=on_gpu)   # warm-up: compiles, pools
-    per = []
-    for _ in range(repeats):
-        _, t0 = time_once(lambda: solve(5), on_gpu=on_gpu)
-        r, t1 = time_once(lambda: solve(5 + CG_EXTRA), on_gpu=on_gpu)
-        if r.iterations != 5 + CG_EXTRA:
-            raise RuntimeError(f"CG stopped after {r.iterations} of {5 + CG_EXTRA} iterations "
+    _, t5 = time_once(lambda: solve(5), on_gpu=on_gpu)
+    extra = int(min(CG_EXTRA_MAX, max(CG_EXTRA, round(CG_SPAN_S / max(t5 / 5, 1e-9)))))
+    short, long_ = [], []
+    for _ in range(max(1, repeats)):
+        short.append(time_once(lambda: solve(5), on_gpu=on_gpu)[1])
+        r, t1 = time_once(lambda: solve(5 + extra), on_gpu=on_gpu)
+        if r.iterations != 5 + extra:
+            raise RuntimeError(f"CG stopped after {r.iterations} of {5 + extra} iterations "
                                f"(relative residual {r.residuals[-1]:.1e})")
-        per.append((t1 - t0) / CG_EXTRA if t1 > t0 else t1 / (5 + CG_EXTRA))
-    return per, r.iterations, first
+        long_.append(t1)
+    t0, t1 = float(np.median(short)), float(np.median(long_))
+    per = (t1 - t0) / extra if t1 > t0 else t1 / (5 + extra)
+    return [per] * len(long_), r.iterations, first
 
 
 def _unchecked(plan, b, ops, y, checked_times, repeats, warmup, on_gpu, op_name):

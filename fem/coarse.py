@@ -181,7 +181,8 @@ class _SparseLevel:
 
     def __init__(self, A, xp, kernel=False):
         A = A.tocsr()
-        if xp is np:
+        self._diag = np.asarray(A.diagonal())   # on the host: cupyx's diagonal() compiles
+        if xp is np:                            # kernels on its first call (seconds)
             self.A = A
         else:       # from the arrays (SciPy's csr_array or csr_matrix alike)
             import cupyx.scipy.sparse as csp
@@ -222,7 +223,7 @@ class _SparseLevel:
         return self @ x
 
     def diagonal(self):
-        return self.xp.asarray(self.A.diagonal())
+        return self.xp.asarray(self._diag)
 
 
 class AMGSolver(_Preconditioner):

@@ -137,3 +137,21 @@ def test_errors(kwargs, match):
 def test_one_dimensional_points_refused():
     with pytest.raises(ValueError, match=r"2D or 3D points .* shape \(1, 4\)"):
         Kershaw(0.3)(np.zeros((1, 4)))
+
+
+def test_solve_bench_meshes():
+    from smalltc.bench.solve import build_mesh, cases, parse_mesh
+    for kind, target in (("cpu", 60_000), ("gpu", 2_000_000)):
+        for c in cases("float64", kind, ps=list(range(2, 9))):
+            nx, ny, nz = c.sizes["shape"]
+            assert nx % 6 == 0 and ny % 2 == 0 and ny == nz and c.sizes["mesh"] == "kershaw:0.3"
+            assert 0.75 * target <= c.sizes["ndofs"] <= 1.35 * target, c.id
+        for c in cases("float64", kind, ps=[2, 5], mesh="sine"):
+            assert len(set(c.sizes["shape"])) == 1 and c.sizes["mesh"] == "sine:0.08"
+    (c,) = cases("float64", "cpu", ps=[3], mesh="kershaw:0.5", ndofs=5000)
+    mesh = build_mesh(*parse_mesh(c.sizes["mesh"]), c.sizes["shape"])
+    assert mesh.distortion.epsy == 0.5 and mesh.shape == tuple(c.sizes["shape"])
+    for bad, match in (("kershaw:0", "eps must be in"), ("twisted", "must be 'kershaw"),
+                       ("sine:x", "is not a number"), ("sine:0.2", "tangle")):
+        with pytest.raises(ValueError, match=match):
+            parse_mesh(bad)

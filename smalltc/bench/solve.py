@@ -144,10 +144,12 @@ def _operator_factory(device):
     return _factory("diffusion", None, device)
 
 
-def run_case(case, *, xp, repeats=1, profile=False) -> dict:
+def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
     """Solve one case with each preconditioner; the record has the bench's layout.
     ``profile``: also :meth:`PMultigrid.profile` (a V-cycle's time per level and part)
-    in the pmg record's ``profile``."""
+    in the pmg record's ``profile``; ``pmg_options``: keyword arguments of
+    :func:`smalltc.fem.pmg` (``smoother``, ``degree``), recorded as ``pmg_options``."""
+    pmg_options = dict(pmg_options or {})
     from .. import fem
     on_gpu = xp.__name__ == "cupy"
     device = "gpu" if on_gpu else "cpu"
@@ -156,7 +158,7 @@ def run_case(case, *, xp, repeats=1, profile=False) -> dict:
     shape = tuple(s.get("shape", (s["n"],) * 3))
     rec = dict(id=case.id, suite="solve", op="solve", dtype=case.dtype, sizes=dict(s),
                batch=case.batch, note=case.note, tol=TOL, mesh=f"{name}:{param:g}",
-               mesh_label=mesh_label(name, param), impls={})
+               mesh_label=mesh_label(name, param), pmg_options=pmg_options, impls={})
     if name == "sine":
         rec["distortion"] = param
     try:
@@ -173,7 +175,7 @@ def run_case(case, *, xp, repeats=1, profile=False) -> dict:
         builders = {
             "jacobi": lambda: fem.jacobi(A.diagonal()),
             "chebyshev": lambda: fem.chebyshev(A, degree=CHEBYSHEV_DEGREE),
-            "pmg": lambda: fem.pmg(raw, constrained=boundary_mask(space)),
+            "pmg": lambda: fem.pmg(raw, constrained=boundary_mask(space), **pmg_options),
         }
         # the kernels of every level compile before the setup is timed (as the Jacobi
         # solve's do, in its untimed first solve): a pmg of the same orders on 10^3
@@ -182,7 +184,7 @@ def run_case(case, *, xp, repeats=1, profile=False) -> dict:
         def warm():
             small = fem.H1Space(build_mesh(name, param, [min(a, b) for a, b in
                                                          zip(shape, (12, 10, 10))]), s["p"])
-            M = fem.pmg(make(small), constrained=boundary_mask(small))
+            M = fem.pmg(make(small), constrained=boundary_mask(small), **pmg_options)
             M(xp.ones(small.ndofs))
             return M
         _, warm_s = time_once(warm, on_gpu=on_gpu)

@@ -155,3 +155,26 @@ def test_solve_bench_meshes():
                        ("sine:x", "is not a number"), ("sine:0.2", "tangle")):
         with pytest.raises(ValueError, match=match):
             parse_mesh(bad)
+
+
+def _pmg_iterations(p, n, **kw):
+    from smalltc import fem
+    from smalltc.fem.multigrid import boundary_mask
+    space = H1Space(kershaw_mesh(n, 0.3), p)
+    M = fem.pmg(space, kind="diffusion", constrained=boundary_mask(space), **kw)
+    b = M.operator(np.random.default_rng(0).standard_normal(space.ndofs))
+    res = fem.cg(M.operator, b, tol=1e-8, precond=M, maxiter=100, raise_on_failure=False)
+    assert res.converged
+    return res.iterations
+
+
+def test_pmg_is_robust_on_kershaw():
+    # the issue's targets on the benchmarks' mesh (eps 0.3): <= 30 iterations to 1e-8,
+    # growing <= 1.5x under one refinement and when p doubles, with the optimised
+    # fourth-kind smoother of degree max(3, p) on the finest level and 3 below
+    # (notes/solvers.md: fem.pmg's default, degree 3, takes 31 at p = 4 here)
+    def its(p, n):
+        return _pmg_iterations(p, n, smoother="fourth-opt", degree=[max(3, p), 3])
+    base, refined, doubled = its(2, 6), its(2, 12), its(4, 6)
+    assert max(base, refined, doubled) <= 30, (base, refined, doubled)
+    assert refined <= 1.5 * base and doubled <= 1.5 * base, (base, refined, doubled)

@@ -87,7 +87,8 @@ def add_arguments(parser):
                              "fem.pmg's, fourth)")
     parser.add_argument("--pmg-degree", default=None, metavar="K[,K..]",
                         help="solve suite: the p-multigrid's Chebyshev degree, one or one per "
-                             "level finest first (default: fem.pmg's)")
+                             "level finest first; 'p' is the case's order, at least 3 (e.g. "
+                             "'p,3': degree p on the finest level, 3 below; default: fem.pmg's)")
     parser.add_argument("--profile", action="store_true",
                         help="solve suite: break one p-multigrid V-cycle's time down per level "
                              "and part (smoothing, residuals, transfers, coarse solve; CUDA "
@@ -295,7 +296,8 @@ def _pmg_options(args) -> dict:
     if getattr(args, "pmg_smoother", None):
         out["smoother"] = args.pmg_smoother
     if getattr(args, "pmg_degree", None):
-        d = _ints(args.pmg_degree)
+        d = [t.strip() if t.strip() == "p" else int(t) for t in
+             str(args.pmg_degree).split(",") if t.strip()]
         out["degree"] = d[0] if len(d) == 1 else d
     return out
 

@@ -150,6 +150,11 @@ def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
     in the pmg record's ``profile``; ``pmg_options``: keyword arguments of
     :func:`smalltc.fem.pmg` (``smoother``, ``degree``), recorded as ``pmg_options``."""
     pmg_options = dict(pmg_options or {})
+    if "degree" in pmg_options:            # "p": the case's order, at least 3
+        p3 = max(3, int(case.sizes["p"]))
+        deg = pmg_options["degree"]
+        pmg_options["degree"] = (p3 if deg == "p" else deg) if not isinstance(deg, list) \
+            else [p3 if d == "p" else d for d in deg]
     from .. import fem
     on_gpu = xp.__name__ == "cupy"
     device = "gpu" if on_gpu else "cpu"

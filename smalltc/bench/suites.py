@@ -21,7 +21,8 @@ force      BLAST's corner force F and F^T at Laghos' sizes (3D p = 1..8, 2D
            p = 1..5, nq = 2p): element level, fused with the kinematic map, the
            einsum chain (:mod:`.force`); not in the default run
 solve      Poisson solves to 1e-8: Jacobi-CG, Chebyshev and p-multigrid,
-           3D p = 2..8, Kershaw (default) or sine-distorted mesh (:mod:`.solve`); not in the default run
+           3D p = 2..8, Kershaw (default) or sine-distorted mesh
+           (:mod:`.solve`); not in the default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core

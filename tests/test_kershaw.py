@@ -178,3 +178,18 @@ def test_pmg_is_robust_on_kershaw():
     base, refined, doubled = its(2, 6), its(2, 12), its(4, 6)
     assert max(base, refined, doubled) <= 30, (base, refined, doubled)
     assert refined <= 1.5 * base and doubled <= 1.5 * base, (base, refined, doubled)
+
+
+def test_bench_pmg_options():
+    from argparse import Namespace
+
+    from smalltc.bench.cli import _pmg_options, _tag
+    from smalltc.bench.solve import resolve_pmg_options
+    args = Namespace(pmg_smoother="fourth-opt", pmg_degree="p,3", sizes=None, p="2-8",
+                     dim=None, mesh="kershaw:0.5")
+    opts = _pmg_options(args)
+    assert opts == {"smoother": "fourth-opt", "degree": ["p", 3]}
+    assert resolve_pmg_options(opts, 8) == {"smoother": "fourth-opt", "degree": [8, 3]}
+    assert resolve_pmg_options(opts, 2)["degree"] == [3, 3]
+    assert _pmg_options(Namespace(pmg_smoother=None, pmg_degree="6")) == {"degree": 6}
+    assert _tag(args, ["solve"], ["gemm"]) == "solve-p2_8-meshkershaw_0_5-smfourth_opt-degp_3-"

@@ -38,7 +38,7 @@ from .._timing import median, synchronize, time_calls, time_once
 from .cases import Case
 
 __all__ = ["cases", "run_case", "table", "plot", "parse_mesh", "mesh_label", "build_mesh",
-           "PRECONDS", "TOL", "DISTORTION", "KERSHAW_EPS", "DEFAULT_MESH"]
+           "resolve_pmg_options", "PRECONDS", "TOL", "DISTORTION", "KERSHAW_EPS", "DEFAULT_MESH"]
 
 #: the preconditioners compared, in table order
 PRECONDS = ("jacobi", "chebyshev", "pmg")
@@ -144,17 +144,32 @@ def _operator_factory(device):
     return _factory("diffusion", None, device)
 
 
+def resolve_pmg_options(options, p):
+    """``fem.pmg`` keyword arguments for a case of order ``p``: a degree ``"p"`` (alone or
+    in the per-level list) becomes ``max(3, p)``.
+
+    Examples
+    --------
+    >>> resolve_pmg_options({"smoother": "fourth-opt", "degree": ["p", 3]}, 6)
+    {'smoother': 'fourth-opt', 'degree': [6, 3]}
+    >>> resolve_pmg_options({"degree": "p"}, 2), resolve_pmg_options(None, 4)
+    ({'degree': 3}, {})
+    """
+    out = dict(options or {})
+    if "degree" in out:
+        p3 = max(3, int(p))
+        deg = out["degree"]
+        out["degree"] = [p3 if d == "p" else d for d in deg] if isinstance(deg, list) \
+            else (p3 if deg == "p" else deg)
+    return out
+
+
 def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
     """Solve one case with each preconditioner; the record has the bench's layout.
     ``profile``: also :meth:`PMultigrid.profile` (a V-cycle's time per level and part)
     in the pmg record's ``profile``; ``pmg_options``: keyword arguments of
     :func:`smalltc.fem.pmg` (``smoother``, ``degree``), recorded as ``pmg_options``."""
-    pmg_options = dict(pmg_options or {})
-    if "degree" in pmg_options:            # "p": the case's order, at least 3
-        p3 = max(3, int(case.sizes["p"]))
-        deg = pmg_options["degree"]
-        pmg_options["degree"] = (p3 if deg == "p" else deg) if not isinstance(deg, list) \
-            else [p3 if d == "p" else d for d in deg]
+    pmg_options = resolve_pmg_options(pmg_options, case.sizes["p"])
     from .. import fem
     on_gpu = xp.__name__ == "cupy"
     device = "gpu" if on_gpu else "cpu"

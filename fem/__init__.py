@@ -41,7 +41,7 @@ from .geometry import (
     quadrature_data,
 )
 from . import meshes
-from .mesh import BoxMesh, box_mesh, sine_distortion
+from .mesh import BoxMesh, Kershaw, box_mesh, kershaw_mesh, sine_distortion
 from .meshes import demo_mesh_path, make_demo_mesh
 from .multigrid import PMultigrid, Transfer, pmg, pmg_orders
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
@@ -89,6 +89,8 @@ __all__ = [
     "BoxMesh",
     "box_mesh",
     "sine_distortion",
+    "Kershaw",
+    "kershaw_mesh",
     "UnstructuredMesh",
     "from_elements",
     "read_mesh",

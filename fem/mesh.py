@@ -10,7 +10,9 @@ moved by the distortion. Nodes shared by neighbouring elements get
 bit-identical coordinates, so the mesh is conforming.
 
 The default distortion (:func:`sine_distortion`) keeps the boundary of the
-box fixed, so the meshed domain is always the box itself.
+box fixed, so the meshed domain is always the box itself. So does the Kershaw
+transformation of the CEED benchmarks (:class:`Kershaw`, :func:`kershaw_mesh`):
+piecewise multilinear layers of strongly stretched and sheared elements.
 """
 
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ import numpy as np
 
 from .quadrature import gauss_lobatto
 
-__all__ = ["BoxMesh", "box_mesh", "sine_distortion"]
+__all__ = ["BoxMesh", "box_mesh", "sine_distortion", "Kershaw", "kershaw_mesh"]
 
 #: names of the sides of a box mesh, in local facet order (lower, upper per direction)
 BOX_REGIONS = ("xmin", "xmax", "ymin", "ymax", "zmin", "zmax")
@@ -273,3 +275,167 @@ def _place(xhat, distortion, lo, hi):
     scale = (hi - lo).reshape((1, dim) + (1,) * dim)
     nodes = lo.reshape((1, dim) + (1,) * dim) + scale * np.moveaxis(moved, 0, 1)
     return np.ascontiguousarray(nodes)
+
+
+def _kershaw_right(eps, t):
+    """The 1D map of the right-hand layers: slope ``2 - eps`` below 1/2, ``eps`` above."""
+    return np.where(t <= 0.5, (2.0 - eps) * t, 1.0 + eps * (t - 1.0))
+
+
+def _kershaw_left(eps, t):
+    """The mirror image of :func:`_kershaw_right`: slope ``eps`` below 1/2."""
+    return 1.0 - _kershaw_right(eps, 1.0 - t)
+
+
+def _smoothstep(u, smooth):
+    """The transition ``0 -> 1`` on ``[0, 1]`` (clamped outside): linear (``smooth=1``),
+    cubic (2) or quintic (3)."""
+    u = np.clip(u, 0.0, 1.0)
+    if smooth == 1:
+        return u
+    if smooth == 2:
+        return u * u * (3.0 - 2.0 * u)
+    return u * u * u * (u * (6.0 * u - 15.0) + 10.0)
+
+
+class Kershaw:
+    """The Kershaw transformation of the unit square or cube (Kershaw 1981; the deformed
+    mesh of the CEED bake-off problems and of NekRS's BPS5, as in MFEM's
+    ``miniapps/meshing`` and libCEED's examples).
+
+    ``x`` is kept; the unit interval in ``y`` (and ``z``) is mapped by a blend of two
+    piecewise linear maps with a kink at 1/2: ``left`` (slope ``eps`` on ``[0, 1/2]``,
+    ``2 - eps`` above) and ``right`` (``2 - eps``, then ``eps``)::
+
+        Y = (1 - s(x)) left(epsy, y) + s(x) right(epsy, y)      (Z alike with epsz)
+
+    where the blend ``s`` goes over the six layers ``x in [k/6, (k+1)/6]``: 0 (left), up
+    to 1, down to 1/2 and on to 0 across the two middle layers, up to 1, then 1 (right).
+    With ``smooth=1`` (the benchmarks' choice) the transitions are linear, so the map is
+    multilinear on every element of a box mesh whose ``x``-divisions are a multiple of 6
+    and ``y``/``z``-divisions even: a ``geom_order=1`` mesh is then exactly the
+    transformed mesh. ``smooth`` 2 and 3 make the transitions cubic and quintic (curved
+    elements; a higher ``geom_order`` follows them better). The Jacobian determinant is
+    ``dY/dy dZ/dz``, between ``eps_y eps_z`` and ``(2 - eps_y)(2 - eps_z)``: positive, and
+    the box's boundary stays in place (the volume is kept). ``eps = 1`` is the identity;
+    0.3 is the benchmarks' hard case (aspect ratios up to ``(2 - eps) / eps``, ~5.7).
+
+    Parameters
+    ----------
+    epsy : float
+        In ``(0, 1]``.
+    epsz : float, optional
+        In ``(0, 1]``; ``epsy`` by default.
+    smooth : {1, 2, 3}
+        The transitions between layers.
+
+    Raises
+    ------
+    ValueError
+        For an ``eps`` outside ``(0, 1]``, a bad ``smooth``, or 1D points.
+
+    Examples
+    --------
+    >>> K = Kershaw(0.3)
+    >>> xhat = np.array([[0.0, 1.0, 0.5], [0.25, 0.25, 0.5]])   # three 2D points
+    >>> print(np.round(K(xhat), 6))
+    [[0.    1.    0.5  ]
+     [0.075 0.425 0.5  ]]
+    """
+
+    def __init__(self, epsy=0.3, epsz=None, smooth=1):
+        epsz = epsy if epsz is None else epsz
+        for name, e in (("epsy", epsy), ("epsz", epsz)):
+            if isinstance(e, bool) or not isinstance(e, Real) or not (0 < e <= 1):
+                raise ValueError(f"Kershaw {name} must be a number in (0, 1], got {e!r}")
+        if smooth not in (1, 2, 3) or isinstance(smooth, bool):
+            raise ValueError(f"Kershaw smooth must be 1, 2 or 3, got {smooth!r}")
+        self.epsy, self.epsz, self.smooth = float(epsy), float(epsz), int(smooth)
+
+    def blend(self, x):
+        """The weight ``s(x)`` of the ``right`` map, ``x`` in the unit interval.
+
+        Examples
+        --------
+        >>> print(Kershaw(0.3).blend(np.arange(7) / 6))
+        [0.  0.  1.  0.5 0.  1.  1. ]
+        """
+        x = np.asarray(x, dtype=np.float64)
+        layer = np.clip(np.floor(6.0 * x), 0, 5)
+        lam = 6.0 * x - layer
+        g = lambda u: _smoothstep(u, self.smooth)  # noqa: E731
+        return np.select([layer == 0, (layer == 1) | (layer == 4), layer == 2, layer == 3],
+                         [np.zeros_like(x), g(lam), 1.0 - g(0.5 * lam),
+                          1.0 - g(0.5 * (1.0 + lam))], default=1.0)
+
+    def __call__(self, xhat):
+        xhat = np.asarray(xhat, dtype=np.float64)
+        dim = xhat.shape[0] if xhat.ndim else 0
+        if dim not in (2, 3):
+            raise ValueError(f"the Kershaw transformation maps 2D or 3D points (coordinate "
+                             f"axis first), got points of shape {xhat.shape}")
+        s = self.blend(xhat[0])
+        out = [xhat[0]]
+        for a, eps in zip(range(1, dim), (self.epsy, self.epsz)):
+            left, right = _kershaw_left(eps, xhat[a]), _kershaw_right(eps, xhat[a])
+            out.append(left + s * (right - left))
+        return np.stack(out)
+
+    def __repr__(self):
+        sm = f", smooth={self.smooth}" if self.smooth != 1 else ""
+        return f"Kershaw(epsy={self.epsy:g}, epsz={self.epsz:g}{sm})"
+
+
+def kershaw_mesh(n, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1, lower=0.0,
+                 upper=1.0):
+    """Box mesh deformed by the Kershaw transformation (:class:`Kershaw`): the CEED
+    benchmarks' mesh (BP/BPS with ``eps = 0.3``).
+
+    Parameters
+    ----------
+    n : int or sequence of int
+        Elements per direction: the first (``x``) a multiple of 6, the others even, so
+        that every element lies in one layer and one half of ``y`` (``z``): then the map
+        is multilinear on each element and ``geom_order=1`` represents it exactly.
+    eps : float
+        ``epsy`` (and ``epsz`` unless given), in ``(0, 1]``; 1 is the uniform mesh.
+    dim : int
+        2 or 3.
+    epsz : float, optional
+    smooth : {1, 2, 3}
+        See :class:`Kershaw`.
+    geom_order, lower, upper
+        As for :func:`box_mesh` (the transformation acts on the unit box, which is then
+        scaled to ``[lower, upper]``).
+
+    Returns
+    -------
+    BoxMesh
+        Its ``distortion`` is the :class:`Kershaw` instance.
+
+    Raises
+    ------
+    ValueError
+        For a ``dim`` other than 2 or 3, element counts that are not multiples of 6
+        (``x``) and 2 (the others), and the errors of :class:`Kershaw` and
+        :func:`box_mesh`.
+
+    Examples
+    --------
+    >>> m = kershaw_mesh(6, 0.3, dim=2)
+    >>> m.shape, m.distortion
+    ((6, 6), Kershaw(epsy=0.3, epsz=0.3))
+    >>> print(np.round(m.nodes[0, 1], 3))        # first element, y of its 4 vertices
+    [[0.   0.05]
+     [0.   0.05]]
+    """
+    if not _is_int(dim) or dim not in (2, 3):
+        raise ValueError(f"a Kershaw mesh is 2D or 3D: dim must be 2 or 3, got {dim!r}")
+    shape = _as_shape(n, dim)
+    if shape[0] % 6 or any(k % 2 for k in shape[1:]):
+        raise ValueError(
+            f"a Kershaw mesh needs a multiple of 6 elements along x and an even number "
+            f"along the other directions (each element in one layer of the map, which is "
+            f"then multilinear on it), got n={shape}")
+    return box_mesh(dim, shape, geom_order=geom_order, distortion=Kershaw(eps, epsz, smooth),
+                    lower=lower, upper=upper)

@@ -685,7 +685,7 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         60.6, 50.3; p = 8: 8, 12, 6 and 63.4, 71.1, 59.5; timed on one CPU thread at
         166k DoFs, p = 6: 0.84-0.94 s against 1.13-1.19 s to solution with ``[4, 3]``
         (notes/solvers.md).
-    smoother : {"fourth", "first"}
+    smoother : {"fourth", "first", "fourth-opt"}
         Chebyshev kind (:mod:`smalltc.fem.chebyshev`).
     constrained : array of bool or int, "boundary", region name(s) or None
         The constrained (Dirichlet) DoFs of the finest level: a mask, indices,

@@ -357,6 +357,7 @@ def test_solve_suite_end_to_end(tmp_path, capsys):
     assert set(im["pmg"]["setup_parts"]) >= {"operators", "eigenvalues", "amg"}
     out = capsys.readouterr().out
     assert "== solve" in out and "one p-multigrid V-cycle per level and part" in out
+    assert c["mesh"] == "kershaw:0.3" and "Poisson, Kershaw eps=0.3 3D box" in out  # default
     assert (tmp_path / "solve-p2-solve-float64.png").exists()
 
 

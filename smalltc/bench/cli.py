@@ -78,6 +78,17 @@ def add_arguments(parser):
     parser.add_argument("--ndofs", type=int, default=None,
                         help="solve suite: about this many DoFs per case (default 2M on a GPU, "
                              "60k on a CPU)")
+    parser.add_argument("--mesh", default=None, metavar="SPEC",
+                        help="solve suite: 'kershaw[:eps]' (the default: the CEED benchmarks' "
+                             "Kershaw mesh, eps 0.3) or 'sine[:amplitude]' (the mild sine "
+                             "distortion, 0.08)")
+    parser.add_argument("--pmg-smoother", default=None, choices=("fourth", "first", "fourth-opt"),
+                        help="solve suite: the p-multigrid's Chebyshev kind (default: "
+                             "fem.pmg's, fourth)")
+    parser.add_argument("--pmg-degree", default=None, metavar="K[,K..]",
+                        help="solve suite: the p-multigrid's Chebyshev degree, one or one per "
+                             "level finest first; 'p' is the case's order, at least 3 (e.g. "
+                             "'p,3': degree p on the finest level, 3 below; default: fem.pmg's)")
     parser.add_argument("--profile", action="store_true",
                         help="solve suite: break one p-multigrid V-cycle's time down per level "
                              "and part (smoothing, residuals, transfers, coarse solve; CUDA "
@@ -210,7 +221,8 @@ def main_run(args) -> dict:
     todo = [c for s in suites for c in cases(s, args.dtype, kind, sizes=_sizes(args.sizes),
                                              ps=ps, dims=dims, quick=quick,
                                              footprint=footprint,
-                                             ndofs=getattr(args, "ndofs", None))]
+                                             ndofs=getattr(args, "ndofs", None),
+                                             mesh=getattr(args, "mesh", None))]
     print(f"smalltc bench: {len(todo)} cases on {roofline.device_name(kind)} ({args.dtype}, "
           f"backend {args.backend}, {repeats} repeats); measuring bandwidth and peak ...",
           file=sys.stderr, flush=True)
@@ -228,7 +240,8 @@ def main_run(args) -> dict:
                           suites=suites, sizes=args.sizes, p=args.p, dim=args.dim,
                           repeats=repeats, warmup=args.warmup, quick=quick, threads=threads,
                           baselines=not args.no_baselines, footprint_mib=args.footprint,
-                          point_data=list(_point_data_forms(getattr(args, "point_data", None))))
+                          point_data=list(_point_data_forms(getattr(args, "point_data", None))),
+                          mesh=getattr(args, "mesh", None), pmg=_pmg_options(args))
     _warn_in_cache(kind, todo, doc)
     doc["equivalent_command"] = _equivalent_command(args)
     doc["cases"] = []
@@ -251,7 +264,8 @@ def main_run(args) -> dict:
         if case.op == "solve":
             from .solve import run_case as run_solve
             doc["cases"].append(run_solve(case, xp=xp, repeats=1 if kind == "cpu" or quick
-                                          else 3, profile=getattr(args, "profile", False)))
+                                          else 3, profile=getattr(args, "profile", False),
+                                          pmg_options=_pmg_options(args)))
             continue
         doc["cases"].append(run_case(case, bound_args, xp=xp, backend=args.backend,
                                      method=args.method, repeats=repeats, warmup=args.warmup,
@@ -276,11 +290,26 @@ def _point_data_forms(value):
     return forms
 
 
+def _pmg_options(args) -> dict:
+    """``--pmg-smoother`` and ``--pmg-degree`` as keyword arguments of ``fem.pmg``."""
+    out = {}
+    if getattr(args, "pmg_smoother", None):
+        out["smoother"] = args.pmg_smoother
+    if getattr(args, "pmg_degree", None):
+        d = [t.strip() if t.strip() == "p" else int(t) for t in
+             str(args.pmg_degree).split(",") if t.strip()]
+        out["degree"] = d[0] if len(d) == 1 else d
+    return out
+
+
 def _tag(args, suites, all_suites) -> str:
     """File-name prefix of a partial run: its suites and filters (empty for a full run)."""
     import re
     parts = [] if set(suites) == set(all_suites) else ["+".join(suites)]
-    for flag, value in (("n", args.sizes), ("p", args.p), ("dim", args.dim)):
+    for flag, value in (("n", args.sizes), ("p", args.p), ("dim", args.dim),
+                        ("mesh", getattr(args, "mesh", None)),
+                        ("sm", getattr(args, "pmg_smoother", None)),
+                        ("deg", getattr(args, "pmg_degree", None))):
         if value:
             parts.append(flag + re.sub(r"[^0-9a-z]+", "_", str(value).lower()).strip("_"))
     return "-".join(parts) + "-" if parts else ""

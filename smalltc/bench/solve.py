@@ -1,7 +1,10 @@
 """The ``solve`` suite: Poisson solves to a relative residual of 1e-8, three preconditioners.
 
-For each order p on a distorted 3D box mesh (:func:`smalltc.fem.box_mesh`, sine
-distortion 0.08, Dirichlet conditions on the whole boundary: the operator is the
+For each order p on a deformed 3D box mesh (``--mesh``: ``kershaw[:eps]``, the default,
+is the Kershaw mesh of the CEED benchmarks (NekRS's BPS5), :func:`smalltc.fem.kershaw_mesh`,
+eps 0.3 unless given, with a multiple of 6 elements along x and an even number along y
+and z; ``sine[:amplitude]`` is :func:`smalltc.fem.box_mesh`'s sine distortion, 0.08 unless
+given, on ``n^3`` elements; Dirichlet conditions on the whole boundary: the operator is the
 identity there), the diffusion operator (:func:`smalltc.fem.diffusion_operator`,
 matrix-free, ``nq = p + 2`` Gauss points; its plan's backend and kernel recorded) is
 solved by :func:`smalltc.fem.cg` with
@@ -34,28 +37,105 @@ import numpy as np
 from .._timing import median, synchronize, time_calls, time_once
 from .cases import Case
 
-__all__ = ["cases", "run_case", "table", "plot", "PRECONDS", "TOL", "DISTORTION"]
+__all__ = ["cases", "run_case", "table", "plot", "parse_mesh", "mesh_label", "build_mesh",
+           "resolve_pmg_options", "PRECONDS", "TOL", "DISTORTION", "KERSHAW_EPS", "DEFAULT_MESH"]
 
 #: the preconditioners compared, in table order
 PRECONDS = ("jacobi", "chebyshev", "pmg")
 TOL = 1e-8
+#: the sine mesh's default amplitude, the Kershaw mesh's default eps
 DISTORTION = 0.08
+KERSHAW_EPS = 0.3
+#: the mesh of a run without ``--mesh``: the benchmark's (the issue's targets are on it)
+DEFAULT_MESH = "kershaw"
 CHEBYSHEV_DEGREE = 4
 
 
-def cases(dtype, kind, ps=None, quick=False, ndofs=None) -> list:
+def parse_mesh(spec=None):
+    """``"kershaw[:eps]"`` or ``"sine[:amplitude]"`` (None: :data:`DEFAULT_MESH`) ->
+    ``(name, parameter)``.
+
+    Examples
+    --------
+    >>> parse_mesh("kershaw"), parse_mesh("kershaw:0.5"), parse_mesh("sine")
+    (('kershaw', 0.3), ('kershaw', 0.5), ('sine', 0.08))
+    """
+    spec = DEFAULT_MESH if spec is None else str(spec).strip().lower()
+    name, _, value = spec.partition(":")
+    if name not in ("kershaw", "sine"):
+        raise ValueError(f"--mesh must be 'kershaw[:eps]' or 'sine[:amplitude]', got {spec!r}")
+    if not value:
+        return name, KERSHAW_EPS if name == "kershaw" else DISTORTION
+    try:
+        param = float(value)
+    except ValueError:
+        raise ValueError(f"--mesh {spec!r}: {value!r} is not a number") from None
+    if name == "kershaw" and not 0 < param <= 1:
+        raise ValueError(f"--mesh {spec!r}: the Kershaw eps must be in (0, 1]")
+    if name == "sine" and not 0 <= param < 1 / (3 * np.pi):
+        raise ValueError(f"--mesh {spec!r}: the sine amplitude must be in [0, 1/(3 pi)) "
+                         "(larger ones tangle the mesh)")
+    return name, param
+
+
+def mesh_label(name, param):
+    """The mesh in words, for the table and the plot.
+
+    Examples
+    --------
+    >>> mesh_label("kershaw", 0.3), mesh_label("sine", 0.08)
+    ('Kershaw eps=0.3 3D box', 'sine-distorted (0.08) 3D box')
+    """
+    return (f"Kershaw eps={param:g} 3D box" if name == "kershaw"
+            else f"sine-distorted ({param:g}) 3D box")
+
+
+def build_mesh(name, param, shape):
+    """The case's mesh: ``shape`` elements per direction."""
+    from .. import fem
+    if name == "kershaw":
+        return fem.kershaw_mesh(tuple(shape), param)
+    return fem.box_mesh(3, tuple(shape), distortion=param)
+
+
+def _kershaw_shape(target, p):
+    """Elements ``(nx, ny, nz)``, ``nx`` a multiple of 6, ``ny = nz`` even, ``nx / ny``
+    within [2/3, 3/2], with ``(nx p + 1)(ny p + 1)^2`` DoFs closest to ``target`` (in
+    ratio)."""
+    best = None
+    n0 = target ** (1 / 3) / p
+    for nx in range(6, 6 * (int(n0 / 6) + 3), 6):
+        for ny in range(2, int(1.6 * nx) + 3, 2):
+            if not (2 / 3 <= nx / ny <= 3 / 2) and (nx, ny) != (6, 2):
+                continue
+            nd = (nx * p + 1) * (ny * p + 1) ** 2
+            score = abs(np.log(nd / target))
+            if best is None or score < best[0]:
+                best = (score, (nx, ny, ny))
+    return best[1]
+
+
+def cases(dtype, kind, ps=None, quick=False, ndofs=None, mesh=None) -> list:
     """The solve cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu"); ``ndofs``:
-    about that many DoFs a case instead of the defaults."""
+    about that many DoFs a case instead of the defaults; ``mesh``: ``"kershaw[:eps]"``
+    (default) or ``"sine[:amplitude]"`` (:func:`parse_mesh`)."""
+    name, param = parse_mesh(mesh)
     target = (200_000 if quick else 2_000_000) if kind == "gpu" else \
         (8_000 if quick else 60_000)
     target = int(ndofs) if ndofs else target
     ps = ps or ([2, 4] if quick else (list(range(2, 9)) if kind == "gpu" else [2, 3, 4, 5, 6]))
     out = []
     for p in ps:
-        n = max(2, round(target ** (1 / 3) / p))
-        out.append(Case("solve", "solve", dict(dim=3, p=p, n=n, batch=n ** 3,
-                                                ndofs=(n * p + 1) ** 3), dtype,
-                        "" if kind == "gpu" else f"CPU sizes: ~{target // 1000}k DoFs"))
+        if name == "kershaw":
+            shape = _kershaw_shape(target, p)
+        else:
+            shape = (max(2, round(target ** (1 / 3) / p)),) * 3
+        n = shape[0] if len(set(shape)) == 1 else "x".join(map(str, shape))
+        out.append(Case("solve", "solve", dict(
+            dim=3, p=p, n=n, shape=list(shape), mesh=f"{name}:{param:g}",
+            batch=int(np.prod(shape)),
+            ndofs=int(np.prod([k * p + 1 for k in shape]))), dtype,
+            "" if kind == "gpu" else f"CPU sizes: ~{target // 1000}k DoFs"))
     return out
 
 
@@ -71,18 +151,45 @@ def _first_call(M, b):
     return M
 
 
-def run_case(case, *, xp, repeats=1, profile=False) -> dict:
+def resolve_pmg_options(options, p):
+    """``fem.pmg`` keyword arguments for a case of order ``p``: a degree ``"p"`` (alone or
+    in the per-level list) becomes ``max(3, p)``.
+
+    Examples
+    --------
+    >>> resolve_pmg_options({"smoother": "fourth-opt", "degree": ["p", 3]}, 6)
+    {'smoother': 'fourth-opt', 'degree': [6, 3]}
+    >>> resolve_pmg_options({"degree": "p"}, 2), resolve_pmg_options(None, 4)
+    ({'degree': 3}, {})
+    """
+    out = dict(options or {})
+    if "degree" in out:
+        p3 = max(3, int(p))
+        deg = out["degree"]
+        out["degree"] = [p3 if d == "p" else d for d in deg] if isinstance(deg, list) \
+            else (p3 if deg == "p" else deg)
+    return out
+
+
+def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
     """Solve one case with each preconditioner; the record has the bench's layout.
     ``profile``: also :meth:`PMultigrid.profile` (a V-cycle's time per level and part)
-    in the pmg record's ``profile``."""
+    in the pmg record's ``profile``; ``pmg_options``: keyword arguments of
+    :func:`smalltc.fem.pmg` (``smoother``, ``degree``), recorded as ``pmg_options``."""
+    pmg_options = resolve_pmg_options(pmg_options, case.sizes["p"])
     from .. import fem
     on_gpu = xp.__name__ == "cupy"
     device = "gpu" if on_gpu else "cpu"
     s = case.sizes
+    name, param = parse_mesh(s.get("mesh", "sine"))
+    shape = tuple(s.get("shape", (s["n"],) * 3))
     rec = dict(id=case.id, suite="solve", op="solve", dtype=case.dtype, sizes=dict(s),
-               batch=case.batch, note=case.note, tol=TOL, distortion=DISTORTION, impls={})
+               batch=case.batch, note=case.note, tol=TOL, mesh=f"{name}:{param:g}",
+               mesh_label=mesh_label(name, param), pmg_options=pmg_options, impls={})
+    if name == "sine":
+        rec["distortion"] = param
     try:
-        mesh = fem.box_mesh(3, s["n"], distortion=DISTORTION)
+        mesh = build_mesh(name, param, shape)
         space = fem.H1Space(mesh, s["p"])
         make = _operator_factory(device)
         raw = make(space)
@@ -95,16 +202,17 @@ def run_case(case, *, xp, repeats=1, profile=False) -> dict:
         builders = {
             "jacobi": lambda: fem.jacobi(A.diagonal()),
             "chebyshev": lambda: fem.chebyshev(A, degree=CHEBYSHEV_DEGREE),
-            "pmg": lambda: _first_call(fem.pmg(raw, constrained=boundary_mask(space)), b),
+            "pmg": lambda: _first_call(fem.pmg(raw, constrained=boundary_mask(space),
+                                                **pmg_options), b),
         }
         # the kernels of every level compile before the setup is timed (as the Jacobi
         # solve's do, in its untimed first solve): a pmg of the same orders on 10^3
         # elements (the order-1 level above the AMG's max_coarse, so that its levels'
         # kernels (CSR products, cupyx's sparse kernels) compile too), timed apart
         def warm():
-            small = fem.H1Space(fem.box_mesh(3, min(10, s["n"]), distortion=DISTORTION),
-                                s["p"])
-            M = fem.pmg(make(small), constrained=boundary_mask(small))
+            small = fem.H1Space(build_mesh(name, param, [min(a, b) for a, b in
+                                                         zip(shape, (12, 10, 10))]), s["p"])
+            M = fem.pmg(make(small), constrained=boundary_mask(small), **pmg_options)
             M(xp.ones(small.ndofs))
             return M
         _, warm_s = time_once(warm, on_gpu=on_gpu)
@@ -157,7 +265,9 @@ def run_case(case, *, xp, repeats=1, profile=False) -> dict:
 
 def table(rows, file) -> None:
     """Iterations and time to solution per preconditioner, and the speed-ups over Jacobi."""
-    print(f"\n== solve (Poisson, distorted 3D box, relative residual {TOL:g}; its: CG "
+    meshes = sorted({c.get("mesh_label", f"sine-distorted ({DISTORTION:g}) 3D box")
+                     for c in rows})
+    print(f"\n== solve (Poisson, {', '.join(meshes)}, relative residual {TOL:g}; its: CG "
           "iterations, tts: setup + solve seconds; x NAME: Jacobi's tts / NAME's; x solve: Jacobi's "
           "solve / pmg's solve (setups left out); V/A: the "
           "V-cycle in finest-level applications, counted by DoFs and timed) ==", file=file)
@@ -240,7 +350,9 @@ def plot(doc, path, plt):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     op = "diffusion"
-    fig.suptitle(f"{doc['device']['name']}: Poisson ({op}), distorted 3D box, "
+    meshes = ", ".join(sorted({c.get("mesh_label", f"sine-distorted ({DISTORTION:g}) 3D box")
+                               for c in cs}))
+    fig.suptitle(f"{doc['device']['name']}: Poisson ({op}), {meshes}, "
                  f"~{cs[-1]['sizes']['ndofs']:,} DoFs", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -21,7 +21,8 @@ force      BLAST's corner force F and F^T at Laghos' sizes (3D p = 1..8, 2D
            p = 1..5, nq = 2p): element level, fused with the kinematic map, the
            einsum chain (:mod:`.force`); not in the default run
 solve      Poisson solves to 1e-8: Jacobi-CG, Chebyshev and p-multigrid,
-           3D p = 2..8, distorted mesh (:mod:`.solve`); not in the default run
+           3D p = 2..8, Kershaw (default) or sine-distorted mesh
+           (:mod:`.solve`); not in the default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core
@@ -182,13 +183,14 @@ def _pairwise_cases(dtype, sz, ps):
 
 
 def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
-          footprint=None, ndofs=None) -> list:
+          footprint=None, ndofs=None, mesh=None) -> list:
     """The cases of ``suite`` for ``dtype`` on a device of ``kind`` ("cpu"/"gpu").
 
     ``sizes`` filters the square GEMM sizes (add ``"rect"`` to keep the
     rectangular ones); ``ps`` the polynomial orders; ``dims`` the dimensions;
     ``footprint`` (bytes) sets the CPU cases' size (:class:`Sizing`); ``ndofs`` the
-    solve suite's (about that many DoFs a case).
+    solve suite's (about that many DoFs a case); ``mesh`` the solve suite's mesh
+    (``"kershaw[:eps]"``, the default, or ``"sine[:amplitude]"``).
     """
     sz = Sizing(kind, quick, footprint)
     dims = list(dims) if dims else [2, 3]
@@ -211,5 +213,5 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
         return force_cases(dtype, kind, ps, quick, dims)
     if suite == "solve":
         from .solve import cases as solve_cases
-        return solve_cases(dtype, kind, ps, quick, ndofs)
+        return solve_cases(dtype, kind, ps, quick, ndofs, mesh)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

@@ -141,7 +141,12 @@ class CudaBackend(Backend):
             return generic_executor(spec, device)
         if getattr(spec, "qfunc", "mass") != "mass" or getattr(spec, "qdtype", None) \
                 or getattr(spec, "geometry", None):     # an instance without a kernel here
-            return einsum_executor(spec, "cuda")
+            ex = einsum_executor(spec, "cuda")
+            if spec.op == "assembly" and family_of(spec) is not None:   # a stiffness size
+                ex.kernel = ex.kernel.replace("no cuda kernel for this instance",
+                                              "no fused kernel: a unit does not fit in "
+                                              "shared memory")
+            return ex
         if spec.op in ("action", "assembly"):
             return _PairwiseFallback(self, spec, "an element does not fit in shared memory"
                                      if spec.op == "action" else

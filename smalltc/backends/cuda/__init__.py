@@ -14,7 +14,7 @@ family           module                           templates
 ``contract9``    :mod:`.contract9`                ``contract9.cu.j2`` (kernel 9)
 ``action``       :mod:`.action`                   ``action.cu.j2``, ``action_rb.cu.j2``,
                                                   ``action_line.cu.j2``
-``assembly``     :mod:`.assembly`                 ``assembly.cu.j2``
+``assembly``     :mod:`.assembly`                 ``assembly.cu.j2`` (mass, diffusion, Helmholtz)
 ``mass_apply``   :mod:`.mass_apply`               the action templates with ``gather``: the
                                                   fused FEM operator (map, action, scatter)
 ``mass_diagonal``  :mod:`.mass_apply`             ``mass_diagonal.cu.j2`` (Jacobi)

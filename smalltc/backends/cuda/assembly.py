@@ -1,4 +1,5 @@
-"""The fused-assembly family: element mass matrices ``M_e = B^T D_e B`` in one kernel.
+"""The fused-assembly family: element matrices in one kernel, mass ``M_e = B^T D_e B`` and
+the stiffness instances of the operator family (docs/math.md section 7).
 
 ``assembly.cu.j2`` runs steps (1a)-(2c) for a *unit*, (element, i1) in 2D/3D
 and an element in 1D, with the products ``BB(i,j,k) = B(k,i) B(k,j)`` formed
@@ -8,7 +9,17 @@ once per block in shared memory and the intermediate ``A1``/``A2`` per unit.
 spec               template                    entry point (example)
 =================  ==========================  ===================================
 AssemblySpec       ``assembly.cu.j2``          ``stc_mass_assemble_3d_f64_nd3nq4``
+(qfunc diffusion,  ``assembly.cu.j2``          ``stc_diffusion_assemble_3d_f64_nd5nq6``,
+helmholtz)                                     ``stc_helmholtz_assemble_2d_f32_nd4nq4_co``
 =================  ==========================  ===================================
+
+The stiffness instances (``spec.qfunc`` "diffusion" or "helmholtz", ``spec.collocated``:
+B1d the identity, not an operand) run the same stages on the same units with four product
+tables (BB, BG, GB, GG) instead of BB, one A1 per gradient pair (a, b) and, in 3D, one A2
+per table on the last axis (:func:`stiffness_slots`): ~4x the mass's shared memory an
+unit in 3D, 4 terms an output in the final stage. Their heuristic is the mass's rules on
+that memory (not yet measured on a GPU); no tables hold them yet. Sizes whose one unit
+does not fit (3D p = 8 in float64) run the reference einsum path and say so.
 
 Final stage: *flat* (``rows`` = 0, 256 threads, any thread any output) or, in
 2D and 3D, the *rows* form (``nd^dim * rows`` threads; thread (i3, j2, j3) in 3D,
@@ -70,7 +81,7 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None, qfunc="
 
     >>> c = assembly_ctx(3, 3, 4, "float64", qfunc="diffusion")
     >>> c["nslot"], c["nfin"], c["per_block"], c["threads"], c["smem_bytes"]
-    (9, 4, 16, 216, 34688)
+    (9, 4, 6, 216, 48096)
     >>> assembly_ctx(3, 4, 5, "float64", qfunc="diffusion", colloc=True) is None   # nq != nd
     True
     """

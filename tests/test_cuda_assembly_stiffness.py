@@ -189,3 +189,15 @@ def test_fem_assembled_diffusion_on_the_gpu(quadrature, dim, p):
     np.testing.assert_allclose(to_host(dev(x)), host(x), rtol=0,
                                atol=1e-12 * np.abs(host(x)).max())
     assert abs(to_host(dev(np.ones(space.ndofs)))).max() < 1e-10     # K annihilates constants
+
+
+def test_tuning_sizes_name_the_stiffness_forms():
+    from smalltc.tuning.sizes import parse
+    specs = parse("assembly", ["3:1-2:p+2:diffusion", "2:3:p+1:helmholtz+co"], "float32")
+    assert [s.size_key for s in specs] == ["diffusion/assembly/3d/nd2nq3",
+                                           "diffusion/assembly/3d/nd3nq4",
+                                           "helmholtz/assembly/2d/nd4nq4+co"]
+    with pytest.raises(ValueError, match="collocated=True needs nq == nd"):
+        parse("assembly", ["3:2:p+2:diffusion+co"], "float64")
+    with pytest.raises(ValueError, match="FORM one of"):
+        parse("assembly", ["3:2:p+2:stokes"], "float64")

@@ -91,9 +91,10 @@ def choose(spec, device, params=None):
             raise ValueError(f"params {params} do not fit {t} on this device "
                              f"({fam.name} family; parameters {', '.join(fam.params)})")
     else:
-        # no tables hold the diffusion and helmholtz instances yet: their heuristic
+        # no tables hold the diffusion and helmholtz instances yet: their heuristic (the
+        # assembly's are read where a table has their own keys: its carry keeps to one qfunc)
         hit = (tables.lookup(t, fam, f"sm{device['cc']}", device.get("name"))
-               if qfunc_of(t) == ("mass", False) else None)
+               if qfunc_of(t) == ("mass", False) or fam is ASSEMBLY else None)
         if hit is not None:
             ctx, source, table = fam.context(t, hit.params, device), hit.source, hit.table
         if ctx is None:

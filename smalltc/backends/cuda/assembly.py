@@ -130,7 +130,12 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None, qfunc="
                pad=pad, nqp=nqp, nqs="NQP" if pad else "NQ", a2s="A2P" if pad else "A2U",
                a1s="A1P" if pad and dim == 2 else "A1U")
     if stiff:
+        # the final stage's loop unrolled twice, four times in float32 3D: the choices
+        # with no spills in ptxas (sm_90, nvcc 13.0) at the heuristic's parameters, 1D-3D
+        # p = 1..7 (four times spilled 4-24 bytes in 1D, 2D float64 p = 6, collocated 3D
+        # float64 p = 2, 5, 6; twice in float32 3D p = 4, 6); not timed
         ctx.update(stiff=1, qfunc=qfunc, helm=int(qfunc == "helmholtz"), colloc=int(colloc),
+                   unroll=4 if s == 4 and dim == 3 else 2,
                    nsym=dim * (dim + 1) // 2, nslot=len(slots), nfin=len(fins), slots=slots,
                    fins=fins)
     return ctx

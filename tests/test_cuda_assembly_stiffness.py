@@ -201,3 +201,28 @@ def test_tuning_sizes_name_the_stiffness_forms():
         parse("assembly", ["3:2:p+2:diffusion+co"], "float64")
     with pytest.raises(ValueError, match="FORM one of"):
         parse("assembly", ["3:2:p+2:stokes"], "float64")
+
+
+def test_bench_assembly_cases_of_the_stiffness():
+    """``smalltc bench --suite assembly --qfunc ...``: the case, its operands, reference,
+    smalltc plan and baselines agree (here on NumPy with the reference backend)."""
+    from smalltc.bench.baselines import baselines
+    from smalltc.bench.cases import case_spec, make_inputs, reference, smalltc_impl
+    from smalltc.bench.suites import cases
+    (c,) = cases("assembly", "float64", "cpu", ps=[1], dims=[2], quick=True,
+                 qfuncs=["helmholtz+co"])
+    assert c.id == "assembly dim=2 p=1 nq=2 qfunc=helmholtz collocated float64"
+    c.sizes["batch"] = 3
+    spec = case_spec(c)
+    assert (spec.qfunc, spec.collocated, [o.name for o in spec.inputs]) == (
+        "helmholtz", True, ["G1d", "D", "Q"])
+    ops = make_inputs(c, np)
+    ref = reference(c, ops)
+    impl = smalltc_impl(c, ops, np, backend="reference")
+    assert rel_err(impl.fn(), ref) <= 1e-14
+    found = baselines(c, ops, np)
+    assert [b.name for b in found] == ["numpy.einsum", "numpy.matmul"]
+    for b in found:
+        assert rel_err(b.fn(), ref) <= 1e-14
+    with pytest.raises(ValueError, match="assembly forms are"):
+        cases("assembly", "float64", "cpu", ps=[1], dims=[2], qfuncs=["stokes"])

@@ -15,7 +15,7 @@ operation          bytes per item                          flops per item
 batched GEMM       ``s*(mk + kn + mn*(2 if beta else 1))``  ``2mnk``
 action, dim d      ``s*(2*c*nd^d + nq^d)``                 ``c*(4*sum_t nq^t nd^(d-t+1) + nq^d)``
 corner force       ``s*(d^2 nq^d + (nd-1)^d + d nd^d)``    :func:`_force_flops`
-assembly, dim d    ``s*(nq^d + nd^(2d))``                  ``3*nq*sum_t nd^(2t) nq^(d-t)``
+assembly, dim d    ``s*(q nq^d + nd^(2d))``                ``3*nq*sum_t c_t nd^(2t) nq^(d-t)``
 kernel 8a/8b       ``s*(isj + ksl + ijkl)``                ``2*s_ext*ijkl``
 kernel 9           ``s*(ksl + kilj)``                      ``3*s_ext*kilj``
 =================  ======================================  ==========================================
@@ -29,7 +29,9 @@ transpose costs the same; ``nq^d`` multiplies by ``D``. In 3D it is
 triple product ``B B C`` (3 flops per term); in 3D
 ``3*nq*(nd^2 nq^2 + nd^4 nq + nd^6)`` as in docs/math.md, in 2D
 ``3*nq*(nd^2 nq + nd^4)``, in 1D ``3*nq*nd^2``. Bytes read ``D`` once and
-write ``M`` once. A pairwise step (1a)-(4f) is its kernel with the
+write ``M`` once. The stiffness (diffusion, Helmholtz) reads ``q`` = nsym (+1) values a
+point and makes ``c_t`` terms in step t (mass: 1; 3D stiffness 9, 9, 4, 2D 4, 4, 1D 1;
+Helmholtz's first step one more: :func:`_assembly_terms`). A pairwise step (1a)-(4f) is its kernel with the
 catalogue's reshaped extents (``B1d`` shared); the pointwise ``D`` scaling
 of (3b)/(4c)/(5a) is not part of the step's count (it is the ``nq^d`` term
 of the action).
@@ -239,17 +241,36 @@ def _action_counts(sizes, s):
 
 
 def _assembly_counts(sizes, s):
-    """Element matrices: the data read, the matrices written; the sum-factorised count
-    of the mass assembly, once per (a, b) pair of the stiffness (and once more for
-    Helmholtz's mass term)."""
+    """Element matrices: the data read, the matrices written (and the 1D matrices once);
+    the sum-factorised count of the mass assembly, step t's ``nd^(2t) nq^(d-t)`` values
+    each a sum over ``nq`` of triple products, made once per term of the step
+    (:func:`_assembly_terms`)."""
     dim, nq, nd = _need(sizes, "dim", "assembly"), _need(sizes, "nq", "assembly"), _nd(sizes)
     batch = int(sizes.get("batch", 1))
     per_elem = s * (_qdata(sizes, dim) * nq ** dim + nd ** (2 * dim))
     q = sizes.get("qfunc", "mass")
-    terms = 1 if q == "mass" else dim * dim + (q == "helmholtz")
-    flops = terms * 3 * nq * sum(nd ** (2 * t) * nq ** (dim - t) for t in range(1, dim + 1))
-    return Counts("assembly", per_elem * batch + s * nq * nd, flops * batch, batch,
+    terms = _assembly_terms(q, dim)
+    flops = 3 * nq * sum(c * nd ** (2 * t) * nq ** (dim - t)
+                         for t, c in zip(range(1, dim + 1), terms))
+    nbasis = 1 if q == "mass" or sizes.get("collocated", False) else 2
+    return Counts("assembly", per_elem * batch + s * nbasis * nq * nd, flops * batch, batch,
                   batch * nd ** dim)
+
+
+def _assembly_terms(qfunc, dim):
+    """Terms of each step of the sum-factorised assembly (docs/math.md section 7): mass one
+    a step; the stiffness ``sum_ab G_a^T Q^ab G_b`` one per pair (a, b) in the first step
+    (Helmholtz: one more for ``B^T D B``), one per earlier term in the middle step (3D),
+    and in the last step one per distinct pair of 1D matrices on the last axis (BB, BG, GB,
+    GG): the pairs that differ only on the earlier axes were summed before it.
+
+    >>> _assembly_terms("diffusion", 3), _assembly_terms("helmholtz", 2)
+    ((9, 9, 4), (5, 4))
+    """
+    if qfunc == "mass":
+        return (1,) * dim
+    first = dim * dim + (qfunc == "helmholtz")
+    return {1: (first,), 2: (first, 4), 3: (first, 9, 4)}[dim]
 
 
 def _contract_counts(sizes, s):

@@ -23,7 +23,8 @@ H100 = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=232448)
 @pytest.mark.parametrize("dim", [1, 2, 3])
 def test_choices_without_a_gpu(op, qfunc, co, dim):
     """Every instance gets a specialised kernel of its own name (no tables: the heuristic);
-    3D the line form, 1D/2D the shared-memory form; assembly stays on the reference path."""
+    3D the line form, 1D/2D the shared-memory form; the assembly's is the assembly family's
+    stiffness instance (tests/test_cuda_assembly_stiffness.py)."""
     from smalltc.backends.cuda import choose, family_of
     from smalltc.spec import AssemblySpec
     p = 3
@@ -37,8 +38,11 @@ def test_choices_without_a_gpu(op, qfunc, co, dim):
     assert ("_co" in c.entry) == co and c.ctx["qfunc"] == qfunc
     if op != "mass_diagonal":
         assert c.template == ("action_line.cu.j2" if dim == 3 else "action.cu.j2")
-    assert family_of(AssemblySpec(dim=dim, nq=nq, nd=nd, batch=4, dtype="float64",
-                                  qfunc=qfunc, collocated=co)) is None
+    asm = AssemblySpec(dim=dim, nq=nq, nd=nd, batch=4, dtype="float64", qfunc=qfunc,
+                       collocated=co)
+    assert family_of(asm).name == "assembly"
+    assert choose(asm, H100).entry == (f"stc_{qfunc}_assemble_{dim}d_f64_nd{nd}nq{nq}"
+                                       f"{'_co' if co else ''}")
 
 # (qfunc, collocated, dim, p, dtype, ncomp, line): nq = p + 1 collocated, else p + 2
 CASES = [

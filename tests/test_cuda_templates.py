@@ -15,12 +15,12 @@ import jinja2
 import pytest
 
 from smalltc.backends.cuda.action import ACTION, action_ctx
-from smalltc.backends.cuda.assembly import assembly_ctx
+from smalltc.backends.cuda.assembly import ASSEMBLY, assembly_ctx
 from smalltc.backends.cuda.contract9 import contract9_ctx
 from smalltc.backends.cuda.force import FORCE
 from smalltc.backends.cuda.layout import generic_ctx, layout_ctx
 from smalltc.backends.cuda.mass_apply import MASS_APPLY, MASS_DIAGONAL
-from smalltc.spec import ActionSpec, MassApplySpec, MassDiagonalSpec
+from smalltc.spec import ActionSpec, AssemblySpec, MassApplySpec, MassDiagonalSpec
 from smalltc.backends.cuda.runtime import SmalltcCompileError, render, template_names
 
 NVCC = shutil.which("nvcc")
@@ -97,6 +97,23 @@ def _configs():
             if dim == 2:
                 out.append(("assembly.cu.j2", assembly_ctx(
                     dim, 7, 8, dt, params=dict(per_block=4, rows=0, pad=1))))
+        # the stiffness instances of the assembly (issue 27): diffusion and helmholtz, Gauss
+        # and collocated, 1D-3D; the heuristic (the rows form in 2D and 3D) and forced
+        # flat, padded and rows forms
+        for qf, co, dim, p, prm in (
+                ("diffusion", False, 1, 3, None), ("helmholtz", True, 1, 2, None),
+                ("diffusion", False, 2, 4, None),
+                ("helmholtz", False, 2, 2, dict(per_block=3, rows=0, pad=1)),
+                ("diffusion", True, 2, 5, dict(per_block=2, rows=2, pad=1)),
+                ("diffusion", False, 3, 1, None), ("diffusion", False, 3, 4, None),
+                ("helmholtz", False, 3, 2, dict(per_block=2, rows=0, pad=1)),
+                ("diffusion", True, 3, 3, None), ("helmholtz", True, 3, 5, None),
+                ("diffusion", False, 3, 6, None)):
+            nd, nq = p + 1, p + 1 if co else p + 2
+            ctx = ASSEMBLY.context(AssemblySpec(dim=dim, nq=nq, nd=nd, batch=1, dtype=dt,
+                                                qfunc=qf, collocated=co), prm)
+            assert ctx is not None and ctx["stiff"], (qf, co, dim, p, prm)
+            out.append(("assembly.cu.j2", ctx))
         # the fused FEM operator: the action templates with gather (atomic and per-colour,
         # ncomp, both index types, the line form with and without prefetch) and the diagonal
         for dim, p, nc, it, det in ((1, 3, 1, "int32", False), (2, 2, 3, "int64", True),

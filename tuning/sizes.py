@@ -8,7 +8,9 @@ gemm           ``8``  ``2-32``  ``2,4,8``              square m = n = k
                ``8:nt+sb+beta``                       with transposes (nn, nt, tn, tt),
                                                       shared A/B (sa, sb), beta != 0 (beta)
 action         ``DIM:P:NQ[:cNCOMP]``                  ``3:1-8:p+1,p+2``: 3D, p = 1..8,
-assembly       ``DIM:P:NQ``                           nq = p+1 and p+2; ``2:4:6``: nq = 6
+assembly       ``DIM:P:NQ[:FORM]``                    nq = p+1 and p+2; ``2:4:6``: nq = 6;
+                                                      FORM: the stiffness (diffusion,
+                                                      helmholtz, +co collocated: nq = p+1)
 pairwise       ``action:DIM:P:NQ``                    every reshaped (8a)/(8b)/(9) kernel of
                ``assembly:DIM:P:NQ``                  the catalogue's steps for those sizes
 =============  =====================================  =======================================
@@ -17,6 +19,9 @@ Examples
 --------
 >>> [str(s) for s in parse("action", ["3:1-2:p+1"], "float64")]
 ['action_3d p=1 nq=2 E=1 float64', 'action_3d p=2 nq=3 E=1 float64']
+>>> [s.size_key for s in parse("assembly", ["3:2:p+2:diffusion", "2:3:p+1:helmholtz+co"],
+...                              "float64")]
+['diffusion/assembly/3d/nd3nq4', 'helmholtz/assembly/2d/nd4nq4+co']
 >>> [(s.m, s.n, s.k) for s in parse("gemm", ["2,3", "4x8x3"], "float32")]
 [(2, 2, 2), (3, 3, 3), (4, 8, 3)]
 """
@@ -37,6 +42,10 @@ DEFAULT_SIZES = {
     "pairwise": ["action:2:1-8:p+2", "action:3:1-8:p+2", "assembly:2:1-6:p+2",
                  "assembly:3:1-6:p+2"],
 }
+
+
+#: the assembly's stiffness forms (the 4th field of an assembly size)
+_FORMS = ("diffusion", "helmholtz", "diffusion+co", "helmholtz+co")
 
 
 def _ints(text, what):
@@ -76,9 +85,16 @@ def _gemm(token, dtype):
 
 def _fem(op, token, dtype):
     parts = token.split(":")
-    if len(parts) not in (3, 4) or (len(parts) == 4 and op != "action"):
+    if len(parts) not in (3, 4):
         raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ"
-                         + ("[:cNCOMP]" if op == "action" else ""))
+                         + ("[:cNCOMP]" if op == "action" else "[:FORM]"))
+    form = dict(qfunc="mass")
+    if op == "assembly" and len(parts) == 4:
+        f = parts.pop()
+        if f not in _FORMS:
+            raise ValueError(f"assembly size {token!r}: expected DIM:P:NQ[:FORM], FORM "
+                             f"one of {', '.join(_FORMS)}")
+        form = dict(qfunc=f.split("+")[0], collocated=f.endswith("+co"))
     dims = _ints(parts[0], f"{op} size {token!r} (dim)")
     if set(dims) - {1, 2, 3}:
         raise ValueError(f"{op} size {token!r}: dim must be 1, 2 or 3")
@@ -99,7 +115,11 @@ def _fem(op, token, dtype):
                     out.append(ActionSpec(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype,
                                           ncomp=ncomp, comp_axis=ncomp > 1))
                 else:
-                    out.append(AssemblySpec(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype))
+                    try:
+                        out.append(AssemblySpec(dim=dim, nq=nq, nd=p + 1, batch=1,
+                                                dtype=dtype, **form))
+                    except ValueError as err:       # collocated with nq != p + 1
+                        raise ValueError(f"assembly size {token!r}: {err}") from None
     return out
 
 

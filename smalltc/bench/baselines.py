@@ -27,8 +27,10 @@ import os
 
 import numpy as np
 
-from ..backends.reference import action_einsum, assembly_einsum, contract_einsum
-from .cases import Impl, out_shape, step_spec
+from ..backends.reference import (GEMM_ASSEMBLY_MAX_ND, action_einsum, assembly_einsum,
+                                  contract_einsum, operator_assembly_einsum,
+                                  operator_assembly_gemm)
+from .cases import Impl, case_spec, out_shape, step_spec
 
 __all__ = ["baselines", "skipped", "torch_or_none"]
 
@@ -74,12 +76,30 @@ def baselines(case, ops, xp) -> list:
         return [Impl(f"{name} chain", lambda: action_einsum(B, D, V, s["dim"]),
                      what=f"sum-factorised {name} chain (2*dim einsums + multiply)")]
     if case.op == "assembly":
+        spec = case_spec(case)
+        if spec.qfunc != "mass":
+            return _operator_assembly(spec, ops, name, gpu)
         B, D = ops
         return [Impl(name, lambda: assembly_einsum(B, D, s["dim"]),
                      what=f"{name}(..., optimize=True)")]
     kind = step_spec(case).kind
     X, Y = ops
     return [Impl(name, lambda: contract_einsum(kind, X, Y), what=f"{name} of kernel ({kind})")]
+
+
+def _operator_assembly(spec, ops, name, gpu):
+    """The stiffness assembly's baselines: the reference path a backend without a kernel
+    runs (one einsum per (a, b) pair; for nd^dim <= 27 one GEMM of Q with the dense
+    gradients' products, which that path takes there)."""
+    a = dict(zip([o.name for o in spec.inputs], ops))
+    args = (spec.qfunc, a.get("B1d"), a["G1d"], a.get("D"), a.get("Q"), spec.dim)
+    out = [Impl(name, lambda: operator_assembly_einsum(*args),
+                what=f"{name}(..., optimize=True) per (a, b) pair")]
+    if spec.nd ** spec.dim <= GEMM_ASSEMBLY_MAX_ND:
+        lib = "cupy" if gpu else "numpy"
+        out.append(Impl(f"{lib}.matmul", lambda: operator_assembly_gemm(*args),
+                        what=f"{lib}.matmul of Q with the dense gradients' products"))
+    return out
 
 
 def _beta(case):

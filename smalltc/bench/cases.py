@@ -24,17 +24,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.reference import action_einsum, assembly_einsum, contract_einsum
+from ..backends.reference import (action_einsum, assembly_einsum, contract_einsum,
+                                  operator_assembly_einsum)
 from ..catalogue import STEPS
 from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
 
-__all__ = ["Case", "Impl", "make_inputs", "batched_flags", "reference", "out_shape",
-           "smalltc_impl", "step_spec", "case_spec"]
+__all__ = ["Case", "Impl", "make_inputs", "batched_flags", "reference", "assembly_reference",
+           "out_shape", "smalltc_impl", "step_spec", "case_spec"]
 
 # Sizes that name a case (the batch does not: runs on different devices use
 # different batches, and --compare matches cases by id).
 _ID_KEYS = ("label", "dim", "p", "nq", "ncomp", "m", "n", "k", "shared_a", "shared_b",
-            "beta", "batch_class")
+            "beta", "batch_class", "qfunc", "collocated")
 
 
 @dataclass
@@ -114,7 +115,9 @@ def case_spec(case):
         return ActionSpec(dim=s["dim"], nq=s["nq"], nd=s["p"] + 1, batch=E, dtype=dt,
                           ncomp=ncomp, comp_axis=ncomp > 1)
     if case.op == "assembly":
-        return AssemblySpec(dim=s["dim"], nq=s["nq"], nd=s["p"] + 1, batch=E, dtype=dt)
+        return AssemblySpec(dim=s["dim"], nq=s["nq"], nd=s["p"] + 1, batch=E, dtype=dt,
+                            qfunc=s.get("qfunc", "mass"),
+                            collocated=bool(s.get("collocated", False)))
     if case.op == "step":
         return step_spec(case)
     raise ValueError(f"unknown case op {case.op!r}")
@@ -159,9 +162,20 @@ def _gemm_reference(case, A, B, C=None):
 _REFERENCE = {
     "gemm": _gemm_reference,
     "action": lambda case, B, D, V: action_einsum(B, D, V, case.sizes["dim"]),
-    "assembly": lambda case, B, D: assembly_einsum(B, D, case.sizes["dim"]),
+    "assembly": lambda case, *ops: assembly_reference(case, ops),
     "step": lambda case, X, Y: contract_einsum(step_spec(case).kind, X, Y),
 }
+
+
+def assembly_reference(case, ops):
+    """The element matrices of an assembly case: the mass einsum, or the operator family's
+    einsum per (a, b) pair (operands by their names in the spec)."""
+    spec = case_spec(case)
+    if spec.qfunc == "mass":
+        return assembly_einsum(*ops, spec.dim)
+    a = dict(zip([o.name for o in spec.inputs], ops))
+    return operator_assembly_einsum(spec.qfunc, a.get("B1d"), a["G1d"], a.get("D"),
+                                    a.get("Q"), spec.dim)
 
 
 def reference(case, host_ops):
@@ -182,8 +196,12 @@ def smalltc_impl(case, ops, xp, backend="auto", method="auto"):
     if spec.op == "gemm":
         kw = dict(alpha=float(s.get("alpha", 1.0)), beta=float(s.get("beta", 0.0)))
 
+    op, lead = spec.op, ()
+    if spec.op == "assembly" and spec.qfunc != "mass":     # the operator family's entry
+        op, lead = f"{spec.qfunc}_assembly", ((None,) if spec.collocated else ())
+
     def build():
-        return smalltc.plan(spec.op, *ops, backend=backend,
+        return smalltc.plan(op, *lead, *ops, backend=backend,
                             method=method if spec.op in ("action", "assembly") else "auto",
                             kind=getattr(spec, "kind", None), **kw)
     out = xp.empty(spec.out_shape, dtype=case.dtype)

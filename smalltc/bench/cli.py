@@ -63,6 +63,10 @@ def add_arguments(parser):
                              "stored in float32, float64 vectors), 'vertices' (the geometry "
                              "recomputed in the kernel from the element vertices); comma "
                              "separated, e.g. float32,vertices (float64 runs only)")
+    parser.add_argument("--qfunc", default=None, metavar="FORMS",
+                        help="assembly suite: the element matrices of these operators, comma "
+                             "separated: mass (the default), diffusion, helmholtz, and "
+                             "diffusion+co, helmholtz+co (collocated, nq = p+1)")
     parser.add_argument("--no-baselines", action="store_true", help="time smalltc only")
     parser.add_argument("--out", default=None,
                         help="folder for the JSON and PNGs (default smalltc-bench/<device-slug> in the "
@@ -222,7 +226,8 @@ def main_run(args) -> dict:
                                              ps=ps, dims=dims, quick=quick,
                                              footprint=footprint,
                                              ndofs=getattr(args, "ndofs", None),
-                                             mesh=getattr(args, "mesh", None))]
+                                             mesh=getattr(args, "mesh", None),
+                                             qfuncs=_qfuncs(getattr(args, "qfunc", None)))]
     print(f"smalltc bench: {len(todo)} cases on {roofline.device_name(kind)} ({args.dtype}, "
           f"backend {args.backend}, {repeats} repeats); measuring bandwidth and peak ...",
           file=sys.stderr, flush=True)
@@ -238,6 +243,7 @@ def main_run(args) -> dict:
     doc = environment(kind, probes)
     doc["options"] = dict(backend=args.backend, method=args.method, dtype=args.dtype,
                           suites=suites, sizes=args.sizes, p=args.p, dim=args.dim,
+                          qfunc=getattr(args, "qfunc", None),
                           repeats=repeats, warmup=args.warmup, quick=quick, threads=threads,
                           baselines=not args.no_baselines, footprint_mib=args.footprint,
                           point_data=list(_point_data_forms(getattr(args, "point_data", None))),
@@ -302,6 +308,13 @@ def _pmg_options(args) -> dict:
     return out
 
 
+def _qfuncs(value):
+    """``--qfunc``'s forms as a tuple, or None (the mass matrices)."""
+    if not value:
+        return None
+    return tuple(f.strip() for f in str(value).split(",") if f.strip())
+
+
 def _tag(args, suites, all_suites) -> str:
     """File-name prefix of a partial run: its suites and filters (empty for a full run)."""
     import re
@@ -309,7 +322,8 @@ def _tag(args, suites, all_suites) -> str:
     for flag, value in (("n", args.sizes), ("p", args.p), ("dim", args.dim),
                         ("mesh", getattr(args, "mesh", None)),
                         ("sm", getattr(args, "pmg_smoother", None)),
-                        ("deg", getattr(args, "pmg_degree", None))):
+                        ("deg", getattr(args, "pmg_degree", None)),
+                        ("q", getattr(args, "qfunc", None))):
         if value:
             parts.append(flag + re.sub(r"[^0-9a-z]+", "_", str(value).lower()).strip("_"))
     return "-".join(parts) + "-" if parts else ""

@@ -89,7 +89,10 @@ def plot_fem(doc, path, plt):
     asm = [c for c in doc["cases"] if c["suite"] == "assembly" and not c.get("error")]
     panels = [(f"action {d}D (ncomp=1)", [c for c in act if c["sizes"]["dim"] == d])
               for d in (2, 3)]
-    panels += [(f"assembly {d}D", [c for c in asm if c["sizes"]["dim"] == d]) for d in (2, 3)]
+    forms = list(dict.fromkeys(_form(c) for c in asm))        # mass first where run
+    panels += [(f"assembly {d}D" if f == "mass" else f"{f} assembly {d}D",
+                [c for c in asm if c["sizes"]["dim"] == d and _form(c) == f])
+               for f in forms for d in (2, 3)]
     panels = [(t, cs) for t, cs in panels if cs]
     if not panels:
         return None
@@ -129,6 +132,12 @@ def plot_fem(doc, path, plt):
     return path
 
 
+def _form(c):
+    """An assembly case's operator form: "mass", "diffusion", "helmholtz+co", ..."""
+    s = c["sizes"]
+    return s.get("qfunc", "mass") + ("+co" if s.get("collocated") else "")
+
+
 def _short(c):
     s = c["sizes"]
     if c["suite"] == "gemm":
@@ -137,7 +146,7 @@ def _short(c):
     if c["suite"] == "action":
         return f"{s['dim']}D p{s['p']} q{s['nq']}" + (f" c{s['ncomp']}" if s["ncomp"] > 1 else "")
     if c["suite"] == "assembly":
-        return f"{s['dim']}D p{s['p']}"
+        return f"{s['dim']}D p{s['p']}" + ("" if _form(c) == "mass" else f" {_form(c)}")
     if c["suite"] in ("bp1", "bp3", "bp5"):
         return f"p{s['p']} q{s['nq']}"
     return f"{s['label']} p{s['p']}"

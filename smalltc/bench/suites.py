@@ -8,7 +8,8 @@ gemm       square n = 2..32 (``C = A B + C``, the paper's Figures 8-9) at the
            256 MB (beyond the L2 cache); rectangular cases, some with a shared A
 action     dim 2 and 3, p = 1..8, nq = p+1 and p+2, ncomp 1 and 3, ~2^25
            element DoFs per case
-assembly   dim 2 and 3, p = 1..6, nq = p+2
+assembly   dim 2 and 3, p = 1..6, nq = p+2: the mass matrices, and with ``--qfunc``
+           the stiffness (diffusion, helmholtz; "+co" collocated, nq = p+1)
 pairwise   each catalogue step (0a)-(5b) at a few p, nq = p+2
 bp1        CEED BP1: the global mass operator (fused, deterministic, unfused)
            and a Jacobi-CG iteration, 3D p = 1..8 (:mod:`.bp1`); not in the
@@ -45,7 +46,7 @@ import numpy as np
 
 from ..catalogue import STEPS
 
-__all__ = ["SUITES", "DEFAULT_SUITES", "BP_SUITES", "cases", "Sizing"]
+__all__ = ["SUITES", "DEFAULT_SUITES", "BP_SUITES", "ASSEMBLY_FORMS", "cases", "Sizing"]
 
 #: the suites a run without --suite measures: the kernels
 DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
@@ -144,19 +145,35 @@ def _action_cases(dtype, sz, ps, dims):
     return out
 
 
-def _assembly_cases(dtype, sz, ps, dims):
+#: the assembly suite's operator forms (``--qfunc``): the qfunc, "+co" for collocated
+ASSEMBLY_FORMS = ("mass", "diffusion", "helmholtz", "diffusion+co", "helmholtz+co")
+
+
+def _assembly_cases(dtype, sz, ps, dims, qfuncs=("mass",)):
     from .cases import Case
     s = np.dtype(dtype).itemsize
+    bad = [q for q in qfuncs if q not in ASSEMBLY_FORMS]
+    if bad:
+        raise ValueError(f"assembly forms are {', '.join(ASSEMBLY_FORMS)}; got "
+                         f"{', '.join(bad)}")
     out = []
-    for dim in dims:
-        for p in ps:
-            if p > 6:
-                continue
-            nd, nq = p + 1, p + 2
-            per = s * (nq ** dim + nd ** (2 * dim))
-            E = max(16, sz.fem_bytes // per)
-            out.append(Case("assembly", "assembly", dict(dim=dim, p=p, nq=nq, batch=E), dtype,
-                            sz.note()))
+    for form in qfuncs:
+        qfunc, co = form.split("+")[0], form.endswith("+co")
+        for dim in dims:
+            for p in ps:
+                if p > 6:
+                    continue
+                nd = p + 1
+                nq = nd if co else p + 2
+                ndata = {"mass": 1, "diffusion": 0, "helmholtz": 1}[qfunc] + (
+                    0 if qfunc == "mass" else dim * (dim + 1) // 2)
+                per = s * (ndata * nq ** dim + nd ** (2 * dim))
+                E = max(16, sz.fem_bytes // per)
+                extra = {} if qfunc == "mass" else dict(qfunc=qfunc)
+                if co:
+                    extra["collocated"] = True
+                out.append(Case("assembly", "assembly", dict(dim=dim, p=p, nq=nq, batch=E,
+                                                             **extra), dtype, sz.note()))
     return out
 
 
@@ -183,14 +200,19 @@ def _pairwise_cases(dtype, sz, ps):
 
 
 def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
-          footprint=None, ndofs=None, mesh=None) -> list:
+          footprint=None, ndofs=None, mesh=None, qfuncs=None) -> list:
     """The cases of ``suite`` for ``dtype`` on a device of ``kind`` ("cpu"/"gpu").
 
     ``sizes`` filters the square GEMM sizes (add ``"rect"`` to keep the
     rectangular ones); ``ps`` the polynomial orders; ``dims`` the dimensions;
     ``footprint`` (bytes) sets the CPU cases' size (:class:`Sizing`); ``ndofs`` the
     solve suite's (about that many DoFs a case); ``mesh`` the solve suite's mesh
-    (``"kershaw[:eps]"``, the default, or ``"sine[:amplitude]"``).
+    (``"kershaw[:eps]"``, the default, or ``"sine[:amplitude]"``); ``qfuncs`` the
+    assembly suite's operator forms (:data:`ASSEMBLY_FORMS`; default the mass matrices).
+
+    >>> [c.id for c in cases("assembly", "float64", "cpu", ps=[2], dims=[3], quick=True,
+    ...                      qfuncs=["mass", "diffusion+co"])]
+    ['assembly dim=3 p=2 nq=4 float64', 'assembly dim=3 p=2 nq=3 qfunc=diffusion collocated float64']
     """
     sz = Sizing(kind, quick, footprint)
     dims = list(dims) if dims else [2, 3]
@@ -201,7 +223,7 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
         return _action_cases(dtype, sz, ps_, dims)
     if suite == "assembly":
         ps_ = ps or ([1, 3, 6] if quick else list(range(1, 7)))
-        return _assembly_cases(dtype, sz, ps_, dims)
+        return _assembly_cases(dtype, sz, ps_, dims, tuple(qfuncs or ("mass",)))
     if suite == "pairwise":
         ps_ = ps or ([3] if quick else ([1, 2, 4, 7] if kind == "cpu" else list(range(1, 9))))
         return _pairwise_cases(dtype, sz, ps_)

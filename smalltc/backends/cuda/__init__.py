@@ -14,7 +14,7 @@ family           module                           templates
 ``contract9``    :mod:`.contract9`                ``contract9.cu.j2`` (kernel 9)
 ``action``       :mod:`.action`                   ``action.cu.j2``, ``action_rb.cu.j2``,
                                                   ``action_line.cu.j2``
-``assembly``     :mod:`.assembly`                 ``assembly.cu.j2``
+``assembly``     :mod:`.assembly`                 ``assembly.cu.j2`` (mass, diffusion, Helmholtz)
 ``mass_apply``   :mod:`.mass_apply`               the action templates with ``gather``: the
                                                   fused FEM operator (map, action, scatter)
 ``mass_diagonal``  :mod:`.mass_apply`             ``mass_diagonal.cu.j2`` (Jacobi)
@@ -91,9 +91,10 @@ def choose(spec, device, params=None):
             raise ValueError(f"params {params} do not fit {t} on this device "
                              f"({fam.name} family; parameters {', '.join(fam.params)})")
     else:
-        # no tables hold the diffusion and helmholtz instances yet: their heuristic
+        # no tables hold the diffusion and helmholtz instances yet: their heuristic (the
+        # assembly's are read where a table has their own keys: its carry keeps to one qfunc)
         hit = (tables.lookup(t, fam, f"sm{device['cc']}", device.get("name"))
-               if qfunc_of(t) == ("mass", False) else None)
+               if qfunc_of(t) == ("mass", False) or fam is ASSEMBLY else None)
         if hit is not None:
             ctx, source, table = fam.context(t, hit.params, device), hit.source, hit.table
         if ctx is None:
@@ -141,7 +142,12 @@ class CudaBackend(Backend):
             return generic_executor(spec, device)
         if getattr(spec, "qfunc", "mass") != "mass" or getattr(spec, "qdtype", None) \
                 or getattr(spec, "geometry", None):     # an instance without a kernel here
-            return einsum_executor(spec, "cuda")
+            ex = einsum_executor(spec, "cuda")
+            if spec.op == "assembly" and family_of(spec) is not None:   # a stiffness size
+                ex.kernel = ex.kernel.replace("no cuda kernel for this instance",
+                                              "no fused kernel: a unit does not fit in "
+                                              "shared memory")
+            return ex
         if spec.op in ("action", "assembly"):
             return _PairwiseFallback(self, spec, "an element does not fit in shared memory"
                                      if spec.op == "action" else

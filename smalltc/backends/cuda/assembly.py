@@ -1,4 +1,5 @@
-"""The fused-assembly family: element mass matrices ``M_e = B^T D_e B`` in one kernel.
+"""The fused-assembly family: element matrices in one kernel, mass ``M_e = B^T D_e B`` and
+the stiffness instances of the operator family (docs/math.md section 7).
 
 ``assembly.cu.j2`` runs steps (1a)-(2c) for a *unit*, (element, i1) in 2D/3D
 and an element in 1D, with the products ``BB(i,j,k) = B(k,i) B(k,j)`` formed
@@ -8,7 +9,17 @@ once per block in shared memory and the intermediate ``A1``/``A2`` per unit.
 spec               template                    entry point (example)
 =================  ==========================  ===================================
 AssemblySpec       ``assembly.cu.j2``          ``stc_mass_assemble_3d_f64_nd3nq4``
+(qfunc diffusion,  ``assembly.cu.j2``          ``stc_diffusion_assemble_3d_f64_nd5nq6``,
+helmholtz)                                     ``stc_helmholtz_assemble_2d_f32_nd4nq4_co``
 =================  ==========================  ===================================
+
+The stiffness instances (``spec.qfunc`` "diffusion" or "helmholtz", ``spec.collocated``:
+B1d the identity, not an operand) run the same stages on the same units with four product
+tables (BB, BG, GB, GG) instead of BB, one A1 per gradient pair (a, b) and, in 3D, one A2
+per table on the last axis (:func:`stiffness_slots`): ~4x the mass's shared memory an
+unit in 3D, 4 terms an output in the final stage. Their heuristic is the mass's rules on
+that memory (not yet measured on a GPU); no tables hold them yet. Sizes whose one unit
+does not fit (3D p = 8 in float64) run the reference einsum path and say so.
 
 Final stage: *flat* (``rows`` = 0, 256 threads, any thread any output) or, in
 2D and 3D, the *rows* form (``nd^dim * rows`` threads; thread (i3, j2, j3) in 3D,
@@ -24,13 +35,15 @@ from __future__ import annotations
 
 import math
 
+from .action import qfunc_of
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_THREADS, MIN_THREADS, POW2,
                      SMEM_TARGET, THREADS, Family, KernelExecutor, even)
 
-__all__ = ["ASSEMBLY", "AssemblyFamily", "assembly_ctx"]
+__all__ = ["ASSEMBLY", "AssemblyFamily", "assembly_ctx", "stiffness_slots"]
 
 
-def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
+def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None, qfunc="mass",
+                 colloc=False):
     """Context of ``assembly.cu.j2``, or None when one unit does not fit.
 
     A unit is (element, i1) in 2D/3D and an element in 1D.
@@ -60,10 +73,27 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     >>> c = assembly_ctx(2, 7, 8, "float64", params=dict(per_block=4, rows=2, pad=1))
     >>> c["threads"], c["a1s"], c["smem_bytes"]  # 8 * (442 + 4 * 7*9): BB 7*7*9 made even
     (98, 'A1P', 5552)
+
+    The stiffness instances (``qfunc`` "diffusion" or "helmholtz", ``colloc``: B1d the
+    identity, nq == nd): four product tables instead of BB, ``nslot`` intermediates A1 an
+    unit (one per gradient pair (a, b)) and, in 3D, ``nfin`` A2 (one per pair of 1D
+    matrices on the last axis); see :func:`stiffness_slots`.
+
+    >>> c = assembly_ctx(3, 3, 4, "float64", qfunc="diffusion")
+    >>> c["nslot"], c["nfin"], c["per_block"], c["threads"], c["smem_bytes"]
+    (9, 4, 6, 216, 48096)
+    >>> assembly_ctx(3, 4, 5, "float64", qfunc="diffusion", colloc=True) is None   # nq != nd
+    True
     """
+    stiff = qfunc != "mass"
+    if stiff and (qfunc not in ("diffusion", "helmholtz") or (colloc and nq != nd)):
+        return None
     s = ITEMSIZE[dtype]
     out_u = nd ** (2 * dim - 1) if dim > 1 else nd * nd
     a1u = nd * nq ** (dim - 1) if dim > 1 else 0
+    slots, fins = stiffness_slots(dim, qfunc == "helmholtz") if stiff else ([], [])
+    n1 = len(slots) if stiff else 1          # A1 intermediates a unit
+    n2 = len(fins) if stiff else 1           # A2 intermediates a unit (3D)
     shrink = params is None                  # the heuristic's units may shrink to fit
     if params is None and dim > 1 and nd ** dim <= MAX_THREADS:
         per_thread = 256 if dim == 3 else 128
@@ -81,7 +111,7 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
     nqp = nq + pad
     a1u = nd * nqp if dim == 2 else a1u      # 2D: A1 rows padded too
     a2u = nd ** 3 * nqp if dim == 3 else 0
-    bb = even(nd * nd * nqp)
+    bb = even((4 if stiff else 1) * nd * nd * nqp)
     threads = THREADS
     if rows:
         threads = nd ** dim * rows
@@ -89,16 +119,68 @@ def assembly_ctx(dim, nd, nq, dtype, smem_optin=227 * 1024, params=None):
             return None
 
     def smem(nu):
-        return s * (bb + nu * (a1u + a2u))
+        return s * (bb + nu * (n1 * a1u + n2 * a2u))
 
     while shrink and nu > 1 and smem(nu) > SMEM_TARGET:
         nu -= 1
     if smem(nu) > smem_optin:
         return None
-    return dict(dim=dim, nd=nd, nq=nq, dtype=dtype, out_u=out_u, bb_pad=bb, per_block=nu,
-                threads=threads, smem_bytes=smem(nu), unroll=4, min_blocks=0, rows=rows,
-                pad=pad, nqp=nqp, nqs="NQP" if pad else "NQ", a2s="A2P" if pad else "A2U",
-                a1s="A1P" if pad and dim == 2 else "A1U")
+    ctx = dict(dim=dim, nd=nd, nq=nq, dtype=dtype, out_u=out_u, bb_pad=bb, per_block=nu,
+               threads=threads, smem_bytes=smem(nu), unroll=4, min_blocks=0, rows=rows,
+               pad=pad, nqp=nqp, nqs="NQP" if pad else "NQ", a2s="A2P" if pad else "A2U",
+               a1s="A1P" if pad and dim == 2 else "A1U")
+    if stiff:
+        # the final stage's loop unrolled twice, four times in float32 3D: the choices
+        # with no spills in ptxas (sm_90, nvcc 13.0) at the heuristic's parameters, 1D-3D
+        # p = 1..7 (four times spilled 4-24 bytes in 1D, 2D float64 p = 6, collocated 3D
+        # float64 p = 2, 5, 6; twice in float32 3D p = 4, 6); not timed
+        ctx.update(stiff=1, qfunc=qfunc, helm=int(qfunc == "helmholtz"), colloc=int(colloc),
+                   unroll=4 if s == 4 and dim == 3 else 2,
+                   nsym=dim * (dim + 1) // 2, nslot=len(slots), nfin=len(fins), slots=slots,
+                   fins=fins)
+    return ctx
+
+
+def stiffness_slots(dim, helm=False):
+    """The stiffness assembly's terms (docs/math.md section 7): ``(slots, fins)``.
+
+    ``K = sum_{a,b} G_a^T Q^{ab} G_b``: on tensor axis d the pair (a, b) multiplies the
+    1D product table of type ``t_d = 2 [a == d] + [b == d]`` (0: B B, 1: B G, 2: G B,
+    3: G G; ``P_t(i, j, k) = L(k, i) R(k, j)``, L the left matrix, R the right). A *slot*
+    is a pair (a, b): its packed Q entry ``c`` and its table on each axis ``t``; slot
+    (0, 0) carries Helmholtz's mass term ``B^T D B`` too (the same tables after axis 0).
+    The slots are ordered by their final group. ``fins``: what the final stage sums, one
+    entry per distinct table on the last axis in 3D (``slots``: the slots that the A2 of
+    that group sums over) and per slot in 2D and 1D; each with its table ``t``.
+
+    >>> slots, fins = stiffness_slots(3)
+    >>> [(s["a"], s["b"], s["c"], s["t"]) for s in slots[:3]]
+    [(0, 0, 0, (3, 0, 0)), (0, 1, 1, (2, 1, 0)), (1, 0, 1, (1, 2, 0))]
+    >>> [(f["t"], f["slots"]) for f in fins]
+    [(0, [0, 1, 2, 3]), (1, [4, 5]), (2, [6, 7]), (3, [8])]
+    >>> [(f["t"], f["slots"]) for f in stiffness_slots(2)[1]]
+    [(0, [0]), (1, [1]), (2, [2]), (3, [3])]
+    """
+    pack = [(a, b) for a in range(dim) for b in range(a, dim)]
+
+    def slot(a, b):
+        return dict(a=a, b=b, c=pack.index((min(a, b), max(a, b))),
+                    t=tuple(2 * (a == d) + (b == d) for d in range(dim)),
+                    mass=int(helm and a == b == 0))
+    pairs = [(a, b) for a in range(dim) for b in range(dim)]
+    last = dim - 1
+    pairs.sort(key=lambda ab: 2 * (ab[0] == last) + (ab[1] == last))   # stable: by group
+    slots = [slot(a, b) for a, b in pairs]
+    for i, s in enumerate(slots):
+        s["i"] = i
+    if dim < 3:
+        return slots, [dict(t=s["t"][-1], slots=[s["i"]]) for s in slots]
+    fins = []
+    for t in range(4):
+        members = [s["i"] for s in slots if s["t"][-1] == t]
+        if members:
+            fins.append(dict(t=t, slots=members))
+    return slots, fins
 
 
 def _pow2_near(x):
@@ -122,12 +204,19 @@ class AssemblyFamily(Family):
     def claims(self, spec):
         return spec.op == "assembly"
 
+    def supports(self, spec):
+        """The mass, diffusion and Helmholtz instances, Gauss or collocated."""
+        return getattr(spec, "qfunc", "mass") in ("mass", "diffusion", "helmholtz")
+
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
+        qf, co = qfunc_of(spec)
         return assembly_ctx(spec.dim, spec.nd, spec.nq, spec.dtype, device["smem_optin"],
-                            params)
+                            params, qf, co)
 
     def entry(self, spec, ctx):
-        return f"stc_mass_assemble_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
+        qf, co = qfunc_of(spec)
+        return (f"stc_{qf}_assemble_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
+                f"{'_co' if co else ''}")
 
     def executor(self, choice, device):
         return AssemblyExecutor(choice, device)
@@ -150,6 +239,8 @@ class AssemblyFamily(Family):
     def carry(self, spec, entry_spec, params, device):
         """The same outputs per block, final-stage form and pad (the flat form where the
         rows form no longer fits)."""
+        if qfunc_of(spec) != qfunc_of(entry_spec):
+            return None     # no tables hold the stiffness instances yet: their heuristic
         nb = max(1, round(params["per_block"] * _outputs_per_unit(entry_spec)
                           / _outputs_per_unit(spec)))
         extra = {k: params.get(k, v) for k, v in self.optional.items()}
@@ -169,5 +260,6 @@ class AssemblyExecutor(KernelExecutor):
         self.nunits = spec.batch * (spec.nd if spec.dim > 1 else 1)
 
     def run(self, operands, out, **_):
-        B1d, D = operands
-        self._run_arrays(self.nunits, (B1d, D, out))
+        """Mass: ``(B1d, D)``; stiffness: ``(B1d, G1d, [D,] Q)``, B1d absent or None when
+        collocated (the kernel takes no B1d)."""
+        self._run_arrays(self.nunits, tuple(o for o in operands if o is not None) + (out,))

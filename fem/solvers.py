@@ -168,7 +168,11 @@ def jacobi(diagonal):
     """
     xp = array_module(diagonal)
     d = xp.asarray(diagonal)
-    bad = ~(xp.isfinite(d) & (d > 0))
+    if xp is not np:
+        if _all_positive_on_device(d):
+            return Jacobi(1.0 / d)
+        d = to_host(d)                          # the message is made on the host
+    bad = ~(np.isfinite(d) & (d > 0))
     if bool(bad.any()):
         d, bad = to_host(d), to_host(bad)
         i = np.unravel_index(np.flatnonzero(bad)[0], d.shape)
@@ -176,7 +180,26 @@ def jacobi(diagonal):
             f"diagonal must be positive and finite for a Jacobi preconditioner; "
             f"entry {tuple(int(k) for k in i)} is {float(d[i])!r} ({int(bad.sum())} bad entries)"
         )
-    return Jacobi(1.0 / d)
+    return Jacobi(1.0 / xp.asarray(d))
+
+
+_POSITIVE = {}
+
+
+def _all_positive_on_device(d):
+    """Whether every entry of the CuPy array ``d`` is positive and finite: one elementwise
+    kernel (compiled once per dtype; a CuPy reduction compiles anew for new launch shapes,
+    seconds inside a preconditioner's setup) raising a flag."""
+    import cupy as cp
+    kern = _POSITIVE.get(d.dtype.char)
+    if kern is None:
+        kern = _POSITIVE[d.dtype.char] = cp.ElementwiseKernel(
+            "T d", "raw int32 flag",
+            "if (!(isfinite((double)d) && d > 0)) atomicOr(&flag[0], 1);",
+            "stc_all_positive")
+    flag = cp.zeros(1, dtype=cp.int32)
+    kern(d.ravel(), flag)
+    return not int(flag.get()[0])
 
 
 def progress_log(every=10, file=None):

@@ -106,6 +106,10 @@ def test_jacobi_on_device_names_bad_entry():
     import cupy
     with pytest.raises(ValueError, match=r"entry \(1,\) is 0.0 \(2 bad entries\)"):
         jacobi(cupy.asarray([1.0, 0.0, -2.0]))
+    with pytest.raises(ValueError, match=r"entry \(2,\) is nan \(1 bad entries\)"):
+        jacobi(cupy.asarray([1.0, 3.0, np.nan], dtype=cupy.float32))
+    P = jacobi(cupy.asarray([2.0, 4.0]))         # checked on the device, kept there
+    assert isinstance(P.inv, cupy.ndarray) and P.inv.tolist() == [0.5, 0.25]
 
 
 # (dim, p, n): matrix-free and assembled CG on the GPU against the CPU solution

@@ -192,7 +192,9 @@ def force_ctx(spec, params=None, device=DEFAULT_DEVICE):
     not fit. ``params`` (None: the heuristic; a key left out: its heuristic value):
     ``line`` (1: the line form, 2D and 3D; 0: the shared-memory form), ``per_block``
     (elements a block), ``tpi`` (threads an element, the shared-memory form: a power of two
-    from 4; given without ``line``, it means the shared-memory form), ``apre`` (the line form: A's entries of the next component loaded during the
+    from 4; given without ``line``, it means the shared-memory form), ``min_blocks`` (the
+    launch bound's blocks an SM, 0: none; ptxas may then spill a few bytes to keep an
+    occupancy step, ``notes/cuda.md``, "The corner force"), ``apre`` (the line form: A's entries of the next component loaded during the
     current one).
 
     >>> from smalltc.spec import ActionSpec
@@ -215,7 +217,10 @@ def force_ctx(spec, params=None, device=DEFAULT_DEVICE):
         return None
     gather = int(spec.op == "mass_apply" and not (spec.qfunc == "force"
                                                    and spec.deterministic))
-    ctx.update(dim=dim, nd=nd, nq=nq, nl=nd - 1, dtype=dt, qfunc=spec.qfunc, min_blocks=0,
+    mb = params.get("min_blocks", 0)
+    if mb not in (0, 1, 2, 3, 4):
+        return None
+    ctx.update(dim=dim, nd=nd, nq=nq, nl=nd - 1, dtype=dt, qfunc=spec.qfunc, min_blocks=mb,
                gather=gather, ncomp=1, colored=0)
     if spec.op == "mass_apply":
         ctx["index_t"] = _ITYPE[spec.index_dtype]
@@ -228,7 +233,7 @@ class ForceFamily(Family):
 
     name = "force"
     templates = ("force.cu.j2",)
-    params = ("line", "per_block", "tpi", "apre")
+    params = ("line", "per_block", "tpi", "apre", "min_blocks")
     public_keys = Family.public_keys + ("tpi", "apre")
 
     def claims(self, spec):

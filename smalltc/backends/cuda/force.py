@@ -202,7 +202,7 @@ def force_ctx(spec, params=None, device=DEFAULT_DEVICE):
     ...                comp_axis=True, qfunc="force")
     >>> c = force_ctx(s)
     >>> c["line"], c["tpi"], c["per_block"], c["warp_sync"], c["smem_bytes"] <= 48 * 1024
-    (1, 64, 3, 0, True)
+    (1, 64, 4, 0, True)
     >>> c = force_ctx(s, dict(line=0))
     >>> c["tpi"], c["per_block"], c["threads"]
     (256, 1, 256)

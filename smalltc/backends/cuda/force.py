@@ -76,8 +76,13 @@ def slots(steps, sizes):
 
 
 #: the line form's register budget: a thread holds A's entries of a component along its
-#: axis-0 line (``dim * nq`` values) one component ahead (``apre``) up to this many
-APRE_MAX = 24
+#: axis-0 line (``dim * nq`` values) one component ahead (``apre``) up to this ``nq``
+#: (beyond, ptxas spills: 2D p = 5 fused F^T float64, 3D p = 7, 8 F^T float64)
+APRE_MAX_NQ = 8
+#: from this ``nq`` the float32 3D line form gets a launch bound of one block an SM
+#: (``min_blocks`` 1): without it ptxas spilled 4-16 bytes at p = 5, 7, 8 to keep an
+#: occupancy step (ptxas -v, sm_90; notes/cuda.md, "The corner force")
+MB1_FROM_NQ_F32 = 10
 #: the heuristic's threads a block (several elements a block where an element has fewer)
 BLOCK_THREADS = 256
 
@@ -130,7 +135,7 @@ def _line_ctx(spec, params, device):
         pb = max(1, BLOCK_THREADS // tpi)
         while pb > 1 and s * pb * istr > SMEM_TARGET:
             pb -= 1
-    apre = params.get("apre", int(dim * nq <= APRE_MAX))
+    apre = params.get("apre", int(nq <= APRE_MAX_NQ))
     if not isinstance(pb, int) or pb < 1 or tpi * pb > 1024 or apre not in (0, 1):
         return None
     if s * pb * istr > device["smem_optin"]:
@@ -217,7 +222,8 @@ def force_ctx(spec, params=None, device=DEFAULT_DEVICE):
         return None
     gather = int(spec.op == "mass_apply" and not (spec.qfunc == "force"
                                                    and spec.deterministic))
-    mb = params.get("min_blocks", 0)
+    mb = params.get("min_blocks", int(bool(line) and dim == 3 and dt == "float32"
+                                      and nq >= MB1_FROM_NQ_F32))
     if mb not in (0, 1, 2, 3, 4):
         return None
     ctx.update(dim=dim, nd=nd, nq=nq, nl=nd - 1, dtype=dt, qfunc=spec.qfunc, min_blocks=mb,

@@ -1,26 +1,38 @@
 """The corner force family (docs/math.md section 7): BLAST's ``F`` (H1^d <- L2) and ``F^T``
 (L2 <- H1^d) in one kernel each, element level and with the kinematic side fused with its
-DoF map, from ``force.cu.j2`` (the shared-memory form).
+DoF map, from ``force.cu.j2``.
 
 =================  ==========================================================
 spec               entry point (example)
 =================  ==========================================================
-ActionSpec         ``stc_force_action_3d_f64_nd5nq8``, ``stc_force_t_action_...``
+ActionSpec         ``stc_force_action_3d_f64_nd5nq8_line``, ``stc_force_t_action_...``
+                   (``_line``: the line form)
 MassApplySpec      ``stc_force_op_3d_f64_nd5nq8_i32`` (atomic), ``..._ev`` (the
                    deterministic form: the element kernel into an E-vector, then
                    ``scatter_sum.cu.j2`` through the transposed map, as the
                    mass_apply family's), ``stc_force_t_op_...`` (gather)
 =================  ==========================================================
 
-The steps are the CPU family's (:func:`smalltc.backends.cpu.force.force_steps` with
-``per_comp``): shared partial sums of the reference gradients, the pointwise stages
-reading ``A`` from global memory where they multiply. A work group is ``per_block``
-elements of ``tpi`` threads each (a power of two, at most 256, covering the largest
-step's outputs where it can); every step is a loop of the item's threads over its
-outputs. The buffers of an item share slots of shared memory where their lives do not
-overlap (:func:`slots`). Tuning parameters ``per_block``, ``tpi``; not measured yet
-(no GPU in the session that wrote it): the heuristic aims at 256 threads a block and
-48 KiB of shared memory.
+Two forms (the tuning parameter ``line``; ``notes/cuda.md``, "The corner force"):
+
+- the line form (2D and 3D; the heuristic's there): one thread a 1D line of the element,
+  every contraction step by whole lines, the 1D matrices in the constant bank
+  (``stc_cL``, ``stc_cB``, ``stc_cG``, copied by the executor before each launch); the
+  thread of a line along the slowest axis does the last ``B_l2`` step, the pointwise
+  stage with ``A`` (its entries of a component loaded one component ahead: ``apre``) and
+  the first gradient step in registers. 8 barriers an element in 3D, 3 in 2D; ``T^(d-1)``
+  threads an element (``T = max(nd, nq)``, rounded up to a power of two up to 32: the
+  barriers of an element that fits a warp are ``__syncwarp``), several elements a block
+  (``per_block``) up to 256 threads and 48 KiB.
+- the shared-memory form (1D-3D): the CPU family's steps
+  (:func:`smalltc.backends.cpu.force.force_steps` with ``per_comp``), each a loop of an
+  element's ``tpi`` threads over the step's outputs between shared buffers (which share
+  slots where their lives do not overlap: :func:`slots`), ``A`` read where it multiplies.
+
+Tuning parameters ``line``, ``per_block``, ``tpi`` (shared form), ``apre`` (line form),
+``min_blocks`` (the launch bound). Not measured yet (no GPU in the session that wrote the
+line form): the heuristic is occupancy, register and shared-memory reasoning, and no
+choice of it spills under ptxas (sm_90).
 """
 from __future__ import annotations
 

@@ -325,7 +325,7 @@ def test_cuda_choices_without_a_gpu(dim, p, qfunc):
         # barriers __syncwarp where an element fits a warp), the shared-memory form in 1D
         assert c.ctx["line"] == (dim > 1) and c.entry.endswith("_line") == (dim > 1)
         assert c.ctx["threads"] <= 256 and (c.ctx["per_block"] > 1) == (dim < 3 or p <= 4)
-        assert c.ctx["warp_sync"] == (32 % c.ctx["tpi"] == 0)
+        assert c.ctx["warp_sync"] == (32 % c.ctx["tpi"] == 0 and c.ctx["threads"] % 32 == 0)
 
 
 def test_cuda_forced_variants_without_a_gpu():
@@ -341,6 +341,8 @@ def test_cuda_forced_variants_without_a_gpu():
         c = choose(s, H100, prm)
         assert c.source == "params" and (c.ctx["line"], c.ctx["tpi"], c.ctx["per_block"],
                                          c.ctx["apre"]) == want
+        # __syncwarp only where every warp of the block is whole (3 x 16, 5 x 8: no)
+        assert c.ctx["warp_sync"] == (c.ctx["tpi"] <= 32 and c.ctx["threads"] % 32 == 0)
     for bad in (dict(line=2), dict(line=1, apre=3), dict(tpi=6), dict(line=1, per_block=100),
                 dict(line=0, min_blocks=9)):
         with pytest.raises(ValueError, match="params"):

@@ -121,6 +121,12 @@ def line_sizes(qfunc, dim, nd, nq):
     return max(2 * nd, nl) * r, 2 * nd * r, r
 
 
+def _warp_sync(tpi, pb):
+    """Whether an item's barriers can be ``__syncwarp``: no item spans two warps, and every
+    warp of the block is whole (``__syncwarp``'s full mask names 32 lanes)."""
+    return int(32 % tpi == 0 and tpi * pb % 32 == 0)
+
+
 def line_tpi(dim, nd, nq):
     """Threads an item of the line form: one a line, ``T^(dim-1)`` with ``T = max(nd,
     nq)``; rounded up to a power of two up to 32, so that an item never spans two warps
@@ -153,7 +159,7 @@ def _line_ctx(spec, params, device):
     if s * pb * istr > device["smem_optin"]:
         return None
     return dict(line=1, tpi=tpi, per_block=pb, threads=tpi * pb, istr=istr, r1=r1, rs=r,
-                smem_bytes=s * pb * istr, apre=apre, warp_sync=int(32 % tpi == 0),
+                smem_bytes=s * pb * istr, apre=apre, warp_sync=_warp_sync(tpi, pb),
                 steps=[], slots=[], head=0)
 
 
@@ -188,7 +194,7 @@ def _shared_ctx(spec, params, device):
         return None
     return dict(line=0, steps=steps, slots=sorted(offs.items(), key=lambda kv: kv[1]),
                 istr=istr, head=head, tpi=tpi, per_block=pb, threads=tpi * pb,
-                smem_bytes=smem, warp_sync=int(32 % tpi == 0), apre=0)
+                smem_bytes=smem, warp_sync=_warp_sync(tpi, pb), apre=0)
 
 
 def default_line(spec):

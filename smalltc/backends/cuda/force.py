@@ -217,8 +217,8 @@ def force_ctx(spec, params=None, device=DEFAULT_DEVICE):
     (elements a block), ``tpi`` (threads an element, the shared-memory form: a power of two
     from 4; given without ``line``, it means the shared-memory form), ``min_blocks`` (the
     launch bound's blocks an SM, 0: none; ptxas may then spill a few bytes to keep an
-    occupancy step, ``notes/cuda.md``, "The corner force"), ``apre`` (the line form: A's entries of the next component loaded during the
-    current one).
+    occupancy step, ``notes/cuda.md``, "The corner force"), ``apre`` (the line form: A's
+    entries of the next component loaded during the current one).
 
     >>> from smalltc.spec import ActionSpec
     >>> s = ActionSpec(dim=3, nq=8, nd=5, batch=1, dtype="float64", ncomp=3,

@@ -319,8 +319,37 @@ def test_cuda_choices_without_a_gpu(dim, p, qfunc):
         c = choose(spec, H100)
         assert c.family.name == "force" and c.template == "force.cu.j2"
         assert c.entry.startswith(start) and c.ctx["smem_bytes"] <= H100["smem_optin"]
-        assert c.entry.endswith("_ev") == (qfunc == "force" and spec.op == "mass_apply"
-                                           and spec.deterministic)
+        assert ("_ev" in c.entry) == (qfunc == "force" and spec.op == "mass_apply"
+                                      and spec.deterministic)
+        # the heuristic: the line form in 2D and 3D (several elements a block but at 3D p > 4,
+        # barriers __syncwarp where an element fits a warp), the shared-memory form in 1D
+        assert c.ctx["line"] == (dim > 1) and c.entry.endswith("_line") == (dim > 1)
+        assert c.ctx["threads"] <= 256 and (c.ctx["per_block"] > 1) == (dim < 3 or p <= 4)
+        assert c.ctx["warp_sync"] == (32 % c.ctx["tpi"] == 0 and c.ctx["threads"] % 32 == 0)
+
+
+def test_cuda_forced_variants_without_a_gpu():
+    """params force each variant; a key left out takes its heuristic value; ``tpi`` alone
+    means the shared-memory form; parameters that do not fit are a ValueError naming them."""
+    from smalltc.backends.cuda import choose
+    from smalltc.spec import ActionSpec
+    s = ActionSpec(dim=3, nq=4, nd=3, batch=64, dtype="float64", ncomp=3, comp_axis=True,
+                   qfunc="force_t")
+    for prm, want in ((dict(line=1), (1, 16, 16, 1)), (dict(line=1, apre=0), (1, 16, 16, 0)),
+                      (dict(line=1, per_block=3), (1, 16, 3, 1)),
+                      (dict(line=0), (0, 64, 4, 0)), (dict(tpi=8, per_block=5), (0, 8, 5, 0))):
+        c = choose(s, H100, prm)
+        assert c.source == "params" and (c.ctx["line"], c.ctx["tpi"], c.ctx["per_block"],
+                                         c.ctx["apre"]) == want
+        # __syncwarp only where every warp of the block is whole (3 x 16, 5 x 8: no)
+        assert c.ctx["warp_sync"] == (c.ctx["tpi"] <= 32 and c.ctx["threads"] % 32 == 0)
+    for bad in (dict(line=2), dict(line=1, apre=3), dict(tpi=6), dict(line=1, per_block=100),
+                dict(line=0, min_blocks=9)):
+        with pytest.raises(ValueError, match="params"):
+            choose(s, H100, bad)
+    with pytest.raises(ValueError, match="params"):       # no line form in 1D
+        choose(ActionSpec(dim=1, nq=4, nd=3, batch=4, dtype="float64", ncomp=1,
+                          comp_axis=True, qfunc="force"), H100, dict(line=1))
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
@@ -360,3 +389,84 @@ def test_gpu_against_the_oracle(dim, p, dtype, backend):
             pl(*d[:5], out=out)
             assert rel_err(out, oracle_force(L, B, G, A, e)) < TOL[dtype] * 10
 
+
+
+# every variant, forced through params: the line form (A one component ahead or not, other
+# elements a block, a launch bound), the shared-memory form (its heuristic's threads, and 8
+# threads an element: barriers __syncwarp); element level, fused atomic and deterministic F,
+# fused F^T. The heuristic's variant at every size below, the others at a few.
+LINE, SHARED = dict(line=1), dict(line=0)
+GPU_VARIANT_CASES = (
+    [(dim, p, dt, LINE) for dim, p, dt in ((3, 1, "float64"), (3, 2, "float32"),
+                                           (3, 3, "float64"), (3, 4, "float64"),
+                                           (2, 1, "float32"), (2, 2, "float64"),
+                                           (2, 5, "float64"))]
+    + [(3, 2, "float32", dict(line=1, apre=0)), (2, 5, "float64", dict(line=1, apre=0)),
+       (3, 4, "float64", dict(line=1, apre=0)), (3, 3, "float64", dict(line=1, per_block=3)),
+       (2, 2, "float64", dict(line=1, per_block=3)),
+       (3, 4, "float64", dict(line=1, min_blocks=1)),
+       (3, 2, "float32", SHARED), (2, 1, "float32", SHARED), (3, 4, "float64", SHARED),
+       (3, 1, "float64", dict(line=0, tpi=8, per_block=5)),
+       (2, 2, "float64", dict(line=0, tpi=8, per_block=5))])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dim,p,dtype,prm", GPU_VARIANT_CASES, ids=str)
+def test_gpu_every_variant_against_the_oracle(dim, p, dtype, prm):
+    import cupy as cp
+    emap, ndofs = mesh_map(dim, p, n=3 if dim == 3 else 4)
+    E = emap.shape[0]                   # 27 or 16: a partial last group for most variants
+    L, B, G, A, e, w = operands(dim, p, E, dtype, seed=p)
+    d = [cp.asarray(x) for x in (L, B, G, A, e, w)]
+    dm = cp.asarray(emap)
+    tol = TOL[dtype] * 10
+    # the element level, both directions
+    for op, field, want in (("force_apply", d[4], oracle_force(L, B, G, A, e)),
+                            ("force_apply_transpose", d[5], oracle_force_t(L, B, G, A, w))):
+        pl = smalltc.plan(op, *d[:4], field, backend="cuda", params=prm)
+        assert pl.specialized and pl.params["line"] == prm["line"]
+        out = cp.full(want.shape, cp.nan, dtype=dtype)
+        assert pl(*d[:4], field, out=out) is out
+        assert rel_err(out, want) < tol, (op, prm)
+    # fused: F atomic and deterministic into (d, ndofs), F^T gathering from it
+    Fe = oracle_force(L, B, G, A, e).reshape(E, dim, -1)
+    want = np.zeros((dim, ndofs))
+    for c in range(dim):
+        np.add.at(want[c], emap.reshape(E, -1), Fe[:, c])
+    for det in (False, True):
+        pl = smalltc.plan("force_apply", *d[:5], dm, backend="cuda", params=prm, ndofs=ndofs,
+                          deterministic=det)
+        assert pl.specialized and ("_ev" in pl.kernel) == det
+        out = cp.full((dim, ndofs), cp.nan, dtype=dtype)
+        pl(*d[:5], dm, out=out)
+        assert rel_err(out, want) < tol, (det, prm)
+    wg = np.random.default_rng(2).standard_normal((dim, ndofs)).astype(dtype)
+    pl = smalltc.plan("force_apply_transpose", *d[:4], cp.asarray(wg), dm, backend="cuda",
+                      params=prm)
+    out = cp.full((E,) + (p,) * dim, cp.nan, dtype=dtype)
+    pl(*d[:4], cp.asarray(wg), dm, out=out)
+    W = np.moveaxis(wg[:, emap], 0, 1)
+    assert rel_err(out, oracle_force_t(L, B, G, A, W)) < tol, prm
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("line", [0, 1])
+def test_gpu_bad_map_entry_is_reported(line):
+    """The fused kernels check every map entry they read (both forms, both directions)."""
+    import cupy as cp
+    emap, ndofs = mesh_map(3, 2)
+    L, B, G, A, e, w = (cp.asarray(x) for x in operands(3, 2, emap.shape[0]))
+    bad = emap.copy()
+    bad[1, 0, 0, 1] = ndofs + 5
+    wg = cp.ones((3, ndofs))
+    for call in (lambda m: smalltc.plan("force_apply", L, B, G, A, e, m, backend="cuda",
+                                        params=dict(line=line), ndofs=ndofs)(L, B, G, A, e, m),
+                 lambda m: smalltc.plan("force_apply_transpose", L, B, G, A, wg, m,
+                                        backend="cuda", params=dict(line=line))(
+                                            L, B, G, A, wg, m)):
+        call(cp.asarray(emap))
+        with pytest.raises(ValueError, match="elem_dofs"):
+            call(cp.asarray(bad))
+            cp.cuda.Device().synchronize()

@@ -93,6 +93,13 @@ def add_arguments(parser):
                         help="solve suite: the p-multigrid's Chebyshev degree, one or one per "
                              "level finest first; 'p' is the case's order, at least 3 (e.g. "
                              "'p,3': degree p on the finest level, 3 below; default: fem.pmg's)")
+    parser.add_argument("--variants", default=None, metavar="LIST",
+                        help="force suite, CUDA: also time the kernels with forced parameters, "
+                             "each variant as implementations 'smalltc:NAME' and 'fused:NAME' "
+                             "beside the heuristic's: 'all' (every named variant: line, "
+                             "line-apre0, line-apre1, line-mb1, shared, shared-warp), names, "
+                             "or parameter sets such as 'line=1,per_block=2'; ';' between "
+                             "variants, e.g. --variants 'line;shared;line=1,apre=0'")
     parser.add_argument("--profile", action="store_true",
                         help="solve suite: break one p-multigrid V-cycle's time down per level "
                              "and part (smoothing, residuals, transfers, coarse solve; CUDA "
@@ -265,7 +272,8 @@ def main_run(args) -> dict:
         if case.op == "force":
             from .force import run_case as run_force
             doc["cases"].append(run_force(case, bound_args, xp=xp, backend=args.backend,
-                                          repeats=repeats, warmup=args.warmup))
+                                          repeats=repeats, warmup=args.warmup,
+                                          variants=getattr(args, "variants", None)))
             continue
         if case.op == "solve":
             from .solve import run_case as run_solve

@@ -12,6 +12,10 @@ measures, in one process, on the same arrays:
 ``einsum``      the reference backend's NumPy/CuPy einsum chain of the element level
                 (one chain per (c, a): the code a Python user would write)
 
+``smalltc:NAME``, ``fused:NAME``   with ``--variants`` (CUDA): the element level and the
+                fused form with the force family's parameters forced (:data:`VARIANTS`
+                or a parameter set), so one run sweeps every kernel variant
+
 Each is checked against the einsum chain (relative error) before it is timed. Bounds
 (:mod:`smalltc.roofline`): ``A`` read once (``d^2 nq^d`` an element), the L2 field once
 (``p^d``), the kinematic side once (``d (p+1)^d`` an element, or the global vector and the
@@ -30,7 +34,43 @@ from .. import roofline
 from .._timing import time_calls, time_once
 from .cases import Case
 
-__all__ = ["cases", "run_case", "table", "plot", "SIZES"]
+__all__ = ["cases", "run_case", "table", "plot", "SIZES", "VARIANTS", "parse_variants"]
+
+#: the named variants of the CUDA force family (``--variants``): its forms and options
+VARIANTS = {"line": dict(line=1), "line-apre0": dict(line=1, apre=0),
+            "line-apre1": dict(line=1, apre=1), "line-mb1": dict(line=1, min_blocks=1),
+            "shared": dict(line=0), "shared-warp": dict(line=0, tpi=8)}
+
+
+def parse_variants(text):
+    """``--variants`` as ``[(name, params)]``: ``all``, names of :data:`VARIANTS`, or
+    parameter sets ``key=value,...`` (integers), separated by ``;``.
+
+    >>> parse_variants("line;line=1,per_block=2")
+    [('line', {'line': 1}), ('line=1,per_block=2', {'line': 1, 'per_block': 2})]
+    >>> len(parse_variants("all")) == len(VARIANTS)
+    True
+    """
+    out = []
+    for tok in (text or "").split(";"):
+        tok = tok.strip()
+        if not tok:
+            continue
+        if tok == "all":
+            out += list(VARIANTS.items())
+        elif "=" in tok:
+            try:
+                out.append((tok, {k.strip(): int(v) for k, v in
+                                  (kv.split("=") for kv in tok.split(","))}))
+            except ValueError:
+                raise ValueError(f"--variants: {tok!r} is not key=integer,... "
+                                 f"(e.g. line=1,per_block=2)") from None
+        elif tok in VARIANTS:
+            out.append((tok, VARIANTS[tok]))
+        else:
+            raise ValueError(f"--variants: unknown variant {tok!r}; known: all, "
+                             f"{', '.join(VARIANTS)}, or key=value,...")
+    return out
 
 #: dim -> the orders measured (Laghos: 3D p <= 4, 2D p <= 5; 3D up to 8 beyond it)
 SIZES = {3: tuple(range(1, 9)), 2: tuple(range(1, 6))}
@@ -67,9 +107,12 @@ def _rec(b, times, what, **extra):
                 gbytes_per_s=b.bytes / t * 1e-9, gflops=b.flops / t * 1e-9, **extra)
 
 
-def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
+def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
+             variants=None) -> dict:
     """Measure one case; the record has the bench's layout (``impls``, ``bound``; the
-    fused form's bound under ``fused_bound``)."""
+    fused form's bound under ``fused_bound``). ``variants``: ``--variants``' text (CUDA
+    only; each variant a pair of implementations ``smalltc:NAME``, ``fused:NAME``; one
+    whose parameters do not fit the size is recorded as skipped)."""
     import smalltc
     from ..fem import H1Space, basis_1d, box_mesh
     from ..spec import ActionSpec, MassApplySpec
@@ -118,19 +161,36 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
                                             backend="reference")
             fused_ops = (L, B, G, A, e, emap)
         op_name = "force_apply_transpose" if t else "force_apply"
-        for name, ops, want, bb in (("smalltc", (L, B, G, A, field), ref, b),
-                                    ("fused", fused_ops, ref_fused, bf)):
+        runs = [("smalltc", (L, B, G, A, field), ref, b, None),
+                ("fused", fused_ops, ref_fused, bf, None)]
+        for vname, prm in parse_variants(variants):
+            runs += [(f"smalltc:{vname}", (L, B, G, A, field), ref, b, prm),
+                     (f"fused:{vname}", fused_ops, ref_fused, bf, prm)]
+        for name, ops, want, bb, prm in runs:
             y = xp.full(want.shape, math.nan, dtype=dt)
+            if prm is not None and not (on_gpu and backend in ("auto", "cuda")):
+                rec["impls"][name] = dict(status="skipped", params=prm,
+                                          error="variants are CUDA parameters")
+                continue
 
             def first_call():
-                pl = smalltc.plan(op_name, *ops, backend=backend,
-                                  ndofs=None if t or name == "smalltc" else space.ndofs)
+                pl = smalltc.plan(op_name, *ops, backend=backend, params=prm,
+                                  ndofs=None if t or name.startswith("smalltc")
+                                  else space.ndofs)
                 pl(*ops, out=y)
                 return pl
-            plan, first = time_once(first_call, on_gpu=on_gpu)
+            try:
+                plan, first = time_once(first_call, on_gpu=on_gpu)
+            except ValueError as err:       # a variant's parameters that do not fit
+                if prm is None:
+                    raise
+                rec["impls"][name] = dict(status="skipped", params=prm, error=str(err))
+                continue
             err = float(xp.linalg.norm(y - want) / xp.linalg.norm(want))
             info = dict(rel_err=err, tolerance=tol, first_call_s=first, backend=plan.backend,
-                        kernel=str(plan.kernel), specialized=bool(plan.specialized))
+                        kernel=str(plan.kernel), specialized=bool(plan.specialized),
+                        params={k: v for k, v in dict(plan.params or {}).items()
+                                if isinstance(v, (int, float, str))})
             if not (err <= tol and bool(xp.isfinite(y).all())):
                 rec["impls"][name] = dict(info, status="failed",
                                           error=f"relative error {err:.3e} > {tol:g}")
@@ -138,7 +198,8 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
             times = time_calls(lambda: plan(*ops, out=y), repeats=repeats, warmup=warmup,
                                on_gpu=on_gpu)
             rec["impls"][name] = _rec(bb, times, f"smalltc.{op_name} ({plan.backend}"
-                                      + (", elem_dofs)" if name == "fused" else ")"), **info)
+                                      + (", elem_dofs" if name.startswith("fused") else "")
+                                      + (f", params {prm})" if prm else ")"), **info)
     except Exception as err:   # a case that cannot run is recorded, the suite goes on
         rec["error"] = repr(err)
         rec["traceback"] = traceback.format_exc()
@@ -171,6 +232,17 @@ def table(rows, file) -> None:
                  and ein.get("status") == "ok" else f"{'-':>9s}")
         kernel = me.get("kernel", "")
         print(f"{label:34s} {' '.join(cells)} {ratio}  {kernel[:60]}", file=file)
+        for v in [k.split(":", 1)[1] for k in c["impls"] if k.startswith("smalltc:")]:
+            cells = []
+            for name in (f"smalltc:{v}", f"fused:{v}"):
+                r = c["impls"].get(name) or {}
+                cells.append(f"{r['dofs_per_s'] * 1e-9:9.3g} {100 * r['fraction']:6.1f}%"
+                             if r.get("status") == "ok" else f"{r.get('status', '-'):>17s}")
+            r = c["impls"].get(f"smalltc:{v}") or {}
+            prm = r.get("params") or {}
+            what = " ".join(f"{k}={prm[k]}" for k in ("line", "tpi", "per_block", "apre",
+                                                      "min_blocks", "registers") if k in prm)
+            print(f"{'  ' + v:34s} {' '.join(cells)} {'':9s} {'':>9s}  {what}", file=file)
 
 
 def plot(doc, path, plt):

@@ -1,33 +1,47 @@
 """The corner force family (docs/math.md section 7): BLAST's ``F`` (H1^d <- L2) and ``F^T``
 (L2 <- H1^d) in one kernel each, element level and with the kinematic side fused with its
-DoF map, from ``force.cu.j2`` (the shared-memory form).
+DoF map, from ``force.cu.j2``.
 
 =================  ==========================================================
 spec               entry point (example)
 =================  ==========================================================
-ActionSpec         ``stc_force_action_3d_f64_nd5nq8``, ``stc_force_t_action_...``
+ActionSpec         ``stc_force_action_3d_f64_nd5nq8_line``, ``stc_force_t_action_...``
+                   (``_line``: the line form)
 MassApplySpec      ``stc_force_op_3d_f64_nd5nq8_i32`` (atomic), ``..._ev`` (the
                    deterministic form: the element kernel into an E-vector, then
                    ``scatter_sum.cu.j2`` through the transposed map, as the
                    mass_apply family's), ``stc_force_t_op_...`` (gather)
 =================  ==========================================================
 
-The steps are the CPU family's (:func:`smalltc.backends.cpu.force.force_steps` with
-``per_comp``): shared partial sums of the reference gradients, the pointwise stages
-reading ``A`` from global memory where they multiply. A work group is ``per_block``
-elements of ``tpi`` threads each (a power of two, at most 256, covering the largest
-step's outputs where it can); every step is a loop of the item's threads over its
-outputs. The buffers of an item share slots of shared memory where their lives do not
-overlap (:func:`slots`). Tuning parameters ``per_block``, ``tpi``; not measured yet
-(no GPU in the session that wrote it): the heuristic aims at 256 threads a block and
-48 KiB of shared memory.
+Two forms (the tuning parameter ``line``; ``notes/cuda.md``, "The corner force"):
+
+- the line form (2D and 3D; the heuristic's there): one thread a 1D line of the element,
+  every contraction step by whole lines, the 1D matrices in the constant bank
+  (``stc_cL``, ``stc_cB``, ``stc_cG``, copied by the executor before each launch); the
+  thread of a line along the slowest axis does the last ``B_l2`` step, the pointwise
+  stage with ``A`` (its entries of a component loaded one component ahead: ``apre``) and
+  the first gradient step in registers. 8 barriers an element in 3D, 3 in 2D; ``T^(d-1)``
+  threads an element (``T = max(nd, nq)``, rounded up to a power of two up to 32: the
+  barriers of an element that fits a warp are ``__syncwarp``), several elements a block
+  (``per_block``) up to 256 threads and 48 KiB.
+- the shared-memory form (1D-3D): the CPU family's steps
+  (:func:`smalltc.backends.cpu.force.force_steps` with ``per_comp``), each a loop of an
+  element's ``tpi`` threads over the step's outputs between shared buffers (which share
+  slots where their lives do not overlap: :func:`slots`), ``A`` read where it multiplies.
+
+Tuning parameters ``line``, ``per_block``, ``tpi`` (shared form), ``apre`` (line form),
+``min_blocks`` (the launch bound). Not measured yet (no GPU in the session that wrote the
+line form): the heuristic is occupancy, register and shared-memory reasoning, and no
+choice of it spills under ptxas (sm_90).
 """
 from __future__ import annotations
 
 from ..._arrays import cupy_or_none
 from ..._memory import guard
 from ...maps import map_info
-from .family import DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, Family, KernelExecutor
+from . import runtime as RT
+from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, POW2, SMEM_TARGET, Family,
+                     KernelExecutor)
 
 __all__ = ["FORCE", "ForceFamily", "force_ctx", "slots"]
 
@@ -73,16 +87,84 @@ def slots(steps, sizes):
     return offs, total
 
 
-def force_ctx(spec, params=None, device=DEFAULT_DEVICE):
-    """Context of ``force.cu.j2`` for a corner-force spec, or None when an item does not
-    fit the shared memory. ``params``: ``per_block``, ``tpi`` (None: the heuristic).
+#: the line form's register budget: a thread holds A's entries of a component along its
+#: axis-0 line (``dim * nq`` values) one component ahead (``apre``) up to this ``nq``
+#: (beyond, ptxas spills: 2D p = 5 fused F^T float64, 3D p = 7, 8 F^T float64)
+APRE_MAX_NQ = 8
+#: from this ``nq`` the float32 3D line form gets a launch bound of one block an SM
+#: (``min_blocks`` 1): without it ptxas spilled 4-16 bytes at p = 5, 7, 8 to keep an
+#: occupancy step (ptxas -v, sm_90; notes/cuda.md, "The corner force")
+MB1_FROM_NQ_F32 = 10
+#: the heuristic's threads a block (several elements a block where an element has fewer)
+BLOCK_THREADS = 256
 
-    >>> from smalltc.spec import ActionSpec
-    >>> c = force_ctx(ActionSpec(dim=3, nq=8, nd=5, batch=1, dtype="float64", ncomp=3,
-    ...                          comp_axis=True, qfunc="force"))
-    >>> c["tpi"], c["per_block"], c["threads"], c["smem_bytes"] <= 48 * 1024
-    (256, 1, 256, True)
+
+def _odd(n):
+    return n + 1 - n % 2
+
+
+def line_sizes(qfunc, dim, nd, nq):
+    """The line form's shared values an item: ``(region 1, region 2, row stride)``, in
+    reals (the template's buffers, ``force.cu.j2``; the row stride is ``nq`` rounded up to
+    odd).
+
+    >>> line_sizes("force", 3, 5, 8)
+    (1080, 450, 9)
     """
+    nl, r = nd - 1, _odd(nq)
+    if dim == 3:
+        if qfunc == "force":
+            return max(3 * nd * nq, nl * nl) * r, max(2 * nd * nd, nl * nq) * r, r
+        return max(2 * nd * nd, nl * nq) * r, max(3 * nd * nq, nl * nl) * r, r
+    if qfunc == "force":
+        return 2 * nd * r, max(2 * nd, nl) * r, r
+    return max(2 * nd, nl) * r, 2 * nd * r, r
+
+
+def _warp_sync(tpi, pb):
+    """Whether an item's barriers can be ``__syncwarp``: no item spans two warps, and every
+    warp of the block is whole (``__syncwarp``'s full mask names 32 lanes)."""
+    return int(32 % tpi == 0 and tpi * pb % 32 == 0)
+
+
+def line_tpi(dim, nd, nq):
+    """Threads an item of the line form: one a line, ``T^(dim-1)`` with ``T = max(nd,
+    nq)``; rounded up to a power of two up to 32, so that an item never spans two warps
+    (its barriers are then ``__syncwarp``).
+
+    >>> line_tpi(3, 3, 4), line_tpi(3, 4, 6), line_tpi(2, 6, 10)
+    (16, 36, 16)
+    """
+    n = max(nd, nq) ** (dim - 1)
+    if n <= 32:
+        return 1 << (n - 1).bit_length()
+    return n
+
+
+def _line_ctx(spec, params, device):
+    """The line form's context (2D and 3D), or None when it does not fit."""
+    dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
+    r1, r2, r = line_sizes(spec.qfunc, dim, nd, nq)
+    istr = _odd(r1 + r2)
+    tpi = line_tpi(dim, nd, nq)
+    s = ITEMSIZE[dt]
+    pb = params.get("per_block")
+    if pb is None:
+        pb = max(1, BLOCK_THREADS // tpi)
+        while pb > 1 and s * pb * istr > SMEM_TARGET:
+            pb -= 1
+    apre = params.get("apre", int(nq <= APRE_MAX_NQ))
+    if not isinstance(pb, int) or pb < 1 or tpi * pb > 1024 or apre not in (0, 1):
+        return None
+    if s * pb * istr > device["smem_optin"]:
+        return None
+    return dict(line=1, tpi=tpi, per_block=pb, threads=tpi * pb, istr=istr, r1=r1, rs=r,
+                smem_bytes=s * pb * istr, apre=apre, warp_sync=_warp_sync(tpi, pb),
+                steps=[], slots=[], head=0)
+
+
+def _shared_ctx(spec, params, device):
+    """The shared-memory form's context (1D-3D), or None when it does not fit."""
     from ..cpu.force import force_steps
     dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
     steps, buffers = force_steps(spec.qfunc, dim, nd, nq, per_comp=True)
@@ -96,26 +178,73 @@ def force_ctx(spec, params=None, device=DEFAULT_DEVICE):
     s = ITEMSIZE[dt]
     biggest = max([nq ** dim] + [st["out"][0] * st["out"][1] * st["out"][2]
                                  for st in steps if "out" in st and "axis" in st])
-    if params is None:
-        tpi = 32
+    tpi, pb = params.get("tpi"), params.get("per_block")
+    if tpi is None:
+        tpi = 4
         while tpi < min(256, biggest):
             tpi *= 2
-        pb = max(1, 256 // tpi)
+    if pb is None:
+        pb = max(1, BLOCK_THREADS // tpi)
         while pb > 1 and s * (head + pb * istr) > SMEM_TARGET:
             pb -= 1
-    else:
-        tpi, pb = params.get("tpi"), params.get("per_block")
-        if tpi not in (32, 64, 128, 256, 512, 1024) or not isinstance(pb, int) or pb < 1 \
-                or tpi * pb > 1024:
-            return None
+    if tpi not in POW2 or tpi < 4 or not isinstance(pb, int) or pb < 1 or tpi * pb > 1024:
+        return None
     smem = s * (head + pb * istr)
     if smem > device["smem_optin"]:
         return None
+    return dict(line=0, steps=steps, slots=sorted(offs.items(), key=lambda kv: kv[1]),
+                istr=istr, head=head, tpi=tpi, per_block=pb, threads=tpi * pb,
+                smem_bytes=smem, warp_sync=_warp_sync(tpi, pb), apre=0)
+
+
+def default_line(spec):
+    """The heuristic's form: the line form in 2D and 3D (fewer barriers and shared
+    traffic, the matrices in the constant bank: ``notes/cuda.md``, "The corner force"),
+    the shared-memory form in 1D.
+
+    >>> from smalltc.spec import ActionSpec
+    >>> default_line(ActionSpec(dim=3, nq=8, nd=5, batch=1, dtype="float64", ncomp=3,
+    ...                         comp_axis=True, qfunc="force"))
+    1
+    """
+    return int(spec.dim in (2, 3))
+
+
+def force_ctx(spec, params=None, device=DEFAULT_DEVICE):
+    """Context of ``force.cu.j2`` for a corner-force spec, or None when the parameters do
+    not fit. ``params`` (None: the heuristic; a key left out: its heuristic value):
+    ``line`` (1: the line form, 2D and 3D; 0: the shared-memory form), ``per_block``
+    (elements a block), ``tpi`` (threads an element, the shared-memory form: a power of two
+    from 4; given without ``line``, it means the shared-memory form), ``min_blocks`` (the
+    launch bound's blocks an SM, 0: none; ptxas may then spill a few bytes to keep an
+    occupancy step, ``notes/cuda.md``, "The corner force"), ``apre`` (the line form: A's
+    entries of the next component loaded during the current one).
+
+    >>> from smalltc.spec import ActionSpec
+    >>> s = ActionSpec(dim=3, nq=8, nd=5, batch=1, dtype="float64", ncomp=3,
+    ...                comp_axis=True, qfunc="force")
+    >>> c = force_ctx(s)
+    >>> c["line"], c["tpi"], c["per_block"], c["warp_sync"], c["smem_bytes"] <= 48 * 1024
+    (1, 64, 4, 0, True)
+    >>> c = force_ctx(s, dict(line=0))
+    >>> c["tpi"], c["per_block"], c["threads"]
+    (256, 1, 256)
+    """
+    params = dict(params or {})
+    line = params.get("line", 0 if "tpi" in params else default_line(spec))
+    if line not in (0, 1) or (line and spec.dim not in (2, 3)):
+        return None
+    dim, nd, nq, dt = spec.dim, spec.nd, spec.nq, spec.dtype
+    ctx = (_line_ctx if line else _shared_ctx)(spec, params, device)
+    if ctx is None:
+        return None
     gather = int(spec.op == "mass_apply" and not (spec.qfunc == "force"
                                                    and spec.deterministic))
-    ctx = dict(dim=dim, nd=nd, nq=nq, nl=nd - 1, dtype=dt, qfunc=spec.qfunc, steps=steps,
-               slots=sorted(offs.items(), key=lambda kv: kv[1]), istr=istr, head=head,
-               tpi=tpi, per_block=pb, threads=tpi * pb, smem_bytes=smem, min_blocks=0,
+    mb = params.get("min_blocks", int(bool(line) and dim == 3 and dt == "float32"
+                                      and nq >= MB1_FROM_NQ_F32))
+    if mb not in (0, 1, 2, 3, 4):
+        return None
+    ctx.update(dim=dim, nd=nd, nq=nq, nl=nd - 1, dtype=dt, qfunc=spec.qfunc, min_blocks=mb,
                gather=gather, ncomp=1, colored=0)
     if spec.op == "mass_apply":
         ctx["index_t"] = _ITYPE[spec.index_dtype]
@@ -128,8 +257,8 @@ class ForceFamily(Family):
 
     name = "force"
     templates = ("force.cu.j2",)
-    params = ("per_block", "tpi")
-    public_keys = Family.public_keys + ("tpi",)
+    params = ("line", "per_block", "tpi", "apre", "min_blocks")
+    public_keys = Family.public_keys + ("tpi", "apre")
 
     def claims(self, spec):
         return spec.op in ("action", "mass_apply") and getattr(spec, "qfunc", "mass") in (
@@ -142,20 +271,28 @@ class ForceFamily(Family):
         return force_ctx(spec, params, device)
 
     def entry(self, spec, ctx):
+        form = "_line" if ctx["line"] else ""
         if spec.op == "action":
             return (f"stc_{spec.qfunc}_action_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}"
-                    f"nq{spec.nq}")
+                    f"nq{spec.nq}{form}")
         det = "_ev" if not ctx["gather"] else ""
         return (f"stc_{spec.qfunc}_op_{spec.dim}d_{DT[spec.dtype]}_nd{spec.nd}nq{spec.nq}"
-                f"{'' if det else '_i' + spec.index_dtype[3:]}{det}")
+                f"{'' if det else '_i' + spec.index_dtype[3:]}{det}{form}")
 
     def executor(self, choice, device):
         return ForceExecutor(choice, device)
 
     def space(self, spec):
-        for tpi in (32, 64, 128, 256):
-            for pb in (1, 2, 4, 8):
-                yield dict(per_block=pb, tpi=tpi), ("threads" if tpi * pb > 1024 else None)
+        for tpi in (4, 8, 16, 32, 64, 128, 256):
+            for pb in (1, 2, 4, 8, 16, 32, 64):
+                yield (dict(line=0, per_block=pb, tpi=tpi, apre=0),
+                       "threads" if tpi * pb > 1024 or tpi * pb < 32 else None)
+        if spec.dim in (2, 3):
+            tpi = line_tpi(spec.dim, spec.nd, spec.nq)
+            for pb in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128):
+                for apre in (0, 1):
+                    yield (dict(line=1, per_block=pb, tpi=tpi, apre=apre),
+                           "threads" if tpi * pb > 1024 or tpi * pb < 32 else None)
 
     def carry(self, spec, entry_spec, params, device):
         return params if self.context(spec, params, device) is not None else None
@@ -167,7 +304,12 @@ FORCE = ForceFamily()
 class ForceExecutor(KernelExecutor):
     """Element level: one launch over the elements. Fused ``F^T``: the same with the gather.
     Fused ``F``: ``y = 0`` and the atomic kernel, or (deterministic) the element kernel into
-    an E-vector and the mass_apply family's sum through the transposed map."""
+    an E-vector and the mass_apply family's sum through the transposed map.
+
+    The line form reads the 1D matrices from its module's constant bank (``stc_cL``,
+    ``stc_cB``, ``stc_cG``): each call first copies them there on the current stream,
+    after the previous launch of the module on any other stream (an event), as the action
+    family's line form does (:class:`.action.ActionExecutor`)."""
 
     def __init__(self, choice, device):
         super().__init__(choice, device)
@@ -177,8 +319,40 @@ class ForceExecutor(KernelExecutor):
         self.gather = bool(choice.ctx["gather"])
         self.ndofs = getattr(spec, "ndofs", None)
         self._evectors = {}
+        self._line = bool(choice.ctx.get("line"))
+        self._banks = {}                     # device id -> [stc_cL slot, stc_cB, stc_cG pointers]
 
-    def run(self, operands, out, **_):
+    def run(self, operands, out, **kw):
+        if not self._line:
+            self._run(operands, out)
+            return
+        self._load_constant_bank(*operands[:3])
+        self._run(operands, out)
+        slot = self._banks[cupy_or_none().cuda.runtime.getDevice()][0]
+        stream = cupy_or_none().cuda.get_current_stream()
+        slot[1].record(stream)
+        slot[2] = stream.ptr
+
+    def _load_constant_bank(self, L, B, G):
+        """Copy the 1D matrices into the module's constant bank on the current stream, after
+        the module's last launch on another stream."""
+        cp = cupy_or_none()
+        dev = cp.cuda.runtime.getDevice()
+        bank = self._banks.get(dev)
+        if bank is None:
+            get = lambda n: RT.get_global(self.template, self.kernel, self.ctx, self.smem, n)
+            bank = self._banks[dev] = [get("stc_cL"), get("stc_cB")[0], get("stc_cG")[0]]
+        slot = bank[0]
+        if slot[1] is None:
+            slot[1] = cp.cuda.Event(disable_timing=True)
+        stream = cp.cuda.get_current_stream()
+        if slot[2] is not None and slot[2] != stream.ptr and not stream.is_capturing():
+            stream.wait_event(slot[1])
+        for ptr, M in ((slot[0], L), (bank[1], B), (bank[2], G)):
+            cp.cuda.runtime.memcpyAsync(ptr.ptr, M.data.ptr, M.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+
+    def _run(self, operands, out):
         import numpy as np
         from .mass_apply import _flag, _scatter_sum, _zero
         L, B, G, A, F, *rest = operands

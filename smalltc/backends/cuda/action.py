@@ -604,7 +604,7 @@ class ActionExecutor(KernelExecutor):
         self._bulk = self.ctx.get("prefetch") == 3
         self._device = device
         self.unaligned = None                # the prefetch-1 executor for unaligned V or D
-        self._slots = {}                     # device id -> get_global's shared slot of stc_cB
+        self._bank = None                    # RT.ConstantBank of the line form's matrices
         self._qfunc = self.ctx.get("qfunc")  # None: the mass instance
         self._colloc = bool(self.ctx.get("colloc"))
 
@@ -653,42 +653,14 @@ class ActionExecutor(KernelExecutor):
     def _load_constant_bank(self, B1d, G1d=None):
         """Copy B1d into the module's ``stc_cB`` (and G1d into ``stc_cG``: the diffusion and
         helmholtz instances; B1d None when collocated) on the current stream, after the last
-        launch of this module on another stream (then launch, then :meth:`_after_launch`)."""
-        cp = cupy_or_none()
-        # one slot per module and device: [stc_cB pointer, event after the last launch,
-        # that launch's stream], shared with every other executor of this kernel
-        dev = cp.cuda.runtime.getDevice()
-        slot = self._slots.get(dev)
-        if slot is None:
-            slot = self._slots[dev] = RT.get_global(self.template, self.kernel, self.ctx,
-                                                    self.smem,
-                                                    "stc_cG" if self._colloc else "stc_cB")
-        if slot[1] is None:
-            slot[1] = cp.cuda.Event(disable_timing=True)
-        ptr, event, last = slot[:3]
-        stream = cp.cuda.get_current_stream()
-        if last is not None and last != stream.ptr and not stream.is_capturing():
-            stream.wait_event(event)
-        if G1d is not None:
-            gptr = ptr
-            if not self._colloc:
-                if len(slot) < 4:
-                    slot.append(RT.get_global(self.template, self.kernel, self.ctx, self.smem,
-                                              "stc_cG")[0])
-                gptr = slot[3]
-            cp.cuda.runtime.memcpyAsync(gptr.ptr, G1d.data.ptr, G1d.nbytes,
-                                        cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
-            if self._colloc:
-                return
-        cp.cuda.runtime.memcpyAsync(ptr.ptr, B1d.data.ptr, B1d.nbytes,
-                                    cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+        launch of this module on another stream (then launch, then :meth:`_after_launch`;
+        :class:`.runtime.ConstantBank`)."""
+        if self._bank is None:
+            names = ("stc_cG",) if self._colloc else \
+                ("stc_cB",) + (("stc_cG",) if G1d is not None else ())
+            self._bank = RT.ConstantBank(self.template, self.kernel, self.ctx, self.smem, names)
+        self._bank.load(*((G1d,) if self._colloc else (B1d, G1d)))
 
     def _after_launch(self):
-        """Record that this module's launches on the current stream read ``stc_cB``."""
-        cp = cupy_or_none()
-        slot = self._slots[cp.cuda.runtime.getDevice()]
-        stream = cp.cuda.get_current_stream()
-        if stream.is_capturing():       # an event recorded in a capture cannot be waited on
-            return                      # outside it: the graph's launches order themselves
-        slot[1].record(stream)
-        slot[2] = stream.ptr
+        """Record that this module's launches on the current stream read its bank."""
+        self._bank.launched()

@@ -320,37 +320,18 @@ class ForceExecutor(KernelExecutor):
         self.ndofs = getattr(spec, "ndofs", None)
         self._evectors = {}
         self._line = bool(choice.ctx.get("line"))
-        self._banks = {}                     # device id -> [stc_cL slot, stc_cB, stc_cG pointers]
+        self._bank = None                    # RT.ConstantBank of stc_cL, stc_cB, stc_cG
 
     def run(self, operands, out, **kw):
         if not self._line:
             self._run(operands, out)
             return
-        self._load_constant_bank(*operands[:3])
+        if self._bank is None:
+            self._bank = RT.ConstantBank(self.template, self.kernel, self.ctx, self.smem,
+                                         ("stc_cL", "stc_cB", "stc_cG"))
+        self._bank.load(*operands[:3])
         self._run(operands, out)
-        slot = self._banks[cupy_or_none().cuda.runtime.getDevice()][0]
-        stream = cupy_or_none().cuda.get_current_stream()
-        slot[1].record(stream)
-        slot[2] = stream.ptr
-
-    def _load_constant_bank(self, L, B, G):
-        """Copy the 1D matrices into the module's constant bank on the current stream, after
-        the module's last launch on another stream."""
-        cp = cupy_or_none()
-        dev = cp.cuda.runtime.getDevice()
-        bank = self._banks.get(dev)
-        if bank is None:
-            get = lambda n: RT.get_global(self.template, self.kernel, self.ctx, self.smem, n)
-            bank = self._banks[dev] = [get("stc_cL"), get("stc_cB")[0], get("stc_cG")[0]]
-        slot = bank[0]
-        if slot[1] is None:
-            slot[1] = cp.cuda.Event(disable_timing=True)
-        stream = cp.cuda.get_current_stream()
-        if slot[2] is not None and slot[2] != stream.ptr and not stream.is_capturing():
-            stream.wait_event(slot[1])
-        for ptr, M in ((slot[0], L), (bank[1], B), (bank[2], G)):
-            cp.cuda.runtime.memcpyAsync(ptr.ptr, M.data.ptr, M.nbytes,
-                                        cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+        self._bank.launched()
 
     def _run(self, operands, out):
         import numpy as np

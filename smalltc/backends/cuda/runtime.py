@@ -181,6 +181,56 @@ def get_global(template: str, entry: str, ctx: dict, smem_bytes: int, name: str)
     return slot
 
 
+class ConstantBank:
+    """The ``__constant__`` arrays ``names`` of one kernel module (the 1D matrices of the
+    line forms), loaded on the current stream before a launch that reads them.
+
+    :meth:`load` first waits for the module's last launch on another stream (an event in
+    :func:`get_global`'s slot of the first name, shared by every executor of the module),
+    then copies; :meth:`launched` records the launch that followed. Inside a stream capture
+    nothing is waited on or recorded: an event recorded there cannot be waited on outside
+    it, and the graph orders its own launches."""
+
+    def __init__(self, template: str, entry: str, ctx: dict, smem_bytes: int, names):
+        self._where = (template, entry, ctx, smem_bytes)
+        self.names = tuple(names)
+        self._slots = {}                    # device id -> get_global's slots, one a name
+
+    def _device_slots(self):
+        import cupy
+        dev = cupy.cuda.runtime.getDevice()
+        slots = self._slots.get(dev)
+        if slots is None:
+            slots = self._slots[dev] = [get_global(*self._where, n) for n in self.names]
+        return slots
+
+    def load(self, *arrays):
+        """Copy ``arrays`` (device arrays in the order of ``names``; None: left as is)."""
+        import cupy
+        slots = self._device_slots()
+        first = slots[0]
+        if first[1] is None:
+            first[1] = cupy.cuda.Event(disable_timing=True)
+        stream = cupy.cuda.get_current_stream()
+        if first[2] is not None and first[2] != stream.ptr and not stream.is_capturing():
+            stream.wait_event(first[1])
+        for slot, a in zip(slots, arrays):
+            if a is not None:
+                cupy.cuda.runtime.memcpyAsync(slot[0].ptr, a.data.ptr, a.nbytes,
+                                              cupy.cuda.runtime.memcpyDeviceToDevice,
+                                              stream.ptr)
+
+    def launched(self):
+        """Record that the module's last launch (after :meth:`load`) is on this stream."""
+        import cupy
+        stream = cupy.cuda.get_current_stream()
+        if stream.is_capturing():
+            return
+        first = self._device_slots()[0]
+        first[1].record(stream)
+        first[2] = stream.ptr
+
+
 def resident_blocks(kern, threads: int, smem_bytes: int) -> int:
     """Blocks of ``kern`` that fit on one SM at once (registers, shared memory and
     threads: the driver's occupancy calculator), at least 1."""

@@ -30,9 +30,10 @@ Two forms (the tuning parameter ``line``; ``notes/cuda.md``, "The corner force")
   slots where their lives do not overlap: :func:`slots`), ``A`` read where it multiplies.
 
 Tuning parameters ``line``, ``per_block``, ``tpi`` (shared form), ``apre`` (line form),
-``min_blocks`` (the launch bound). Not measured yet (no GPU in the session that wrote the
-line form): the heuristic is occupancy, register and shared-memory reasoning, and no
-choice of it spills under ptxas (sm_90).
+``min_blocks`` (the launch bound). The heuristic takes the line form in 2D and 3D with A one
+component ahead up to nq = 8: on the H100 it was the best variant or within ~2% of it at
+3D p = 2..4 (``smalltc bench --suite force --variants all``; notes/cuda.md, "The corner
+force"), and no choice of it spills under ptxas (sm_90).
 """
 from __future__ import annotations
 

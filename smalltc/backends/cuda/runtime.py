@@ -20,6 +20,8 @@ import threading
 
 import jinja2
 
+from ..._arrays import cupy_or_none
+
 __all__ = ["SmalltcCompileError", "render", "template_names", "get_kernel", "get_global",
            "clear_cache", "launch", "resident_blocks", "Launcher", "direct_launcher",
            "device_info", "current_device", "current_device_id", "CTYPES", "NVRTC_OPTIONS"]
@@ -197,8 +199,7 @@ class ConstantBank:
         self._slots = {}                    # device id -> get_global's slots, one a name
 
     def _device_slots(self):
-        import cupy
-        dev = cupy.cuda.runtime.getDevice()
+        dev = cupy_or_none().cuda.runtime.getDevice()
         slots = self._slots.get(dev)
         if slots is None:
             slots = self._slots[dev] = [get_global(*self._where, n) for n in self.names]
@@ -206,7 +207,7 @@ class ConstantBank:
 
     def load(self, *arrays):
         """Copy ``arrays`` (device arrays in the order of ``names``; None: left as is)."""
-        import cupy
+        cupy = cupy_or_none()
         slots = self._device_slots()
         first = slots[0]
         if first[1] is None:
@@ -222,8 +223,7 @@ class ConstantBank:
 
     def launched(self):
         """Record that the module's last launch (after :meth:`load`) is on this stream."""
-        import cupy
-        stream = cupy.cuda.get_current_stream()
+        stream = cupy_or_none().cuda.get_current_stream()
         if stream.is_capturing():
             return
         first = self._device_slots()[0]

@@ -205,6 +205,16 @@ _LEVEL_ARGS = {"action": ("V",), "apply": ("x", "elem_dofs"), "diagonal": ("elem
 _DATA_NAMES = {"mass": "D", "diffusion": "Q", "helmholtz": "(D, Q)"}
 
 
+def _level_operands(level, rest):
+    """The operand names after the data at assembly ``level``; a TypeError unless ``rest``
+    has that many."""
+    names = _LEVEL_ARGS[level]
+    if len(rest) != len(names):
+        raise TypeError(f"the {level} of an operator takes {', '.join(names) or 'nothing'} "
+                        f"after the data; got {len(rest)} operands")
+    return names
+
+
 def _operator_data(qfunc, data):
     """``data`` of :func:`operator_spec` as a dict name -> array: D, Q or both."""
     if qfunc == "helmholtz":
@@ -249,10 +259,7 @@ def operator_spec(level, qfunc, B1d, G1d, data, *rest, deterministic=False, ndof
                          "smalltc.force_apply and smalltc.force_apply_transpose")
     if qfunc not in QFUNCS:
         raise ValueError(f"qfunc must be one of {QFUNCS}, got {qfunc!r}")
-    names = _LEVEL_ARGS[level]
-    if len(rest) != len(names):
-        raise TypeError(f"the {level} of an operator takes {', '.join(names) or 'nothing'} "
-                        f"after the data; got {len(rest)} operands")
+    names = _level_operands(level, rest)
     if qfunc == "mass":
         if G1d is not None:
             raise ValueError(f"G1d is for qfunc 'diffusion' or 'helmholtz'; the mass operator "
@@ -598,10 +605,7 @@ def vertex_operator_spec(level, qfunc, B1d, G1d, X, coef, *rest, deterministic=F
                          "takes stored point data (smalltc.vertices.point_data makes them)")
     if qfunc not in ("mass", "diffusion"):
         raise ValueError(f"vertices= is for qfunc 'mass' or 'diffusion', got {qfunc!r}")
-    names = _LEVEL_ARGS[level]
-    if len(rest) != len(names):
-        raise TypeError(f"the {level} of an operator takes {', '.join(names)} after the "
-                        f"data; got {len(rest)} operands")
+    names = _level_operands(level, rest)
     if qfunc == "mass":
         if G1d is not None:
             raise ValueError("G1d is for qfunc 'diffusion'; the mass operator takes G1d=None")

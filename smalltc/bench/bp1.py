@@ -18,8 +18,9 @@ one process, on the same vectors:
                      through the DoF map, action, scatter-add; atomics on a GPU)
 ``deterministic``    the same with ``deterministic=True`` (a pass per element colour)
 ``unchecked``        the fused apply rendered without the map's bounds check, timed
-                     alternately with the checked one; ``check_cost`` is the checked
-                     median over this one, minus 1 (the check is always on otherwise)
+                     alternately with the checked one (9 pairs); ``check_cost`` is the
+                     median over the pairs of the checked median over this one's, minus
+                     1 (the check is always on otherwise)
 ``unfused``          gather, :func:`smalltc.batched_contract`, scatter-add apart (the
                      ``MassOperator(fused=False)`` path FEM users ran before)
 ``cg``               one CG iteration (:func:`smalltc.fem.cg`: the fused operator and
@@ -136,25 +137,37 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
     return [per] * len(long_), r.iterations, first
 
 
-def _unchecked(plan, b, ops, y, checked_times, repeats, warmup, on_gpu, op_name):
+def _unchecked(plan, b, ops, y, checked_times, repeats, warmup, on_gpu, op_name,
+               alternations=9):
     """The fused apply rendered without the map's bounds check, timed in turn with the
-    checked one (three alternations; ``check_cost``: the checked median over the
-    unchecked one, minus 1). ``ops``: the plan's operands (any qfunc)."""
+    checked one (``alternations`` pairs, each ``repeats`` samples of either, the order of
+    the pair swapped every time). ``check_cost``: the median over the pairs of the checked
+    median over the unchecked one, minus 1 (a ratio per pair, so a drift of the machine
+    between pairs cancels); ``check_cost_range``: the pairs' quartiles. ``ops``: the
+    plan's operands (any qfunc)."""
     import copy
     try:
         bare = copy.copy(plan)
         bare.executor = plan.executor.unchecked()
-        checked, unchecked = list(checked_times), []
-        for _ in range(3):
-            unchecked += time_calls(lambda: bare(*ops, out=y), repeats=repeats,
-                                    warmup=warmup, on_gpu=on_gpu)
-            checked += time_calls(lambda: plan(*ops, out=y), repeats=repeats,
-                                  warmup=1, on_gpu=on_gpu)
+        checked, unchecked, ratios = list(checked_times), [], []
+        run_bare = lambda: bare(*ops, out=y)          # noqa: E731
+        run_plan = lambda: plan(*ops, out=y)          # noqa: E731
+        time_calls(run_bare, repeats=1, warmup=warmup, on_gpu=on_gpu)
+        for i in range(alternations):
+            pair = {}
+            for name, fn in ((("bare", run_bare), ("plan", run_plan)) if i % 2 == 0
+                             else (("plan", run_plan), ("bare", run_bare))):
+                pair[name] = time_calls(fn, repeats=repeats, warmup=1, on_gpu=on_gpu)
+            unchecked += pair["bare"]
+            checked += pair["plan"]
+            ratios.append(median(pair["plan"]) / median(pair["bare"]))
     except Exception as err:
         return dict(what=f"smalltc.{op_name} without the bounds check", status="error",
                     error=repr(err))
+    q1, q2, q3 = np.percentile(ratios, [25, 50, 75])
     return _rec(b, unchecked, f"smalltc.{op_name} without the map's bounds check (bench only)",
-                check_cost=median(checked) / median(unchecked) - 1, kernel=bare.executor.kernel)
+                check_cost=float(q2) - 1, check_cost_range=[float(q1) - 1, float(q3) - 1],
+                kernel=bare.executor.kernel)
 
 
 def _point_data_impls(rec, forms, *, qfunc, mesh, nq, collocated, B1d, G1d, data, x, emap,

@@ -15,10 +15,11 @@ Where the flag is read:
 * GPU: one flag per device, three ``int64`` words ``(set, index, ndofs)`` in
   mapped pinned host memory (``cudaHostAlloc``, portable and mapped: with
   unified addressing the kernel writes it through the host pointer), zeroed
-  once. A thread keeps the largest entry it read in a register (the entry itself is
-  clamped into range) and, after its last group, if that entry is out of range and
-  the flag is still clear, stores it and ``ndofs``, then the set word: no branch,
-  store or synchronisation on the hot path (``templates/cuda/fem_io.cuh.j2``).
+  once. A thread keeps the largest entry it read in a register (a thread that read a
+  bad entry skips its vector accesses through the map, or the entry is clamped into
+  range) and, after its last group, if that entry is out of range and the flag is
+  still clear, stores it and ``ndofs``, then the set word with a release store: no
+  branch, store or synchronisation on the hot path (``templates/cuda/fem_io.cuh.j2``).
   The host reads the flag (a read of host memory, no synchronisation) at the
   next point where it reads device state: at the start of the next call that
   reads a map on that device (it reports the kernels that have finished), where

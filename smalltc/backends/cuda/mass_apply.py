@@ -30,8 +30,9 @@ from T = 5 on with prefetch 1); tuning parameters ``per_block, min_blocks, line,
 prefetch`` (``prefetch`` 0 or 1: the ``cp.async`` form copies contiguous slabs,
 not gathered values).
 
-Every kernel that reads the map checks each index (``fem_io.cuh.j2``): a bad one is
-clamped into the range and reported in the device's error flag (:mod:`smalltc._errors`),
+Every kernel that reads the map checks each index (``fem_io.cuh.j2``): a thread that
+read a bad one reads and adds nothing more through the map, and the index is reported in
+the device's error flag (:mod:`smalltc._errors`),
 which the next call that reads a map on the device, :func:`smalltc.check_errors` and
 :func:`smalltc.fem.cg` read and raise (``ValueError`` naming ``elem_dofs``, the index
 and the range). The deterministic form's second kernel reads the transposed map

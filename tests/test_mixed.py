@@ -103,6 +103,16 @@ def test_action_dtypes_and_modules(xp_name, dtype, dim, ei, eo):
     assert rel_err(U.reshape(E, 3, -1), oracle(*ops, ei, eo)) < TOL[dtype]
 
 
+def test_element_blocks():
+    """More elements than one block of the host path (the last block partial)."""
+    from smalltc.backends.reference import MIXED_BLOCK_VALUES
+    Bi, Gi, Bo, Go, Q, V = operands(3, "both", "grad", 3, 3, E=250, seed=12)
+    assert 250 > MIXED_BLOCK_VALUES["numpy"] // (Q[0, 0, 0].size * max(Q.shape[1:3])) > 60
+    out = np.full((250, 3) + (Bo.shape[1],) * 3, np.nan)
+    U = smalltc.mixed_action(Bi, Bo, Q, V, out=out, **kw(Gi, Go, "both", "grad"))
+    assert rel_err(U.reshape(250, 3, -1), oracle(Bi, Gi, Bo, Go, Q, V, "both", "grad")) < 1e-12
+
+
 @pytest.mark.parametrize("xp_name", array_modules())
 @pytest.mark.parametrize("dim,ei,eo,ci,co", [(1, "value", "grad", 1, 3), (2, "both", "value", 3, 1),
                                              (3, "grad", "grad", 3, 3), (2, "value", "both", 1, 1)])
@@ -175,6 +185,26 @@ def test_diffusion_identity(dim):
     y = smalltc.mixed_apply(b.B1d, b.B1d, Q, x, elem_dofs_in=m, elem_dofs_out=m,
                             ndofs_out=space.ndofs, **g)
     assert rel_err(y, smalltc.operator_apply("diffusion", b.B1d, b.G1d, Qp, x, m)) < 1e-12
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_helmholtz_identity(dim):
+    """both/both, Q[0, 0] = D, Q[1 + a, 1 + b] = Q^{ab}, zeros elsewhere: Helmholtz."""
+    b = fem.basis_1d(2, 4)
+    rng = np.random.default_rng(13)
+    D = rng.random((E,) + (4,) * dim)
+    Qp = rng.standard_normal((E, dim * (dim + 1) // 2) + (4,) * dim)
+    idx = sym_index(dim)
+    Q = np.zeros((E, 1 + dim, 1 + dim) + (4,) * dim)
+    Q[:, 0, 0] = D
+    for a in range(dim):
+        for c in range(dim):
+            Q[:, 1 + a, 1 + c] = Qp[:, idx[a][c]]
+    V = rng.standard_normal((E,) + (3,) * dim)
+    U = smalltc.mixed_action(b.B1d, b.B1d, Q, V, G_in=b.G1d, G_out=b.G1d, eval_in="both",
+                             eval_out="both")
+    ref = smalltc.operator_action("helmholtz", b.B1d, b.G1d, (D, Qp), V)
+    assert rel_err(U, ref) < 1e-12
 
 
 @pytest.mark.parametrize("dim,p", [(1, 2), (2, 2), (3, 2), (2, 3)])

@@ -437,7 +437,7 @@ def mixed_spec(B_in, B_out, Q, field, *, G_in=None, G_out=None, eval_in="value",
     it; ``elem_dofs_out`` (with ``ndofs_out``) makes the output global. The dimension comes
     from Q's rank, nq from ``B_in``, the component counts from Q's slot axes.
     """
-    evals = {}
+    ncomp = {}
     for side, ev in (("in", eval_in), ("out", eval_out)):
         if not isinstance(ev, str) or ev not in EVALS:
             raise ValueError(f"eval_{side} must be one of {EVALS}, got {ev!r}")
@@ -491,10 +491,10 @@ def mixed_spec(B_in, B_out, Q, field, *, G_in=None, G_out=None, eval_in="value",
                              f"slots) has {Qa.shape[axis]} entries, expected a positive "
                              f"multiple of {nper} (eval_{side}={ev!r} in {dim}D: ncomp_{side} "
                              f"x {nper})")
-        evals[side] = Qa.shape[axis] // nper
-    ncomp_in, ncomp_out = evals["in"], evals["out"]
+        ncomp[side] = Qa.shape[axis] // nper
+    ncomp_in, ncomp_out = ncomp["in"], ncomp["out"]
     f = named[fname]
-    src = f"E and dim from Q, nd_in from B_in, ncomp_in from Q's axis 2"
+    src = "E and dim from Q, nd_in from B_in, ncomp_in from Q's axis 2"
     common = dict(dim=dim, nq=nq, nd_in=nd_in, nd_out=nd_out, batch=E, dtype=dtype,
                   ncomp_in=ncomp_in, ncomp_out=ncomp_out, eval_in=eval_in,
                   eval_out=eval_out)

@@ -84,7 +84,8 @@ def out_shape(E_, co, nd, dim):
 def test_action_against_dense(dim, ei, eo, ci, co):
     Bi, Gi, Bo, Go, Q, V = operands(dim, ei, eo, ci, co)
     out = np.full(out_shape(E, co, Bo.shape[1], dim), np.nan)
-    U = smalltc.mixed_action(Bi, Bo, Q, V if ci > 1 else V[:, 0], out=out, **kw(Gi, Go, ei, eo))
+    U = smalltc.mixed_action(Bi, Bo, Q, V if ci > 1 else V[:, 0], out=out,
+                             **kw(Gi, Go, ei, eo))
     assert U is out
     assert rel_err(U.reshape(E, co, -1), oracle(Bi, Gi, Bo, Go, Q, V, ei, eo)) < TOL["float64"]
 
@@ -114,8 +115,10 @@ def test_element_blocks():
 
 
 @pytest.mark.parametrize("xp_name", array_modules())
-@pytest.mark.parametrize("dim,ei,eo,ci,co", [(1, "value", "grad", 1, 3), (2, "both", "value", 3, 1),
-                                             (3, "grad", "grad", 3, 3), (2, "value", "both", 1, 1)])
+@pytest.mark.parametrize("dim,ei,eo,ci,co", [(1, "value", "grad", 1, 3),
+                                             (2, "both", "value", 3, 1),
+                                             (3, "grad", "grad", 3, 3),
+                                             (2, "value", "both", 1, 1)])
 @pytest.mark.parametrize("side", ["in", "out", "both"])
 def test_apply_against_dense(xp_name, dim, ei, eo, ci, co, side):
     """Global vectors through the maps (either side or both), against the gathered and
@@ -148,6 +151,23 @@ def test_apply_against_dense(xp_name, dim, ei, eo, ci, co, side):
                             **kw(xp.asarray(Gi), xp.asarray(Go), ei, eo), **args)
     assert y is out
     assert rel_err(y.reshape(y_ref.shape), y_ref) < TOL["float64"]
+
+
+def test_apply_float32_and_ndofs_from_out():
+    """float32 through both maps; ``ndofs_out`` read from ``out``; the plan reused."""
+    Bi, Gi, Bo, Go, Q, V = operands(2, "grad", "both", 1, 3, dtype="float32", seed=14)
+    rng = np.random.default_rng(15)
+    m_in = rng.integers(0, 9, (E, 2, 2)).astype(np.int32)
+    m_out = rng.integers(0, 6, (E, 3, 3)).astype(np.int32)
+    x = rng.standard_normal(9).astype(np.float32)
+    ref = oracle(Bi, Gi, Bo, Go, Q, x[m_in][:, None], "grad", "both")
+    y_ref = np.stack([np.bincount(m_out.reshape(-1), ref[:, c].reshape(-1), 6)
+                      for c in range(3)])
+    for _ in range(2):
+        out = np.full((3, 6), np.nan, np.float32)
+        y = smalltc.mixed_apply(Bi, Bo, Q, x, out=out, elem_dofs_in=m_in, elem_dofs_out=m_out,
+                                **kw(Gi, Go, "grad", "both"))
+        assert y is out and rel_err(y, y_ref) < TOL["float32"]
 
 
 @pytest.mark.parametrize("dim", [1, 2, 3])
@@ -225,7 +245,8 @@ def test_force_identity(dim, p):
     T = dict(G_in=h1.G1d, eval_in="grad")
     args = (l2.B1d, h1.B1d, h1.G1d, A)
     Fe = smalltc.mixed_action(l2.B1d, h1.B1d, QF, e, **F)
-    assert rel_err(Fe.reshape(En, dim, -1), smalltc.force_apply(*args, e).reshape(En, dim, -1)) < 1e-12
+    ref = smalltc.force_apply(*args, e)
+    assert rel_err(Fe.reshape(En, dim, -1), ref.reshape(En, dim, -1)) < 1e-12
     FTw = smalltc.mixed_action(h1.B1d, l2.B1d, QT, w, **T)
     assert rel_err(FTw, smalltc.force_apply_transpose(*args, w)) < 1e-12
     y = smalltc.mixed_apply(l2.B1d, h1.B1d, QF, e, elem_dofs_out=m, ndofs_out=space.ndofs, **F)
@@ -236,7 +257,8 @@ def test_force_identity(dim, p):
     assert rel_err(r, smalltc.force_apply_transpose(*args, wg, elem_dofs=m)) < 1e-12
 
 
-@pytest.mark.parametrize("dim,ei,eo,ci,co", [c for c in CASES if c[3] != c[4] or c[1] != c[2]][::3])
+@pytest.mark.parametrize("dim,ei,eo,ci,co",
+                         [c for c in CASES if c[3] != c[4] or c[1] != c[2]][::3])
 def test_transpose_identity(dim, ei, eo, ci, co):
     """``W . A(Q) V == A(Q^T) W . V``, A(Q^T) with the bases, evaluations and slots
     swapped and Q's r and s transposed."""

@@ -6,7 +6,8 @@ what every consumer asks of an operation, so none of them needs to know
 which kind of spec it holds:
 
 ==================  =========================================================
-``spec.op``         "gemm", "contract", "action" or "assembly"
+``spec.op``         "gemm", "contract", "action", "assembly", "mass_apply",
+                    "mass_diagonal" or "mixed"
 ``spec.inputs``     the operands a call takes, in order (:class:`Operand`:
                     name, shape, whether it carries the batch axis)
 ``spec.out_shape``  the result's shape
@@ -670,28 +671,19 @@ EVALS = ("value", "grad", "both")
 
 @dataclass(frozen=True)
 class MixedSpec(_Spec):
-    """The general linear operator of mixed spaces (docs/math.md section 7),
-    ``U = E_out^T (Q . E_in V)`` per element, with its own basis on each side:
-    ``B_in``/``G_in`` ``(nq, nd_in)``, ``B_out``/``G_out`` ``(nq, nd_out)``, at a common
-    quadrature; each side evaluates ``eval_in``/``eval_out`` ("value", "grad" or "both")
-    of each of its ``ncomp_in``/``ncomp_out`` components, and ``Q[e, r, s, k1..kd]``
-    couples output slot ``r`` with input slot ``s`` at each point.
-
-    Slots: component-major, for each component ``c`` its value (when evaluated) then its
-    ``dim`` reference derivatives ``d/dxi_1 .. d/dxi_dim`` (when evaluated): slot
-    ``c * nper + j`` with ``nper`` = 1, ``dim`` or ``1 + dim`` (:attr:`nslots_in`,
-    :attr:`nslots_out`).
+    """The general operator of mixed spaces, ``U = E_out^T (Q . E_in V)`` per element
+    (docs/math.md section 7): bases ``(nq, nd_in)`` and ``(nq, nd_out)`` at one quadrature;
+    each side evaluates ``eval_in``/``eval_out`` ("value", "grad", "both") of its
+    ``ncomp_in``/``ncomp_out`` components; ``Q[e, r, s, k...]`` couples output slot ``r``
+    with input slot ``s``. Slots are component-major, ``c * nper + j``, ``j`` over the value
+    then ``d/dxi_1 .. d/dxi_dim`` as evaluated (:meth:`evals`).
 
     ``ndofs_in`` None: the input is element vectors ``V`` ``(E, [ncomp_in,] nd_in, ...)``
-    (discontinuous, L2); an integer: a global vector ``x`` ``([ncomp_in,] ndofs_in)``
-    gathered through ``elem_dofs_in``. Likewise ``ndofs_out``: element results ``(E,
-    [ncomp_out,] nd_out, ...)`` or a global ``y`` ``([ncomp_out,] ndofs_out)`` that the
-    element results are added into through ``elem_dofs_out``. The input has a component
-    axis when ``comp_axis_in``; the output has one when ``ncomp_out > 1``.
-
-    It is the general, sum-factorised path of the family (one-axis contractions, no
-    size-specialised kernel): every backend runs it as such (``specialized=False``);
-    ``qfunc`` is ``"mixed"``.
+    (L2); else a global ``x`` ``([ncomp_in,] ndofs_in)`` gathered through
+    ``elem_dofs_in``. Likewise ``ndofs_out``: element results, or a global ``y`` added into
+    through ``elem_dofs_out``; the output has a component axis when ``ncomp_out > 1``. The
+    general sum-factorised path, no size-specialised kernel on any backend (``qfunc``
+    "mixed": ``specialized=False``).
 
     >>> s = MixedSpec(dim=2, nq=4, nd_in=2, nd_out=3, batch=5, dtype="float64",
     ...               ncomp_out=2, eval_out="grad")

@@ -283,6 +283,31 @@ def test_constants_in_kernel_of_grad_input(dim):
     assert U.shape == (E, 3) + (3,) * dim and float(abs(U).max()) < 1e-12
 
 
+@pytest.mark.parametrize("ev,n", [("value", 3), ("grad", 8), ("both", 9)])
+def test_sum_factorised_contraction_counts(monkeypatch, ev, n):
+    """3D: one-axis contractions with shared partial sums, ``n`` forward and ``n`` back (one
+    block of elements): 3 for values, 8 for gradients (as the diffusion kernels), 9 both."""
+    from smalltc.backends import reference as R
+    calls = {"fwd": 0, "back": 0}
+    last, first = R._last_axis, R._first_axis
+
+    def count(kind, f):
+        def g(M, t):
+            calls[kind] += 1
+            return f(M, t)
+        return g
+    monkeypatch.setattr(R, "_last_axis", count("fwd", last))
+    monkeypatch.setattr(R, "_first_axis", count("back", first))
+    Bi, Gi, Bo, Go, Q, V = operands(3, ev, ev, 1, 1, seed=16)
+    U = R.mixed_action_sumfac(Bi, Gi, Bo, Go, Q, V, 3, _evals(ev), _evals(ev), 1)
+    assert calls == {"fwd": n, "back": n}
+    assert rel_err(U.reshape(E, 1, -1), oracle(Bi, Gi, Bo, Go, Q, V, ev, ev)) < 1e-12
+
+
+def _evals(ev, dim=3):
+    return ((-1,) if ev != "grad" else ()) + (tuple(range(dim)) if ev != "value" else ())
+
+
 def test_reported_as_general_path(caplog):
     """Every backend runs it as the general path: ``specialized=False`` and the log line."""
     rng = np.random.default_rng(10)          # sizes no other test plans (a log line once)

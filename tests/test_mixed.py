@@ -15,7 +15,7 @@ import pytest
 
 import smalltc
 from smalltc import _validate, fem
-from smalltc._arrays import cupy_or_none
+from smalltc._arrays import cupy_or_none, gpu_available
 from smalltc.backends.reference import sym_index
 from smalltc.plan import build_plan
 
@@ -389,11 +389,11 @@ def test_map_errors():
         smalltc.mixed_apply(*base, x, elem_dofs_in=m_in, elem_dofs_out=good, ndofs_out=4, **g)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
 def test_mixed_array_modules():
     cp = cupy_or_none()
-    if cp is None:
-        pytest.skip("CuPy is not installed")
     a = _err_args()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="cupy|numpy"):
         smalltc.mixed_action(a["B_in"], a["B_out"], a["Q"], cp.asarray(a["V"]),
                              G_in=a["G_in"], G_out=a["G_out"], eval_in="both", eval_out="grad")

@@ -170,6 +170,16 @@ def test_apply_float32_and_ndofs_from_out():
         assert y is out and rel_err(y, y_ref) < TOL["float32"]
 
 
+def test_no_elements():
+    """E = 0: an empty element result; a global output of zeros."""
+    B = np.random.default_rng(17).random((3, 2))
+    Q, m = np.zeros((0, 1, 1, 3, 3)), np.zeros((0, 2, 2), np.int64)
+    y = smalltc.mixed_apply(B, B, Q, np.ones(4), elem_dofs_in=m, elem_dofs_out=m,
+                            ndofs_out=4, out=np.full(4, np.nan))
+    assert y.tolist() == [0.0] * 4
+    assert smalltc.mixed_action(B, B, Q, np.ones((0, 2, 2))).shape == (0, 2, 2)
+
+
 @pytest.mark.parametrize("dim", [1, 2, 3])
 @pytest.mark.parametrize("ncomp", [1, 3])
 def test_mass_identity(dim, ncomp):

@@ -426,8 +426,8 @@ def mixed_action_sumfac(B_in, G_in, B_out, G_out, Q, V, dim, evals_in, evals_out
     K = nq ** dim
     if out is None:
         out = xp.empty((E, ncomp_out) + (nd_out,) * dim, dtype=V.dtype)
-    U = out.reshape(E, -1)
-    V = V.reshape(E, -1)
+    U = out.reshape(E, ncomp_out * nd_out ** dim)
+    V = V.reshape(E, -1) if E else V
     Qf = Q.reshape(E, R, S, K)
     nin, nout = S // len(evals_in), len(evals_out)
     step = max(1, MIXED_BLOCK_VALUES.get(xp.__name__, 1 << 24) // (K * max(R, S, 1)))
@@ -472,7 +472,7 @@ def mixed_apply_unfused(spec, *operands, out=None):
     U = mixed_action_sumfac(*args)
     m = a["elem_dofs_out"]
     xp, E, flat = _xp(U), spec.batch, m.reshape(-1)
-    U = U.reshape(E, spec.ncomp_out, -1)
+    U = U.reshape(E, spec.ncomp_out, spec.nd_out ** spec.dim)
     if out is None:
         out = xp.empty(spec.out_shape, dtype=U.dtype)
     y = out.reshape(spec.ncomp_out, spec.ndofs_out)

@@ -351,7 +351,7 @@ def _force_path(spec):
 # GEMM, the new axis first (``M @ t.reshape(-1, n).T``), so after the d axes the values at the
 # points lie as (k1, ..., kd, E ncomp) with no transposition; the transposed contractions take
 # the *first* axis, the new one last (``t.reshape(n, -1).T @ M``), and bring (k1, ..., kd, E
-# ncomp) back to (E ncomp, i1, ..., id). Each is one BLAS (cuBLAS) call on the whole batch.
+# ncomp) back to (E ncomp, i1, ..., id). Each is one BLAS (cuBLAS) call on a block of elements.
 
 def _last_axis(M, t):
     """``out[m, rest] = sum_n M[m, n] t[rest, n]``: the last axis of ``t`` contracted, the

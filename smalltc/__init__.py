@@ -14,6 +14,9 @@ arrays (NVIDIA GPUs), with a plan/execute API:
   :func:`operator_apply` and friends: the family (mass, diffusion, Helmholtz) by name
 - :func:`force_apply`, :func:`force_apply_transpose`: BLAST's corner force ``F`` and
   ``F^T`` (mixed spaces H1^d and L2), per element or with the kinematic side fused
+- :func:`mixed_action`, :func:`mixed_apply`: the general operator of mixed spaces
+  ``E_out^T (Q . E_in V)`` (own bases, values and/or gradients on each side), the
+  general sum-factorised path
 - :func:`plan`: build once, call many times
 - :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
 
@@ -32,7 +35,8 @@ import logging as _logging
 from .api import (assemble_diffusion, assemble_mass, assemble_operator, batched_contract,
                   batched_gemm, contract, diffusion_action, diffusion_apply,
                   diffusion_diagonal, force_apply, force_apply_transpose, mass_apply,
-                  mass_diagonal, operator_action, operator_apply, operator_diagonal)
+                  mass_diagonal, mixed_action, mixed_apply, operator_action, operator_apply,
+                  operator_diagonal)
 from ._errors import check_errors
 from .aot import precompile
 from .catalogue import STEPS
@@ -42,7 +46,8 @@ __version__ = "0.1.0"
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
-           "assemble_operator", "force_apply", "force_apply_transpose", "plan", "precompile", "check_errors",
+           "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
+           "mixed_apply", "plan", "precompile", "check_errors",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

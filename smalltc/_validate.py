@@ -15,11 +15,11 @@ import numpy as np
 from . import _interop
 from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, is_array,
                       is_cupy, usable)
-from .spec import (FORCE_QFUNCS, QFUNCS, ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec,
-                   MassDiagonalSpec, nsym)
+from .spec import (EVALS, FORCE_QFUNCS, QFUNCS, ActionSpec, AssemblySpec, ContractSpec,
+                   GemmSpec, MassApplySpec, MassDiagonalSpec, MixedSpec, nsym)
 
 __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec", "mass_apply_spec",
-           "mass_diagonal_spec", "operator_spec", "force_spec", "OPERATOR_LEVELS",
+           "mass_diagonal_spec", "operator_spec", "force_spec", "mixed_spec", "OPERATOR_LEVELS",
            "check_operands", "check_out", "reshape_like", "as_usable", "check_scalar"]
 
 
@@ -133,15 +133,15 @@ def action_spec(B1d, D, V):
     return spec, xp, (B1d, D, V)
 
 
-def _check_map(elem_dofs, E, nd, dim, src="E from D, nd from B1d"):
+def _check_map(elem_dofs, E, nd, dim, src="E from D, nd from B1d", name="elem_dofs"):
     """The element-to-DoF map: an integer array (int32 or int64) of shape (E, nd, ...)."""
     want = (E,) + (nd,) * dim
     if tuple(elem_dofs.shape) != want:
-        raise ValueError(f"elem_dofs has shape {tuple(elem_dofs.shape)}, expected {want} for "
+        raise ValueError(f"{name} has shape {tuple(elem_dofs.shape)}, expected {want} for "
                          f"E={E}, nd={nd}, dim={dim} ({src})")
     dt = np.dtype(elem_dofs.dtype)
     if dt not in (np.dtype(np.int32), np.dtype(np.int64)):
-        raise TypeError(f"elem_dofs has dtype {dt}, expected int32 or int64 (global DoF "
+        raise TypeError(f"{name} has dtype {dt}, expected int32 or int64 (global DoF "
                         "indices)")
     return dt.name
 
@@ -419,6 +419,119 @@ def force_spec(transpose, B_l2, B1d, G1d, A, field, elem_dofs=None, ndofs=None,
                              deterministic=bool(deterministic), **common)
         ops = dict(named, **{fname: field, "elem_dofs": elem_dofs})
     return spec, xp, tuple(ops[o.name] for o in spec.inputs)
+
+
+def _positive_int(name, n, what):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{name} must be a positive integer ({what}), got {n!r}")
+    return int(n)
+
+
+def mixed_spec(B_in, B_out, Q, field, *, G_in=None, G_out=None, eval_in="value",
+               eval_out="value", elem_dofs_in=None, elem_dofs_out=None, ndofs_out=None):
+    """Check the operands of the general operator of mixed spaces (docs/math.md section 7:
+    ``smalltc.mixed_action``, ``smalltc.mixed_apply``); return ``(spec, xp, ops)`` with
+    ``ops`` in ``spec.inputs``' order (:class:`smalltc.spec.MixedSpec`).
+
+    ``field`` is ``V`` (element vectors) without ``elem_dofs_in``, the global ``x`` with
+    it; ``elem_dofs_out`` (with ``ndofs_out``) makes the output global. The dimension comes
+    from Q's rank, nq from ``B_in``, the component counts from Q's slot axes.
+    """
+    ncomp = {}
+    for side, ev in (("in", eval_in), ("out", eval_out)):
+        if not isinstance(ev, str) or ev not in EVALS:
+            raise ValueError(f"eval_{side} must be one of {EVALS}, got {ev!r}")
+    fname = "V" if elem_dofs_in is None else "x"
+    named = {"B_in": _as_array("B_in", B_in)}
+    for side, ev, G in (("in", eval_in, G_in), ("out", eval_out, G_out)):
+        if side == "out":
+            named["B_out"] = _as_array("B_out", B_out)
+        if ev == "value" and G is not None:
+            raise ValueError(f"G_{side} is given but eval_{side}='value' evaluates no "
+                             f"gradient (pass eval_{side}='grad' or 'both', or no G_{side})")
+        if ev != "value":
+            if G is None:
+                raise ValueError(f"eval_{side}={ev!r} needs G_{side}, the derivative of the "
+                                 f"{side}put basis (nq, nd_{side})")
+            named[f"G_{side}"] = _as_array(f"G_{side}", G)
+    named["Q"] = _as_array("Q", Q)
+    named[fname] = _as_array(fname, field)
+    maps = {}
+    for side, m in (("in", elem_dofs_in), ("out", elem_dofs_out)):
+        if m is not None:
+            maps[f"elem_dofs_{side}"] = _as_array(f"elem_dofs_{side}", m)
+    xp = array_module(*named.values(), *maps.values())
+    dtype = _dtype(named)
+    Bi = named["B_in"]
+    if Bi.ndim != 2 or 0 in Bi.shape:
+        raise ValueError(f"B_in has shape {tuple(Bi.shape)}, expected (nq, nd_in) with "
+                         "nq, nd_in >= 1")
+    nq, nd_in = Bi.shape
+    Bo = named["B_out"]
+    if Bo.ndim != 2 or Bo.shape[0] != nq or Bo.shape[1] == 0:
+        raise ValueError(f"B_out has shape {tuple(Bo.shape)}, expected (nq, nd_out) with "
+                         f"nq={nq} (from B_in: one quadrature on both sides), nd_out >= 1")
+    nd_out = Bo.shape[1]
+    for side, nd in (("in", nd_in), ("out", nd_out)):
+        G = named.get(f"G_{side}")
+        if G is not None and tuple(G.shape) != (nq, nd):
+            raise ValueError(f"G_{side} has shape {tuple(G.shape)}, expected {(nq, nd)} "
+                             f"(B_{side}'s shape)")
+    Qa = named["Q"]
+    dim = Qa.ndim - 3
+    if dim not in (1, 2, 3) or tuple(Qa.shape[3:]) != (nq,) * dim:
+        raise ValueError(f"Q has shape {tuple(Qa.shape)}, expected (E, nslots_out, "
+                         f"nslots_in, nq, ..., nq) with 1 to 3 point axes and nq={nq} "
+                         "(nq from B_in)")
+    E = Qa.shape[0]
+    for side, ev, axis in (("out", eval_out, 1), ("in", eval_in, 2)):
+        nper = (ev != "grad") + (dim if ev != "value" else 0)
+        if Qa.shape[axis] == 0 or Qa.shape[axis] % nper:
+            raise ValueError(f"Q has shape {tuple(Qa.shape)}: axis {axis} ({side}put "
+                             f"slots) has {Qa.shape[axis]} entries, expected a positive "
+                             f"multiple of {nper} (eval_{side}={ev!r} in {dim}D: ncomp_{side} "
+                             f"x {nper})")
+        ncomp[side] = Qa.shape[axis] // nper
+    ncomp_in, ncomp_out = ncomp["in"], ncomp["out"]
+    f = named[fname]
+    src = "E and dim from Q, nd_in from B_in, ncomp_in from Q's axis 2"
+    common = dict(dim=dim, nq=nq, nd_in=nd_in, nd_out=nd_out, batch=E, dtype=dtype,
+                  ncomp_in=ncomp_in, ncomp_out=ncomp_out, eval_in=eval_in,
+                  eval_out=eval_out)
+    if elem_dofs_in is None:
+        core = (nd_in,) * dim
+        ok = (tuple(f.shape) == (E, ncomp_in) + core
+              or (ncomp_in == 1 and tuple(f.shape) == (E,) + core))
+        if not ok:
+            want = ((E,) + core if ncomp_in == 1 else (E, ncomp_in) + core)
+            raise ValueError(f"V has shape {tuple(f.shape)}, expected {want} ({src})")
+        common["comp_axis_in"] = f.ndim == dim + 2
+    else:
+        common["index_dtype_in"] = _check_map(maps["elem_dofs_in"], E, nd_in, dim,
+                                              "E and dim from Q, nd_in from B_in",
+                                              "elem_dofs_in")
+        if f.ndim not in (1, 2) or f.shape[-1] == 0 or (f.ndim == 2 and f.shape[0] !=
+                                                          ncomp_in) \
+                or (f.ndim == 1 and ncomp_in != 1):
+            want = "(ndofs_in,) or (1, ndofs_in)" if ncomp_in == 1 else \
+                f"({ncomp_in}, ndofs_in)"
+            raise ValueError(f"x has shape {tuple(f.shape)}, expected {want} with "
+                             f"ndofs_in >= 1 (ncomp_in={ncomp_in} from Q's axis 2)")
+        common["comp_axis_in"] = f.ndim == 2
+        common["ndofs_in"] = int(f.shape[-1])
+    if elem_dofs_out is None:
+        if ndofs_out is not None:
+            raise ValueError("ndofs_out is for a global output (with elem_dofs_out); "
+                             "without that map the output is per element")
+    else:
+        common["index_dtype_out"] = _check_map(maps["elem_dofs_out"], E, nd_out, dim,
+                                               "E and dim from Q, nd_out from B_out",
+                                               "elem_dofs_out")
+        common["ndofs_out"] = _positive_int("ndofs_out", ndofs_out,
+                                            "the global output's length per component")
+    spec = MixedSpec(**common)
+    arrays = dict(named, **maps)
+    return spec, xp, tuple(arrays[o.name] for o in spec.inputs)
 
 
 def gemm_spec(A, B, C, *, alpha, beta, trans_a, trans_b):

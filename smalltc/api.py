@@ -20,7 +20,8 @@ from .plan import _PLANS, cached_plan
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
-           "assemble_operator", "force_apply", "force_apply_transpose"]
+           "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
+           "mixed_apply"]
 
 
 def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stream=None):
@@ -865,3 +866,192 @@ def force_apply_transpose(B_l2, B1d, G1d, A, w, *, elem_dofs=None, out=None,
     ((4, 2, 2), True)
     """
     return _force(True, B_l2, B1d, G1d, A, w, elem_dofs, None, out, False, backend, stream)
+
+
+# --- the general operator of mixed spaces (docs/math.md section 7) ---------------------------
+
+def _mixed(B_in, B_out, Q, field, G_in, G_out, eval_in, eval_out, elem_dofs_in, elem_dofs_out,
+           ndofs_out, out, backend, stream):
+    """The general operator's common body (element level and fused): the plan of the call
+    signature, built on the first call; other libraries through :mod:`._interop`."""
+    if elem_dofs_out is not None and ndofs_out is None and out is not None:
+        ndofs_out = getattr(out, "shape", (None,))[-1]        # y's length from out
+    try:
+        key = ("mixed", eval_in, eval_out, backend, ndofs_out, _sig(B_in), _sig(G_in),
+               _sig(B_out), _sig(G_out), _sig(Q), _sig(field), _sig(elem_dofs_in),
+               _sig(elem_dofs_out))
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):
+        key = p = None
+    names = ("B_in", "G_in", "B_out", "G_out", "Q", "V" if elem_dofs_in is None else "x",
+             "elem_dofs_in", "elem_dofs_out")
+    given = (B_in, G_in, B_out, G_out, Q, field, elem_dofs_in, elem_dofs_out)
+    flat = tuple(x for x in given if x is not None)
+    if p is None:
+        if _interop.any_foreign(*flat, out):
+            where = [i for i, x in enumerate(given) if x is not None]
+
+            def fn(*arrays, out):
+                a = [None] * len(given)
+                for i, x in zip(where, arrays):
+                    a[i] = x
+                return _mixed(a[0], a[2], a[4], a[5], a[1], a[3], eval_in, eval_out, a[6],
+                              a[7], ndofs_out, out, backend, None)
+            return _interop.call(fn, tuple(names[i] for i in where), flat, out, stream)
+        spec, xp, ops = _validate.mixed_spec(
+            B_in, B_out, Q, field, G_in=G_in, G_out=G_out, eval_in=eval_in,
+            eval_out=eval_out, elem_dofs_in=elem_dofs_in, elem_dofs_out=elem_dofs_out,
+            ndofs_out=ndofs_out)
+        p = cached_plan(key, flat, spec, xp, backend, "auto")
+        return p(*ops, out=out, stream=stream)
+    return p(*flat, out=out, stream=stream)
+
+
+def mixed_action(B_in, B_out, Q, V, *, G_in=None, G_out=None, eval_in="value",
+                 eval_out="value", out=None, backend="auto", stream=None):
+    """The general linear operator of mixed spaces on element vectors,
+    ``U_e = E_out^T (Q_e . E_in V_e)`` (docs/math.md section 7).
+
+    The input field has its own basis (``B_in``, ``G_in``: ``nq x nd_in``), the output
+    field another (``B_out``, ``G_out``: ``nq x nd_out``), at a common quadrature of nq
+    points per axis. ``E_in`` evaluates, for each of the ``ncomp_in`` input components,
+    what ``eval_in`` selects at every point: its value (``B_in`` on every axis) and/or its
+    ``dim`` reference derivatives ``d/dxi_a`` (``G_in`` on axis ``a``, ``B_in`` on the
+    others); these are the input *slots*. ``Q[e, r, s, k1, ..., kd]`` couples output slot
+    ``r`` with input slot ``s`` at each point, and ``E_out^T`` applies the transposed
+    output evaluations (``B_out^T``, ``G_out^T``) and sums over the output slots:
+
+        U[e, c', i] = sum_{r(c', j'), s, k} E_out[j'][k, i] Q[e, r, s, k] (E_in V_e)[s, k]
+
+    Slots are component-major: slot ``c * nper + j``, ``nper`` evaluations a component in
+    the order value (if selected), then ``d/dxi_1, ..., d/dxi_dim`` (if selected), so
+    ``nper`` is 1 (``"value"``), ``dim`` (``"grad"``) or ``1 + dim`` (``"both"``). Q has
+    ``ncomp_out * nper_out`` rows and ``ncomp_in * nper_in`` columns a point; the
+    component counts are read from them. The derivatives are reference ones (on
+    [-1, 1]^dim): the geometry (``J^-1``, ``|J|``, weights) belongs in Q.
+
+    Instances: the mass operator is value/value with ``Q[e, 0, 0] = D`` and diffusion
+    grad/grad with ``Q[e, a, b] = Q^{ab}``, both with ``B_in = B_out``
+    (:func:`operator_action` runs them with size-specialised kernels); BLAST's corner force
+    ``F`` is value (L2, 1 component) to grad (H1, ``dim`` components) with ``Q[e, c*dim+a,
+    0] = A[e, c, a]`` and ``F^T`` its transpose (:func:`force_apply`,
+    :func:`force_apply_transpose`: specialised kernels). This function is the general
+    path: sum-factorised one-axis contractions (one GEMM each on the whole batch: BLAS on
+    the host, cuBLAS on a GPU; evaluations share partial sums), the pointwise Q product,
+    then the transposed contractions; never a dense element matrix, and no size-specialised
+    kernel on any backend (``plan.specialized`` is False and the plan logs it).
+
+    Parameters
+    ----------
+    B_in : array, shape (nq, nd_in)
+        The input basis at the quadrature points, ``B_in[k, j] = phi_j(x_k)``.
+    B_out : array, shape (nq, nd_out)
+        The output basis at the same points.
+    Q : array, shape (E, nslots_out, nslots_in, nq, ..., nq)
+        The coupling per element and point; its rank sets the dimension (1 to 3).
+    V : array, shape (E, nd_in, ..., nd_in) or (E, ncomp_in, nd_in, ..., nd_in)
+        The input element vectors (the axis may be left out for one component).
+    G_in, G_out : arrays, shape (nq, nd_in) and (nq, nd_out)
+        The bases' derivatives on [-1, 1], needed exactly where the side evaluates
+        gradients (given with ``"value"``: an error).
+    eval_in, eval_out : {"value", "grad", "both"}
+        What each side evaluates of each component.
+    out : array, optional
+        The result buffer (overwritten), shape as returned.
+    backend, stream : as for :func:`batched_contract`.
+
+    Returns
+    -------
+    U : array, shape (E, ncomp_out, nd_out, ..., nd_out), or (E, nd_out, ..., nd_out) for
+        one output component
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit together (the message names the operand, its shape and the
+        expected one), an unknown ``eval_in``/``eval_out``, a ``G`` missing or not wanted.
+    TypeError
+        Mixed dtypes or array libraries.
+
+    Examples
+    --------
+    The corner force ``F e`` (H1^2 <- L2) as the general operator:
+
+    >>> import numpy as np, smalltc
+    >>> from smalltc import fem
+    >>> h1, l2 = fem.basis_1d(2, 4), fem.basis_1d(1, 4)           # p = 2, nq = 2p
+    >>> rng = np.random.default_rng(0)
+    >>> A = rng.random((5, 2, 2, 4, 4)); e = rng.random((5, 2, 2))
+    >>> Fe = smalltc.mixed_action(l2.B1d, h1.B1d, A.reshape(5, 4, 1, 4, 4), e,
+    ...                           G_out=h1.G1d, eval_out="grad")
+    >>> Fe.shape
+    (5, 2, 3, 3)
+    >>> bool(np.allclose(Fe, smalltc.force_apply(l2.B1d, h1.B1d, h1.G1d, A, e)))
+    True
+    """
+    return _mixed(B_in, B_out, Q, V, G_in, G_out, eval_in, eval_out, None, None, None, out,
+                  backend, stream)
+
+
+def mixed_apply(B_in, B_out, Q, x, *, G_in=None, G_out=None, eval_in="value",
+                eval_out="value", elem_dofs_in=None, elem_dofs_out=None, ndofs_out=None,
+                out=None, backend="auto", stream=None):
+    """The general operator of mixed spaces between global vectors,
+    ``y = sum_e R_out,e^T E_out^T (Q_e . E_in R_in,e x)``; either side may instead be
+    element-local (discontinuous, L2: no map).
+
+    ``R_in,e`` gathers element ``e``'s input values from ``x`` through ``elem_dofs_in``
+    (``x[..., elem_dofs_in[e]]``), the element action is :func:`mixed_action`'s (``B_in``,
+    ``B_out``, ``Q``, ``G_in``, ``G_out``, ``eval_in``, ``eval_out`` as there, and the same
+    slot convention), and ``R_out,e^T`` adds the element results into ``y`` through
+    ``elem_dofs_out``. Without ``elem_dofs_in``, ``x`` is the input element vectors (E,
+    [ncomp_in,] nd_in, ...); without ``elem_dofs_out`` the result is per element (as
+    :func:`mixed_action`). The general path: gather, the sum-factorised action, scatter-add
+    (float64 sums per DoF), not a fused kernel.
+
+    Parameters
+    ----------
+    B_in, B_out, Q : as for :func:`mixed_action`.
+    x : array, shape (ndofs_in,) or (ncomp_in, ndofs_in) with ``elem_dofs_in``, else the
+        element vectors (E, [ncomp_in,] nd_in, ..., nd_in)
+    G_in, G_out, eval_in, eval_out : as for :func:`mixed_action`.
+    elem_dofs_in : int32 or int64 array, shape (E, nd_in, ..., nd_in), optional
+        The input side's element-to-DoF map (every index in ``[0, ndofs_in)``).
+    elem_dofs_out : int32 or int64 array, shape (E, nd_out, ..., nd_out), optional
+        The output side's map (every index in ``[0, ndofs_out)``); for a square operator
+        pass the same map on both sides.
+    ndofs_out : int, optional
+        With ``elem_dofs_out``: the length of ``y`` per component (or given by ``out``).
+    out : array, optional
+        ``y``, overwritten (not added to).
+    backend, stream : as for :func:`batched_contract`.
+
+    Returns
+    -------
+    y : array, shape (ndofs_out,) or (ncomp_out, ndofs_out) with ``elem_dofs_out``, else
+        as :func:`mixed_action` returns
+
+    Raises
+    ------
+    ValueError
+        As :func:`mixed_action`; a map of the wrong shape, or an index outside its vector
+        (the message names ``elem_dofs_in`` or ``elem_dofs_out``; every call checks it);
+        ``ndofs_out`` missing with ``elem_dofs_out`` or given without it.
+    TypeError
+        Mixed dtypes or array libraries, a map not int32/int64.
+
+    Examples
+    --------
+    The 1D stiffness matrix of two linear elements, ``y = K x``, as grad/grad:
+
+    >>> import numpy as np, smalltc
+    >>> B = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])       # P1 at 3 points
+    >>> G = np.array([[-0.5, 0.5]] * 3)                          # d phi / d xi
+    >>> Q = np.full((2, 1, 1, 3), 2 / 3) * np.array([1, 4, 1])   # w / J, J = 1/2
+    >>> m = np.array([[0, 1], [1, 2]], dtype=np.int32)
+    >>> print(smalltc.mixed_apply(B, B, Q, np.array([0., 1., 0.]), G_in=G, G_out=G,
+    ...       eval_in="grad", eval_out="grad", elem_dofs_in=m, elem_dofs_out=m, ndofs_out=3))
+    [-1.  2. -1.]
+    """
+    return _mixed(B_in, B_out, Q, x, G_in, G_out, eval_in, eval_out, elem_dofs_in,
+                  elem_dofs_out, ndofs_out, out, backend, stream)

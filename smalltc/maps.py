@@ -133,14 +133,15 @@ def transpose(elem_dofs, ndofs):
     return pos, off
 
 
-def check_range(elem_dofs, ndofs):
-    """Raise ``ValueError`` naming ``elem_dofs`` when an index is outside ``[0, ndofs)``."""
+def check_range(elem_dofs, ndofs, name="elem_dofs", vector="x"):
+    """Raise ``ValueError`` naming the map (``name``) when an index is outside ``[0,
+    ndofs)``; ``vector`` names the global vector it indexes in the message."""
     if elem_dofs.size == 0:
         return
     lo, hi = int(elem_dofs.min()), int(elem_dofs.max())
     if lo < 0 or hi >= ndofs:
-        raise ValueError(f"elem_dofs holds indices {lo}..{hi}, outside [0, {ndofs}) for "
-                         f"ndofs={ndofs} (x has {ndofs} entries per component)")
+        raise ValueError(f"{name} holds indices {lo}..{hi}, outside [0, {ndofs}) for "
+                         f"ndofs={ndofs} ({vector} has {ndofs} entries per component)")
 
 
 def out_of_range(elem_dofs, ndofs, index=None):

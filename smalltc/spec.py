@@ -6,7 +6,8 @@ what every consumer asks of an operation, so none of them needs to know
 which kind of spec it holds:
 
 ==================  =========================================================
-``spec.op``         "gemm", "contract", "action" or "assembly"
+``spec.op``         "gemm", "contract", "action", "assembly", "mass_apply",
+                    "mass_diagonal" or "mixed"
 ``spec.inputs``     the operands a call takes, in order (:class:`Operand`:
                     name, shape, whether it carries the batch axis)
 ``spec.out_shape``  the result's shape
@@ -51,7 +52,7 @@ from typing import NamedTuple
 
 __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
            "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES", "QFUNCS",
-           "QDTYPES", "GEOMETRIES", "FORCE_QFUNCS",
+           "QDTYPES", "GEOMETRIES", "FORCE_QFUNCS", "MixedSpec", "EVALS",
            "nsym", "spec_from_dict"]
 
 #: kernels (8a), (8b), (9) of docs/math.md section 3: output axis order per kind.
@@ -663,9 +664,147 @@ class MassDiagonalSpec(_Operator):
                 f"ndofs={self.ndofs} {self.dtype} {self.index_dtype}{det}{self._co}")
 
 
+#: what a side of the general operator evaluates at the quadrature points, per component
+#: (:class:`MixedSpec`): the value, the ``dim`` reference gradients, or both (value first)
+EVALS = ("value", "grad", "both")
+
+
+@dataclass(frozen=True)
+class MixedSpec(_Spec):
+    """The general operator of mixed spaces, ``U = E_out^T (Q . E_in V)`` per element
+    (docs/math.md section 7): bases ``(nq, nd_in)`` and ``(nq, nd_out)`` at one quadrature;
+    each side evaluates ``eval_in``/``eval_out`` ("value", "grad", "both") of its
+    ``ncomp_in``/``ncomp_out`` components; ``Q[e, r, s, k...]`` couples output slot ``r``
+    with input slot ``s``. Slots are component-major, ``c * nper + j``, ``j`` over the value
+    then ``d/dxi_1 .. d/dxi_dim`` as evaluated (:meth:`evals`).
+
+    ``ndofs_in`` None: the input is element vectors ``V`` ``(E, [ncomp_in,] nd_in, ...)``
+    (L2); else a global ``x`` ``([ncomp_in,] ndofs_in)`` gathered through
+    ``elem_dofs_in``. Likewise ``ndofs_out``: element results, or a global ``y`` added into
+    through ``elem_dofs_out``; the output has a component axis when ``ncomp_out > 1``. The
+    general sum-factorised path, no size-specialised kernel on any backend (``qfunc``
+    "mixed": ``specialized=False``).
+
+    >>> s = MixedSpec(dim=2, nq=4, nd_in=2, nd_out=3, batch=5, dtype="float64",
+    ...               ncomp_out=2, eval_out="grad")
+    >>> [(o.name, o.shape) for o in s.inputs]
+    [('B_in', (4, 2)), ('B_out', (4, 3)), ('G_out', (4, 3)), ('Q', (5, 4, 1, 4, 4)), ('V', (5, 2, 2))]
+    >>> s.out_shape, s.size_key, str(s)
+    ((5, 2, 3, 3), 'mixed/2d/nq4in2v1out3g2', 'mixed_2d nq=4 in: nd=2 value x1 out: nd=3 grad x2 E=5 float64')
+    """
+
+    dim: int
+    nq: int
+    nd_in: int
+    nd_out: int
+    batch: int
+    dtype: str
+    ncomp_in: int = 1
+    ncomp_out: int = 1
+    eval_in: str = "value"
+    eval_out: str = "value"
+    comp_axis_in: bool = False
+    ndofs_in: int | None = None
+    ndofs_out: int | None = None
+    index_dtype_in: str = "int32"
+    index_dtype_out: str = "int32"
+    op = "mixed"
+    qfunc = "mixed"           # not a field: the backends' test for an instance without a kernel
+
+    def __post_init__(self):
+        for side in ("in", "out"):
+            ev = getattr(self, f"eval_{side}")
+            if ev not in EVALS:
+                raise ValueError(f"eval_{side} must be one of {EVALS}, got {ev!r}")
+            if getattr(self, f"index_dtype_{side}") not in INDEX_DTYPES:
+                raise ValueError(f"index_dtype_{side} must be one of {INDEX_DTYPES}, got "
+                                 f"{getattr(self, f'index_dtype_{side}')!r}")
+        if self.dim not in (1, 2, 3):
+            raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
+        if self.ncomp_in > 1 and not self.comp_axis_in:
+            raise ValueError(f"ncomp_in={self.ncomp_in} needs comp_axis_in=True (the input "
+                             "has a component axis)")
+
+    def evals(self, side):
+        """The evaluations of one side, in slot order: ``-1`` the value, ``a`` the reference
+        derivative along tensor axis ``a``."""
+        ev = getattr(self, f"eval_{side}")
+        return ((-1,) if ev != "grad" else ()) + (tuple(range(self.dim))
+                                                  if ev != "value" else ())
+
+    @property
+    def nslots_in(self):
+        return self.ncomp_in * len(self.evals("in"))
+
+    @property
+    def nslots_out(self):
+        return self.ncomp_out * len(self.evals("out"))
+
+    def _side_shape(self, side):
+        nd, nc = getattr(self, f"nd_{side}"), getattr(self, f"ncomp_{side}")
+        axis = self.comp_axis_in if side == "in" else nc > 1
+        ndofs = getattr(self, f"ndofs_{side}")
+        comp = (nc,) if axis else ()
+        if ndofs is None:
+            return (self.batch,) + comp + (nd,) * self.dim
+        return comp + (ndofs,)
+
+    @property
+    def out_shape(self):
+        return self._side_shape("out")
+
+    @property
+    def inputs(self):
+        ops = []
+        for side in ("in", "out"):
+            shape = (self.nq, getattr(self, f"nd_{side}"))
+            ops.append(Operand(f"B_{side}", shape, False))
+            if getattr(self, f"eval_{side}") != "value":
+                ops.append(Operand(f"G_{side}", shape, False))
+        q = (self.batch, self.nslots_out, self.nslots_in) + (self.nq,) * self.dim
+        ops.append(Operand("Q", q, True))
+        ops.append(Operand("V" if self.ndofs_in is None else "x", self._side_shape("in"),
+                           self.ndofs_in is None))
+        for side in ("in", "out"):
+            if getattr(self, f"ndofs_{side}") is not None:
+                ops.append(Operand(f"elem_dofs_{side}", (self.batch,) + (
+                    getattr(self, f"nd_{side}"),) * self.dim, True, False,
+                    getattr(self, f"index_dtype_{side}")))
+        return tuple(ops)
+
+    def kernel_key(self):
+        """No batch count and no vector lengths."""
+        return (self.op,) + tuple(v for k, v in self.__dict__.items()
+                                  if k not in ("batch", "ndofs_in", "ndofs_out")) + (
+            self.ndofs_in is None, self.ndofs_out is None)
+
+    @property
+    def size_key(self):
+        def side(s):
+            return (f"{getattr(self, f'nd_{s}')}{getattr(self, f'eval_{s}')[0]}"
+                    f"{getattr(self, f'ncomp_{s}')}"
+                    + ("" if getattr(self, f"ndofs_{s}") is None else "m"))
+        return f"mixed/{self.dim}d/nq{self.nq}in{side('in')}out{side('out')}"
+
+    def sizes(self):
+        return dict(dim=self.dim, nq=self.nq, nd_in=self.nd_in, nd_out=self.nd_out,
+                    batch=self.batch, ncomp_in=self.ncomp_in, ncomp_out=self.ncomp_out,
+                    nslots_in=self.nslots_in, nslots_out=self.nslots_out)
+
+    def __str__(self):
+        def side(s):
+            nd = getattr(self, f"nd_{s}")
+            ndofs = getattr(self, f"ndofs_{s}")
+            where = "" if ndofs is None else f" ndofs={ndofs}"
+            return (f"{s}: nd={nd} {getattr(self, f'eval_{s}')} x{getattr(self, f'ncomp_{s}')}"
+                    f"{where}")
+        return f"mixed_{self.dim}d nq={self.nq} {side('in')} {side('out')} E={self.batch} " \
+               f"{self.dtype}"
+
+
 #: op name -> spec class
 SPEC_TYPES = {c.op: c for c in (GemmSpec, ContractSpec, ActionSpec, AssemblySpec,
-                                MassApplySpec, MassDiagonalSpec)}
+                                MassApplySpec, MassDiagonalSpec, MixedSpec)}
 
 
 def spec_from_dict(d: dict):

@@ -11,7 +11,8 @@ and mass ``M_d`` on the ``n = p + 1 + 2 overlap`` nodes of the extended element:
 Gauss-Lobatto element matrices ``(2/h) K1`` and ``(h/2) M1`` of the element (length
 ``h`` = the mean length of its edges along ``d``), plus, with ``overlap=1``, the part of
 the neighbour's own matrices (its length) coupling its last two nodes (the node beyond
-is Dirichlet); without a neighbour (the domain's boundary) the extension is absent, and
+is Dirichlet; at p = 1, where that is the neighbour's far vertex, its row is completed by
+a segment of the neighbour's length beyond it, as in the assembled matrix); without a neighbour (the domain's boundary) the extension is absent, and
 a face whose DoFs are all constrained makes the element's boundary node Dirichlet. The
 local operator is (3D; 2D alike) ::
 
@@ -137,6 +138,11 @@ def _local_1d(K1, M1, h, hl, hr, left, right, overlap):
         A[nb, blk, blk] += (2.0 / hn[nb])[:, None, None] * K1[src, src]
         M[nb, blk, blk] += (0.5 * hn[nb])[:, None, None] * M1[src, src]
         ext = 0 if side == 0 else n - 1
+        if p == 1:
+            # the extended node is the neighbour's far vertex: the segment beyond it (taken
+            # of the neighbour's length) closes its row, as in the assembled matrix
+            A[nb, ext, ext] += (2.0 / hn[nb]) * K1[0, 0]
+            M[nb, ext, ext] += (0.5 * hn[nb]) * M1[0, 0]
         A[~nb, ext, :] = A[~nb, :, ext] = M[~nb, ext, :] = M[~nb, :, ext] = 0.0
         A[~nb, ext, ext] = M[~nb, ext, ext] = 1.0
         dr = flag == 2

@@ -365,12 +365,12 @@ def schwarz(space, xp=np, **kwargs):
     Examples
     --------
     >>> from smalltc import fem
+    >>> from smalltc.fem.multigrid import Constrained, boundary_mask
     >>> V = fem.H1Space(fem.box_mesh(3, 2), p=3)
     >>> A = fem.diffusion_operator(V)
-    >>> P = schwarz(V, free=~fem.boundary_mask(V))
-    >>> free = ~fem.boundary_mask(V)
+    >>> free = ~boundary_mask(V)
+    >>> P = schwarz(V, free=free)
     >>> b = np.where(free, 1.0, 0.0)
-    >>> from smalltc.fem.multigrid import Constrained
     >>> Ac = Constrained(A, A.diagonal(), free)
     >>> res = fem.cg(Ac, b, tol=1e-8, precond=P)
     >>> bool(res.converged), res.iterations < 20

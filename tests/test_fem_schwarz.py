@@ -265,3 +265,13 @@ def test_schwarz_on_the_gpu_matches_the_cpu(p):
     b = gpu.operator(cp.asarray(r * free))
     res = fem.cg(gpu.operator, b, tol=1e-8, precond=gpu)
     assert res.converged and res.iterations < 20
+
+
+def test_bench_pmg_relaxation_option():
+    from argparse import Namespace
+
+    from smalltc.bench.cli import _pmg_options, _tag
+    args = Namespace(pmg_smoother=None, pmg_relaxation="schwarz", pmg_degree=None,
+                     sizes=None, p="2-4", dim=None, mesh=None)
+    assert _pmg_options(args) == {"relaxation": "schwarz"}
+    assert _tag(args, ["solve"], ["gemm"]) == "solve-p2_4-rxschwarz-"

@@ -275,3 +275,19 @@ def test_bench_pmg_relaxation_option():
                      sizes=None, p="2-4", dim=None, mesh=None)
     assert _pmg_options(args) == {"relaxation": "schwarz"}
     assert _tag(args, ["solve"], ["gemm"]) == "solve-p2_4-rxschwarz-"
+
+
+@pytest.mark.parametrize("dim, p, overlap", [(2, 3, 1), (3, 2, 1), (3, 4, 0)])
+def test_host_kernel_matches_the_array_path(dim, p, overlap):
+    pytest.importorskip("numba")
+    mesh = fem.kershaw_mesh(6, 0.3, dim=dim) if dim == 3 else fem.kershaw_mesh((6, 4), 0.3,
+                                                                               dim=2)
+    V = fem.H1Space(mesh, p)
+    free = ~boundary_mask(V)
+    fast = Schwarz(V, free=free, overlap=overlap, host_kernel=True)
+    slow = Schwarz(V, free=free, overlap=overlap, host_kernel=False)
+    r = np.random.default_rng(5).standard_normal(V.ndofs)
+    z = np.full(V.ndofs, np.nan)
+    z[:] = fast(r)
+    ref = slow(r)
+    assert np.allclose(z, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())

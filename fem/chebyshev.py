@@ -35,6 +35,12 @@ A bound given by hand below that Ritz value would make the smoother amplify the 
 the spectrum (and a V-cycle lose definiteness): it is refused with a ``ValueError``,
 as is an operator whose Lanczos matrix shows a non-positive eigenvalue.
 
+``D^-1`` can be any SPD preconditioner ``M^-1`` (``Chebyshev(..., preconditioner=P)``,
+``P`` a callable ``r -> M^-1 r``: e.g. :class:`smalltc.fem.schwarz.Schwarz`, the
+overlapping Schwarz smoother of NekRS's p-multigrid): the polynomials are then in ``M^-1
+A``, the same Lanczos (PCG with ``M``) estimates its ``lambda_max``, and each step applies
+``M^-1`` once after the fused vector update (:class:`PreconditionedVectorOps`).
+
 Everything is array-module generic: NumPy, or CuPy for an operator whose applications
 return CuPy arrays (the random vector is drawn on the host with a fixed seed and
 copied, so the CPU and the GPU estimate the same bound).

@@ -319,16 +319,16 @@ class Schwarz(_Preconditioner):
 
     def _host_kernel(self):
         """The compiled local solves (``templates/cpu/schwarz_fdm.py.j2``: one kernel per
-        dimension, dtype and index type, sizes at run time)."""
+        extended size, dimension, dtype and index type)."""
         if self._hk is None:
             from smalltc.backends.cpu.runtime import NB_TYPES, load_kernel
             itype = np.dtype(self.idx.dtype).name
             a = f"{NB_TYPES[self.dtype.name]}[:, ::1]"
             sig = f"void({a}, {a}, {itype}[:, ::1], {a}, {a}, int64, int64)"
-            entry = (f"stc_schwarz_fdm_{self.space.dim}d_"
+            entry = (f"stc_schwarz_fdm_{self.space.dim}d_n{self.nloc}_"
                      f"{'f64' if self.dtype == np.float64 else 'f32'}_"
                      f"{'i32' if itype == 'int32' else 'i64'}")
-            fn, _ = load_kernel("schwarz_fdm.py.j2", entry, dim=self.space.dim,
+            fn, _ = load_kernel("schwarz_fdm.py.j2", entry, dim=self.space.dim, n=self.nloc,
                                 dtype=self.dtype.name, vbits=0, signature=sig)
             E = self.space.nelements
             self._hk = (fn, np.ascontiguousarray(self.S.reshape(E, -1)),

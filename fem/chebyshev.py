@@ -310,16 +310,19 @@ class PreconditionedVectorOps(VectorOps):
                             f"{type(preconditioner).__name__}")
         self.preconditioner = preconditioner
 
+    def _apply(self, r):
+        """``M^-1 r`` in the vectors' dtype (a preconditioner may work in another)."""
+        return self.xp.asarray(self.preconditioner(r)).astype(self.dtype, copy=False)
+
     def start(self, r, c1):
-        d = self.preconditioner(r)
-        d = d * c1
+        d = self._apply(r) * c1
         if self.free is None:
             return d, (d.copy() if self.gpu else d)
         return d, d * self.free
 
     def step(self, y, r, x, d, dm, c0, c1, xzero, beta=1.0):
         super().step(y, r, x, d, dm, c0, 0.0, xzero, beta)
-        t = self.preconditioner(r)
+        t = self._apply(r)
         t *= c1
         d += t
         if dm is not d:

@@ -700,8 +700,8 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         (notes/solvers.md).
     schwarz_options : dict, optional
         Keyword arguments of :class:`~smalltc.fem.schwarz.Schwarz` (``overlap``,
-        ``weights``, ``mass``); ``kappa`` (a number) and ``alpha`` come from this
-        function's.
+        ``weights``, ``mass``, ``dtype``: e.g. float32 local solves in a float64 solve,
+        as NekRS's); ``kappa`` (a number) and ``alpha`` come from this function's.
     constrained : array of bool or int, "boundary", region name(s) or None
         The constrained (Dirichlet) DoFs of the finest level: a mask, indices,
         the whole boundary, or boundary regions (``space.boundary_dofs(region)``).
@@ -891,9 +891,10 @@ def _schwarz_level(lev, xp, dtype, kind, kappa, alpha, options):
         raise ValueError("relaxation='schwarz' is for diffusion and Helmholtz levels, not "
                          "mass: use relaxation='jacobi'")
     opts = dict(options or {})
-    for key in ("kappa", "alpha", "free", "dtype"):
+    for key in ("kappa", "alpha", "free"):
         if key in opts:
             raise ValueError(f"schwarz_options may not set {key!r} (pmg passes it)")
+    dtype = np.dtype(opts.pop("dtype", dtype))
     k = kappa if kappa is not None and np.ndim(kappa) == 0 and not callable(kappa) else 1.0
     a = float(alpha) if kind == "helmholtz" and alpha is not None else 0.0
     return Schwarz(lev.space, xp, free=lev.free, kappa=float(k), alpha=a, dtype=dtype, **opts)

@@ -291,3 +291,22 @@ def test_host_kernel_matches_the_array_path(dim, p, overlap):
     z[:] = fast(r)
     ref = slow(r)
     assert np.allclose(z, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
+
+
+def test_pmg_with_float32_local_solves():
+    """float32 Schwarz inside a float64 V-cycle: the smoother's vectors stay float64 and
+    the iterations are those of float64 local solves (to 1e-8)."""
+    V = fem.H1Space(fem.kershaw_mesh(6, 0.3), 3)
+    A = fem.diffusion_operator(V)
+    its = []
+    for dt in (np.float64, np.float32):
+        M = fem.pmg(A, constrained="boundary", relaxation="schwarz",
+                    schwarz_options=dict(dtype=dt, host_kernel=False))
+        assert M.levels[0].smoother.preconditioner.dtype == dt
+        b = M.operator(np.random.default_rng(0).standard_normal(V.ndofs) * M.levels[0].free)
+        z = M(b)
+        assert z.dtype == np.float64
+        res = fem.cg(M.operator, b, tol=1e-8, precond=M)
+        assert res.converged
+        its.append(res.iterations)
+    assert abs(its[0] - its[1]) <= 1, its

@@ -154,9 +154,6 @@ def _local_1d(K1, M1, h, hl, hr, left, right, overlap):
     return A, M
 
 
-#: the largest extended size (nodes per direction) the compiled host path takes by default
-_KERNEL_MAX_N = 7
-
 #: elements per chunk of the compiled local solves (one per SIMD lane: two AVX2 vectors
 #: of float64)
 _LANES = 8
@@ -201,11 +198,10 @@ class Schwarz(_Preconditioner):
         (``templates/cpu/schwarz_fdm.py.j2``: gather, the ``2 dim`` sum-factorised
         products and the scale per element, eight elements at a time in SIMD lanes; then
         ``numpy.bincount``); False: the array path (``numpy.matmul`` with one matrix per
-        element). None (default): compiled where Numba imports and the extended element
-        has at most 7 nodes per direction, the array path above (measured on one AVX2
-        thread, Kershaw 3D, whole applications in finest-level operator applications:
-        p = 2, 3, 4: 1.9, 2.3, 2.2 compiled against 2.8, 3.8, 3.4; p = 6, 8: 2.0, 2.1
-        against 1.4, 1.4).
+        element). None (default): compiled where Numba imports (one AVX2 thread, Kershaw
+        3D, ~60k DoFs, one application in finest-level operator applications: p = 2..8
+        1.39, 1.45, 1.33, 1.18, 1.09, 1.14, 0.96 compiled against 3.67, 3.23, 2.88, 1.95,
+        1.75, 1.33, 1.55 by ``numpy.matmul``).
 
     Attributes
     ----------
@@ -325,7 +321,7 @@ class Schwarz(_Preconditioner):
         self.w = xp.asarray(w.astype(self.dtype))
         self.fixed = None if fixed is None else xp.asarray(fixed.astype(self.dtype))
         if host_kernel is None:
-            host_kernel = _numba_present() and nloc <= _KERNEL_MAX_N
+            host_kernel = _numba_present()
         self.host_kernel = bool(host_kernel) and xp is np
         self._hk = None
 

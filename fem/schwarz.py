@@ -314,7 +314,8 @@ class Schwarz(_Preconditioner):
             w = w * ~fixed
         itype = np.int32 if self.n + 1 < 2**31 else np.int64
         self.idx = xp.asarray(idx.astype(itype))
-        self._flat = self.idx.reshape(-1)
+        # numpy.bincount takes intp indices (an int32 map would be converted per call)
+        self._flat = idx.reshape(-1) if xp is np else self.idx.reshape(-1)
         self.S = xp.asarray(np.ascontiguousarray(np.stack(Ss, axis=1)).astype(self.dtype))
         self.ST = xp.ascontiguousarray(xp.swapaxes(self.S, -1, -2))
         self.inv_eig = xp.asarray((1.0 / D).astype(self.dtype))

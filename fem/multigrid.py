@@ -565,15 +565,20 @@ class PMultigrid(_Preconditioner):
         Returns
         -------
         dict
-            ``{"per_level": [(p, applications), ...], "fine_equivalent": float}``.
+            ``{"per_level": [(p, applications), ...], "fine_equivalent": float,
+            "relaxations": float}``; ``relaxations``: the Schwarz applications
+            (``relaxation="schwarz"``: one per Chebyshev step), weighted alike (0 for
+            point Jacobi, a vector scaling).
         """
-        per, total = [], 0.0
+        per, total, relax = [], 0.0, 0.0
         n0 = self.levels[0].space.ndofs
         for lev in self.levels[:-1]:
             apps = 2 * lev.smoother.degree            # (k-1) + 1 residual + k
             per.append((lev.space.p, apps))
             total += apps * lev.space.ndofs / n0
-        return {"per_level": per, "fine_equivalent": total}
+            if lev.smoother.preconditioner is not None:
+                relax += 2 * lev.smoother.degree * lev.space.ndofs / n0
+        return {"per_level": per, "fine_equivalent": total, "relaxations": relax}
 
     def __repr__(self):
         relax = ("point Jacobi" if self.relaxation == "jacobi" else
@@ -595,7 +600,9 @@ class PMultigrid(_Preconditioner):
             lines.append(f"  {i:5d} {lev.space.p:3d} {lev.space.ndofs:10d} {free:10d}  {what}")
         c = self.cost()
         lines.append(f"  V-cycle cost: {c['fine_equivalent']:.2f} finest-level applications "
-                     f"(by DoFs; {', '.join(f'p={p}: {a}' for p, a in c['per_level'])})")
+                     f"(by DoFs; {', '.join(f'p={p}: {a}' for p, a in c['per_level'])})"
+                     + (f" + {c['relaxations']:.2f} Schwarz applications" if c["relaxations"]
+                        else ""))
         return "\n".join(lines)
 
 

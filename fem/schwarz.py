@@ -12,8 +12,9 @@ Gauss-Lobatto element matrices ``(2/h) K1`` and ``(h/2) M1`` of the element (len
 ``h`` = the mean length of its edges along ``d``), plus, with ``overlap=1``, the part of
 the neighbour's own matrices (its length) coupling its last two nodes (the node beyond
 is Dirichlet; at p = 1, where that is the neighbour's far vertex, its row is completed by
-a segment of the neighbour's length beyond it, as in the assembled matrix); without a neighbour (the domain's boundary) the extension is absent, and
-a face whose DoFs are all constrained makes the element's boundary node Dirichlet. The
+a segment of the neighbour's length beyond it, as in the assembled matrix); without a
+neighbour (the domain's boundary) the extension is absent, and a face whose DoFs are all
+constrained makes the element's boundary node Dirichlet. The
 local operator is (3D; 2D alike) ::
 
     K_e = kappa (M_z x M_y x A_x + M_z x A_y x M_x + A_z x M_y x M_x) + alpha M_z x M_y x M_x

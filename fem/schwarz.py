@@ -357,17 +357,18 @@ class Schwarz(_Preconditioner):
         fn(S, rp.reshape(1, -1), idx, inv, U, chunks, min(chunks, numba.get_num_threads()))
         return U
 
-    def _apply_1d(self, U, Mats):
-        """``U`` (E, n, .., n) with the element's matrix ``Mats[:, d]`` applied along each
-        local axis ``d``."""
+    def _apply_1d(self, U, MatsT):
+        """``U`` (E, n, .., n) with the element's matrix ``MatsT[:, d]^T`` applied along
+        each local axis ``d``: ``dim`` batched products, each contracting the slowest axis
+        and leaving its result as the fastest (``(x, y, z) -> (y, z, x') -> (z, x', y')
+        -> (x', y', z')``), so each is one GEMM per element on a transposed view (no
+        copies, no broadcasting)."""
         E, n, dim = U.shape[0], self.nloc, self.space.dim
-        if dim == 1:
-            return (Mats[:, 0] @ U[:, :, None])[:, :, 0]
-        U = (Mats[:, 0] @ U.reshape(E, n, -1)).reshape(U.shape)
-        if dim == 3:
-            U = Mats[:, 1][:, None] @ U
-        last = Mats[:, dim - 1]
-        return (U.reshape(E, -1, n) @ self.xp.swapaxes(last, -1, -2)).reshape(U.shape)
+        xp = self.xp
+        V = U
+        for d in range(dim):
+            V = xp.swapaxes(V.reshape(E, n, -1), 1, 2) @ MatsT[:, d]
+        return V.reshape(U.shape)
 
     def local_solve(self, U):
         """``K_e^-1 U_e`` for every element: ``U`` of shape (E, nloc, ..., nloc).
@@ -380,9 +381,9 @@ class Schwarz(_Preconditioner):
         >>> U.shape
         (4, 2, 2)
         """
-        V = self._apply_1d(U, self.ST)
+        V = self._apply_1d(U, self.S)              # S^T on every axis
         V *= self.inv_eig
-        return self._apply_1d(V, self.S)
+        return self._apply_1d(V, self.ST)
 
     def __call__(self, r):
         """``z = P r`` (shape (n,) -> (n,)), in r's module and this dtype."""

@@ -44,6 +44,7 @@ from . import meshes
 from .mesh import BoxMesh, Kershaw, box_mesh, kershaw_mesh, sine_distortion
 from .meshes import demo_mesh_path, make_demo_mesh
 from .multigrid import PMultigrid, Transfer, pmg, pmg_orders
+from .schwarz import Schwarz, schwarz
 from .unstructured import UnstructuredMesh, from_elements, read_mesh
 from .output import to_meshio, write_vtu
 from .operators import (
@@ -133,6 +134,8 @@ __all__ = [
     "Transfer",
     "pmg",
     "pmg_orders",
+    "Schwarz",
+    "schwarz",
     # the Poisson problem
     "PoissonProblem",
     "PoissonResult",

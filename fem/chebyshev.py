@@ -35,6 +35,12 @@ A bound given by hand below that Ritz value would make the smoother amplify the 
 the spectrum (and a V-cycle lose definiteness): it is refused with a ``ValueError``,
 as is an operator whose Lanczos matrix shows a non-positive eigenvalue.
 
+``D^-1`` can be any SPD preconditioner ``M^-1`` (``Chebyshev(..., preconditioner=P)``,
+``P`` a callable ``r -> M^-1 r``: e.g. :class:`smalltc.fem.schwarz.Schwarz`, the
+overlapping Schwarz smoother of NekRS's p-multigrid): the polynomials are then in ``M^-1
+A``, the same Lanczos (PCG with ``M``) estimates its ``lambda_max``, and each step applies
+``M^-1`` once after the fused vector update (:class:`PreconditionedVectorOps`).
+
 Everything is array-module generic: NumPy, or CuPy for an operator whose applications
 return CuPy arrays (the random vector is drawn on the host with a fixed seed and
 copied, so the CPU and the GPU estimate the same bound).
@@ -47,7 +53,7 @@ import numpy as np
 from smalltc._arrays import array_module
 
 __all__ = ["Chebyshev", "chebyshev", "estimate_lambda_max", "KINDS", "OPT_FOURTH_BETAS",
-           "VectorOps"]
+           "VectorOps", "PreconditionedVectorOps"]
 
 #: the polynomial kinds :class:`Chebyshev` builds
 KINDS = ("fourth", "first", "fourth-opt")
@@ -80,8 +86,9 @@ def _as_apply(operator):
     raise TypeError(f"operator must be callable or a matrix, got {type(operator).__name__}")
 
 
-def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0):
-    """Largest eigenvalue of ``D^-1 A`` from ``steps`` Jacobi-PCG (Lanczos) iterations.
+def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=None):
+    """Largest eigenvalue of ``D^-1 A`` (``M^-1 A``) from ``steps`` Jacobi-PCG (PCG with
+    ``M``) Lanczos iterations.
 
     Parameters
     ----------
@@ -93,11 +100,14 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0):
         CG iterations (fewer when CG converges first).
     seed : int
         Seed of the random right-hand side (drawn on the host).
+    preconditioner : callable, optional
+        ``r -> M^-1 r``, SPD, in place of ``inv_diag * r`` (which then gives only the
+        vectors' shape, dtype and module).
 
     Returns
     -------
     float
-        The largest Ritz value, a lower bound of ``lambda_max(D^-1 A)``.
+        The largest Ritz value, a lower bound of ``lambda_max(D^-1 A)`` (``M^-1 A``).
 
     Raises
     ------
@@ -109,13 +119,17 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0):
     >>> A = np.diag([1.0, 2.0, 4.0])
     >>> round(estimate_lambda_max(lambda x: A @ x, np.ones(3)), 6)
     4.0
+    >>> round(estimate_lambda_max(lambda x: A @ x, np.ones(3),
+    ...                           preconditioner=lambda r: r / np.diag(A)), 6)
+    1.0
     """
     xp = array_module(inv_diag)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     rng = np.random.default_rng(seed)
     r = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype))
-    z = r * inv_diag
+    prec = (lambda v: v * inv_diag) if preconditioner is None else preconditioner
+    z = prec(r)
     p = z.copy()
     rz = float(xp.vdot(r, z).real)
     alphas, betas = [], []
@@ -128,7 +142,7 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0):
         alpha = rz / pAp
         alphas.append(alpha)
         r = r - alpha * Ap
-        z = r * inv_diag
+        z = prec(r)
         rz_new = float(xp.vdot(r, z).real)
         if not rz_new > 1e-28 * rz:       # converged (an invariant subspace): T is complete
             break
@@ -144,7 +158,8 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0):
             T[j, j + 1] = T[j + 1, j] = math.sqrt(betas[j]) / alphas[j]
     ev = np.linalg.eigvalsh(T)
     if not ev[0] > 0 or not np.all(np.isfinite(ev)):
-        raise ValueError(f"the Jacobi-preconditioned operator is not positive definite: "
+        raise ValueError(f"the {'Jacobi-' if preconditioner is None else ''}preconditioned "
+                         f"operator is not positive definite: "
                          f"Lanczos eigenvalue estimates {ev[0]:.3e} .. {ev[-1]:.3e}")
     return float(ev[-1])
 
@@ -275,6 +290,48 @@ class VectorOps:
         return r
 
 
+class PreconditionedVectorOps(VectorOps):
+    """:class:`VectorOps` with an SPD preconditioner ``M^-1`` (a callable ``r -> M^-1 r``,
+    the identity on constrained DoFs) in place of ``D^-1``: the step's fused update runs
+    with no ``D^-1 r`` term, then ``d += c1 M^-1 r`` and ``dm = f d``.
+
+    Examples
+    --------
+    >>> ops = PreconditionedVectorOps(np.ones(3), None, lambda r: r / 2)
+    >>> d, dm = ops.start(np.array([2.0, 4.0, 6.0]), 1.0)
+    >>> print(d)
+    [1. 2. 3.]
+    """
+
+    def __init__(self, inv_diag, free, preconditioner):
+        super().__init__(inv_diag, free)
+        if not callable(preconditioner):
+            raise TypeError(f"preconditioner must be callable (r -> M^-1 r), got "
+                            f"{type(preconditioner).__name__}")
+        self.preconditioner = preconditioner
+
+    def _apply(self, r):
+        """``M^-1 r`` in the vectors' dtype (a preconditioner may work in another)."""
+        return self.xp.asarray(self.preconditioner(r)).astype(self.dtype, copy=False)
+
+    def start(self, r, c1):
+        d = self._apply(r) * c1
+        if self.free is None:
+            return d, (d.copy() if self.gpu else d)
+        return d, d * self.free
+
+    def step(self, y, r, x, d, dm, c0, c1, xzero, beta=1.0):
+        super().step(y, r, x, d, dm, c0, 0.0, xzero, beta)
+        t = self._apply(r)
+        t *= c1
+        d += t
+        if dm is not d:
+            if self.free is None:
+                dm[...] = d
+            else:
+                self.xp.multiply(d, self.free, out=dm)
+
+
 class _Preconditioner:
     """SciPy's and CuPy's LinearOperator protocol on top of ``__call__`` (``r -> z``),
     ``n`` and ``dtype`` (set by the subclass) and ``xp``."""
@@ -332,6 +389,11 @@ class Chebyshev(_Preconditioner):
         Lanczos (CG) steps of the estimate.
     check : bool
         Estimate even when ``lambda_max`` is given and refuse a bound below the estimate.
+    preconditioner : callable, optional
+        An SPD ``r -> M^-1 r`` in place of ``D^-1`` (e.g. :class:`smalltc.fem.schwarz.Schwarz`;
+        for a constrained operator, the identity on its constrained DoFs): the polynomial
+        is then in ``M^-1 A``, whose ``lambda_max`` the same Lanczos (PCG with ``M``)
+        estimates. One application of it per step.
 
     Attributes
     ----------
@@ -356,10 +418,14 @@ class Chebyshev(_Preconditioner):
     >>> x = S(np.ones(10))               # three steps from zero: z ~ A^-1 r
     >>> bool(np.linalg.norm(A @ x - 1) < np.linalg.norm(np.ones(10)))
     True
+    >>> S = Chebyshev(A, degree=3, preconditioner=lambda r: np.linalg.solve(A, r))
+    >>> x = S(np.ones(10))               # M = A: M^-1 A = I, one point in the spectrum
+    >>> round(S.estimate, 6), bool(np.linalg.norm(A @ x - 1) < 0.1 * np.sqrt(10))
+    (1.0, True)
     """
 
     def __init__(self, operator, diagonal=None, *, degree=2, kind="fourth", lambda_max=None,
-                 lower=0.3, safety=1.1, steps=10, check=True):
+                 lower=0.3, safety=1.1, steps=10, check=True, preconditioner=None):
         from .solvers import jacobi
         if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or degree < 1:
             raise ValueError(f"degree must be an integer >= 1, got {degree!r}")
@@ -395,9 +461,14 @@ class Chebyshev(_Preconditioner):
                              f"{degree}")
         self.degree, self.kind, self.lower, self.safety = int(degree), kind, float(lower), \
             float(safety)
+        if preconditioner is not None and not callable(preconditioner):
+            raise TypeError(f"preconditioner must be callable (r -> M^-1 r), got "
+                            f"{type(preconditioner).__name__}")
+        self.preconditioner = preconditioner
         self.estimate = None
         if lambda_max is None or check:
-            self.estimate = estimate_lambda_max(self.apply, self.inv_diag, steps=steps)
+            self.estimate = estimate_lambda_max(self.apply, self.inv_diag, steps=steps,
+                                                preconditioner=preconditioner)
         if lambda_max is None:
             lambda_max = safety * self.estimate
         elif not (np.isfinite(lambda_max) and lambda_max > 0):
@@ -490,14 +561,20 @@ class Chebyshev(_Preconditioner):
     def vector_ops(self):
         """The :class:`VectorOps` of this smoother's operator (made on first use)."""
         if self._ops is None:
-            self._ops = VectorOps(self.inv_diag, self._free)
+            if self.preconditioner is None:
+                self._ops = VectorOps(self.inv_diag, self._free)
+            else:
+                self._ops = PreconditionedVectorOps(self.inv_diag, self._free,
+                                                    self.preconditioner)
         return self._ops
 
     def __repr__(self):
         est = "" if self.estimate is None else f", estimate={self.estimate:.4g}"
         lo = f", lower={self.lower:g}" if self.kind == "first" else ""
+        pre = "" if self.preconditioner is None else \
+            f", preconditioner={type(self.preconditioner).__name__}"
         return (f"Chebyshev(kind={self.kind!r}, degree={self.degree}, "
-                f"lambda_max={self.lambda_max:.4g}{est}{lo}, n={self.n})")
+                f"lambda_max={self.lambda_max:.4g}{est}{lo}{pre}, n={self.n})")
 
 
 def chebyshev(operator, degree=4, **kwargs):

@@ -403,9 +403,10 @@ class PMultigrid(_Preconditioner):
         Whether a GPU V-cycle is replayed as a CUDA graph (:func:`pmg`'s ``graph``).
     """
 
-    def __init__(self, levels, transfers, coarse, degree, kind, graph="auto"):
+    def __init__(self, levels, transfers, coarse, degree, kind, graph="auto",
+                 relaxation="jacobi"):
         self.levels, self.transfers, self.coarse = levels, transfers, coarse
-        self.degree, self.kind = degree, kind
+        self.degree, self.kind, self.relaxation = degree, kind, relaxation
         fine = levels[0]
         self.xp = fine.A.xp
         self.n, self.dtype = fine.space.ndofs, fine.A.dtype
@@ -564,19 +565,26 @@ class PMultigrid(_Preconditioner):
         Returns
         -------
         dict
-            ``{"per_level": [(p, applications), ...], "fine_equivalent": float}``.
+            ``{"per_level": [(p, applications), ...], "fine_equivalent": float,
+            "relaxations": float}``; ``relaxations``: the Schwarz applications
+            (``relaxation="schwarz"``: one per Chebyshev step), weighted alike (0 for
+            point Jacobi, a vector scaling).
         """
-        per, total = [], 0.0
+        per, total, relax = [], 0.0, 0.0
         n0 = self.levels[0].space.ndofs
         for lev in self.levels[:-1]:
             apps = 2 * lev.smoother.degree            # (k-1) + 1 residual + k
             per.append((lev.space.p, apps))
             total += apps * lev.space.ndofs / n0
-        return {"per_level": per, "fine_equivalent": total}
+            if lev.smoother.preconditioner is not None:
+                relax += 2 * lev.smoother.degree * lev.space.ndofs / n0
+        return {"per_level": per, "fine_equivalent": total, "relaxations": relax}
 
     def __repr__(self):
+        relax = ("point Jacobi" if self.relaxation == "jacobi" else
+                 self.levels[0].smoother.preconditioner.describe())
         lines = [f"PMultigrid: {len(self.levels)} levels, V-cycle, Chebyshev ({self.kind} "
-                 f"kind, degree {self.degree}) smoothing, device "
+                 f"kind, degree {self.degree}) smoothing of {relax}, device "
                  f"{'cpu' if self.xp is np else 'gpu'}"]
         lines.append(f"  {'level':>5s} {'p':>3s} {'ndofs':>10s} {'free':>10s}  operator / smoother")
         for i, lev in enumerate(self.levels):
@@ -592,7 +600,9 @@ class PMultigrid(_Preconditioner):
             lines.append(f"  {i:5d} {lev.space.p:3d} {lev.space.ndofs:10d} {free:10d}  {what}")
         c = self.cost()
         lines.append(f"  V-cycle cost: {c['fine_equivalent']:.2f} finest-level applications "
-                     f"(by DoFs; {', '.join(f'p={p}: {a}' for p, a in c['per_level'])})")
+                     f"(by DoFs; {', '.join(f'p={p}: {a}' for p, a in c['per_level'])})"
+                     + (f" + {c['relaxations']:.2f} Schwarz applications" if c["relaxations"]
+                        else ""))
         return "\n".join(lines)
 
 
@@ -658,7 +668,8 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
         operator_factory=None, device=None, nq_offset=None, coarse_nq_offset=1,
         quadrature=None, kappa=None,
-        alpha=None, rho=None, lambda_steps=10, graph="auto"):
+        alpha=None, rho=None, lambda_steps=10, graph="auto", relaxation="jacobi",
+        schwarz_options=None):
     """Build a p-multigrid preconditioner.
 
     Parameters
@@ -687,6 +698,17 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         (notes/solvers.md).
     smoother : {"fourth", "first", "fourth-opt"}
         Chebyshev kind (:mod:`smalltc.fem.chebyshev`).
+    relaxation : {"jacobi", "schwarz"}
+        What the Chebyshev polynomial of each level accelerates: point Jacobi
+        (``D^-1 A``) or overlapping additive Schwarz with fast-diagonalisation local
+        solves (``M^-1 A``, :class:`~smalltc.fem.schwarz.Schwarz`: NekRS's smoother; one
+        application per Chebyshev step, on box meshes, diffusion and Helmholtz levels).
+        On the Kershaw mesh (eps = 0.3) Schwarz takes far fewer iterations
+        (notes/solvers.md).
+    schwarz_options : dict, optional
+        Keyword arguments of :class:`~smalltc.fem.schwarz.Schwarz` (``overlap``,
+        ``weights``, ``mass``, ``dtype``: e.g. float32 local solves in a float64 solve,
+        as NekRS's); ``kappa`` (a number) and ``alpha`` come from this function's.
     constrained : array of bool or int, "boundary", region name(s) or None
         The constrained (Dirichlet) DoFs of the finest level: a mask, indices,
         the whole boundary, or boundary regions (``space.boundary_dofs(region)``).
@@ -783,6 +805,10 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         raise ValueError(f"smoother must be one of {list(KINDS)}, got {smoother!r}")
     if coarse not in COARSE_SOLVERS:
         raise ValueError(f"coarse must be one of {list(COARSE_SOLVERS)}, got {coarse!r}")
+    if relaxation not in RELAXATIONS:
+        raise ValueError(f"relaxation must be one of {list(RELAXATIONS)}, got {relaxation!r}")
+    if schwarz_options is not None and relaxation != "schwarz":
+        raise ValueError("schwarz_options are for relaxation='schwarz'")
     fixed = None
     if isinstance(constrained, str) or (isinstance(constrained, (list, tuple)) and constrained
                                         and isinstance(constrained[0], str)):
@@ -823,8 +849,12 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
     if not degrees:
         raise ValueError("degree must be an integer or a non-empty sequence of integers")
     for i, lev in enumerate(levels[:-1]):
+        pre = None
+        if relaxation == "schwarz":
+            pre = _schwarz_level(lev, xp, dtype, kind or getattr(fine_op, "qfunc", None),
+                                 kappa, alpha, schwarz_options)
         lev.smoother = Chebyshev(lev.A, degree=degrees[min(i, len(degrees) - 1)],
-                                 kind=smoother, steps=lambda_steps)
+                                 kind=smoother, steps=lambda_steps, preconditioner=pre)
     clock("eigenvalues")
     last = levels[-1]
     if coarse == "amg":
@@ -834,7 +864,8 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         clock("amg")
     else:
         solver = CGSolver(last.A, last.A.diagonal(), tol=coarse_tol)
-    M = PMultigrid(levels, transfers, solver, degree, smoother, graph=graph)
+    M = PMultigrid(levels, transfers, solver, degree, smoother, graph=graph,
+                   relaxation=relaxation)
     M.setup_times = clock.times
     return M
 
@@ -854,6 +885,26 @@ class _SetupClock:
         t = self._now()
         self.times[part] = self.times.get(part, 0.0) + (t - self._t)
         self._t = t
+
+
+#: the ``relaxation`` choices of :func:`pmg`
+RELAXATIONS = ("jacobi", "schwarz")
+
+
+def _schwarz_level(lev, xp, dtype, kind, kappa, alpha, options):
+    """The Schwarz preconditioner of one level (its space, free DoFs, coefficients)."""
+    from .schwarz import Schwarz
+    if kind == "mass":
+        raise ValueError("relaxation='schwarz' is for diffusion and Helmholtz levels, not "
+                         "mass: use relaxation='jacobi'")
+    opts = dict(options or {})
+    for key in ("kappa", "alpha", "free"):
+        if key in opts:
+            raise ValueError(f"schwarz_options may not set {key!r} (pmg passes it)")
+    dtype = np.dtype(opts.pop("dtype", dtype))
+    k = kappa if kappa is not None and np.ndim(kappa) == 0 and not callable(kappa) else 1.0
+    a = float(alpha) if kind == "helmholtz" and alpha is not None else 0.0
+    return Schwarz(lev.space, xp, free=lev.free, kappa=float(k), alpha=a, dtype=dtype, **opts)
 
 
 def _make_coarse(make, space, own=False):

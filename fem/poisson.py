@@ -186,7 +186,7 @@ def _as_mesh(mesh):
 
 
 def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=None,
-                    precond="jacobi", quadrature="gauss", device="auto"):
+                    precond="jacobi", quadrature="gauss", device="auto", pmg_options=None):
     """Set up ``-div(kappa grad u) = f`` with its boundary conditions (no solve).
 
     Parameters are those of :func:`solve_poisson`.
@@ -205,6 +205,8 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
     """
     if precond not in PRECONDS:
         raise ValueError(f"precond must be one of {list(PRECONDS)}, got {precond!r}")
+    if pmg_options and precond != "pmg":
+        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
     mesh = _as_mesh(mesh)
     xp = resolve_device(device)
     space = H1Space(mesh, p)
@@ -230,7 +232,7 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
         load = load + boundary_load(space, neu, nq=nq, quadrature=quadrature)
     A = ConstrainedOperator(K, bc)
     b = bc.lift(K, xp.asarray(load))
-    P = _preconditioner(precond, A, kappa)
+    P = _preconditioner(precond, A, kappa, pmg_options)
     return PoissonProblem(space, K, load, bc, A, b, P, device_name(xp))
 
 
@@ -238,10 +240,10 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
 PRECONDS = ("jacobi", "chebyshev", "pmg", None)
 
 
-def _preconditioner(name, A, kappa):
+def _preconditioner(name, A, kappa, pmg_options=None):
     """The preconditioner ``name`` of the constrained operator ``A``: Jacobi, Chebyshev
     (:func:`~smalltc.fem.chebyshev.chebyshev`) or p-multigrid (:func:`~smalltc.fem.pmg`,
-    its levels built like ``A``'s operator, with ``kappa``)."""
+    its levels built like ``A``'s operator, with ``kappa`` and ``pmg_options``)."""
     if name == "jacobi":
         return jacobi(A.diagonal())
     if name == "chebyshev":
@@ -249,7 +251,7 @@ def _preconditioner(name, A, kappa):
         return chebyshev(A)
     if name == "pmg":
         from .multigrid import pmg
-        return pmg(A, kappa=kappa)
+        return pmg(A, kappa=kappa, **dict(pmg_options or {}))
     return None
 
 
@@ -319,7 +321,8 @@ class PoissonResult:
 
 
 def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact=None, nq=None,
-                  precond="jacobi", tol=1e-10, maxiter=None, quadrature="gauss", device="auto"):
+                  precond="jacobi", tol=1e-10, maxiter=None, quadrature="gauss", device="auto",
+                  pmg_options=None):
     """Solve ``-div(kappa grad u) = f`` with Dirichlet and Neumann conditions.
 
     Parameters
@@ -346,6 +349,9 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
         Jacobi; Chebyshev smoothing (:func:`~smalltc.fem.chebyshev`); the p-multigrid
         V-cycle (:func:`~smalltc.fem.pmg`: its iterations hardly grow with p or the
         mesh); or none.
+    pmg_options : dict, optional
+        With ``precond="pmg"``: keyword arguments of :func:`~smalltc.fem.pmg` (e.g.
+        ``relaxation="schwarz"``, ``smoother``, ``degree``).
     tol : float
         CG's relative residual target.
     maxiter : int, optional
@@ -377,7 +383,8 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
     """
     t0 = time.perf_counter()
     prob = poisson_problem(mesh, p, f, dirichlet=dirichlet, neumann=neumann, kappa=kappa, nq=nq,
-                           precond=precond, quadrature=quadrature, device=device)
+                           precond=precond, quadrature=quadrature, device=device,
+                           pmg_options=pmg_options)
     xp = prob.A.xp
     synchronize(xp)
     t1 = time.perf_counter()

@@ -89,6 +89,10 @@ def add_arguments(parser):
     parser.add_argument("--pmg-smoother", default=None, choices=("fourth", "first", "fourth-opt"),
                         help="solve suite: the p-multigrid's Chebyshev kind (default: "
                              "fem.pmg's, fourth)")
+    parser.add_argument("--pmg-relaxation", default=None, choices=("jacobi", "schwarz"),
+                        help="solve suite: what the p-multigrid's Chebyshev smoother "
+                             "accelerates: point Jacobi or overlapping Schwarz with FDM local "
+                             "solves (default: fem.pmg's, jacobi)")
     parser.add_argument("--pmg-degree", default=None, metavar="K[,K..]",
                         help="solve suite: the p-multigrid's Chebyshev degree, one or one per "
                              "level finest first; 'p' is the case's order, at least 3 (e.g. "
@@ -305,10 +309,13 @@ def _point_data_forms(value):
 
 
 def _pmg_options(args) -> dict:
-    """``--pmg-smoother`` and ``--pmg-degree`` as keyword arguments of ``fem.pmg``."""
+    """``--pmg-smoother``, ``--pmg-relaxation`` and ``--pmg-degree`` as keyword arguments
+    of ``fem.pmg``."""
     out = {}
     if getattr(args, "pmg_smoother", None):
         out["smoother"] = args.pmg_smoother
+    if getattr(args, "pmg_relaxation", None):
+        out["relaxation"] = args.pmg_relaxation
     if getattr(args, "pmg_degree", None):
         d = [t.strip() if t.strip() == "p" else int(t) for t in
              str(args.pmg_degree).split(",") if t.strip()]
@@ -330,6 +337,7 @@ def _tag(args, suites, all_suites) -> str:
     for flag, value in (("n", args.sizes), ("p", args.p), ("dim", args.dim),
                         ("mesh", getattr(args, "mesh", None)),
                         ("sm", getattr(args, "pmg_smoother", None)),
+                        ("rx", getattr(args, "pmg_relaxation", None)),
                         ("deg", getattr(args, "pmg_degree", None)),
                         ("q", getattr(args, "qfunc", None))):
         if value:

@@ -247,6 +247,7 @@ def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
                                                 on_gpu=on_gpu))
                     r.update(levels=[lev.space.p for lev in P.levels],
                              vcycle_fine_applications=c["fine_equivalent"],
+                             vcycle_fine_relaxations=c.get("relaxations", 0.0),
                              vcycle_s=t_cycle, apply_s=t_apply,
                              vcycle_in_applications=t_cycle / t_apply,
                              coarse=P.coarse.describe(), hierarchy=str(P),

@@ -96,8 +96,8 @@ def sized(spec, footprint=FOOTPRINT):
 
     >>> from smalltc.spec import MassApplySpec
     >>> s = sized(MassApplySpec(dim=3, nq=4, nd=3, batch=1, ndofs=27, dtype="float64"))
-    >>> s.batch, s.ndofs, s.batch == 104 ** 3, s.ndofs == (2 * 104 + 1) ** 3
-    (1124864, 9129329, True, True)
+    >>> s.batch == 71 ** 3, s.ndofs == (2 * 71 + 1) ** 3
+    (True, True)
     """
     if spec.op == "mass_apply":
         n = 1

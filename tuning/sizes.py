@@ -119,7 +119,7 @@ def _fem(op, token, dtype):
     extra = parts[3:]
     if op != "assembly" and extra and extra[0][:1] == "c" and extra[0][1:].isdigit():
         ncomp = _ints(extra.pop(0)[1:], f"{op} size {token!r} (ncomp)")[0]
-    if extra and extra[0][:1] == "c" and extra[0][1:].isdigit():
+    if any(f[:1] == "c" and f[1:].isdigit() for f in extra):
         raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ{opt} (cNCOMP before FORM)")
     if len(extra) > 1:
         raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ{opt}")

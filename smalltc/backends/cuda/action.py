@@ -382,6 +382,15 @@ def _qfunc_space(spec):
                     yield (base if qm is None else dict(base, qmode=qm)), why
 
 
+def _meaningful(spec, params):
+    """``params`` without a ``qmode`` where it means nothing (the mass instance, the
+    shared-memory form): an entry's answer holds only the parameters its kernel has."""
+    if params is not None and "qmode" in params and (
+            qfunc_of(spec) == ("mass", False) or not params.get("line")):
+        params = {k: v for k, v in params.items() if k != "qmode"}
+    return params
+
+
 def _carry_qfunc(family, spec, entry_spec, params, device):
     """A diffusion or helmholtz entry's parameters carried to another size of the same
     instance (the table's nearest lookup only offers those: ``qfunc`` and ``+co`` are part
@@ -586,6 +595,9 @@ class ActionFamily(Family):
                         yield dict(per_block=ne, min_blocks=mb, rb=1, line=1, prefetch=pf,
                                    stages=st), why
 
+    def adapt(self, spec, entry_spec, params, device=DEFAULT_DEVICE):
+        return _meaningful(spec, super().adapt(spec, entry_spec, params, device))
+
     def carry(self, spec, entry_spec, params, device):
         """Another size's entry: the diffusion and helmholtz instances by
         :func:`_carry_qfunc`, the mass instance by :meth:`_carry_mass` (never one
@@ -670,7 +682,8 @@ class ActionExecutor(KernelExecutor):
     def _unaligned(self):
         if self.unaligned is None:
             fam, spec = self.choice.family, self.choice.spec
-            params = dict({k: self.ctx[k] for k in fam.params}, prefetch=1, stages=0)
+            params = dict({k: self.ctx[k] for k in fam.params if k in self.ctx}, prefetch=1,
+                          stages=0)
             ctx = fam.context(spec, params, self._device)
             self.unaligned = ActionExecutor(self.choice._replace(
                 ctx=ctx, entry=fam.entry(spec, ctx), template=fam.template(ctx),

@@ -49,8 +49,8 @@ from ..._errors import device_flag, raise_pending, record_map
 from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
-from .action import (ACTION, ActionExecutor, _carry_qfunc, action_ctx, point_data_ctx,
-                     point_data_f32, qfunc_ctx, qfunc_of)
+from .action import (ACTION, ActionExecutor, _carry_qfunc, _meaningful, action_ctx,
+                     point_data_ctx, point_data_f32, qfunc_ctx, qfunc_of)
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
                      KernelExecutor, even)
 
@@ -159,6 +159,9 @@ class MassApplyFamily(Family):
         for params, why in ACTION.space(spec):
             if params["rb"] == 1 and params["prefetch"] < 2:
                 yield {k: params[k] for k in self.params if k in params}, why
+
+    def adapt(self, spec, entry_spec, params, device=DEFAULT_DEVICE):
+        return _meaningful(spec, super().adapt(spec, entry_spec, params, device))
 
     def carry(self, spec, entry_spec, params, device):
         """Another size's entry of this family (its own keys, ``diffusion/mass_apply/...``:

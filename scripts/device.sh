@@ -47,6 +47,8 @@
 #            build/tune/tables/ to tuning/tables/.
 #   TUNE_SIZES  `--sizes` of the searches (default: the tuner's sizes of the op), e.g.
 #            "3:1-8:p+1,p+2" to search the 3D action first.
+#   TUNE_ARGS   more options of the searches, e.g. "--arch-table" (the architecture's
+#            table, sm90-float64.json: the H100's) or "--repeats 30".
 #   NCU      cases to profile with Nsight Compute, space separated, each
 #            SUITE[:KEY=VALUE...] with the bench's case filters as keys (sizes, p, dim,
 #            dtype; default dtype: the first of DTYPES; a KEY alone is a flag),
@@ -359,7 +361,8 @@ if [ -n "${TUNE:-}" ]; then
     [ "$budget" -lt 20 ] && budget=$(( t - 20 ))
     echo "=== tune $op $dt, budget ${budget} s ($(date -u +%H:%M:%S))" >> "$W/tune.log"
     timeout -k 10 "$t" python3 -m smalltc.cli tune --op "$op" --dtype "$dt" --budget-seconds "$budget" \
-      ${TUNE_SIZES:+--sizes "$TUNE_SIZES"} --resume --work build/tune --out build/tune/tables \
+      ${TUNE_SIZES:+--sizes "$TUNE_SIZES"} ${TUNE_ARGS:-} --resume --work build/tune \
+      --out build/tune/tables \
       --no-progress --plot >> "$W/tune.log" 2>&1
     rc=$?
     case $rc in

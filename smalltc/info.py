@@ -15,7 +15,7 @@ import json
 import os
 import platform
 
-__all__ = ["collect", "add_arguments", "run"]
+__all__ = ["collect", "add_arguments", "run", "entry_kind"]
 
 
 def _cpu():
@@ -73,6 +73,25 @@ def _gpus():
     return out, f"cupy {cp.__version__}"
 
 
+def entry_kind(key):
+    """What ``smalltc info`` counts a table entry as: its op and, for the operator
+    family's other instances, the instance (``qfunc``, collocated ``+co``, float32 point
+    data ``+q32``, the vertex geometry ``+vx``).
+
+    >>> [entry_kind(k) for k in ("gemm/nn+beta/m8n8k8", "action/3d/nd4nq5c1",
+    ...                          "diffusion/action/3d/nd5nq5c1+co",
+    ...                          "helmholtz/mass_apply/3d/nd4nq6c1+q32")]
+    ['gemm', 'action', 'diffusion/action+co', 'helmholtz/mass_apply+q32']
+    """
+    from .spec import QFUNCS
+    parts = key.split("/")
+    pre = ""
+    if parts[0] in QFUNCS and len(parts) > 2:
+        pre, parts = parts[0] + "/", parts[1:]
+    flags = parts[-1].partition("+")[2] if len(parts) > 1 else ""
+    return pre + parts[0].split("+")[0] + ("+" + flags if flags else "")
+
+
 def _tables():
     """The tuning tables the backends would read: file, device, date, entries per op,
     and which device of this machine reads it (a GPU: its own model's table, or its
@@ -90,7 +109,7 @@ def _tables():
             try:
                 data = T.load(path)
                 row["arch"] = data.get("arch")
-                ops = collections.Counter(k.split("/")[0].split("+")[0] for k in data["entries"])
+                ops = collections.Counter(entry_kind(k) for k in data["entries"])
                 row.update(device=data["device"].get("name"), date=data.get("date"),
                            dtype=data["dtype"], entries=dict(sorted(ops.items())),
                            dry_run=bool(data.get("dry_run")))

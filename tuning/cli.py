@@ -8,6 +8,7 @@ budget and ``--resume`` continues it)::
     smalltc tune --op assembly --dtype float32 --dry-run --out /tmp/t   # no GPU: made-up times
     smalltc tune --op gemm --dtype float32 --reconfirm   # re-time the best few in every form
     smalltc tune --device cpu --op action --sizes 3:1-8:p+2 --resume   # cpu-<isa>-float64.json
+    smalltc tune --op mass_apply --sizes 3:1-8:p+2:diffusion 3:1-8:p+1:diffusion+co --resume
 
 Exit status: 0 when every size is done (the table is written), 3 when the
 budget ran out first (the checkpoint holds the work; run again with
@@ -44,7 +45,10 @@ def add_arguments(parser):
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--sizes", nargs="+", metavar="TOKEN",
                         help="sizes to tune; gemm: 8, 2-32, 4x8x3, 8:nt+sb+beta; action/"
-                             "assembly: DIM:P:NQ such as 3:1-8:p+1,p+2; pairwise: "
+                             "mass_apply: DIM:P:NQ[:cNCOMP][:FORM], assembly: "
+                             "DIM:P:NQ[:FORM], such as 3:1-8:p+1,p+2 or "
+                             "3:1-8:p+1:diffusion+co (FORM: mass, diffusion or helmholtz, "
+                             "+co collocated, +q32 float32 point data); pairwise: "
                              "action:DIM:P:NQ (default: "
                              + "; ".join(f"{k}: {' '.join(v)}" for k, v in DEFAULT_SIZES.items())
                              + ")")

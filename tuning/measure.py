@@ -39,7 +39,7 @@ from smalltc.backends.cuda import family_of
 from smalltc.backends.cuda.family import DEFAULT_DEVICE
 
 __all__ = ["GpuDevice", "DryRunDevice", "forms", "small_batch", "per_item_bytes",
-           "sized", "TOL", "FOOTPRINT", "GEMM_MIN_BATCH"]
+           "sized", "check_spec", "box_spec", "box_map", "TOL", "FOOTPRINT", "GEMM_MIN_BATCH"]
 
 #: docs/math.md section 5: relative error allowed against the float64 einsum reference
 TOL = {"float64": 1e-12, "float32": 1e-5}
@@ -91,11 +91,73 @@ def per_item_bytes(spec) -> int:
 
 
 def sized(spec, footprint=FOOTPRINT):
-    """``spec`` with the batch count whose call moves ``footprint`` bytes (GEMM: >= 100,000)."""
+    """``spec`` with the batch count whose call moves ``footprint`` bytes (GEMM: >= 100,000;
+    the fused operator: the smallest box mesh of ``n^dim`` elements that does, :func:`box_spec`).
+
+    >>> from smalltc.spec import MassApplySpec
+    >>> s = sized(MassApplySpec(dim=3, nq=4, nd=3, batch=1, ndofs=27, dtype="float64"))
+    >>> s.batch == 71 ** 3, s.ndofs == (2 * 71 + 1) ** 3
+    (True, True)
+    """
+    if spec.op == "mass_apply":
+        n = 1
+        while roofline.counts(box_spec(spec, n)).bytes < footprint:
+            n += 1
+        return box_spec(spec, n)
     n = math.ceil(footprint / per_item_bytes(spec))
     if spec.op == "gemm":
         n = max(n, GEMM_MIN_BATCH)
     return spec.with_batch(int(n))
+
+
+def box_spec(spec, n):
+    """The fused operator's ``spec`` on a box mesh of ``n^dim`` elements of order ``p``:
+    ``(n p + 1)^dim`` DoFs (a component's).
+
+    >>> from smalltc.spec import MassApplySpec
+    >>> s = box_spec(MassApplySpec(dim=2, nq=4, nd=3, batch=1, ndofs=9, dtype="float64"), 3)
+    >>> s.batch, s.ndofs
+    (9, 49)
+    """
+    return dataclasses.replace(spec, batch=n ** spec.dim, ndofs=(n * (spec.nd - 1) + 1) ** spec.dim)
+
+
+def box_map(spec):
+    """``elem_dofs`` of a fused-operator spec made by :func:`box_spec` (lexicographic
+    elements and DoFs, neighbours sharing their faces' DoFs), as ``spec.index_dtype``;
+    a batch that is a multiple of the box's elements repeats the box (the timing's
+    ``double`` form: twice the elements on the same vector).
+
+    >>> from smalltc.spec import MassApplySpec
+    >>> m = box_map(box_spec(MassApplySpec(dim=1, nq=3, nd=3, batch=1, ndofs=3,
+    ...                                    dtype="float64"), 2))
+    >>> m.tolist()
+    [[0, 1, 2], [2, 3, 4]]
+    """
+    dim, p = spec.dim, spec.nd - 1
+    m = round(spec.ndofs ** (1.0 / dim))
+    n = (m - 1) // p
+    if m ** dim != spec.ndofs or n * p + 1 != m:
+        raise ValueError(f"ndofs={spec.ndofs} is not the DoF count of a box mesh of order "
+                         f"{p} in {dim}D")
+    e = np.indices((n,) * dim).reshape(dim, -1)            # element multi-indices
+    i = np.indices((spec.nd,) * dim).reshape(dim, -1)      # local node multi-indices
+    g = np.zeros((e.shape[1], i.shape[1]), dtype=np.int64)
+    for a in range(dim):
+        g = g * m + (e[a][:, None] * p + i[a][None, :])
+    g = np.resize(g, (spec.batch, g.shape[1]))             # repeated up to the batch
+    return g.reshape((spec.batch,) + (spec.nd,) * dim).astype(spec.index_dtype)
+
+
+def check_spec(spec):
+    """The check problem's spec: ``spec`` with few items (:data:`_CHECK_BYTES`, at most
+    :data:`_CHECK_ITEMS`); the fused operator's on a box mesh of at least 100 elements."""
+    if spec.op == "mass_apply":
+        n = 1
+        while n ** spec.dim < 100:
+            n += 1
+        return box_spec(spec, n)
+    return spec.with_batch(_check_batch(spec))
 
 
 def _check_batch(spec):
@@ -104,14 +166,36 @@ def _check_batch(spec):
 
 
 def _random_host(spec, batch, seed):
-    """float64 host operands of ``spec`` with ``batch`` items (D positive, nothing zero)."""
+    """float64 host operands of ``spec`` with ``batch`` items (D positive, nothing zero; the
+    fused operator's map: :func:`box_map`, as its index dtype; ``batch`` None: as given)."""
     rng = np.random.default_rng(seed)
-    s = spec.with_batch(batch)
+    s = spec if batch is None else spec.with_batch(batch)
     out = []
-    for name, shape, _, positive, _ in s.inputs:
+    for name, shape, _, positive, dt in s.inputs:
+        if dt is not None and np.dtype(dt).kind == "i":
+            out.append(box_map(s))
+            continue
         a = rng.random(shape) + 0.5 if positive else rng.standard_normal(shape)
         out.append(a)
     return out
+
+
+def _is_index(operand):
+    return operand.dtype is not None and np.dtype(operand.dtype).kind == "i"
+
+
+def _seen(spec, host):
+    """Host operands as float64 after rounding to the dtype the kernel reads (the map as
+    it is)."""
+    return [h if _is_index(o) else np.asarray(h).astype(o.dtype or spec.dtype).astype(np.float64)
+            for o, h in zip(spec.inputs, host)]
+
+
+def _host_cast(spec, host64):
+    """The operands as the kernel reads them: each in its dtype (the spec's, or the
+    operand's own: float32 point data, the map's integers)."""
+    return [h if _is_index(o) else h.astype(o.dtype or spec.dtype)
+            for o, h in zip(spec.inputs, host64)]
 
 
 def _reference(spec, host64):
@@ -140,6 +224,8 @@ class _Problem:
         self.check_host, self.check_dev, self.check_out = check_host, check_dev, check_out
         self.check_ref, self.samples = check_ref, samples
         self.double = None           # (operands, out) of twice the batch, made when needed
+        self.check_spec = None       # the check problem's spec (:func:`check_spec`)
+        self.big_ref = None          # the fused operator's reference at the timed size
 
 
 class _Built:
@@ -192,11 +278,14 @@ class GpuDevice:
 
     def _operands(self, spec):
         cp, big = self.cp, []
-        for i, (name, shape, _, positive, _) in enumerate(spec.inputs):
+        for i, o in enumerate(spec.inputs):
+            if _is_index(o):
+                big.append(cp.asarray(box_map(spec)))
+                continue
             gen = cp.random.default_rng(1000 + i)
-            a = gen.random(shape, dtype=cp.float64)
-            a = (a + 0.5) if positive else (a - 0.5)
-            big.append(a.astype(spec.dtype))
+            a = gen.random(o.shape, dtype=cp.float64)
+            a = (a + 0.5) if o.positive else (a - 0.5)
+            big.append(a.astype(o.dtype or spec.dtype))
             del a
         return big
 
@@ -204,15 +293,16 @@ class GpuDevice:
         cp, dt = self.cp, spec.dtype
         big = self._operands(spec)
         out = cp.empty(spec.out_shape, dtype=dt)
-        nchk = _check_batch(spec)
-        host = _random_host(spec, nchk, seed=7)
-        host = [h.astype(dt).astype(np.float64) for h in host]   # what the kernel sees
-        ref = _reference(spec.with_batch(nchk), host)
-        dev = [cp.asarray(h.astype(dt)) for h in host]
-        chk_out = cp.empty(spec.with_batch(nchk).out_shape, dtype=dt)
+        chk = check_spec(spec)
+        host = _seen(chk, _random_host(chk, None, seed=7))      # what the kernel sees
+        ref = _reference(chk, host)
+        dev = [cp.asarray(h) for h in _host_cast(chk, host)]
+        chk_out = cp.empty(chk.out_shape, dtype=dt)
         n = spec.batch
         samples = sorted({*range(min(4, n)), *range(max(0, n - 4), n), n // 2, n // 3})
-        return _Problem(spec, big, out, host, dev, chk_out, ref, samples)
+        problem = _Problem(spec, big, out, host, dev, chk_out, ref, samples)
+        problem.check_spec = chk
+        return problem
 
     def release(self, problem) -> None:
         """Free the size's arrays, and its compiled variants (one module per variant)."""
@@ -229,7 +319,7 @@ class GpuDevice:
     def build(self, spec, params):
         """Executors of the timed size and of the check size (an executor's batch is fixed)."""
         big = self._build(spec, params)
-        check = self._build(spec.with_batch(_check_batch(spec)), params)
+        check = self._build(check_spec(spec), params)
         return _Built(big, check, params)
 
     def _run(self, ex, spec, ops, out):
@@ -237,7 +327,7 @@ class GpuDevice:
         ex.run(tuple(ops), out, **_scalars(spec))
 
     def verify(self, problem, ex) -> float:
-        spec = problem.spec.with_batch(problem.check_out.shape[0])
+        spec = problem.check_spec
         problem.check_out.fill(math.nan)
         self._run(ex.check, spec, problem.check_dev, problem.check_out)
         return rel_err(self.cp.asnumpy(problem.check_out), problem.check_ref)
@@ -245,6 +335,11 @@ class GpuDevice:
     def verify_big(self, problem, ex) -> float:
         problem.out.fill(math.nan)
         self._run(ex.big, problem.spec, problem.big, problem.out)
+        if problem.spec.op == "mass_apply":      # every DoF sums several elements: all of it
+            if problem.big_ref is None:
+                problem.big_ref = _reference(problem.spec, _seen(
+                    problem.spec, [self.cp.asnumpy(a) for a in problem.big]))
+            return rel_err(self.cp.asnumpy(problem.out), problem.big_ref)
         idx = problem.samples
         spec = problem.spec.with_batch(len(idx))
         host = []
@@ -361,7 +456,8 @@ class DryRunDevice:
 
     def time(self, problem, ex, form="separate") -> list:
         keys = family_of(problem.spec).params
-        t = self.model_seconds(problem.spec, {k: ex.params[k] for k in keys}, form)
+        t = self.model_seconds(problem.spec, {k: ex.params[k] for k in keys if k in ex.params},
+                               form)
         return [int(t * 1e9 * (1 + 0.001 * (r % 3))) for r in range(self.repeats)]
 
 

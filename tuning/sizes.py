@@ -7,10 +7,14 @@ gemm           ``8``  ``2-32``  ``2,4,8``              square m = n = k
                ``4x8x3``                              m x n x k
                ``8:nt+sb+beta``                       with transposes (nn, nt, tn, tt),
                                                       shared A/B (sa, sb), beta != 0 (beta)
-action         ``DIM:P:NQ[:cNCOMP]``                  ``3:1-8:p+1,p+2``: 3D, p = 1..8,
-assembly       ``DIM:P:NQ[:FORM]``                    nq = p+1 and p+2; ``2:4:6``: nq = 6;
-                                                      FORM: the stiffness (diffusion,
-                                                      helmholtz, +co collocated: nq = p+1)
+action         ``DIM:P:NQ[:cNCOMP][:FORM]``           ``3:1-8:p+1,p+2``: 3D, p = 1..8,
+mass_apply     ``DIM:P:NQ[:cNCOMP][:FORM]``           nq = p+1 and p+2; ``2:4:6``: nq = 6;
+assembly       ``DIM:P:NQ[:FORM]``                    FORM: the operator instance, ``mass``
+                                                      (the default), ``diffusion`` or
+                                                      ``helmholtz``, with ``+co``
+                                                      (collocated: nq = p+1) and, action and
+                                                      mass_apply, ``+q32`` (float32 point
+                                                      data, float64 vectors)
 pairwise       ``action:DIM:P:NQ``                    every reshaped (8a)/(8b)/(9) kernel of
                ``assembly:DIM:P:NQ``                  the catalogue's steps for those sizes
 =============  =====================================  =======================================
@@ -22,6 +26,11 @@ Examples
 >>> [s.size_key for s in parse("assembly", ["3:2:p+2:diffusion", "2:3:p+1:helmholtz+co"],
 ...                              "float64")]
 ['diffusion/assembly/3d/nd3nq4', 'helmholtz/assembly/2d/nd4nq4+co']
+>>> [s.size_key for s in parse("action", ["3:2:p+1:diffusion+co", "3:2:p+2:c3:helmholtz"],
+...                              "float64")]
+['diffusion/action/3d/nd3nq3c1+co', 'helmholtz/action/3d/nd3nq4c3']
+>>> [s.size_key for s in parse("mass_apply", ["3:4:p+2:diffusion+q32"], "float64")]
+['diffusion/mass_apply/3d/nd5nq6c1+q32']
 >>> [(s.m, s.n, s.k) for s in parse("gemm", ["2,3", "4x8x3"], "float32")]
 [(2, 2, 2), (3, 3, 3), (4, 8, 3)]
 """
@@ -30,22 +39,40 @@ from __future__ import annotations
 from smalltc.backends.cuda import family_of
 from smalltc.backends.cuda.contract9 import fold_k9
 from smalltc.catalogue import steps
-from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec
 
 __all__ = ["parse", "DEFAULT_SIZES", "OPS"]
 
-OPS = ("gemm", "action", "assembly", "pairwise")
+OPS = ("gemm", "action", "assembly", "mass_apply", "pairwise")
 DEFAULT_SIZES = {
     "gemm": ["2-32", "2-32:nn+beta"],     # beta != 0: the docs/math.md section 6 benchmark setting
     "action": ["2:1-8:p+1,p+2", "3:1-8:p+1,p+2"],
     "assembly": ["2:1-6:p+1,p+2", "3:1-6:p+1,p+2"],
+    "mass_apply": ["3:1-8:p+2", "3:1-8:p+2:diffusion", "3:1-8:p+1:diffusion+co"],
     "pairwise": ["action:2:1-8:p+2", "action:3:1-8:p+2", "assembly:2:1-6:p+2",
                  "assembly:3:1-6:p+2"],
 }
 
 
-#: the assembly's stiffness forms (the 4th field of an assembly size)
-_FORMS = ("diffusion", "helmholtz", "diffusion+co", "helmholtz+co")
+#: the operator instances of the FORM field, and the flags each op takes after them
+_QFUNCS = ("mass", "diffusion", "helmholtz")
+_FLAGS = {"assembly": ("co",), "action": ("co", "q32"), "mass_apply": ("co", "q32")}
+
+
+def _form(op, token, text):
+    """The spec fields of a FORM field (``diffusion+co``, ``helmholtz``, ``mass+q32``)."""
+    qfunc, *flags = text.split("+")
+    bad = set(flags) - set(_FLAGS[op])
+    if qfunc not in _QFUNCS or bad or len(set(flags)) != len(flags):
+        raise ValueError(f"{op} size {token!r}: FORM {text!r} must be one of "
+                         f"{', '.join(_QFUNCS)}, followed by "
+                         f"{' and '.join('+' + f for f in _FLAGS[op])} where wanted")
+    form = dict(qfunc=qfunc)
+    if "co" in flags:
+        form["collocated"] = True
+    if "q32" in flags:
+        form["qdtype"] = "float32"
+    return form
 
 
 def _ints(text, what):
@@ -85,25 +112,23 @@ def _gemm(token, dtype):
 
 def _fem(op, token, dtype):
     parts = token.split(":")
-    if len(parts) not in (3, 4):
-        raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ"
-                         + ("[:cNCOMP]" if op == "action" else "[:FORM]"))
-    form = dict(qfunc="mass")
-    if op == "assembly" and len(parts) == 4:
-        f = parts.pop()
-        if f not in _FORMS:
-            raise ValueError(f"assembly size {token!r}: expected DIM:P:NQ[:FORM], FORM "
-                             f"one of {', '.join(_FORMS)}")
-        form = dict(qfunc=f.split("+")[0], collocated=f.endswith("+co"))
+    opt = "[:FORM]" if op == "assembly" else "[:cNCOMP][:FORM]"
+    if not 3 <= len(parts) <= (4 if op == "assembly" else 5):
+        raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ{opt}")
+    form, ncomp = dict(qfunc="mass"), 1
+    extra = parts[3:]
+    if op != "assembly" and extra and extra[0][:1] == "c" and extra[0][1:].isdigit():
+        ncomp = _ints(extra.pop(0)[1:], f"{op} size {token!r} (ncomp)")[0]
+    if any(f[:1] == "c" and f[1:].isdigit() for f in extra):
+        raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ{opt} (cNCOMP before FORM)")
+    if len(extra) > 1:
+        raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ{opt}")
+    if extra:
+        form = _form(op, token, extra[0])
     dims = _ints(parts[0], f"{op} size {token!r} (dim)")
     if set(dims) - {1, 2, 3}:
         raise ValueError(f"{op} size {token!r}: dim must be 1, 2 or 3")
     ps = _ints(parts[1], f"{op} size {token!r} (p)")
-    ncomp = 1
-    if len(parts) == 4:
-        if not parts[3].startswith("c"):
-            raise ValueError(f"action size {token!r}: the 4th field is cNCOMP, e.g. c3")
-        ncomp = _ints(parts[3][1:], f"action size {token!r} (ncomp)")[0]
     out = []
     for dim in dims:
         for p in ps:
@@ -111,15 +136,16 @@ def _fem(op, token, dtype):
                 nq = p + int(q[2:] or 0) if q.startswith("p+") else int(q) if q.isdigit() else None
                 if nq is None or nq < 1:
                     raise ValueError(f"{op} size {token!r}: nq {q!r} must be N or p+K")
-                if op == "action":
-                    out.append(ActionSpec(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype,
-                                          ncomp=ncomp, comp_axis=ncomp > 1))
-                else:
-                    try:
-                        out.append(AssemblySpec(dim=dim, nq=nq, nd=p + 1, batch=1,
-                                                dtype=dtype, **form))
-                    except ValueError as err:       # collocated with nq != p + 1
-                        raise ValueError(f"assembly size {token!r}: {err}") from None
+                kw = dict(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype, **form)
+                if op != "assembly":
+                    kw.update(ncomp=ncomp, comp_axis=ncomp > 1)
+                if op == "mass_apply":                 # one element: its own DoFs
+                    kw["ndofs"] = (p + 1) ** dim
+                try:
+                    out.append((ActionSpec if op == "action" else MassApplySpec
+                                if op == "mass_apply" else AssemblySpec)(**kw))
+                except ValueError as err:       # collocated with nq != p + 1, ...
+                    raise ValueError(f"{op} size {token!r}: {err}") from None
     return out
 
 

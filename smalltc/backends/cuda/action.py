@@ -359,7 +359,16 @@ def _counts(upto):
 
 def _qfunc_space(spec):
     """The diffusion and helmholtz instances' search space: the shared-memory form and (3D)
-    the line form, every items-per-block count, min_blocks 0, 2, 4; no rb, no prefetch."""
+    the line form, every items-per-block count, min_blocks 0, 2, 4; the line form with each
+    ``qmode`` (:data:`QMODES`: where the z step reads Q; "smem" needs ncomp 1, float32
+    point data takes "global" and "regs", the vertex geometry "global": the others give
+    no context and are pruned ``invalid``); no rb, no prefetch.
+
+    >>> from smalltc.spec import ActionSpec
+    >>> s = ActionSpec(dim=3, nq=6, nd=5, batch=1, dtype="float64", qfunc="diffusion")
+    >>> sorted({p.get("qmode") for p, _ in _qfunc_space(s)}, key=str)
+    [None, 'global', 'regs', 'smem']
+    """
     T = max(spec.nd, spec.nq)
     for line in (0, 1) if spec.dim == 3 else (0,):
         tpi = (T | 1) * T if line else _threads_per_item(spec, 1, False)
@@ -368,8 +377,43 @@ def _qfunc_space(spec):
             for mb in (0, 2, 4):
                 why = ("threads" if ne * tpi < MIN_THREADS and ne < upto else
                        "resident" if mb * ne * tpi > SM_THREADS else None)
-                yield dict(per_block=ne, min_blocks=mb, rb=1, line=line, prefetch=0,
-                           stages=0), why
+                base = dict(per_block=ne, min_blocks=mb, rb=1, line=line, prefetch=0, stages=0)
+                for qm in QMODES if line else (None,):
+                    yield (base if qm is None else dict(base, qmode=qm)), why
+
+
+def _meaningful(spec, params):
+    """``params`` without a ``qmode`` where it means nothing (the mass instance, the
+    shared-memory form): an entry's answer holds only the parameters its kernel has."""
+    if params is not None and "qmode" in params and (
+            qfunc_of(spec) == ("mass", False) or not params.get("line")):
+        params = {k: v for k, v in params.items() if k != "qmode"}
+    return params
+
+
+def _carry_qfunc(family, spec, entry_spec, params, device):
+    """A diffusion or helmholtz entry's parameters carried to another size of the same
+    instance (the table's nearest lookup only offers those: ``qfunc`` and ``+co`` are part
+    of the key's variant): the same form and ``qmode`` ("smem" becomes "global" where
+    there are components, as the heuristic does), about the same threads a block, the
+    register cap lowered until it can be met, the item count lowered until it fits."""
+    if qfunc_of(spec) != qfunc_of(entry_spec):
+        return None
+    line = int(bool(params.get("line", 0))) if spec.dim == 3 else 0
+    t0 = _threads_per_item(entry_spec, 1, bool(params.get("line", 0)) and entry_spec.dim == 3)
+    t1 = _threads_per_item(spec, 1, bool(line))
+    if t1 > MAX_THREADS:
+        return None
+    ne = max(1, min(round(params["per_block"] * t0 / t1), MAX_THREADS // t1))
+    mb = params.get("min_blocks", 0)
+    while mb and mb * ne * t1 > SM_THREADS:
+        mb -= 1
+    got = dict(per_block=ne, min_blocks=mb, rb=1, line=line, prefetch=0, stages=0)
+    if line:
+        qm = params.get("qmode", "global")
+        got["qmode"] = "global" if qm == "smem" and spec.ncomp > 1 else qm
+    return family.first_valid(spec, {k: v for k, v in got.items()
+                                     if k in family.params}, device)
 
 
 #: the (qfunc, dim) instances with a vertex-geometry kernel (docs/math.md section 8)
@@ -464,8 +508,10 @@ class ActionFamily(Family):
 
     name = "action"
     templates = ("action.cu.j2", "action_rb.cu.j2", "action_line.cu.j2")
-    params = ("per_block", "min_blocks", "rb", "line", "prefetch", "stages")
-    optional = {"rb": 1, "line": 0, "prefetch": 0, "stages": 0}
+    #: ``qmode``: the diffusion and helmholtz instances' line form only (mass entries lack it)
+    params = ("per_block", "min_blocks", "rb", "line", "prefetch", "stages", "qmode")
+    optional = {"rb": 1, "line": 0, "prefetch": 0, "stages": 0, "qmode": "global"}
+    public_keys = Family.public_keys + ("qmode",)
     #: the ncomp=3 entries carried from the ncomp=1 ones (distance 1.58) won on the H100
     max_distance = 2.0
 
@@ -549,9 +595,17 @@ class ActionFamily(Family):
                         yield dict(per_block=ne, min_blocks=mb, rb=1, line=1, prefetch=pf,
                                    stages=st), why
 
+    def adapt(self, spec, entry_spec, params, device=DEFAULT_DEVICE):
+        return _meaningful(spec, super().adapt(spec, entry_spec, params, device))
+
     def carry(self, spec, entry_spec, params, device):
+        """Another size's entry: the diffusion and helmholtz instances by
+        :func:`_carry_qfunc`, the mass instance by :meth:`_carry_mass` (never one
+        instance's entry for another's spec: None)."""
+        if qfunc_of(spec) != qfunc_of(entry_spec):
+            return None
         if qfunc_of(spec) != ("mass", False):
-            return None     # no tables for the new instances yet: their heuristic
+            return _carry_qfunc(self, spec, entry_spec, params, device)
         return self._carry_mass(spec, entry_spec, params, device)
 
     def _carry_mass(self, spec, entry_spec, params, device):
@@ -628,7 +682,8 @@ class ActionExecutor(KernelExecutor):
     def _unaligned(self):
         if self.unaligned is None:
             fam, spec = self.choice.family, self.choice.spec
-            params = dict({k: self.ctx[k] for k in fam.params}, prefetch=1, stages=0)
+            params = dict({k: self.ctx[k] for k in fam.params if k in self.ctx}, prefetch=1,
+                          stages=0)
             ctx = fam.context(spec, params, self._device)
             self.unaligned = ActionExecutor(self.choice._replace(
                 ctx=ctx, entry=fam.entry(spec, ctx), template=fam.template(ctx),

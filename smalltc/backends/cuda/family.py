@@ -130,7 +130,7 @@ class Family:
     def heuristic_params(self, spec, device=DEFAULT_DEVICE):
         """The heuristic's choice in this family's parameters (None: nothing fits)."""
         ctx = self.context(spec, None, device)
-        return None if ctx is None else {k: ctx[k] for k in self.params}
+        return None if ctx is None else {k: ctx[k] for k in self.params if k in ctx}
 
     def adapt(self, spec, entry_spec, params, device=DEFAULT_DEVICE):
         """Parameters tuned for ``entry_spec`` carried over to ``spec``, or None.

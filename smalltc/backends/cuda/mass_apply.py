@@ -28,7 +28,9 @@ L1/TEX 78% busy at 49% of the DRAM bandwidth.) The diagonal's deterministic form
 runs a launch per element colour. The heuristic is the action's (the line form
 from T = 5 on with prefetch 1); tuning parameters ``per_block, min_blocks, line,
 prefetch`` (``prefetch`` 0 or 1: the ``cp.async`` form copies contiguous slabs,
-not gathered values).
+not gathered values), and ``qmode`` for the diffusion and helmholtz instances' line form.
+Its table entries are its own (``mass_apply/3d/...``, ``diffusion/mass_apply/3d/...+co``),
+tuned by ``smalltc tune --op mass_apply``: never the element-level action's.
 
 Every kernel that reads the map checks each index (``fem_io.cuh.j2``): a thread that
 read a bad one reads and adds nothing more through the map, and the index is reported in
@@ -48,8 +50,8 @@ from ..._errors import device_flag, raise_pending, record_map
 from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
-from .action import (ACTION, ActionExecutor, action_ctx, point_data_ctx, point_data_f32,
-                     qfunc_ctx, qfunc_of)
+from .action import (ACTION, ActionExecutor, _carry_qfunc, _meaningful, action_ctx,
+                     point_data_ctx, point_data_f32, qfunc_ctx, qfunc_of)
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
                      KernelExecutor, even)
 
@@ -85,8 +87,10 @@ class MassApplyFamily(Family):
 
     name = "mass_apply"
     templates = ("action.cu.j2", "action_line.cu.j2")
-    params = ("per_block", "min_blocks", "line", "prefetch")
-    optional = {"line": 0, "prefetch": 0}
+    #: ``qmode``: the diffusion and helmholtz instances' line form only (as the action's)
+    params = ("per_block", "min_blocks", "line", "prefetch", "qmode")
+    optional = {"line": 0, "prefetch": 0, "qmode": "global"}
+    public_keys = Family.public_keys + ("qmode",)
     max_distance = 2.0
 
     def claims(self, spec):
@@ -151,16 +155,26 @@ class MassApplyFamily(Family):
         return MassApplyExecutor(choice, device)
 
     def space(self, spec):
-        """The action's space without register blocking and without the cp.async form."""
+        """The action's space without register blocking and without the cp.async form
+        (the diffusion and helmholtz instances: the action's, ``qmode`` included)."""
         for params, why in ACTION.space(spec):
             if params["rb"] == 1 and params["prefetch"] < 2:
-                yield {k: params[k] for k in self.params}, why
+                yield {k: params[k] for k in self.params if k in params}, why
+
+    def adapt(self, spec, entry_spec, params, device=DEFAULT_DEVICE):
+        return _meaningful(spec, super().adapt(spec, entry_spec, params, device))
 
     def carry(self, spec, entry_spec, params, device):
-        if qfunc_of(spec) != ("mass", False):
+        """Another size's entry of this family (its own keys, ``diffusion/mass_apply/...``:
+        the fused operator is tuned apart from the element-level action, whose best
+        parameters differ: see :meth:`heuristic_3d`), carried as the action carries its
+        own; never one instance's entry for another's spec."""
+        if qfunc_of(spec) != qfunc_of(entry_spec):
             return None
+        if qfunc_of(spec) != ("mass", False):
+            return _carry_qfunc(self, spec, entry_spec, params, device)
         p = ACTION.carry(spec, entry_spec, dict(params, rb=1), device)
-        return None if p is None else {k: p[k] for k in self.params}
+        return None if p is None else {k: p[k] for k in self.params if k in p}
 
 
 MASS_APPLY = MassApplyFamily()

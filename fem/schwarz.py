@@ -36,10 +36,13 @@ symmetric positive definite. With constrained DoFs (free mask ``f``) it is ``f P
 
 Setup on the host (batched ``numpy.linalg`` eigendecompositions), then the 1D
 eigenvector matrices ``S`` (E, dim, n, n), the inverse eigenvalues (E, n, ..., n) and the
-index map are moved to the array module; an application is one gather, ``2 dim``
-batched matrix products (``xp.matmul`` with one matrix per element), a scale and one
-scatter-add (``numpy.bincount``; ``cupyx.scatter_add`` on the GPU), with no host
-round trip.
+index map are moved to the array module. On the host an application is one compiled
+kernel (``templates/cpu/schwarz_fdm.py.j2``) and a ``numpy.bincount``; on a GPU one kernel
+(``templates/cuda/schwarz_fdm.cu.j2``: gather, the ``2 dim`` one-axis transforms and the
+scale in shared memory, atomic scatter-add), so the V-cycle's CUDA graph can hold it;
+elsewhere (no Numba, or an element's buffers beyond 48 KiB of shared memory) ``2 dim``
+batched matrix products (``xp.matmul``, one matrix per element) and a scatter-add. No
+host round trip.
 """
 
 import numpy as np
@@ -48,6 +51,9 @@ from ._device import to_host
 from .basis import lagrange_basis
 from .chebyshev import _Preconditioner
 from .quadrature import gauss_legendre, gauss_lobatto
+
+#: the static shared memory of a block (the GPU kernel's buffers must fit it)
+_SMEM_STATIC = 48 * 1024
 
 __all__ = ["Schwarz", "schwarz", "element_lengths", "reference_matrices", "fdm_pair",
            "WEIGHTS", "MASSES"]
@@ -326,6 +332,9 @@ class Schwarz(_Preconditioner):
             host_kernel = _numba_present()
         self.host_kernel = bool(host_kernel) and xp is np
         self._hk = None
+        # on a GPU: one kernel an application where the element's buffers fit 48 KiB
+        self.device_kernel = (xp is not np and (2 * nloc ** dim + dim * nloc ** 2)
+                              * self.dtype.itemsize <= _SMEM_STATIC)
 
     def _host_kernel(self):
         """The compiled local solves (``templates/cpu/schwarz_fdm.py.j2``: one kernel per
@@ -356,6 +365,20 @@ class Schwarz(_Preconditioner):
         chunks = -(-E // _LANES)
         fn(S, rp.reshape(1, -1), idx, inv, U, chunks, min(chunks, numba.get_num_threads()))
         return U
+
+    def _device_kernel(self):
+        """The fused application on a GPU (``templates/cuda/schwarz_fdm.cu.j2``: gather,
+        the local solve in shared memory, atomic scatter-add), one kernel per extended
+        size, dimension, dtype and index type."""
+        from smalltc.backends.cuda import runtime as RT
+        dim, n = self.space.dim, self.nloc
+        itype = np.dtype(self.idx.dtype)
+        threads = min(128, 32 * -(-n ** dim // 32))
+        ctx = dict(dtype=self.dtype.name, dim=dim, n=n, threads=threads,
+                   index_t="int" if itype == np.int32 else "long long")
+        entry = (f"stc_schwarz_fdm_{dim}d_n{n}_{'f64' if self.dtype == np.float64 else 'f32'}"
+                 f"_{'i32' if itype == np.int32 else 'i64'}")
+        return RT.get_kernel("schwarz_fdm.cu.j2", entry, ctx), threads
 
     def _apply_1d(self, U, MatsT):
         """``U`` (E, n, .., n) with the element's matrix ``MatsT[:, d]^T`` applied along
@@ -391,6 +414,17 @@ class Schwarz(_Preconditioner):
         if r.shape != (self.n,):
             raise ValueError(f"r has shape {r.shape}, expected ({self.n},)")
         self.applications += 1
+        if self.device_kernel:
+            kern, threads = self._device_kernel()
+            rr = xp.ascontiguousarray(xp.asarray(r, dtype=self.dtype))
+            z = xp.zeros(self.n, dtype=self.dtype)
+            E = self.space.nelements
+            kern((int(min(E, 65535 * 8)),), (threads,),
+                 (self.S, self.inv_eig, self.idx, rr, self.w, z, np.int64(self.n),
+                  np.int64(E)))
+            if self.fixed is not None:
+                z += self.fixed * rr
+            return z
         rp = xp.zeros(self.n + 1, dtype=self.dtype)
         rp[:self.n] = r * self.w
         U = self._host(rp) if self.host_kernel else self.local_solve(rp[self.idx])

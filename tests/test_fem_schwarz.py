@@ -267,6 +267,30 @@ def test_schwarz_on_the_gpu_matches_the_cpu(p):
     assert res.converged and res.iterations < 20
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(xp_of("cupy") is None or not __import__(
+    "smalltc._arrays", fromlist=["gpu_available"]).gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dim, p, overlap, dtype", [(2, 3, 1, np.float64), (3, 1, 1, np.float64),
+                                                    (3, 4, 0, np.float64), (3, 3, 1, np.float32),
+                                                    (3, 8, 1, np.float64)])
+def test_device_kernel_matches_the_array_path(dim, p, overlap, dtype):
+    cp = xp_of("cupy")
+    mesh = fem.kershaw_mesh(4, 0.3, dim=dim) if dim == 3 else fem.kershaw_mesh((6, 4), 0.3,
+                                                                               dim=2)
+    V = fem.H1Space(mesh, p)
+    free = ~boundary_mask(V)
+    fast = Schwarz(V, cp, free=free, overlap=overlap, dtype=dtype)
+    slow = Schwarz(V, cp, free=free, overlap=overlap, dtype=dtype)
+    slow.device_kernel = False
+    assert fast.device_kernel
+    r = cp.asarray(np.random.default_rng(6).standard_normal(V.ndofs))
+    z = cp.full(V.ndofs, cp.nan, dtype=dtype)
+    z[:] = fast(r)
+    ref = cp.asnumpy(slow(r))
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    assert np.allclose(cp.asnumpy(z), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
 def test_bench_pmg_relaxation_option():
     from argparse import Namespace
 

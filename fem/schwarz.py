@@ -288,14 +288,23 @@ class Schwarz(_Preconditioner):
                     face = np.take(lat, 0 if side == 0 else p, axis=1 + d).reshape(E, -1)
                     f = np.where((f == 1) & fixed[face].all(axis=1), 2, f)
                 flags.append(f)
-            A, M = _local_1d(K1, M1, h[:, d], hl, hr, flags[0], flags[1], self.overlap)
+            # one eigendecomposition per distinct 1D problem (lengths equal to 12 digits:
+            # a mapped box repeats them by layers; 245k elements of a Kershaw mesh have
+            # ~5k distinct problems along x, ~100 along y and z)
+            scale = float(np.abs(h).max()) or 1.0
+            keys = np.column_stack([np.round(v / scale, 12) for v in (h[:, d], hl, hr)]
+                                   + [flags[0], flags[1]])
+            _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+            A, M = _local_1d(K1, M1, h[first, d], hl[first], hr[first], flags[0][first],
+                             flags[1][first], self.overlap)
             try:
                 lam, S = fdm_pair(A, M)
             except np.linalg.LinAlgError as err:
                 raise ValueError(f"Schwarz: a local 1D mass matrix along direction {d} is "
                                  f"not positive definite ({err})") from err
-            lams.append(lam)
-            Ss.append(S)
+            inverse = inverse.reshape(-1)
+            lams.append(lam[inverse])
+            Ss.append(S[inverse])
         D = kap.reshape((E,) + (1,) * dim) * sum(
             lams[d].reshape((E,) + tuple(nloc if a == d else 1 for a in range(dim)))
             for d in range(dim)) + float(alpha)
@@ -305,7 +314,8 @@ class Schwarz(_Preconditioner):
         # --- the extended index map (invalid: index n, a zero pad) -------------------
         L = np.array(space.lattice_shape)
         strides = np.cumprod(np.r_[L[1:], 1][::-1])[::-1]
-        idx = np.zeros((E,) + (nloc,) * dim, dtype=np.int64)
+        itype = np.int32 if self.n + 1 < 2**31 else np.int64
+        idx = np.zeros((E,) + (nloc,) * dim, dtype=itype)
         ok = np.ones(idx.shape, dtype=bool)
         for d in range(dim):
             g = multi[d][:, None] * p + np.arange(nloc)[None, :] - self.overlap   # (E, nloc)
@@ -313,16 +323,16 @@ class Schwarz(_Preconditioner):
             bshape[1 + d] = nloc
             g = g.reshape(bshape)
             ok &= (g >= 0) & (g < L[d])
-            idx = idx + strides[d] * g
-        idx = np.where(ok, idx, self.n)
-        count = np.bincount(idx.ravel(), minlength=self.n + 1)[:self.n].astype(np.float64)
+            idx += (strides[d] * g).astype(itype)
+        np.putmask(idx, ~ok, self.n)
+        flat = idx.reshape(-1).astype(np.intp)
+        count = np.bincount(flat, minlength=self.n + 1)[:self.n].astype(np.float64)
         w = 1.0 / np.sqrt(count) if weights == "sqrt" else np.ones(self.n)
         if fixed is not None:
             w = w * ~fixed
-        itype = np.int32 if self.n + 1 < 2**31 else np.int64
-        self.idx = xp.asarray(idx.astype(itype))
+        self.idx = xp.asarray(idx)
         # numpy.bincount takes intp indices (an int32 map would be converted per call)
-        self._flat = idx.reshape(-1) if xp is np else self.idx.reshape(-1)
+        self._flat = flat if xp is np else self.idx.reshape(-1)
         self.S = xp.asarray(np.ascontiguousarray(np.stack(Ss, axis=1)).astype(self.dtype))
         self.ST = xp.ascontiguousarray(xp.swapaxes(self.S, -1, -2))
         self.inv_eig = xp.asarray((1.0 / D).astype(self.dtype))

@@ -275,7 +275,7 @@ def test_schwarz_on_the_gpu_matches_the_cpu(p):
                                                     (3, 8, 1, np.float64)])
 def test_device_kernel_matches_the_array_path(dim, p, overlap, dtype):
     cp = xp_of("cupy")
-    mesh = fem.kershaw_mesh(4, 0.3, dim=dim) if dim == 3 else fem.kershaw_mesh((6, 4), 0.3,
+    mesh = fem.kershaw_mesh(6, 0.3, dim=dim) if dim == 3 else fem.kershaw_mesh((6, 4), 0.3,
                                                                                dim=2)
     V = fem.H1Space(mesh, p)
     free = ~boundary_mask(V)

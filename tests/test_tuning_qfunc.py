@@ -326,3 +326,26 @@ def test_gpu_tuned_diffusion_params_are_correct(tmp_path, monkeypatch, qmode):
     ex.run(tuple(cp.asarray(a) for a in ops), out)
     ref = _reference(spec, ops)
     assert np.linalg.norm(cp.asnumpy(out) - ref) <= 1e-12 * np.linalg.norm(ref)
+
+
+def test_sizes_force_forms():
+    """The corner force's instances: DIM components, NQ 2p, no assembly and no flags."""
+    from tuning.sizes import parse
+    specs = parse("action", ["3:1-2:2p:force", "2:3:2p:force_t"], "float64")
+    assert [s.size_key for s in specs] == ["force/action/3d/nd2nq2c3",
+                                           "force/action/3d/nd3nq4c3",
+                                           "force_t/action/2d/nd4nq6c2"]
+    assert all(s.comp_axis and s.ncomp == s.dim for s in specs)
+    for bad in (("assembly", "3:2:2p:force"), ("action", "3:2:2p:force+co")):
+        with pytest.raises(ValueError, match="corner force"):
+            parse(bad[0], [bad[1]], "float64")
+
+
+def test_force_space_names_every_parameter():
+    """Every candidate of the force family's space carries all its parameters (a table
+    entry must, to be loaded)."""
+    from smalltc.backends.cuda.force import FORCE
+    from tuning.sizes import parse
+    (spec,) = parse("action", ["3:2:2p:force"], "float64")
+    for params, _ in FORCE.space(spec):
+        assert set(params) == set(FORCE.params)

@@ -14,7 +14,10 @@ assembly       ``DIM:P:NQ[:FORM]``                    FORM: the operator instanc
                                                       ``helmholtz``, with ``+co``
                                                       (collocated: nq = p+1) and, action and
                                                       mass_apply, ``+q32`` (float32 point
-                                                      data, float64 vectors)
+                                                      data, float64 vectors); action and
+                                                      mass_apply also ``force``/``force_t``
+                                                      (the corner force: DIM components;
+                                                      NQ ``2p`` as Laghos)
 pairwise       ``action:DIM:P:NQ``                    every reshaped (8a)/(8b)/(9) kernel of
                ``assembly:DIM:P:NQ``                  the catalogue's steps for those sizes
 =============  =====================================  =======================================
@@ -55,8 +58,11 @@ DEFAULT_SIZES = {
 
 
 #: the operator instances of the FORM field, and the flags each op takes after them
-_QFUNCS = ("mass", "diffusion", "helmholtz")
+_QFUNCS = ("mass", "diffusion", "helmholtz", "force", "force_t")
 _FLAGS = {"assembly": ("co",), "action": ("co", "q32"), "mass_apply": ("co", "q32")}
+#: the corner force's instances (issue 31): the kinematic field has DIM components; no
+#: assembly, no flags
+_FORCE = ("force", "force_t")
 
 
 def _form(op, token, text):
@@ -67,6 +73,9 @@ def _form(op, token, text):
         raise ValueError(f"{op} size {token!r}: FORM {text!r} must be one of "
                          f"{', '.join(_QFUNCS)}, followed by "
                          f"{' and '.join('+' + f for f in _FLAGS[op])} where wanted")
+    if qfunc in _FORCE and (op == "assembly" or flags):
+        raise ValueError(f"{op} size {token!r}: FORM {text!r}: the corner force has no "
+                         f"assembly and no flags")
     form = dict(qfunc=qfunc)
     if "co" in flags:
         form["collocated"] = True
@@ -133,12 +142,14 @@ def _fem(op, token, dtype):
     for dim in dims:
         for p in ps:
             for q in parts[2].split(","):
-                nq = p + int(q[2:] or 0) if q.startswith("p+") else int(q) if q.isdigit() else None
+                nq = (p + int(q[2:] or 0) if q.startswith("p+") else 2 * p if q == "2p"
+                      else int(q) if q.isdigit() else None)
                 if nq is None or nq < 1:
-                    raise ValueError(f"{op} size {token!r}: nq {q!r} must be N or p+K")
+                    raise ValueError(f"{op} size {token!r}: nq {q!r} must be N, p+K or 2p")
                 kw = dict(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype, **form)
                 if op != "assembly":
-                    kw.update(ncomp=ncomp, comp_axis=ncomp > 1)
+                    nc = dim if form["qfunc"] in _FORCE else ncomp
+                    kw.update(ncomp=nc, comp_axis=nc > 1)
                 if op == "mass_apply":                 # one element: its own DoFs
                     kw["ndofs"] = (p + 1) ** dim
                 try:

@@ -286,14 +286,15 @@ class ForceFamily(Family):
     def space(self, spec):
         for tpi in (4, 8, 16, 32, 64, 128, 256):
             for pb in (1, 2, 4, 8, 16, 32, 64):
-                yield (dict(line=0, per_block=pb, tpi=tpi, apre=0),
+                yield (dict(line=0, per_block=pb, tpi=tpi, apre=0, min_blocks=0),
                        "threads" if tpi * pb > 1024 or tpi * pb < 32 else None)
         if spec.dim in (2, 3):
             tpi = line_tpi(spec.dim, spec.nd, spec.nq)
             for pb in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128):
                 for apre in (0, 1):
-                    yield (dict(line=1, per_block=pb, tpi=tpi, apre=apre),
-                           "threads" if tpi * pb > 1024 or tpi * pb < 32 else None)
+                    for mb in (0, 1, 2):
+                        yield (dict(line=1, per_block=pb, tpi=tpi, apre=apre, min_blocks=mb),
+                               "threads" if tpi * pb > 1024 or tpi * pb < 32 else None)
 
     def carry(self, spec, entry_spec, params, device):
         return params if self.context(spec, params, device) is not None else None

@@ -199,7 +199,7 @@ def test_tuning_sizes_name_the_stiffness_forms():
                                            "helmholtz/assembly/2d/nd4nq4+co"]
     with pytest.raises(ValueError, match="collocated=True needs nq == nd"):
         parse("assembly", ["3:2:p+2:diffusion+co"], "float64")
-    with pytest.raises(ValueError, match="FORM one of"):
+    with pytest.raises(ValueError, match="must be one of"):
         parse("assembly", ["3:2:p+2:stokes"], "float64")
 
 

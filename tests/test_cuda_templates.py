@@ -206,6 +206,11 @@ def _configs():
                                     ("residual", "float32"), ("last", "float64"))):
         out.insert(27 + i, ("pmg_vector.cu.j2", dict(dtype=dt, mode=mode, threads=256,
                                                       min_blocks=0)))
+    # the Schwarz smoother's fused application (FDM local solves)
+    for i, (dim, n, dt, it) in enumerate(((3, 5, "float64", "int"), (3, 11, "float64", "int"),
+                                          (2, 6, "float32", "long long"))):
+        out.insert(31 + i, ("schwarz_fdm.cu.j2", dict(dtype=dt, dim=dim, n=n, threads=128,
+                                                       min_blocks=0, index_t=it)))
     return [(t, f"stc_test_{t.split('.')[0]}_{i}", c) for i, (t, c) in enumerate(out)
             if c is not None]
 

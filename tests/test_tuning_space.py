@@ -221,7 +221,7 @@ def test_sizes_language():
     ("action", ["4:1:2"], "dim must be"),
     ("assembly", ["3:1:2:c3"], "DIM:P:NQ"),
     ("action", ["3:a:2"], "not an integer"),
-    ("action", ["3:1:q+1"], "N, p+K or 2p"),
+    ("action", ["3:1:q+1"], "must be N, p.K or 2p"),
     ("pairwise", ["mass:3:1:2"], "action: or assembly:"),
     ("tensor", ["1"], "op must be"),
 ])

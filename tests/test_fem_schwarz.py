@@ -12,6 +12,7 @@ import pytest
 
 from conftest import array_modules, to_numpy, xp_of
 from smalltc import fem
+from smalltc._arrays import gpu_available
 from smalltc.fem.chebyshev import Chebyshev, estimate_lambda_max
 from smalltc.fem.coarse import assemble_csr
 from smalltc.fem.multigrid import Constrained, boundary_mask
@@ -21,6 +22,11 @@ from smalltc.fem.schwarz import Schwarz, element_lengths, fdm_pair, reference_ma
 LOCAL_CASES = [(2, 1, 1, "consistent"), (2, 3, 1, "consistent"), (2, 4, 0, "consistent"),
                (2, 2, 1, "lumped"), (3, 1, 1, "consistent"), (3, 2, 1, "consistent"),
                (3, 3, 0, "lumped"), (3, 2, 1, "lumped")]
+
+
+def GPU(test):
+    """Mark ``test`` as a GPU test, skipped without a CUDA device (a device query)."""
+    return pytest.mark.gpu(pytest.mark.skipif(not gpu_available(), reason="no CUDA device")(test))
 
 
 def _global_matrix(V, mass):
@@ -247,9 +253,7 @@ def test_solve_poisson_passes_pmg_options():
                       device="cpu")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(xp_of("cupy") is None or not __import__(
-    "smalltc._arrays", fromlist=["gpu_available"]).gpu_available(), reason="no CUDA device")
+@GPU
 @pytest.mark.parametrize("p", [2, 3])
 def test_schwarz_on_the_gpu_matches_the_cpu(p):
     cp = xp_of("cupy")
@@ -267,9 +271,7 @@ def test_schwarz_on_the_gpu_matches_the_cpu(p):
     assert res.converged and res.iterations < 20
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(xp_of("cupy") is None or not __import__(
-    "smalltc._arrays", fromlist=["gpu_available"]).gpu_available(), reason="no CUDA device")
+@GPU
 @pytest.mark.parametrize("dim, p, overlap, dtype", [(2, 3, 1, np.float64), (3, 1, 1, np.float64),
                                                     (3, 4, 0, np.float64), (3, 3, 1, np.float32),
                                                     (3, 8, 1, np.float64)])

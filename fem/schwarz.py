@@ -341,7 +341,7 @@ class Schwarz(_Preconditioner):
         if host_kernel is None:
             host_kernel = _numba_present()
         self.host_kernel = bool(host_kernel) and xp is np
-        self._hk = self._dk = None
+        self._hk = None
         # on a GPU: one kernel an application where the element's buffers fit 48 KiB
         self.device_kernel = (xp is not np and (2 * nloc ** dim + dim * nloc ** 2)
                               * self.dtype.itemsize <= _SMEM_STATIC)
@@ -379,9 +379,7 @@ class Schwarz(_Preconditioner):
     def _device_kernel(self):
         """The fused application on a GPU (``templates/cuda/schwarz_fdm.cu.j2``: gather,
         the local solve in shared memory, atomic scatter-add), one kernel per extended
-        size, dimension, dtype and index type; looked up once an instance."""
-        if self._dk is not None:
-            return self._dk
+        size, dimension, dtype and index type."""
         from smalltc.backends.cuda import runtime as RT
         dim, n = self.space.dim, self.nloc
         itype = np.dtype(self.idx.dtype)
@@ -390,8 +388,7 @@ class Schwarz(_Preconditioner):
                    index_t="int" if itype == np.int32 else "long long")
         entry = (f"stc_schwarz_fdm_{dim}d_n{n}_{'f64' if self.dtype == np.float64 else 'f32'}"
                  f"_{'i32' if itype == np.int32 else 'i64'}")
-        self._dk = RT.get_kernel("schwarz_fdm.cu.j2", entry, ctx), threads
-        return self._dk
+        return RT.get_kernel("schwarz_fdm.cu.j2", entry, ctx), threads
 
     def _apply_1d(self, U, MatsT):
         """``U`` (E, n, .., n) with the element's matrix ``MatsT[:, d]^T`` applied along

@@ -307,6 +307,10 @@ def test_bp3_bp5_suites_end_to_end(tmp_path, capsys, suite, rule):
     assert c["bound"]["bytes"] == 8 * (2 * ndofs + 6 * E * nq ** 3 + nbasis * nq * 2) \
         + 4 * E * 8
     assert c["cg_bound"]["bytes"] - c["bound"]["bytes"] == 13 * 8 * ndofs
+    from smalltc.bench.bp1 import CG_BASE, CG_EXTRA     # whole batches of the fused loop
+    for name in ("cg", "cg (unfused)"):
+        its = c["impls"][name]["iterations"]
+        assert its % CG_BASE == 0 and its >= CG_BASE + CG_EXTRA, (name, its)
     assert f"== {suite}" in capsys.readouterr().out
     assert (tmp_path / f"{suite}-p1-{suite}-float64.png").exists()
 

@@ -7,6 +7,7 @@ must equal the float64 operator applied to the float32-rounded data (the referen
 path) to float64 round-off. CPU kernels here; the CUDA forms forced one by one on a GPU
 (skipped without one); the CUDA sources compile with nvcc (skipped without nvcc).
 """
+import re
 import shutil
 import subprocess
 
@@ -524,11 +525,15 @@ VX_CUDA = [("mass", 2, 3, False), ("mass", 3, 2, False), ("mass", 3, 5, False),
 
 
 def _vx_forms(qfunc, dim):
-    """The heuristic (None), the shared-memory form, and in 3D the line form."""
+    """The heuristic (None), the shared-memory form, and in 3D the line form (diffusion:
+    Q computed at each point, "global", and into shared memory at the group's start,
+    "smem")."""
     base = dict(per_block=2, min_blocks=0, rb=1, line=0, prefetch=0, stages=0)
     forms = [None, base]
-    if dim == 3:
-        forms.append(dict(base, line=1, **({} if qfunc == "mass" else dict(qmode="global"))))
+    if dim == 3 and qfunc == "mass":
+        forms.append(dict(base, line=1))
+    elif dim == 3:
+        forms += [dict(base, line=1, qmode=m) for m in ("global", "smem")]
     return forms
 
 
@@ -549,6 +554,12 @@ def test_cuda_vertex_choices_without_a_gpu():
                    geometry="vertices")
     assert ACTION.context(a, dict(per_block=2, min_blocks=0, line=1, qmode="regs"),
                           H100) is None
+    # the heuristic's line form computes Q into shared memory (the geometry's registers not
+    # live in the steps); with components the slab form does not exist: Q at the point
+    for ncomp, want in ((1, 1), (3, 0)):
+        c = choose(ActionSpec(dim=3, nq=4, nd=3, batch=64, dtype="float64", qfunc="diffusion",
+                              ncomp=ncomp, comp_axis=ncomp > 1, geometry="vertices"), H100)
+        assert c.ctx["line"] == 1 and c.ctx["qsmem"] == want, (ncomp, c.ctx)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
@@ -568,7 +579,8 @@ def test_cuda_vertex_sources_compile(tmp_path):
                 ctx = fam.context(spec, prm)
                 assert ctx is not None, (qfunc, dim, p, prm)
                 src = render(fam.template(ctx), dict(ctx, entry=f"{fam.entry(spec, ctx)}_{i}"))
-                assert "stc_vx_setup(XV" in src and "__ldg(D" not in src and "Qe" not in src
+                assert "stc_vx_setup(XV" in src and "__ldg(D" not in src
+                assert re.search(r"\bQ(e)?\s*\+", src) is None, (qfunc, dim, p, prm)
                 parts.setdefault(fam.template(ctx), []).append(f"namespace n{i} {{\n{src}\n}}\n")
                 i += 1
     _compile_all(parts, tmp_path)

@@ -48,7 +48,8 @@ def add_arguments(parser):
                              "mass_apply: DIM:P:NQ[:cNCOMP][:FORM], assembly: "
                              "DIM:P:NQ[:FORM], such as 3:1-8:p+1,p+2 or "
                              "3:1-8:p+1:diffusion+co (FORM: mass, diffusion or helmholtz, "
-                             "+co collocated, +q32 float32 point data); pairwise: "
+                             "+co collocated, +q32 float32 point data, +vx the vertex "
+                             "geometry); pairwise: "
                              "action:DIM:P:NQ (default: "
                              + "; ".join(f"{k}: {' '.join(v)}" for k, v in DEFAULT_SIZES.items())
                              + ")")

@@ -175,6 +175,12 @@ def _random_host(spec, batch, seed):
         if dt is not None and np.dtype(dt).kind == "i":
             out.append(box_map(s))
             continue
+        if name == "X" and getattr(s, "geometry", None) == "vertices":
+            # the vertex geometry: unit cubes (squares) moved by up to 0.1 a vertex, so
+            # that no element is inverted or flat (det J > 0 at every point)
+            corners = np.indices((2,) * s.dim).reshape(s.dim, -1).T[:, ::-1]
+            out.append(corners + rng.uniform(-0.1, 0.1, shape))
+            continue
         a = rng.random(shape) + 0.5 if positive else rng.standard_normal(shape)
         out.append(a)
     return out

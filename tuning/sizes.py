@@ -14,7 +14,8 @@ assembly       ``DIM:P:NQ[:FORM]``                    FORM: the operator instanc
                                                       ``helmholtz``, with ``+co``
                                                       (collocated: nq = p+1) and, action and
                                                       mass_apply, ``+q32`` (float32 point
-                                                      data, float64 vectors); action and
+                                                      data, float64 vectors) or ``+vx``
+                                                      (the vertex geometry); action and
                                                       mass_apply also ``force``/``force_t``
                                                       (the corner force: DIM components;
                                                       NQ ``2p`` as Laghos)
@@ -34,6 +35,8 @@ Examples
 ['diffusion/action/3d/nd3nq3c1+co', 'helmholtz/action/3d/nd3nq4c3']
 >>> [s.size_key for s in parse("mass_apply", ["3:4:p+2:diffusion+q32"], "float64")]
 ['diffusion/mass_apply/3d/nd5nq6c1+q32']
+>>> [s.size_key for s in parse("mass_apply", ["3:2:p+2:diffusion+vx"], "float64")]
+['diffusion/mass_apply/3d/nd3nq4c1+vx']
 >>> [(s.m, s.n, s.k) for s in parse("gemm", ["2,3", "4x8x3"], "float32")]
 [(2, 2, 2), (3, 3, 3), (4, 8, 3)]
 """
@@ -59,7 +62,8 @@ DEFAULT_SIZES = {
 
 #: the operator instances of the FORM field, and the flags each op takes after them
 _QFUNCS = ("mass", "diffusion", "helmholtz", "force", "force_t")
-_FLAGS = {"assembly": ("co",), "action": ("co", "q32"), "mass_apply": ("co", "q32")}
+_FLAGS = {"assembly": ("co",), "action": ("co", "q32", "vx"),
+          "mass_apply": ("co", "q32", "vx")}
 #: the corner force's instances (issue 31): the kinematic field has DIM components; no
 #: assembly, no flags
 _FORCE = ("force", "force_t")
@@ -81,6 +85,8 @@ def _form(op, token, text):
         form["collocated"] = True
     if "q32" in flags:
         form["qdtype"] = "float32"
+    if "vx" in flags:
+        form["geometry"] = "vertices"
     return form
 
 

@@ -53,12 +53,13 @@ from .. import roofline
 from .._timing import median, synchronize, time_calls, time_once
 from .cases import Case
 
-__all__ = ["cases", "run_case", "CG_EXTRA", "PROBLEMS"]
+__all__ = ["cases", "run_case", "CG_BASE", "CG_EXTRA", "PROBLEMS"]
 
-#: iterations timed beyond the first 5 for the per-iteration CG time
-CG_EXTRA = 20
-#: the most extra iterations of the CG timing, and the time they should take
-CG_EXTRA_MAX, CG_SPAN_S = 100, 0.03
+#: the short solve of the per-iteration CG time, and the batch of the fused GPU loop
+CG_BASE = 8
+#: the fewest and most iterations timed beyond the short solve's (multiples of CG_BASE),
+#: and the time they should take
+CG_EXTRA, CG_EXTRA_MAX, CG_SPAN_S = 16, 1600, 0.05
 
 #: suite -> (qfunc, the quadrature rules ``(nq - p, rule)``, unique DoFs on a GPU, on a
 #: CPU; ``quick``: a GPU's, a CPU's)
@@ -105,36 +106,44 @@ def _rec(b, times, what, **extra):
 
 
 def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
-    """Seconds per CG iteration: ``(t(5 + K) - t(5)) / K`` from the medians of ``repeats``
-    solves of each length, ``K`` (:data:`CG_EXTRA` to :data:`CG_EXTRA_MAX`) chosen so that
-    the K iterations take about :data:`CG_SPAN_S` (a solve's own host work and the odd
-    slow call, milliseconds, then count for little; per repeat, pairs of single solves of
-    20 iterations gave 0.2-8 ms for the same ~0.3 ms iteration on an H100). Where the
-    difference is not positive (a tiny problem) the figure is ``t(5 + K) / (5 + K)``,
-    which includes the solve's setup: an upper bound. Returns the per-iteration seconds
-    (one per repeat: the median figure repeated, so the record's median is it), the
-    iterations done and the seconds of the first (2-iteration) solve. Raises RuntimeError
-    when a solve stopped before its ``maxiter`` (a time of fewer iterations is no
-    iteration's time)."""
+    """Seconds per CG iteration: the median over ``repeats`` pairs of solves of
+    ``CG_BASE`` and ``CG_BASE + K`` iterations of ``(t_long - t_short) / K``.
+
+    ``K`` (a multiple of :data:`CG_BASE`, :data:`CG_EXTRA` to :data:`CG_EXTRA_MAX`) is
+    chosen from a pilot difference so that the K iterations take about :data:`CG_SPAN_S`:
+    a solve's own host work (setup, the final residual) cancels in the difference, and
+    the odd slow call of a millisecond is small against the span. Both lengths are
+    multiples of :data:`CG_BASE`, the fused GPU iteration's ``check_every``: that loop
+    queues iterations in batches of it, so another length would time applications past
+    the stop (session 15's figures, with 5 and 25 iterations and K = 20 whatever the
+    iteration's time, were off by up to 3.6x). Where the difference is not positive (a
+    tiny problem) the figure is ``t_long / (CG_BASE + K)``, which includes the solve's
+    setup: an upper bound. Returns the per-iteration seconds (one per repeat), the
+    iterations of the long solve and the seconds of the first (warm-up) solve. Raises
+    RuntimeError when a solve stopped before its ``maxiter`` (a time of fewer iterations
+    is no iteration's time)."""
     from ..fem import cg
 
     def solve(n):
-        return cg(M, rhs, tol=1e-300, maxiter=n, precond=P, raise_on_failure=False,
-                  fused=fused)
-    _, first = time_once(lambda: solve(2), on_gpu=on_gpu)   # warm-up: compiles, pools
-    _, t5 = time_once(lambda: solve(5), on_gpu=on_gpu)
-    extra = int(min(CG_EXTRA_MAX, max(CG_EXTRA, round(CG_SPAN_S / max(t5 / 5, 1e-9)))))
-    short, long_ = [], []
-    for _ in range(max(1, repeats)):
-        short.append(time_once(lambda: solve(5), on_gpu=on_gpu)[1])
-        r, t1 = time_once(lambda: solve(5 + extra), on_gpu=on_gpu)
-        if r.iterations != 5 + extra:
-            raise RuntimeError(f"CG stopped after {r.iterations} of {5 + extra} iterations "
+        r, t = time_once(lambda: cg(M, rhs, tol=1e-300, maxiter=n, precond=P,
+                                    raise_on_failure=False, fused=fused,
+                                    check_every=CG_BASE), on_gpu=on_gpu)
+        if r.iterations != n:
+            raise RuntimeError(f"CG stopped after {r.iterations} of {n} iterations "
                                f"(relative residual {r.residuals[-1]:.1e})")
-        long_.append(t1)
-    t0, t1 = float(np.median(short)), float(np.median(long_))
-    per = (t1 - t0) / extra if t1 > t0 else t1 / (5 + extra)
-    return [per] * len(long_), r.iterations, first
+        return t
+    first = solve(CG_BASE)                               # warm-up: compiles, pools
+    pilot = (solve(CG_BASE + CG_EXTRA) - solve(CG_BASE)) / CG_EXTRA
+    extra = round(CG_SPAN_S / max(pilot, 1e-7) / CG_BASE) * CG_BASE
+    extra = int(min(CG_EXTRA_MAX, max(CG_EXTRA, extra)))
+    per = []
+    for i in range(max(1, repeats)):
+        if i % 2 == 0:
+            t0, t1 = solve(CG_BASE), solve(CG_BASE + extra)
+        else:
+            t1, t0 = solve(CG_BASE + extra), solve(CG_BASE)
+        per.append((t1 - t0) / extra if t1 > t0 else t1 / (CG_BASE + extra))
+    return per, CG_BASE + extra, first
 
 
 def _unchecked(plan, b, ops, y, checked_times, repeats, warmup, on_gpu, op_name,

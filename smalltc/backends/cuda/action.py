@@ -361,8 +361,8 @@ def _qfunc_space(spec):
     """The diffusion and helmholtz instances' search space: the shared-memory form and (3D)
     the line form, every items-per-block count, min_blocks 0, 2, 4; the line form with each
     ``qmode`` (:data:`QMODES`: where the z step reads Q; "smem" needs ncomp 1, float32
-    point data takes "global" and "regs", the vertex geometry "global": the others give
-    no context and are pruned ``invalid``); no rb, no prefetch.
+    point data takes "global" and "regs", the vertex geometry "global" and "smem": the
+    others give no context and are pruned ``invalid``); no rb, no prefetch.
 
     >>> from smalltc.spec import ActionSpec
     >>> s = ActionSpec(dim=3, nq=6, nd=5, batch=1, dtype="float64", qfunc="diffusion")
@@ -423,17 +423,24 @@ VERTEX_FORMS = (("mass", 2), ("mass", 3), ("diffusion", 2), ("diffusion", 3))
 def vertex_ctx(ctx, spec, rebuild):
     """The context for the vertex geometry (``spec.geometry == "vertices"``; ``vertex.cuh.j2``),
     or ``ctx`` unchanged for the other specs: the point data recomputed from XV and CF where
-    the kernel read D or Q. The forms that read D or Q elsewhere (the line form's prefetch
-    1-3 and ``qmode`` "regs"/"smem", the register-blocked form) are not taken: given as
+    the kernel read D or Q. The diffusion line form takes ``qmode`` "global" (Q computed at
+    each point of the z step, in registers beside the step's) and "smem" (Q of the group
+    computed at its start into the shared-memory slab the stored form copies Q into:
+    the geometry's registers are not live during the steps); the heuristic takes "smem"
+    where it fits (ncomp 1). The forms that read D or Q otherwise (the line form's
+    prefetch 1-3 and ``qmode`` "regs", the register-blocked form) are not taken: given as
     parameters they give None; the heuristic's choice of one is replaced by
-    ``rebuild(params)`` with the same form reading at the point (prefetch 0, qmode
-    "global", rb 1). The 1D rule's values and weights become constants of the kernel."""
+    ``rebuild(params)`` with the same form reading at the point (prefetch 0, rb 1). The
+    1D rule's values and weights become constants of the kernel."""
     if ctx is None or getattr(spec, "geometry", None) != "vertices":
         return ctx
 
     def bad(c):
-        return (c is None or c.get("qsmem") or c.get("qpre") or c.get("rb", 1) != 1
-                or c.get("prefetch", 0) != 0)
+        return (c is None or (c.get("qsmem") and not c.get("qfunc")) or c.get("qpre")
+                or c.get("rb", 1) != 1 or c.get("prefetch", 0) != 0)
+    if rebuild is not None and ctx.get("qfunc") and ctx.get("line") and not ctx.get("qsmem"):
+        ctx = rebuild(dict(per_block=ctx["per_block"], min_blocks=ctx["min_blocks"],
+                           line=1, qmode="smem")) or ctx
     if bad(ctx):
         if rebuild is None:
             return None

@@ -426,8 +426,8 @@ def vertex_ctx(ctx, spec, rebuild):
     the kernel read D or Q. The diffusion line form takes ``qmode`` "global" (Q computed at
     each point of the z step, in registers beside the step's) and "smem" (Q of the group
     computed at its start into the shared-memory slab the stored form copies Q into:
-    the geometry's registers are not live during the steps); the heuristic takes "smem"
-    where it fits (ncomp 1). The forms that read D or Q otherwise (the line form's
+    the geometry's registers are not live during the steps; H200, BP3 p = 2: 1.04x
+    "global", p = 1: 0.83x), as the stored form's heuristic chooses (T >= 4). The forms that read D or Q otherwise (the line form's
     prefetch 1-3 and ``qmode`` "regs", the register-blocked form) are not taken: given as
     parameters they give None; the heuristic's choice of one is replaced by
     ``rebuild(params)`` with the same form reading at the point (prefetch 0, rb 1). The
@@ -438,9 +438,6 @@ def vertex_ctx(ctx, spec, rebuild):
     def bad(c):
         return (c is None or (c.get("qsmem") and not c.get("qfunc")) or c.get("qpre")
                 or c.get("rb", 1) != 1 or c.get("prefetch", 0) != 0)
-    if rebuild is not None and ctx.get("qfunc") and ctx.get("line") and not ctx.get("qsmem"):
-        ctx = rebuild(dict(per_block=ctx["per_block"], min_blocks=ctx["min_blocks"],
-                           line=1, qmode="smem")) or ctx
     if bad(ctx):
         if rebuild is None:
             return None

@@ -76,6 +76,12 @@ def parse_variants(text):
 SIZES = {3: tuple(range(1, 9)), 2: tuple(range(1, 6))}
 #: kinematic element DoFs a case on a GPU, on a CPU; ``quick``: a GPU's, a CPU's
 TARGET = ((2_000_000, 200_000), (100_000, 20_000))
+#: a GPU case's bytes (A and both element fields, float64) without ``quick``: the point
+#: matrices' share of a case grows from 40% (2D p = 1) to 97% (3D p = 8), so a DoF count
+#: made kernels of 10-40 us at low p, where the launch and the last wave are a fraction of
+#: the time (session 16 on the H100: 2D p = 1 at 53% of the bound with 2M DoFs, the
+#: tuner's 256 MiB runs at 84%); 384 MiB is past any L2
+GPU_BYTES = 384 * 2 ** 20
 
 
 def cases(dtype, kind, ps=None, quick=False, dims=None) -> list:
@@ -89,7 +95,12 @@ def cases(dtype, kind, ps=None, quick=False, dims=None) -> list:
     out = []
     for dim in dims or (3, 2):
         for p in ps or SIZES.get(dim, ()):
-            n = max(1, round((target / (dim * (p + 1) ** dim)) ** (1 / dim)))
+            if kind == "gpu" and not quick:      # bytes an element, and the case's
+                per = 8 * (dim * dim * (2 * p) ** dim + dim * (p + 1) ** dim + p ** dim)
+                total = GPU_BYTES
+            else:                                # kinematic DoFs an element, and the case's
+                per, total = dim * (p + 1) ** dim, target
+            n = max(1, round((total / per) ** (1 / dim)))
             for direction in ("F", "FT"):
                 out.append(Case("force", "force", dict(label=direction, dim=dim, p=p,
                                                        nq=2 * p, n=n, batch=n ** dim,

@@ -169,19 +169,26 @@ def _tune(argv, capsys=None):
     return cli.run(p.parse_args(argv))
 
 
-@pytest.mark.parametrize("op", ["action", "mass_apply"])
-def test_dry_run_tables_are_found_by_the_runtime(tmp_path, monkeypatch, op):
-    """``smalltc tune --op OP --sizes 3:2:p+2:diffusion 3:2:p+1:diffusion+co --dry-run``:
-    a table whose entries validate against the families (``qmode`` among the parameters)
-    and, once its dry-run mark is taken off, answer the run-time lookup exactly."""
+@pytest.mark.parametrize("op,sizes,keys", [
+    (op, sizes, [k.format(op=op) for k in keys]) for op in ("action", "mass_apply")
+    for sizes, keys in (
+        (["3:2:p+2:diffusion", "3:2:p+1:diffusion+co"],
+         ["diffusion/{op}/3d/nd3nq4c1", "diffusion/{op}/3d/nd3nq3c1+co"]),
+        (["3:2:p+2:diffusion+vx"], ["diffusion/{op}/3d/nd3nq4c1+vx"]),
+        # the corner force (its own family: session 16 found its entries never looked up)
+        (["3:2:2p:force", "2:3:2p:force_t"],
+         ["force/{op}/3d/nd3nq4c3", "force_t/{op}/2d/nd4nq6c2"]))])
+def test_dry_run_tables_are_found_by_the_runtime(tmp_path, monkeypatch, op, sizes, keys):
+    """``smalltc tune --op OP --sizes ... --dry-run`` (the diffusion instance, its vertex
+    geometry, the corner force): a table whose entries validate against the families
+    (``qmode`` among the parameters) and, once its dry-run mark is taken off, answer the
+    run-time lookup exactly."""
     work = tmp_path / "w"
-    rc = _tune(["--op", op, "--sizes", "3:2:p+2:diffusion", "3:2:p+1:diffusion+co",
-                "--dry-run", "--compiler", "none", "--work", str(work), "--no-progress",
-                "--jobs", "1"])
+    rc = _tune(["--op", op, "--sizes", *sizes, "--dry-run", "--compiler", "none", "--work",
+                str(work), "--no-progress", "--jobs", "1"])
     assert rc == 0
     table = T.load(work / "sm90-float64.json")
-    keys = sorted(table["entries"])
-    assert keys == sorted([f"diffusion/{op}/3d/nd3nq4c1", f"diffusion/{op}/3d/nd3nq3c1+co"])
+    assert sorted(table["entries"]) == sorted(keys)
     for k, e in table["entries"].items():
         assert e["space"]["timed"] > 10
         if e["params"].get("line"):

@@ -91,12 +91,13 @@ def choose(spec, device, params=None):
             raise ValueError(f"params {params} do not fit {t} on this device "
                              f"({fam.name} family; parameters {', '.join(fam.params)})")
     else:
-        # the operator family's instances (mass, diffusion, helmholtz, collocated) each
-        # have their own keys (``diffusion/action/3d/nd5nq6c1``); a family's carry keeps to
-        # one instance, so a mass entry never answers for a diffusion spec or the reverse
+        # the operator family's instances (mass, diffusion, helmholtz, collocated) and the
+        # corner force each have their own keys (``diffusion/action/3d/nd5nq6c1``,
+        # ``force/mass_apply/2d/nd6nq10c2``); a family's carry keeps to one instance, so a
+        # mass entry never answers for a diffusion spec or the reverse
         hit = (tables.lookup(t, fam, f"sm{device['cc']}", device.get("name"))
-               if qfunc_of(t) == ("mass", False) or fam in (ACTION, ASSEMBLY, MASS_APPLY)
-               else None)
+               if qfunc_of(t) == ("mass", False)
+               or fam in (ACTION, ASSEMBLY, MASS_APPLY, FORCE) else None)
         if hit is not None:
             ctx, source, table = fam.context(t, hit.params, device), hit.source, hit.table
         if ctx is None:

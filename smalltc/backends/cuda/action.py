@@ -425,13 +425,14 @@ def vertex_ctx(ctx, spec, rebuild):
     or ``ctx`` unchanged for the other specs: the point data recomputed from XV and CF where
     the kernel read D or Q. The diffusion line form takes ``qmode`` "global" (Q computed at
     each point of the z step, in registers beside the step's) and "smem" (Q of the group
-    computed at its start into the shared-memory slab the stored form copies Q into:
-    the geometry's registers are not live during the steps; H200, BP3 p = 2: 1.04x
-    "global", p = 1: 0.83x), as the stored form's heuristic chooses (T >= 4). The forms that read D or Q otherwise (the line form's
-    prefetch 1-3 and ``qmode`` "regs", the register-blocked form) are not taken: given as
-    parameters they give None; the heuristic's choice of one is replaced by
-    ``rebuild(params)`` with the same form reading at the point (prefetch 0, rb 1). The
-    1D rule's values and weights become constants of the kernel."""
+    computed at its start into the shared-memory slab the stored form copies Q into: the
+    geometry's registers are not live during the steps; H200, BP3 p = 2: 1.04x "global",
+    p = 1: 0.83x), as the stored form's heuristic chooses (smem from T = 4). The forms
+    that read D or Q otherwise (the line form's prefetch 1-3 and ``qmode`` "regs", the
+    register-blocked form) are not taken: given as parameters they give None; the
+    heuristic's choice of one is replaced by ``rebuild(params)`` with the same form
+    reading at the point (prefetch 0, rb 1). The 1D rule's values and weights become
+    constants of the kernel."""
     if ctx is None or getattr(spec, "geometry", None) != "vertices":
         return ctx
 

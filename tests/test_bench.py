@@ -395,3 +395,20 @@ def test_force_suite_end_to_end(tmp_path, capsys):
         assert c["fused_bound"]["bytes"] != c["bound"]["bytes"]
     assert "== force" in capsys.readouterr().out
     assert (tmp_path / "force-p2-dim2-force-float64.png").exists()
+
+
+def test_force_gpu_cases_are_sized_by_bytes():
+    """The GPU force cases move about GPU_BYTES (A and both element fields), whatever the
+    order (a DoF count gave 10-40 us kernels at low p, where the launch and the last wave
+    count); the quick and CPU cases keep their DoF targets."""
+    from smalltc.bench.force import GPU_BYTES, TARGET, cases
+    for c in cases("float64", "gpu"):
+        s = c.sizes
+        dim, p, E = s["dim"], s["p"], s["batch"]
+        nbytes = 8 * E * (dim * dim * (2 * p) ** dim + dim * (p + 1) ** dim + p ** dim)
+        assert 0.5 * GPU_BYTES < nbytes < 1.6 * GPU_BYTES, (c.id, nbytes)
+    for kind, quick, target in (("cpu", False, TARGET[0][1]), ("gpu", True, TARGET[1][0])):
+        for c in cases("float64", kind, quick=quick):
+            s = c.sizes
+            dofs = s["batch"] * s["dim"] * (s["p"] + 1) ** s["dim"]
+            assert 0.4 * target < dofs < 2.5 * target, (kind, quick, c.id, dofs)

@@ -59,7 +59,9 @@
 #            MemoryWorkloadAnalysis, LaunchStats, profiling one launch of each smalltc
 #            kernel ($NCU_KERNEL_ID, default "::regex:^stc_:3": the third launch of each
 #            kernel whose name starts with stc_, after the check and a warm-up call).
-#            Output: ncu/<entry>.txt.
+#            Output: ncu/<entry>.txt. NCU_SECTIONS adds sections (space separated), e.g.
+#            "MemoryWorkloadAnalysis_Tables InstructionStats" (shared-memory wavefronts and
+#            bank conflicts, the instruction mix).
 #   DEMO=1   `smalltc demo` (its output folder: demo/).
 #   MPI=1    the MPI tests on the GPU (tests/test_fem_distributed_mpi.py -k "gpu or share":
 #            ranks on the device, two ranks sharing one GPU) and
@@ -399,6 +401,7 @@ if [ -n "${NCU:-}" ]; then
     timeout -k 10 "$t" ncu --clock-control none --kernel-id "${NCU_KERNEL_ID:-::regex:^stc_:3}" \
       --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+      ${NCU_SECTIONS:+$(printf -- '--section %s ' $NCU_SECTIONS)} \
       python3 -m smalltc.cli bench --no-progress "${args[@]}" --dtype "$dtype" --repeats 1 \
       --no-baselines --no-plot --out "$W/ncu/bench-$name" > "$W/ncu/$name.txt" 2>&1
     rc=$?

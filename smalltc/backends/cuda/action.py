@@ -40,6 +40,7 @@ resident threads per SM; it never picks ``rb`` > 1. Tuning parameters:
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ..._arrays import cupy_or_none
@@ -82,6 +83,111 @@ QFUNC_THREADS = 128
 #: overlaps V's gather and the x, y steps), "smem" (the group's Q slab copied into shared
 #: memory by the whole block at the group's start; ncomp 1 only)
 QMODES = ("global", "regs", "smem")
+
+
+#: the line layouts :func:`qfunc_line_layout` compares: line strides from T on, plane
+#: strides from T * LS on, item strides from nbuf * BUF on, each over this many values
+_LAYOUT_LS, _LAYOUT_PS, _LAYOUT_ISTR = 4, 4, 16
+
+
+def _wavefronts(addr, active, itemsize):
+    """Shared-memory wavefronts of one access by every thread of a block, for each layout
+    candidate: ``addr`` (candidates, threads) word addresses, ``active`` (threads,).
+
+    The model (checked against Nsight Compute on an H100, BP3 p = 2: 125.5 modelled load
+    wavefronts an element against 123.4 measured, 34 against 31.6 of them conflicts): 8-byte
+    words are served a half warp at a time by 16 banks of 8 bytes, 4-byte words a whole warp
+    at a time by 32 banks; a wavefront serves one word per bank, a word read by several
+    lanes once.
+    """
+    import numpy as np
+    g = 16 if itemsize == 8 else 32
+    nc, nt = addr.shape
+    pad = -nt % 32
+    a = np.where(active, addr, -1)
+    if pad:
+        a = np.concatenate([a, np.full((nc, pad), -1, a.dtype)], axis=1)
+    a = np.sort(a.reshape(nc, -1, g), axis=-1)
+    valid = a >= 0
+    valid[..., 1:] &= a[..., 1:] != a[..., :-1]              # a word once
+    groups = a.shape[1]
+    key = ((np.arange(nc)[:, None, None] * groups + np.arange(groups)[None, :, None]) * g
+           + a % g)
+    counts = np.bincount(key[valid], minlength=nc * groups * g).reshape(nc, groups, g)
+    return counts.max(axis=-1).sum(axis=-1)
+
+
+@functools.lru_cache(maxsize=None)
+def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6):
+    """The line form's shared-memory layout for the operator family's instances:
+    ``(TT, LS, PS, istr)``, the threads along a line's fast index (a thread's line is
+    ``(a, c)``, ``a < TT``, ``c < T``), the line, plane and item strides (reals).
+
+    The layout with the fewest shared-memory wavefronts of a group's steps by the bank model
+    of :func:`_wavefronts`, counted over the accesses of ``qfunc.cuh.j2``'s line steps
+    (each step's lines are one pattern of addresses, shifted by a constant per
+    instruction), the gather and scatter and, with ``qsmem``, the Q reads; among equal
+    counts the first of: the old layout (TT = LS = T rounded up to odd), then the least
+    shared memory. On an H100 at BP3 p = 2 the old layout's wavefronts were 27% bank
+    conflicts (loads; stores 37%) and a fifth of its threads idle (TT = 5, T = 4).
+
+    >>> qfunc_line_layout(3, 4, 6, False, True, 8)
+    (4, 4, 17, 204)
+    >>> qfunc_line_layout(5, 7, 1, False, True, 8)           # the old layout: no better one
+    (7, 7, 49, 1029)
+    """
+    import numpy as np
+    T = max(nd, nq)
+    nbuf = 3                                      # S0, S1, S2, Gauss and collocated
+    NDD = nd ** 3
+    old = T | 1
+    # the instructions of each (pattern, mask): Gauss (qfunc.cuh.j2 line_steps): x and x^T
+    # on lines a < nd, c < nd, y and y^T on a < nd, c < nq, z and z^T on a < nq, c < nq;
+    # "line": c PS + a LS (+ k), "point": c LS + a (+ q PS), "col": c PS + a (+ k LS)
+    if colloc:
+        n = nd
+        uses = [("line", (nd, nd), 5 * n), ("col", (nd, nd), 5 * n), ("point", (nd, nd), 6 * n)]
+        qmask, nqr = (nd, nd), 6 * n
+    else:
+        uses = [("line", (nd, nd), 2 * nd), ("point", (nd, nd), 4 * nq),
+                ("line", (nd, nq), 4 * nd), ("point", (nd, nq), 6 * nq),
+                ("line", (nq, nq), 6 * nd + 6 * nq)]
+        qmask, nqr = (nq, nq), nsym * nq
+    best = None
+    for TT in dict.fromkeys((old, T)):
+        tpi = TT * T
+        nt = tpi * per_block
+        tid = np.arange(nt)
+        w, l = tid // tpi, tid % tpi
+        a, c = l % TT, l // TT
+        for LS in range(T, T + _LAYOUT_LS):
+            ps = np.arange(T * LS, T * LS + _LAYOUT_PS)
+            istr_of = lambda P: nbuf * T * P          # the smallest item stride
+            cand = np.array([(P, istr_of(P) + d) for P in ps for d in range(_LAYOUT_ISTR)])
+            P, I = cand[:, :1], cand[:, 1:]
+            cost = np.zeros(len(cand), dtype=np.int64)
+            for pat, (ma, mc), cnt in uses:
+                act = (a < ma) & (c < mc)
+                addr = w * I + {"line": c * P + a * LS, "point": c * LS + a,
+                                "col": c * P + a}[pat]
+                cost += cnt * _wavefronts(addr, act, itemsize)
+            if qsmem:
+                addr = per_block * I + 1 + w * (nsym * nq ** 3) + c * nq + a
+                cost += nqr * _wavefronts(addr, (a < qmask[0]) & (c < qmask[1]), itemsize)
+            # V's gather and U's scatter: the group's values in order, thread by thread
+            r = np.arange(-(-per_block * NDD // nt))[:, None] * nt + tid
+            q, f = r // NDD, r % NDD
+            gaddr = q * I[:, :, None] + ((f // (nd * nd)) * P[:, :, None]
+                                         + ((f // nd) % nd) * LS + f % nd)
+            for k in range(r.shape[0]):
+                cost += 2 * _wavefronts(gaddr[:, k], r[k] < per_block * NDD, itemsize)
+            for (P1, I1), cst in zip(cand, cost):
+                is_old = TT == old and LS == old and P1 == T * LS and I1 == istr_of(P1) + 1 - istr_of(P1) % 2
+                smem = per_block * I1
+                key = (int(cst), not is_old, int(smem), TT != old)
+                if best is None or key < best[0]:
+                    best = (key, (TT, LS, int(P1), int(I1)))
+    return best[1]
 
 
 def qfunc_line_heuristic(nd, nq, ncomp, colloc):
@@ -158,24 +264,23 @@ def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, p
     if line:
         if dim != 3:
             return None
-        TT = T | 1
-        tpi, buf, nbuf = TT * T, T * T * TT, 3
-        istr = nbuf * buf + 1 - (nbuf * buf) % 2
         ne, qmode = qfunc_line_heuristic(nd, nq, ncomp, colloc)
         min_blocks = 0
         if params:
             ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
             qmode = params.get("qmode", "global")
-        smem = s * (ne * istr + 1)
-        if ne < 1 or smem > smem_optin or tpi * ne > MAX_THREADS:
+        if ne < 1 or qmode not in QMODES or (qmode == "smem" and ncomp > 1):
             return None
-        if qmode not in QMODES or (qmode == "smem" and ncomp > 1):
+        TT, LS, PS, istr = qfunc_line_layout(nd, nq, ne, bool(colloc), qmode == "smem", s, nsym)
+        tpi, buf, nbuf = TT * T, T * PS, 3
+        smem = s * (ne * istr + 1)
+        if smem > smem_optin or tpi * ne > MAX_THREADS:
             return None
         qsm = ne * nsym * nq ** 3 if qmode == "smem" else 0
         smem += s * qsm
         if smem > smem_optin:
             return None
-        return dict(common, TT=TT, istr=istr, tpi=tpi, per_block=ne, threads=tpi * ne,
+        return dict(common, TT=TT, ls=LS, ps=PS, istr=istr, tpi=tpi, per_block=ne, threads=tpi * ne,
                     smem_bytes=smem, min_blocks=min_blocks, line=1, nbuf=nbuf,
                     qpre=int(qmode == "regs"), qsmem=int(qmode == "smem"), qmode=qmode,
                     qoff=ne * istr + 1,

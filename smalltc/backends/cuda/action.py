@@ -83,6 +83,11 @@ QFUNC_THREADS = 128
 #: overlaps V's gather and the x, y steps), "smem" (the group's Q slab copied into shared
 #: memory by the whole block at the group's start; ncomp 1 only)
 QMODES = ("global", "regs", "smem")
+#: the line form's shared-memory layout (tuning parameter ``layout``): "odd" (TT = LS = T
+#: rounded up to odd, what every table entry without the parameter was measured with),
+#: "model" (:func:`qfunc_line_layout`, the heuristic's); H200, the heuristic's item counts
+#: of the tables: BP3 p = 2 1.28x, p = 1, 3 1.08-1.10x, BP5 p = 2, 3 1.10x, BP5 p = 5 0.86x
+LAYOUTS = ("odd", "model")
 
 
 #: the line layouts :func:`qfunc_line_layout` compares: line strides from T on, plane
@@ -117,6 +122,55 @@ def _wavefronts(addr, active, itemsize):
     return counts.max(axis=-1).sum(axis=-1)
 
 
+def _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6):
+    """Every layout :func:`qfunc_line_layout` compares, ``(wavefronts, TT, LS, PS, istr)``:
+    the modelled shared-memory wavefronts of one group's steps."""
+    import numpy as np
+    T = max(nd, nq)
+    nbuf = 3                                      # S0, S1, S2, Gauss and collocated
+    NDD = nd ** 3
+    # the instructions of each (pattern, mask): Gauss (qfunc.cuh.j2 line_steps): x and x^T
+    # on lines a < nd, c < nd, y and y^T on a < nd, c < nq, z and z^T on a < nq, c < nq;
+    # "line": c PS + a LS (+ k), "point": c LS + a (+ q PS), "col": c PS + a (+ k LS)
+    if colloc:
+        n = nd
+        uses = [("line", (nd, nd), 5 * n), ("col", (nd, nd), 5 * n), ("point", (nd, nd), 6 * n)]
+        qmask, nqr = (nd, nd), 6 * n
+    else:
+        uses = [("line", (nd, nd), 2 * nd), ("point", (nd, nd), 4 * nq),
+                ("line", (nd, nq), 4 * nd), ("point", (nd, nq), 6 * nq),
+                ("line", (nq, nq), 6 * nd + 6 * nq)]
+        qmask, nqr = (nq, nq), nsym * nq
+    for TT in dict.fromkeys((T | 1, T)):
+        tpi = TT * T
+        nt = tpi * per_block
+        tid = np.arange(nt)
+        w, l = tid // tpi, tid % tpi
+        a, c = l % TT, l // TT
+        for LS in range(T, T + _LAYOUT_LS):
+            ps = np.arange(T * LS, T * LS + _LAYOUT_PS)
+            cand = np.array([(P, nbuf * T * P + d) for P in ps for d in range(_LAYOUT_ISTR)])
+            P, I = cand[:, :1], cand[:, 1:]
+            cost = np.zeros(len(cand), dtype=np.int64)
+            for pat, (ma, mc), cnt in uses:
+                act = (a < ma) & (c < mc)
+                addr = w * I + {"line": c * P + a * LS, "point": c * LS + a,
+                                "col": c * P + a}[pat]
+                cost += cnt * _wavefronts(addr, act, itemsize)
+            if qsmem:
+                addr = per_block * I + 1 + w * (nsym * nq ** 3) + c * nq + a
+                cost += nqr * _wavefronts(addr, (a < qmask[0]) & (c < qmask[1]), itemsize)
+            # V's gather and U's scatter: the group's values in order, thread by thread
+            r = np.arange(-(-per_block * NDD // nt))[:, None] * nt + tid
+            q, f = r // NDD, r % NDD
+            gaddr = q * I[:, :, None] + ((f // (nd * nd)) * P[:, :, None]
+                                         + ((f // nd) % nd) * LS + f % nd)
+            for k in range(r.shape[0]):
+                cost += 2 * _wavefronts(gaddr[:, k], r[k] < per_block * NDD, itemsize)
+            for (P1, I1), cst in zip(cand, cost):
+                yield int(cst), TT, LS, int(P1), int(I1)
+
+
 @functools.lru_cache(maxsize=None)
 def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6):
     """The line form's shared-memory layout for the operator family's instances:
@@ -136,57 +190,13 @@ def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6):
     >>> qfunc_line_layout(5, 7, 1, False, True, 8)           # the old layout: no better one
     (7, 7, 49, 1029)
     """
-    import numpy as np
     T = max(nd, nq)
-    nbuf = 3                                      # S0, S1, S2, Gauss and collocated
-    NDD = nd ** 3
-    old = T | 1
-    # the instructions of each (pattern, mask): Gauss (qfunc.cuh.j2 line_steps): x and x^T
-    # on lines a < nd, c < nd, y and y^T on a < nd, c < nq, z and z^T on a < nq, c < nq;
-    # "line": c PS + a LS (+ k), "point": c LS + a (+ q PS), "col": c PS + a (+ k LS)
-    if colloc:
-        n = nd
-        uses = [("line", (nd, nd), 5 * n), ("col", (nd, nd), 5 * n), ("point", (nd, nd), 6 * n)]
-        qmask, nqr = (nd, nd), 6 * n
-    else:
-        uses = [("line", (nd, nd), 2 * nd), ("point", (nd, nd), 4 * nq),
-                ("line", (nd, nq), 4 * nd), ("point", (nd, nq), 6 * nq),
-                ("line", (nq, nq), 6 * nd + 6 * nq)]
-        qmask, nqr = (nq, nq), nsym * nq
+    old = (T | 1, T | 1, T * (T | 1), 3 * T * T * (T | 1) | 1)
     best = None
-    for TT in dict.fromkeys((old, T)):
-        tpi = TT * T
-        nt = tpi * per_block
-        tid = np.arange(nt)
-        w, l = tid // tpi, tid % tpi
-        a, c = l % TT, l // TT
-        for LS in range(T, T + _LAYOUT_LS):
-            ps = np.arange(T * LS, T * LS + _LAYOUT_PS)
-            istr_of = lambda P: nbuf * T * P          # the smallest item stride
-            cand = np.array([(P, istr_of(P) + d) for P in ps for d in range(_LAYOUT_ISTR)])
-            P, I = cand[:, :1], cand[:, 1:]
-            cost = np.zeros(len(cand), dtype=np.int64)
-            for pat, (ma, mc), cnt in uses:
-                act = (a < ma) & (c < mc)
-                addr = w * I + {"line": c * P + a * LS, "point": c * LS + a,
-                                "col": c * P + a}[pat]
-                cost += cnt * _wavefronts(addr, act, itemsize)
-            if qsmem:
-                addr = per_block * I + 1 + w * (nsym * nq ** 3) + c * nq + a
-                cost += nqr * _wavefronts(addr, (a < qmask[0]) & (c < qmask[1]), itemsize)
-            # V's gather and U's scatter: the group's values in order, thread by thread
-            r = np.arange(-(-per_block * NDD // nt))[:, None] * nt + tid
-            q, f = r // NDD, r % NDD
-            gaddr = q * I[:, :, None] + ((f // (nd * nd)) * P[:, :, None]
-                                         + ((f // nd) % nd) * LS + f % nd)
-            for k in range(r.shape[0]):
-                cost += 2 * _wavefronts(gaddr[:, k], r[k] < per_block * NDD, itemsize)
-            for (P1, I1), cst in zip(cand, cost):
-                is_old = TT == old and LS == old and P1 == T * LS and I1 == istr_of(P1) + 1 - istr_of(P1) % 2
-                smem = per_block * I1
-                key = (int(cst), not is_old, int(smem), TT != old)
-                if best is None or key < best[0]:
-                    best = (key, (TT, LS, int(P1), int(I1)))
+    for cst, *lay in _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym):
+        key = (cst, tuple(lay) != old, lay[3], lay[0] != old[0])
+        if best is None or key < best[0]:
+            best = (key, tuple(lay))
     return best[1]
 
 
@@ -265,13 +275,19 @@ def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, p
         if dim != 3:
             return None
         ne, qmode = qfunc_line_heuristic(nd, nq, ncomp, colloc)
-        min_blocks = 0
+        min_blocks, layout = 0, "model"
         if params:
             ne, min_blocks = params["per_block"], params.get("min_blocks", 0)
-            qmode = params.get("qmode", "global")
-        if ne < 1 or qmode not in QMODES or (qmode == "smem" and ncomp > 1):
+            qmode, layout = params.get("qmode", "global"), params.get("layout", "odd")
+        if (ne < 1 or qmode not in QMODES or (qmode == "smem" and ncomp > 1)
+                or layout not in LAYOUTS):
             return None
-        TT, LS, PS, istr = qfunc_line_layout(nd, nq, ne, bool(colloc), qmode == "smem", s, nsym)
+        if layout == "odd":
+            TT = LS = T | 1
+            PS, istr = T * TT, 3 * T * T * TT | 1
+        else:
+            TT, LS, PS, istr = qfunc_line_layout(nd, nq, ne, bool(colloc), qmode == "smem",
+                                                 s, nsym)
         tpi, buf, nbuf = TT * T, T * PS, 3
         smem = s * (ne * istr + 1)
         if smem > smem_optin or tpi * ne > MAX_THREADS:
@@ -280,7 +296,9 @@ def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, p
         smem += s * qsm
         if smem > smem_optin:
             return None
-        return dict(common, TT=TT, ls=LS, ps=PS, istr=istr, tpi=tpi, per_block=ne, threads=tpi * ne,
+        # "odd" renders the strides of the template's default (the kernels measured before)
+        strides = dict(ls=LS, ps=PS) if layout == "model" else {}
+        return dict(common, **strides, TT=TT, istr=istr, layout=layout, tpi=tpi, per_block=ne, threads=tpi * ne,
                     smem_bytes=smem, min_blocks=min_blocks, line=1, nbuf=nbuf,
                     qpre=int(qmode == "regs"), qsmem=int(qmode == "smem"), qmode=qmode,
                     qoff=ne * istr + 1,
@@ -484,15 +502,17 @@ def _qfunc_space(spec):
                        "resident" if mb * ne * tpi > SM_THREADS else None)
                 base = dict(per_block=ne, min_blocks=mb, rb=1, line=line, prefetch=0, stages=0)
                 for qm in QMODES if line else (None,):
-                    yield (base if qm is None else dict(base, qmode=qm)), why
+                    for lay in LAYOUTS if line else (None,):
+                        yield (base if qm is None else dict(base, qmode=qm, layout=lay)), why
 
 
 def _meaningful(spec, params):
-    """``params`` without a ``qmode`` where it means nothing (the mass instance, the
-    shared-memory form): an entry's answer holds only the parameters its kernel has."""
-    if params is not None and "qmode" in params and (
+    """``params`` without a ``qmode`` or ``layout`` where they mean nothing (the mass
+    instance, the shared-memory form): an entry's answer holds only the parameters its
+    kernel has."""
+    if params is not None and ("qmode" in params or "layout" in params) and (
             qfunc_of(spec) == ("mass", False) or not params.get("line")):
-        params = {k: v for k, v in params.items() if k != "qmode"}
+        params = {k: v for k, v in params.items() if k not in ("qmode", "layout")}
     return params
 
 
@@ -517,6 +537,7 @@ def _carry_qfunc(family, spec, entry_spec, params, device):
     if line:
         qm = params.get("qmode", "global")
         got["qmode"] = "global" if qm == "smem" and spec.ncomp > 1 else qm
+        got["layout"] = params.get("layout", "odd")
     return family.first_valid(spec, {k: v for k, v in got.items()
                                      if k in family.params}, device)
 
@@ -619,8 +640,9 @@ class ActionFamily(Family):
     name = "action"
     templates = ("action.cu.j2", "action_rb.cu.j2", "action_line.cu.j2")
     #: ``qmode``: the diffusion and helmholtz instances' line form only (mass entries lack it)
-    params = ("per_block", "min_blocks", "rb", "line", "prefetch", "stages", "qmode")
-    optional = {"rb": 1, "line": 0, "prefetch": 0, "stages": 0, "qmode": "global"}
+    params = ("per_block", "min_blocks", "rb", "line", "prefetch", "stages", "qmode", "layout")
+    optional = {"rb": 1, "line": 0, "prefetch": 0, "stages": 0, "qmode": "global",
+                "layout": "odd"}
     public_keys = Family.public_keys + ("qmode",)
     #: the ncomp=3 entries carried from the ncomp=1 ones (distance 1.58) won on the H100
     max_distance = 2.0

@@ -88,8 +88,8 @@ class MassApplyFamily(Family):
     name = "mass_apply"
     templates = ("action.cu.j2", "action_line.cu.j2")
     #: ``qmode``: the diffusion and helmholtz instances' line form only (as the action's)
-    params = ("per_block", "min_blocks", "line", "prefetch", "qmode")
-    optional = {"line": 0, "prefetch": 0, "qmode": "global"}
+    params = ("per_block", "min_blocks", "line", "prefetch", "qmode", "layout")
+    optional = {"line": 0, "prefetch": 0, "qmode": "global", "layout": "odd"}
     public_keys = Family.public_keys + ("qmode",)
     max_distance = 2.0
 

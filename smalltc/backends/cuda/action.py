@@ -643,7 +643,7 @@ class ActionFamily(Family):
     params = ("per_block", "min_blocks", "rb", "line", "prefetch", "stages", "qmode", "layout")
     optional = {"rb": 1, "line": 0, "prefetch": 0, "stages": 0, "qmode": "global",
                 "layout": "odd"}
-    public_keys = Family.public_keys + ("qmode",)
+    public_keys = Family.public_keys + ("qmode", "layout")
     #: the ncomp=3 entries carried from the ncomp=1 ones (distance 1.58) won on the H100
     max_distance = 2.0
 

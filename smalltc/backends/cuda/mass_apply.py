@@ -90,7 +90,7 @@ class MassApplyFamily(Family):
     #: ``qmode``: the diffusion and helmholtz instances' line form only (as the action's)
     params = ("per_block", "min_blocks", "line", "prefetch", "qmode", "layout")
     optional = {"line": 0, "prefetch": 0, "qmode": "global", "layout": "odd"}
-    public_keys = Family.public_keys + ("qmode",)
+    public_keys = Family.public_keys + ("qmode", "layout")
     max_distance = 2.0
 
     def claims(self, spec):

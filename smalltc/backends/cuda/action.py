@@ -122,17 +122,22 @@ def _wavefronts(addr, active, itemsize):
     return counts.max(axis=-1).sum(axis=-1)
 
 
-def _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6):
+def _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6, mass=False):
     """Every layout :func:`qfunc_line_layout` compares, ``(wavefronts, TT, LS, PS, istr)``:
     the modelled shared-memory wavefronts of one group's steps."""
     import numpy as np
     T = max(nd, nq)
-    nbuf = 3                                      # S0, S1, S2, Gauss and collocated
+    nbuf = 2 if mass else 3                       # S0, S1 (mass); S0, S1, S2
     NDD = nd ** 3
     # the instructions of each (pattern, mask): Gauss (qfunc.cuh.j2 line_steps): x and x^T
     # on lines a < nd, c < nd, y and y^T on a < nd, c < nq, z and z^T on a < nq, c < nq;
     # "line": c PS + a LS (+ k), "point": c LS + a (+ q PS), "col": c PS + a (+ k LS)
-    if colloc:
+    if mass:                                      # action_line.cu.j2's own steps
+        uses = [("line", (nd, nd), 2 * nd), ("point", (nd, nd), 2 * nq),
+                ("line", (nd, nq), 2 * nd), ("point", (nd, nq), 2 * nq),
+                ("line", (nq, nq), 2 * nd)]
+        qmask, nqr, qsmem = (nq, nq), 0, False
+    elif colloc:
         n = nd
         uses = [("line", (nd, nd), 5 * n), ("col", (nd, nd), 5 * n), ("point", (nd, nd), 6 * n)]
         qmask, nqr = (nd, nd), 6 * n
@@ -172,7 +177,7 @@ def _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6):
 
 
 @functools.lru_cache(maxsize=None)
-def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6):
+def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6, mass=False):
     """The line form's shared-memory layout for the operator family's instances:
     ``(TT, LS, PS, istr)``, the threads along a line's fast index (a thread's line is
     ``(a, c)``, ``a < TT``, ``c < T``), the line, plane and item strides (reals).
@@ -189,11 +194,13 @@ def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6):
     (4, 4, 17, 204)
     >>> qfunc_line_layout(5, 7, 1, False, True, 8)           # the old layout: no better one
     (7, 7, 49, 1029)
+    >>> qfunc_line_layout(4, 5, 4, False, False, 8, mass=True)   # the mass steps, two buffers
+    (5, 5, 25, 264)
     """
     T = max(nd, nq)
-    old = (T | 1, T | 1, T * (T | 1), 3 * T * T * (T | 1) | 1)
+    old = (T | 1, T | 1, T * (T | 1), (2 if mass else 3) * T * T * (T | 1) | 1)
     best = None
-    for cst, *lay in _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym):
+    for cst, *lay in _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym, mass):
         key = (cst, tuple(lay) != old, lay[3], lay[0] != old[0])
         if best is None or key < best[0]:
             best = (key, tuple(lay))
@@ -441,6 +448,15 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
         return None
     nbuf = 3 if prefetch == 2 else 2         # the cp.async form stages V in a third buffer
     istr = nbuf * buf + 1 - (nbuf * buf) % 2     # odd: items start on different banks
+    layout = params.get("layout", "odd") if params else "odd"
+    strides = {}
+    if layout not in LAYOUTS or (layout == "model" and prefetch > 1):
+        return None
+    if layout == "model":                    # the register and plain forms (the fused BP1)
+        TT, LS, PS, istr = qfunc_line_layout(nd, nq, ne, False, False, s, mass=True)
+        tpi, buf, strides = TT * T, T * PS, dict(ls=LS, ps=PS)
+        if tpi * ne > 1024:
+            return None
     bulk = {}
     head = 0                                 # reals before the items' buffers
     if prefetch == 3:
@@ -458,8 +474,8 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
         return None
     return dict(dim=dim, nd=nd, nq=nq, ncomp=ncomp, dtype=dtype, T=T, TT=TT, istr=istr,
                 tpi=tpi, per_block=ne, threads=tpi * ne, smem_bytes=smem,
-                min_blocks=min_blocks, rb=1, tb=T, line=1, prefetch=prefetch,
-                **(bulk or dict(stages=0)))
+                min_blocks=min_blocks, rb=1, tb=T, line=1, prefetch=prefetch, layout=layout,
+                **strides, **(bulk or dict(stages=0)))
 
 
 def _threads_per_item(spec, rb, line):
@@ -508,11 +524,14 @@ def _qfunc_space(spec):
 
 def _meaningful(spec, params):
     """``params`` without a ``qmode`` or ``layout`` where they mean nothing (the mass
-    instance, the shared-memory form): an entry's answer holds only the parameters its
-    kernel has."""
-    if params is not None and ("qmode" in params or "layout" in params) and (
+    instance's ``qmode``, the shared-memory form) or the default (a mass entry's "odd"
+    layout): an entry's answer holds only the parameters its kernel has."""
+    if params is not None and "qmode" in params and (
             qfunc_of(spec) == ("mass", False) or not params.get("line")):
-        params = {k: v for k, v in params.items() if k not in ("qmode", "layout")}
+        params = {k: v for k, v in params.items() if k != "qmode"}
+    if params is not None and "layout" in params and (not params.get("line") or (
+            qfunc_of(spec) == ("mass", False) and params["layout"] == "odd")):
+        params = {k: v for k, v in params.items() if k != "layout"}
     return params
 
 

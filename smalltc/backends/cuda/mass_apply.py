@@ -51,7 +51,7 @@ from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
 from .action import (ACTION, ActionExecutor, _carry_qfunc, _meaningful, action_ctx,
-                     point_data_ctx, point_data_f32, qfunc_ctx, qfunc_of)
+                     LAYOUTS, point_data_ctx, point_data_f32, qfunc_ctx, qfunc_of)
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, SMEM_TARGET, THREADS, Family,
                      KernelExecutor, even)
 
@@ -127,7 +127,8 @@ class MassApplyFamily(Family):
     @staticmethod
     def heuristic_3d(spec):
         """The 3D heuristic: the line form at every p, no prefetch, ~110 threads a block
-        (at most 8 items). Measured on the H200 (BP1, ~3M DoFs, nq = p+2, float64, a sweep
+        (at most 8 items), the shared-memory layout with the fewest modelled wavefronts
+        (``layout`` "model": :func:`.action.qfunc_line_layout`). Measured on the H200 (BP1, ~3M DoFs, nq = p+2, float64, a sweep
         of per_block 1-4 or 2-8, min_blocks 0/2/3, prefetch 0/1 against the action's
         heuristic, one run): the best variant was the line form at every p, prefetch 0 from
         p = 4 on (p = 3: 0.4% behind prefetch 1), with these item counts; it ran 1.06-1.45x
@@ -135,7 +136,7 @@ class MassApplyFamily(Family):
         T = max(spec.nd, spec.nq)
         tpi = (T | 1) * T
         return dict(per_block=min(8, max(1, round(110 / tpi))), min_blocks=0, line=1,
-                    prefetch=0)
+                    prefetch=0, layout="model")
 
     def template(self, ctx):
         return ACTION.template(ctx)
@@ -157,9 +158,15 @@ class MassApplyFamily(Family):
     def space(self, spec):
         """The action's space without register blocking and without the cp.async form
         (the diffusion and helmholtz instances: the action's, ``qmode`` included)."""
+        mass = qfunc_of(spec) == ("mass", False)
         for params, why in ACTION.space(spec):
             if params["rb"] == 1 and params["prefetch"] < 2:
-                yield {k: params[k] for k in self.params if k in params}, why
+                p = {k: params[k] for k in self.params if k in params}
+                if mass and p.get("line"):             # the mass line form's layouts
+                    for lay in LAYOUTS:
+                        yield dict(p, layout=lay), why
+                else:
+                    yield p, why
 
     def adapt(self, spec, entry_spec, params, device=DEFAULT_DEVICE):
         return _meaningful(spec, super().adapt(spec, entry_spec, params, device))

@@ -36,7 +36,8 @@ capability :data:`BULK_FROM_CC` on the bulk form, measured on the H200 and the
 H100: notes/cuda.md, "The bulk form, session 9"); below, the shared-memory form
 with ~128 threads per block (T <= 4) and, from T = 5, a register cap for ~768
 resident threads per SM; it never picks ``rb`` > 1. Tuning parameters:
-``per_block, min_blocks, rb, line, prefetch, stages``.
+``per_block, min_blocks, rb, line, prefetch, stages`` and, for the line form, ``qmode``
+(the operator family) and ``layout`` (:data:`LAYOUTS`).
 """
 from __future__ import annotations
 
@@ -85,8 +86,10 @@ QFUNC_THREADS = 128
 QMODES = ("global", "regs", "smem")
 #: the line form's shared-memory layout (tuning parameter ``layout``): "odd" (TT = LS = T
 #: rounded up to odd, what every table entry without the parameter was measured with),
-#: "model" (:func:`qfunc_line_layout`, the heuristic's); H200, the heuristic's item counts
-#: of the tables: BP3 p = 2 1.28x, p = 1, 3 1.08-1.10x, BP5 p = 2, 3 1.10x, BP5 p = 5 0.86x
+#: "model" (:func:`qfunc_line_layout`, the heuristics'). H200 (notes/cuda.md 7c, session
+#: 17): the model's won 15 of 16 fused diffusion sizes in the tuner (BP5 p = 5 kept
+#: "odd"); with that table BP3 ran 1.02-1.19x at p = 1..6, BP5 1.10-1.15x at p = 1..3, the
+#: fused mass operator (BP1) 1.11-1.41x at p = 1, 2
 LAYOUTS = ("odd", "model")
 
 
@@ -178,9 +181,10 @@ def _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6, mass=False
 
 @functools.lru_cache(maxsize=None)
 def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6, mass=False):
-    """The line form's shared-memory layout for the operator family's instances:
-    ``(TT, LS, PS, istr)``, the threads along a line's fast index (a thread's line is
-    ``(a, c)``, ``a < TT``, ``c < T``), the line, plane and item strides (reals).
+    """The line form's shared-memory layout (``mass``: action_line.cu.j2's own mass steps,
+    two buffers; else the operator family's, three): ``(TT, LS, PS, istr)``, the threads
+    along a line's fast index (a thread's line is ``(a, c)``, ``a < TT``, ``c < T``), the
+    line, plane and item strides (reals).
 
     The layout with the fewest shared-memory wavefronts of a group's steps by the bank model
     of :func:`_wavefronts`, counted over the accesses of ``qfunc.cuh.j2``'s line steps
@@ -305,8 +309,9 @@ def qfunc_ctx(dim, nd, nq, ncomp, dtype, qfunc, colloc, smem_optin=227 * 1024, p
             return None
         # "odd" renders the strides of the template's default (the kernels measured before)
         strides = dict(ls=LS, ps=PS) if layout == "model" else {}
-        return dict(common, **strides, TT=TT, istr=istr, layout=layout, tpi=tpi, per_block=ne, threads=tpi * ne,
-                    smem_bytes=smem, min_blocks=min_blocks, line=1, nbuf=nbuf,
+        return dict(common, **strides, TT=TT, istr=istr, layout=layout, tpi=tpi,
+                    per_block=ne, threads=tpi * ne, smem_bytes=smem, min_blocks=min_blocks,
+                    line=1, nbuf=nbuf,
                     qpre=int(qmode == "regs"), qsmem=int(qmode == "smem"), qmode=qmode,
                     qoff=ne * istr + 1,
                     uoff=0 if colloc else 2 * buf, template="action_line.cu.j2")
@@ -390,7 +395,8 @@ def action_line_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=Non
     computes every output along the contracted axis) with B1d in the constant bank,
     so an FMA takes its B operand from there: about nd FMAs per shared-memory load
     instead of one. An item has TT*T threads (TT: T rounded up to odd, the line
-    stride: conflict-free banks) and two T*T*TT buffers. ``params``: ``per_block``,
+    stride) and two T*T*TT buffers; with ``layout`` "model" (prefetch 0 and 1 only) TT
+    and the strides of :func:`qfunc_line_layout`. ``params``: ``per_block``,
     ``min_blocks`` and ``prefetch``: 1, the next group's V and D are loaded into
     registers during the current group's steps (blocks loop over groups); 2, the
     same with V copied straight into a third shared buffer by ``cp.async``; 0, no

@@ -130,10 +130,11 @@ class MassApplyFamily(Family):
         (at most 8 items), the shared-memory layout with the fewest modelled wavefronts
         (``layout`` "model": :func:`.action.qfunc_line_layout`; session 17 on the H200:
         BP1 1.081x the odd layout, 1.11-1.41x at p = 1, 2). Measured on the H200 (BP1, ~3M
-        DoFs, nq = p+2, float64, a sweep of per_block 1-4 or 2-8, min_blocks 0/2/3, prefetch 0/1 against the action's
-        heuristic, one run): the best variant was the line form at every p, prefetch 0 from
-        p = 4 on (p = 3: 0.4% behind prefetch 1), with these item counts; it ran 1.06-1.45x
-        the action's heuristic (p = 6: 123 -> 85 us)."""
+        DoFs, nq = p+2, float64, a sweep of per_block 1-4 or 2-8, min_blocks 0/2/3,
+        prefetch 0/1 against the action's heuristic, one run): the best variant was the
+        line form at every p, prefetch 0 from p = 4 on (p = 3: 0.4% behind prefetch 1),
+        with these item counts; it ran 1.06-1.45x the action's heuristic (p = 6: 123 ->
+        85 us)."""
         T = max(spec.nd, spec.nq)
         tpi = (T | 1) * T
         return dict(per_block=min(8, max(1, round(110 / tpi))), min_blocks=0, line=1,

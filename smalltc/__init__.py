@@ -17,6 +17,9 @@ arrays (NVIDIA GPUs), with a plan/execute API:
 - :func:`mixed_action`, :func:`mixed_apply`: the general operator of mixed spaces
   ``E_out^T (Q . E_in V)`` (own bases, values and/or gradients on each side), the
   general sum-factorised path
+- :func:`interpolate`, :func:`integrate`: the basis application (CEED's ``EVAL_INTERP``,
+  ``EVAL_GRAD`` and their transposes): fields at the quadrature points through the map,
+  values and/or reference gradients, and the integration back to a global vector
 - :func:`plan`: build once, call many times
 - :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
 
@@ -39,6 +42,7 @@ from .api import (assemble_diffusion, assemble_mass, assemble_operator, batched_
                   operator_diagonal)
 from ._errors import check_errors
 from .aot import precompile
+from .evaluation import integrate, interpolate
 from .catalogue import STEPS
 from .plan import Plan, plan
 
@@ -47,7 +51,7 @@ __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mas
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
            "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
-           "mixed_apply", "plan", "precompile", "check_errors",
+           "mixed_apply", "interpolate", "integrate", "plan", "precompile", "check_errors",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

@@ -7,7 +7,7 @@ which kind of spec it holds:
 
 ==================  =========================================================
 ``spec.op``         "gemm", "contract", "action", "assembly", "mass_apply",
-                    "mass_diagonal" or "mixed"
+                    "mass_diagonal", "mixed" or "basis"
 ``spec.inputs``     the operands a call takes, in order (:class:`Operand`:
                     name, shape, whether it carries the batch axis)
 ``spec.out_shape``  the result's shape
@@ -52,7 +52,8 @@ from typing import NamedTuple
 
 __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
            "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES", "QFUNCS",
-           "QDTYPES", "GEOMETRIES", "FORCE_QFUNCS", "MixedSpec", "EVALS",
+           "QDTYPES", "GEOMETRIES", "FORCE_QFUNCS", "MixedSpec", "EVALS", "BasisSpec",
+           "BASIS_WHATS",
            "nsym", "spec_from_dict"]
 
 #: kernels (8a), (8b), (9) of docs/math.md section 3: output axis order per kind.
@@ -802,9 +803,135 @@ class MixedSpec(_Spec):
                f"{self.dtype}"
 
 
+#: what :class:`BasisSpec` evaluates at the points: the values, the reference gradients, or
+#: both (the value first, then ``d/dxi_1 .. d/dxi_dim``)
+BASIS_WHATS = ("values", "gradients", "both")
+
+
+@dataclass(frozen=True)
+class BasisSpec(_Spec):
+    """CEED's basis application: the evaluation of element fields at the quadrature points
+    (``EVAL_INTERP``, ``EVAL_GRAD``) or, ``transpose``, its transpose (the integration
+    against the basis and its derivatives); docs/math.md section 7, the input and output
+    sides of :class:`MixedSpec` alone.
+
+    Evaluation (``transpose`` False): the field, ``([ncomp,] ndofs)`` gathered through
+    ``elem_dofs`` or element vectors ``(E, [ncomp,] nd, ..., nd)`` when ``ndofs`` is None,
+    to ``H`` of shape ``(E, [ncomp,] [nslots,] nq, ..., nq)``: ``nslots`` evaluations a
+    component (no axis for ``"values"``; ``dim`` for ``"gradients"``; ``1 + dim`` for
+    ``"both"``, the value first). Integration (``transpose``): ``H`` of that shape to the
+    element vectors, or summed into the global vector through ``elem_dofs``.
+
+    >>> s = BasisSpec(dim=2, nq=4, nd=3, batch=5, dtype="float64", what="both", ndofs=40)
+    >>> [(o.name, o.shape) for o in s.inputs]
+    [('B1d', (4, 3)), ('G1d', (4, 3)), ('x', (40,)), ('elem_dofs', (5, 3, 3))]
+    >>> s.out_shape, s.size_key, str(s)
+    ((5, 3, 4, 4), 'basis/2d/nd3nq4c1+both+m', 'interp_2d p=2 nq=4 both E=5 ndofs=40 float64')
+    >>> t = BasisSpec(dim=3, nq=3, nd=2, batch=7, dtype="float64", what="values",
+    ...               transpose=True)
+    >>> [(o.name, o.shape) for o in t.inputs], t.out_shape
+    ([('B1d', (3, 2)), ('H', (7, 3, 3, 3))], (7, 2, 2, 2))
+    """
+
+    dim: int
+    nq: int
+    nd: int
+    batch: int
+    dtype: str
+    what: str = "values"
+    transpose: bool = False
+    ncomp: int = 1
+    comp_axis: bool = False
+    ndofs: int | None = None
+    index_dtype: str = "int32"
+    op = "basis"
+    qfunc = "basis"           # not a field: no operator instance of the FEM families
+
+    def __post_init__(self):
+        if self.what not in BASIS_WHATS:
+            raise ValueError(f"what must be one of {BASIS_WHATS}, got {self.what!r}")
+        if self.dim not in (1, 2, 3):
+            raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
+        if self.index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got "
+                             f"{self.index_dtype!r}")
+        if self.ncomp > 1 and not self.comp_axis:
+            raise ValueError(f"ncomp={self.ncomp} needs comp_axis=True (the field has a "
+                             "component axis)")
+
+    @property
+    def p(self):
+        return self.nd - 1
+
+    def evals(self):
+        """The evaluations in slot order: ``-1`` the value, ``a`` the reference derivative
+        along tensor axis ``a`` (:meth:`MixedSpec.evals`'s convention)."""
+        return ((-1,) if self.what != "gradients" else ()) + (
+            tuple(range(self.dim)) if self.what != "values" else ())
+
+    @property
+    def nslots(self):
+        """Evaluations a component: 1, ``dim`` or ``1 + dim``."""
+        return len(self.evals())
+
+    @property
+    def points_shape(self):
+        """``H``'s shape: ``(E, [ncomp,] [nslots,] nq, ..., nq)``."""
+        return ((self.batch,) + ((self.ncomp,) if self.comp_axis else ())
+                + ((self.nslots,) if self.what != "values" else ()) + (self.nq,) * self.dim)
+
+    @property
+    def field_shape(self):
+        """The field's shape: ``([ncomp,] ndofs)``, or the element vectors."""
+        comp = (self.ncomp,) if self.comp_axis else ()
+        if self.ndofs is None:
+            return (self.batch,) + comp + (self.nd,) * self.dim
+        return comp + (self.ndofs,)
+
+    @property
+    def out_shape(self):
+        return self.field_shape if self.transpose else self.points_shape
+
+    @property
+    def inputs(self):
+        ops = [Operand("B1d", (self.nq, self.nd), False)]
+        if self.what != "values":
+            ops.append(Operand("G1d", (self.nq, self.nd), False))
+        if self.transpose:
+            ops.append(Operand("H", self.points_shape, True))
+        else:
+            ops.append(Operand("V" if self.ndofs is None else "x", self.field_shape,
+                               self.ndofs is None))
+        if self.ndofs is not None:
+            ops.append(Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True,
+                               False, self.index_dtype))
+        return tuple(ops)
+
+    def kernel_key(self):
+        """No batch count and no vector length: one kernel serves every mesh."""
+        return (self.op, self.dim, self.nq, self.nd, self.dtype, self.what, self.transpose,
+                self.ncomp, self.comp_axis, self.ndofs is None, self.index_dtype)
+
+    @property
+    def size_key(self):
+        return (f"basis/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}+{self.what}"
+                + ("+t" if self.transpose else "") + ("" if self.ndofs is None else "+m"))
+
+    def sizes(self):
+        return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp,
+                    nslots=self.nslots, ndofs=self.ndofs,
+                    index_bytes=int(self.index_dtype[3:]) // 8)
+
+    def __str__(self):
+        comp = f" ncomp={self.ncomp}" if self.comp_axis else ""
+        where = "" if self.ndofs is None else f" ndofs={self.ndofs}"
+        return (f"{'integrate' if self.transpose else 'interp'}_{self.dim}d p={self.p} "
+                f"nq={self.nq} {self.what}{comp} E={self.batch}{where} {self.dtype}")
+
+
 #: op name -> spec class
 SPEC_TYPES = {c.op: c for c in (GemmSpec, ContractSpec, ActionSpec, AssemblySpec,
-                                MassApplySpec, MassDiagonalSpec, MixedSpec)}
+                                MassApplySpec, MassDiagonalSpec, MixedSpec, BasisSpec)}
 
 
 def spec_from_dict(d: dict):

@@ -19,7 +19,7 @@ __all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_ein
            "operator_assembly_einsum", "operator_diagonal_einsum", "operator_apply_unfused",
            "operator_diagonal_unfused", "sym_index", "einsum_executor", "force_einsum",
            "force_t_einsum", "force_apply_unfused", "force_t_apply_unfused",
-           "mixed_action_sumfac", "mixed_apply_unfused"]
+           "mixed_action_sumfac", "mixed_apply_unfused", "basis_apply_unfused"]
 
 
 def _xp(x):
@@ -490,12 +490,77 @@ def _mixed_path(spec):
     return f"mixed: {sides}", _Into(mixed_apply_unfused, spec)
 
 
+# --- the basis application: evaluation at the points and its transpose --------------------
+
+def basis_apply_unfused(spec, *operands, out=None):
+    """The basis application of a :class:`smalltc.spec.BasisSpec` on its operands
+    (``spec.inputs``' order), sum-factorised one-axis GEMMs by blocks of elements
+    (:func:`mixed_interp`, :func:`mixed_interp_t`): the field gathered through
+    ``elem_dofs`` (or element vectors) evaluated at the points, or (``transpose``) the
+    point values integrated against the basis and summed into the global vector through
+    ``elem_dofs`` (float64 sums per DoF), or returned per element. The map's range is
+    checked on every call."""
+    from ..maps import check_range
+    a = dict(zip((o.name for o in spec.inputs), operands))
+    xp = _xp(operands[-1])
+    dim, nq, nd, E, nc = spec.dim, spec.nq, spec.nd, spec.batch, spec.ncomp
+    S, K, N = spec.nslots, nq ** dim, nd ** dim
+    B, G, evals = a["B1d"], a.get("G1d"), spec.evals()
+    if spec.ndofs is not None:
+        check_range(a["elem_dofs"], spec.ndofs)
+    if out is None:
+        out = xp.empty(spec.out_shape, dtype=spec.dtype)
+    step = max(1, MIXED_BLOCK_VALUES.get(xp.__name__, 1 << 24) // (max(K, N) * nc * S))
+    if not spec.transpose:
+        if spec.ndofs is None:
+            V = a["V"].reshape(E * nc, N)
+        else:
+            x = a["x"].reshape(nc, spec.ndofs)
+            V = xp.moveaxis(x[:, a["elem_dofs"].reshape(E, N)], 0, 1).reshape(E * nc, N)
+        H = out.reshape(E, nc, S, K)
+        for e0 in range(0, E, step):
+            e1 = min(E, e0 + step)
+            t = V[e0 * nc:e1 * nc].reshape((-1,) + (nd,) * dim)
+            X = mixed_interp(B, G, t, dim, evals)              # each (k..., n nc)
+            H[e0:e1] = xp.stack([x.reshape(K, e1 - e0, nc) for x in X], axis=0) \
+                .transpose(2, 3, 0, 1)
+        return out
+    Hf = a["H"].reshape(E, nc, S, K)
+    glob = spec.ndofs is not None
+    U = xp.empty((E, nc, N), dtype=spec.dtype) if glob else out.reshape(E, nc, N)
+    for e0 in range(0, E, step):
+        e1 = min(E, e0 + step)
+        h = Hf[e0:e1].transpose(2, 3, 0, 1)                    # (S, K, n, nc)
+        Hs = [h[j].reshape((nq,) * dim + ((e1 - e0) * nc,)) for j in range(S)]
+        U[e0:e1] = mixed_interp_t(B, G, Hs, dim, evals).reshape(e1 - e0, nc, N)
+    if glob:
+        y = out.reshape(nc, spec.ndofs)
+        flat = a["elem_dofs"].reshape(-1)
+        for c in range(nc):
+            y[c] = xp.bincount(flat, weights=U[:, c].reshape(-1).astype(np.float64),
+                               minlength=spec.ndofs)
+    return out
+
+
+def _basis_path(spec):
+    """(kernel text, function of the operands) for a :class:`smalltc.spec.BasisSpec`."""
+    if spec.transpose:
+        what = "transposed one-axis GEMMs (sum-factorised)" + (
+            ", scatter-add" if spec.ndofs is not None else "")
+    else:
+        what = ("gather, " if spec.ndofs is not None else "") + \
+            "one-axis GEMMs (sum-factorised, shared partial sums)"
+    return f"basis ({spec.what}): {what}", _Into(basis_apply_unfused, spec)
+
+
 def _operator_path(spec):
     """(kernel text, function of the operands) for a non-mass ``spec``."""
     if spec.qfunc in ("force", "force_t"):
         return _force_path(spec)
     if spec.qfunc == "mixed":
         return _mixed_path(spec)
+    if spec.qfunc == "basis":
+        return _basis_path(spec)
     names = [o.name for o in spec.inputs]
     q, dim = spec.qfunc, spec.dim
 

@@ -1,0 +1,181 @@
+"""The basis application, ``smalltc.interpolate`` and ``smalltc.integrate``: against a dense
+float64 oracle (Kronecker products of the 1D matrices, independent of the sum-factorised
+code) with the output poisoned with NaN first, 1D-3D, every ``what``, one and two
+components, through the map and on element vectors, on every backend of the arrays; the
+transpose identity; errors naming the operand. GPU cases skip without a CUDA device.
+"""
+import itertools
+from functools import reduce
+
+import numpy as np
+import pytest
+
+import smalltc
+from smalltc import _validate
+
+from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
+
+WHATS = ("values", "gradients", "both")
+# (dim, nd, nq): p = 1..4 in 1D-3D
+SIZES = [(1, 3, 4), (2, 2, 3), (2, 4, 6), (3, 2, 3), (3, 3, 5), (3, 5, 6)]
+CASES = [(dim, nd, nq, what, ncomp) for (dim, nd, nq), what, ncomp
+         in itertools.product(SIZES, WHATS, (1, 2))]
+
+
+def dense(B, G, what, dim):
+    """The evaluation matrices (nq^d x nd^d) in slot order."""
+    B, G = np.asarray(B, np.float64), np.asarray(G, np.float64)
+    mats = [reduce(np.kron, [B] * dim)] if what != "gradients" else []
+    if what != "values":
+        mats += [reduce(np.kron, [G if d == a else B for d in range(dim)]) for a in range(dim)]
+    return mats
+
+
+def mesh_map(dim, nd, E, rng):
+    """A map with shared DoFs (each element shares nodes with others) in random order."""
+    ndofs = max(4, (E * nd ** dim) // 2)
+    m = rng.integers(0, ndofs, size=(E,) + (nd,) * dim)
+    m.reshape(-1)[:ndofs] = rng.permutation(ndofs)      # every DoF used
+    return m.astype(np.int32), ndofs
+
+
+def interp_oracle(B, G, V, what, dim):
+    """(E, nc, nslots, nq^d) of V (E, nc, nd^d), float64."""
+    V = np.asarray(V, np.float64)
+    return np.stack([V @ M.T for M in dense(B, G, what, dim)], axis=2)
+
+
+def integrate_oracle(B, G, H, what, dim):
+    """(E, nc, nd^d) of H (E, nc, nslots, nq^d), float64."""
+    H = np.asarray(H, np.float64)
+    return sum(H[:, :, s] @ M for s, M in enumerate(dense(B, G, what, dim)))
+
+
+def _shape(E, nc, what, dim, n):
+    return (E,) + ((nc,) if nc > 1 else ()) + ((1 + dim if what == "both" else dim,)
+                                               if what != "values" else ()) + (n,) * dim
+
+
+@pytest.mark.parametrize("xp_name,backend", backend_params())
+@pytest.mark.parametrize("dim,nd,nq,what,ncomp", CASES)
+@pytest.mark.parametrize("mapped", [True, False], ids=["map", "evec"])
+def test_interpolate_and_integrate_match_the_dense_oracle(xp_name, backend, dim, nd, nq, what,
+                                                          ncomp, mapped):
+    xp = xp_of(xp_name)
+    rng = np.random.default_rng(dim * 100 + nd * 10 + nq)
+    E = 7
+    B, G = rng.standard_normal((2, nq, nd))
+    Gop = None if what == "values" else xp.asarray(G)
+    m, ndofs = mesh_map(dim, nd, E, rng)
+    x = rng.standard_normal((ncomp, ndofs))
+    V = np.moveaxis(x[:, m], 0, 1).reshape(E, ncomp, -1)
+    ref = interp_oracle(B, G, V, what, dim)
+    shape = _shape(E, ncomp, what, dim, nq)
+    out = xp.full(shape, np.nan)
+    kw = dict(what=what, backend=backend, out=out)
+    if mapped:
+        H = smalltc.interpolate(xp.asarray(B), Gop, xp.asarray(x[0] if ncomp == 1 else x),
+                                xp.asarray(m), **kw)
+    else:
+        Vin = V.reshape((E,) + ((ncomp,) if ncomp > 1 else ()) + (nd,) * dim)
+        H = smalltc.interpolate(xp.asarray(B), Gop, xp.asarray(Vin),
+                                dim=dim if ncomp > 1 else None, **kw)
+    assert H is out and H.shape == shape
+    assert rel_err(H, ref.reshape(shape)) < TOL["float64"]
+
+    Hin = rng.standard_normal(shape)
+    U = integrate_oracle(B, G, Hin.reshape(E, ncomp, -1, nq ** dim), what, dim)
+    if mapped:
+        yref = np.zeros((ncomp, ndofs))
+        for c in range(ncomp):
+            np.add.at(yref[c], m.reshape(-1), U[:, c].reshape(-1))
+        yshape = (ndofs,) if ncomp == 1 else (ncomp, ndofs)
+        out = xp.full(yshape, np.nan)
+        y = smalltc.integrate(xp.asarray(B), Gop, xp.asarray(Hin), xp.asarray(m), what=what,
+                              ndofs=ndofs, backend=backend, out=out)
+        assert y is out
+        assert rel_err(y, yref.reshape(yshape)) < TOL["float64"]
+    else:
+        ushape = (E,) + ((ncomp,) if ncomp > 1 else ()) + (nd,) * dim
+        out = xp.full(ushape, np.nan)
+        y = smalltc.integrate(xp.asarray(B), Gop, xp.asarray(Hin), what=what,
+                              dim=dim if ncomp > 1 else None, backend=backend, out=out)
+        assert y is out
+        assert rel_err(y, U.reshape(ushape)) < TOL["float64"]
+
+
+@pytest.mark.parametrize("xp_name,backend", backend_params())
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_integrate_is_the_transpose_of_interpolate(xp_name, backend, dtype):
+    """``<H, interp(x)> == <integrate(H), x>`` through the map, float32 and float64."""
+    xp = xp_of(xp_name)
+    rng = np.random.default_rng(5)
+    dim, nd, nq, E = 3, 4, 5, 11
+    B, G = rng.standard_normal((2, nq, nd)).astype(dtype)
+    m, ndofs = mesh_map(dim, nd, E, rng)
+    x = rng.standard_normal(ndofs).astype(dtype)
+    H = rng.standard_normal((E, 1 + dim) + (nq,) * dim).astype(dtype)
+    args = [xp.asarray(a) for a in (B, G)]
+    Ix = to_numpy(smalltc.interpolate(*args, xp.asarray(x), xp.asarray(m), what="both",
+                                      backend=backend)).astype(np.float64)
+    ItH = to_numpy(smalltc.integrate(*args, xp.asarray(H), xp.asarray(m), what="both",
+                                     ndofs=ndofs, backend=backend)).astype(np.float64)
+    lhs, rhs = float(np.sum(H * Ix)), float(np.dot(ItH, x))
+    assert abs(lhs - rhs) <= TOL[dtype] * 10 * np.sqrt(np.sum(H.astype(np.float64) ** 2)
+                                                      * np.sum(Ix ** 2))
+
+
+def test_a_polynomial_is_interpolated_exactly():
+    """On [-1, 1]^2 with the basis of fem: x^2 y at the points, and its gradient."""
+    from smalltc import fem
+    space = fem.H1Space(fem.box_mesh(2, 2), 2)
+    b = fem.basis_1d(2, 4)
+    X = space.dof_coordinates()
+    H = smalltc.interpolate(b.B1d, b.G1d, X[0] ** 2 * X[1], space.elem_dofs, what="both")
+    Xq = smalltc.interpolate(b.B1d, None, X, space.elem_dofs)           # (E, 2, nq, nq)
+    xq, yq = Xq[:, 0], Xq[:, 1]
+    np.testing.assert_allclose(H[:, 0], xq ** 2 * yq, atol=1e-13)
+    # the mesh is uniform with 2 x 2 squares of side 1/2: d/dxi = (1/4) d/dx
+    np.testing.assert_allclose(H[:, 1], 0.25 * 2 * xq * yq, atol=1e-13)
+    np.testing.assert_allclose(H[:, 2], 0.25 * xq ** 2, atol=1e-13)
+
+
+B3, G3 = np.ones((3, 2)), np.ones((3, 2))
+M2 = np.zeros((4, 2, 2), dtype=np.int32)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: smalltc.interpolate(B3, None, np.ones(5), M2, what="grad"), "what must be one"),
+    (lambda: smalltc.interpolate(B3, None, np.ones(5), M2, what="both"), "needs G1d"),
+    (lambda: smalltc.interpolate(B3, G3, np.ones(5), M2), "G1d is given but"),
+    (lambda: smalltc.interpolate(B3, np.ones((3, 3)), np.ones(5), M2, what="both"),
+     r"G1d has shape \(3, 3\), expected \(3, 2\)"),
+    (lambda: smalltc.interpolate(B3, None, np.ones(5), np.zeros((4, 3, 3), np.int32)),
+     r"elem_dofs has shape \(4, 3, 3\), expected \(4, 2, 2\)"),
+    (lambda: smalltc.interpolate(B3, None, np.ones(5), M2 + 5), r"elem_dofs holds indices"),
+    (lambda: smalltc.interpolate(B3, None, np.ones((4, 3, 3))), r"V has shape \(4, 3, 3\)"),
+    (lambda: smalltc.interpolate(B3, None, np.ones((4, 2, 2)), dim=4), "dim must be 1, 2 or 3"),
+    (lambda: smalltc.integrate(B3, None, np.ones((4, 3, 3)), M2), "ndofs is needed"),
+    (lambda: smalltc.integrate(B3, None, np.ones((4, 2, 2)), M2, ndofs=5),
+     r"H has shape \(4, 2, 2\), expected \(4, 3, 3\)"),
+    (lambda: smalltc.integrate(B3, G3, np.ones((4, 3, 3)), M2, ndofs=5, what="both"),
+     r"H has shape \(4, 3, 3\), expected \(4, 3, 3, 3\)"),
+    (lambda: smalltc.interpolate(B3, None, np.ones(5), M2, out=np.ones((4, 3))),
+     r"out has shape \(4, 3\)"),
+])
+def test_bad_operands_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_a_float_map_is_a_type_error():
+    with pytest.raises(TypeError, match="elem_dofs has dtype float64"):
+        smalltc.interpolate(B3, None, np.ones(5), M2.astype(np.float64))
+
+
+def test_the_spec_describes_the_call():
+    spec, _, ops = _validate.basis_spec(B3, G3, np.ones((2, 5)), M2, what="gradients")
+    assert (spec.dim, spec.nq, spec.nd, spec.ncomp, spec.nslots) == (2, 3, 2, 2, 2)
+    assert spec.out_shape == (4, 2, 2, 3, 3)
+    assert [o.name for o in spec.inputs] == ["B1d", "G1d", "x", "elem_dofs"]
+    assert len(ops) == 4

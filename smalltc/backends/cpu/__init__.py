@@ -19,6 +19,7 @@ family            module                  templates (``templates/cpu/``)
 ``mass_apply``    :mod:`.mass_apply`      ``mass_apply.py.j2`` (the fused FEM operator)
 ``mass_diagonal``  :mod:`.mass_apply`     ``mass_diagonal.py.j2``
 ``force``         :mod:`.force`           ``force.py.j2``, ``_lanes.j2`` (the corner force)
+``basis``         :mod:`.basis`           ``basis.py.j2`` (interpolate, integrate)
 ================  ======================  ==========================================
 
 What no family claims (sizes beyond the specialised kernels' limits) runs
@@ -59,6 +60,7 @@ except ImportError:  # pragma: no cover - numba is a dependency
 if numba is not None:
     from .action import ACTION
     from .assembly import ASSEMBLY
+    from .basis import BASIS
     from .contract import CONTRACT, generic_executor
     from .family import Choice
     from .force import FORCE
@@ -67,7 +69,8 @@ if numba is not None:
     from .target import host, resolve
 
     #: the kernel families, in the order they are asked
-    FAMILIES = (GEMM, FORCE, ACTION, ASSEMBLY, CONTRACT, MASS_APPLY, MASS_DIAGONAL)
+    FAMILIES = (GEMM, FORCE, ACTION, ASSEMBLY, CONTRACT, MASS_APPLY, MASS_DIAGONAL,
+                BASIS)
 else:  # pragma: no cover
     FAMILIES = ()
 
@@ -117,8 +120,10 @@ def choose(spec, target=None, params=None):
             ctx, source, table = fam.context(spec, None, target), "heuristic", None
     if ctx is None:
         return None
-    if not fam.params:
-        source = "fixed" if ctx.get("specialized", True) else "generic"
+    if not ctx.get("specialized", True):
+        source = "generic"
+    elif not fam.params:
+        source = "fixed"
     return Choice(fam, spec, fam.template(ctx), fam.entry(spec, ctx), ctx, source, table,
                   target)
 

@@ -186,9 +186,17 @@ class MapInfo:
         return self._transpose
 
     def colors(self, elem_dofs):
-        """``(order, offsets)``: ``order`` on the map's device, ``offsets`` on the host."""
+        """``(order, offsets)``: ``order`` on the map's device, ``offsets`` on the host.
+        A map that needs more than :data:`MAX_COLORS` colours raises ``ValueError`` (each
+        time, without colouring it again)."""
+        if isinstance(self._colors, str):
+            raise ValueError(self._colors)
         if self._colors is None:
-            order, offsets = element_colors(elem_dofs, self.ndofs)
+            try:
+                order, offsets = element_colors(elem_dofs, self.ndofs)
+            except ValueError as err:
+                self._colors = str(err)
+                raise
             if is_cupy(elem_dofs):
                 import cupy
                 order = cupy.asarray(order)

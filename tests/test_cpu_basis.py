@@ -190,3 +190,26 @@ def test_the_scatter_sums_with_several_threads():
         t.join()
     assert np.array_equal(outs[0], runs[0])
     assert np.linalg.norm(outs[1] - 2 * yref) <= TOL["float64"] * np.linalg.norm(yref)
+
+
+def test_a_map_too_shared_to_colour_is_summed_per_dof(caplog):
+    """DoF 0 in all 70 elements (more than 64 colours): the element vectors, summed per DoF
+    by bincount, said once; a bad entry still raises."""
+    rng = np.random.default_rng(4)
+    E, ndofs = 70, 200
+    m = rng.integers(1, ndofs, (E, 3)).astype(np.int64)
+    m[:, 0] = 0
+    B, G = rng.standard_normal((2, 4, 3))
+    H = rng.standard_normal((E, 2, 4))
+    U = sum(H[:, s] @ M for s, M in enumerate(dense(B, G, "both", 1)))
+    yref = np.zeros(ndofs)
+    np.add.at(yref, m.reshape(-1), U.reshape(-1))
+    caplog.set_level("WARNING", logger="smalltc")
+    for _ in range(2):
+        out = np.full(ndofs, np.nan)
+        smalltc.integrate(B, G, H, m, what="both", ndofs=ndofs, backend="cpu", out=out)
+        assert np.linalg.norm(out - yref) <= TOL["float64"] * np.linalg.norm(yref)
+    assert sum("more than 64 element colours" in r.message for r in caplog.records) == 1
+    m[5, 1] = ndofs
+    with pytest.raises(ValueError, match="elem_dofs holds indices"):
+        smalltc.integrate(B, G, H, m, what="both", ndofs=ndofs, backend="cpu")

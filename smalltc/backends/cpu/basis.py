@@ -56,14 +56,19 @@ Examples
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import numpy as np
 
-from ...maps import map_info, out_of_range
-from .family import CpuExecutor, Family
+from ...maps import MAX_COLORS, check_range, map_info, out_of_range
+from .family import Choice, CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT
 from .target import resolve
 
 __all__ = ["BASIS", "BasisFamily", "BasisExecutor", "basis_steps", "MAX_ND", "MAX_NQ"]
+
+log = logging.getLogger("smalltc")
 
 #: the size-specialised kernels' limits (p <= 16, as the action's); beyond, the generic
 #: kernel (sizes at run time)
@@ -270,10 +275,14 @@ BASIS = BasisFamily()
 class BasisExecutor(CpuExecutor):
     """One kernel call: the elements split statically over the threads (the transpose
     through a map: ``y = 0``, then the map's colours in turn, colouring once per map);
-    a bad map entry raises when the call returns (the kernel's error flag)."""
+    a bad map entry raises when the call returns (the kernel's error flag). A map whose
+    DoFs are shared by too many elements to colour (:data:`smalltc.maps.MAX_COLORS`) is
+    integrated by the element-vector kernel, then summed through the map by
+    ``numpy.bincount`` (float64 sums, one thread), and the plan says so once."""
 
     def __init__(self, choice):
         super().__init__(choice, specialized=choice.ctx["specialized"])
+        self._evec = None
 
     def run(self, operands, out, **_):
         s = self.spec
@@ -292,7 +301,12 @@ class BasisExecutor(CpuExecutor):
         MAP = operands[-1]
         m2 = MAP.reshape(E, -1)
         if s.transpose:
-            order, offsets = map_info(MAP, s.ndofs).colors(MAP)
+            info = map_info(MAP, s.ndofs)
+            try:
+                order, offsets = info.colors(MAP)
+            except ValueError:
+                self._sum_through_map(mats, field, MAP, out)
+                return
             self.fn(*mats, field.reshape(E, -1), m2, out.reshape(nc, s.ndofs), order,
                     offsets, nc, parts, err)
         else:
@@ -300,3 +314,23 @@ class BasisExecutor(CpuExecutor):
                     parts)
         if err[0]:
             out_of_range(MAP, s.ndofs, int(err[1]))
+
+    def _sum_through_map(self, mats, H, MAP, out):
+        """The transpose through a map that cannot be coloured: element vectors, then
+        float64 sums per DoF (the map's range checked on every such call)."""
+        s = self.spec
+        if self._evec is None:
+            log.warning("smalltc: elem_dofs needs more than %d element colours; %s sums "
+                        "its element vectors through the map with numpy.bincount (one "
+                        "thread)", MAX_COLORS, self.kernel)
+            spec = dataclasses.replace(s, ndofs=None)
+            ctx = BASIS.context(spec, BASIS.public(self.ctx), self.target)
+            self._evec = BasisExecutor(Choice(BASIS, spec, BASIS.template(ctx),
+                                              BASIS.entry(spec, ctx), ctx, self.source,
+                                              self.table, self.target))
+        check_range(MAP, s.ndofs)
+        U = np.empty(self._evec.spec.out_shape, dtype=s.dtype).reshape(s.batch, s.ncomp, -1)
+        self._evec.run(tuple(mats) + (H,), U)
+        y, flat = out.reshape(s.ncomp, s.ndofs), MAP.reshape(-1)
+        for c in range(s.ncomp):
+            y[c] = np.bincount(flat, weights=U[:, c].reshape(-1), minlength=s.ndofs)

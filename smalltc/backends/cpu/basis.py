@@ -1,58 +1,78 @@
 """The basis application family: ``smalltc.interpolate`` and ``smalltc.integrate`` on the host.
 
-One element at a time, SIMD within it (``basis.py.j2``): the field's element vector
-(gathered from the global vector through the map, every index checked, or read in place)
-is contracted axis by axis with ``B1d`` or ``G1d``, the partial sums shared between the
-value and derivative slots (:func:`basis_steps`, the order of
-:func:`smalltc.backends.reference.mixed_interp`: the last axis first), and the last
-contractions write ``H[e, c, s, :]`` in place. The transpose contracts the first axis
-first, adding the slots whose remaining 1D matrices agree before it contracts further
-(:func:`smalltc.backends.reference.mixed_interp_t`), and adds the element's result into
-the global vector through the map, the elements of one colour at a time
-(:func:`smalltc.maps.element_colors`, as the fused operator of :mod:`.mass_apply`: no two
-threads add into one entry, the same bits for any thread count), or writes the element
-vectors.
+``basis.py.j2`` contracts each element's field axis by axis with ``B1d`` or ``G1d``
+(:func:`basis_steps`): forward, the last axis first, the partial sums shared between
+the value and derivative slots (the order of
+:func:`smalltc.backends.reference.mixed_interp`), the last contractions giving the slots
+of ``H[e, c, s, :]``; transposed, the first axis first, the slots whose remaining 1D
+matrices agree added before they are contracted further
+(:func:`smalltc.backends.reference.mixed_interp_t`). Each step puts the longest
+contiguous run on the step with the most work. Through a map, the field is gathered from
+the global vector (every index checked where it is read), and the transpose adds each
+element's result into the global vector the elements of one colour at a time
+(:func:`smalltc.maps.element_colors`, as the fused operator of :mod:`.mass_apply`: no
+two threads add into one entry, and the sums have the same bits for any thread count).
 
-Each contraction is a loop nest over the source seen as ``(L, nin, R)``: where ``R >
-1`` the innermost loop runs along ``R`` (a contiguous run of ``nq^(dim-1-a)`` entries
-for axis ``a``, the 1D coefficients scalars), on the last axis (``R == 1``) along the
-outputs, with the 1D matrix laid out ``[s, k]`` (the forward steps' transposed copies of
-``B1d`` and ``G1d``). The forward order puts the widest run on the step with the most
-work (``nd nq^dim`` multiply-adds a slot), the transposed order likewise. The sums over
-``s`` are unrolled; the loops are not (a 3D ``both`` kernel at ``p = 7`` compiles in a
-few seconds, where the lanes form of :mod:`.action`, whose lane statements are unrolled
-by hand, takes tens).
+Two forms (tuning parameter ``lanes``):
 
-===================  =========================================  =========================
-spec                 what runs                                  entry point (example)
-===================  =========================================  =========================
-evaluation, map      gather (checked), contractions, ``H``      ``stc_interp_3d_f64_nd5_nq6_both_i32``
-evaluation, E-vec    contractions from ``V``, ``H``             ``stc_interp_3d_f64_nd5_nq6_both_ev``
-transpose, map       contractions, scatter-add by colours       ``stc_interp_t_3d_f64_nd5_nq6_both_i32``
-transpose, E-vec     contractions into ``U``                    ``stc_interp_t_3d_f64_nd5_nq6_both_ev``
-===================  =========================================  =========================
+- ``lanes`` a multiple of the vector's scalars (the heuristic: one vector, 8 float64
+  with 512-bit AVX-512): a chunk of elements in lane buffers ``buf[entry * lanes +
+  lane]``, so every contraction's innermost loop is a run of whole vectors for any
+  ``nd``, ``nq``; ``H`` (and the element vectors) move between the arrays and the
+  buffers in ``lanes x lanes`` block transposes (:func:`.simd.tr_block`).
+- ``lanes = 1``: one element at a time, its rows of ``V``, ``H``, ``U`` read and
+  written in place; the innermost loop runs along the step's contiguous run, or on the
+  last axis along the outputs (``B1d``, ``G1d`` transposed per thread).
+
+``kb`` (1-4): outputs of a step computed together, each source load feeding ``kb``
+multiply-adds a destination. The sums over the 1D index are written out, the loops are
+not, and the loop vectoriser packs them (``slp=False``, Numba's default; the families
+whose lane statements are unrolled by hand use SLP instead): a 3D ``both`` kernel at
+``p = 7`` compiles in about 7-8 s on the 2-core AMD EPYC (Zen 4) of this project, where
+the lanes action of :mod:`.action` (hand-unrolled lanes) takes 40 s.
+
+The heuristic (one vector of elements; ``kb = 2`` from ``nd`` or ``nq`` of 8, within
+10-20% of the best of lanes 8/16, kb 1-3 at 3D p = 4, 7, both) was measured there,
+single-threaded, 3D, nq = p + 2: the lanes form evaluates 1.1-1.7x faster than one
+element at a time at p = 2..7 (about even for the gradients at p = 2) and integrates
+1.6-3.8x faster at every p; at p = 1 the element-at-a-time form evaluated the gradients
+1.6x faster (its rows are written in place, no transposes), which the heuristic does not
+take (the tables may).
+
+================  =============================================  ==========================================
+spec              what runs                                      entry point (example)
+================  =============================================  ==========================================
+forward, map      gather (checked), contractions, ``H``          ``stc_interp_3d_f64_nd5_nq6_both_i32``
+forward, E-vec    contractions from ``V``, ``H``                 ``stc_interp_3d_f64_nd5_nq6_both_ev``
+transpose, map    contractions, scatter-add by colours           ``stc_interp_t_3d_f64_nd5_nq6_both_i32``
+transpose, E-vec  contractions into ``U``                        ``stc_interp_t_3d_f64_nd5_nq6_both_ev``
+================  =============================================  ==========================================
 
 The component count is a run-time argument (one kernel for every ``ncomp``). Sizes
-beyond ``nd <= MAX_ND``, ``nq <= MAX_NQ`` render the same template with the sizes read
-at run time and the sums over ``s`` as loops (``stc_interp_3d_generic_f64_both_i32``,
-``specialized=False``, and the plan logs the fallback). No tuning parameters.
+beyond ``nd <= MAX_ND``, ``nq <= MAX_NQ`` render the same template one element at a
+time with the sizes read at run time and the sums as loops
+(``stc_interp_3d_generic_f64_both_i32``, ``specialized=False``; the plan logs the
+fallback). A map whose DoFs are shared by more elements than the colouring allows (a
+DoF in more than 64 elements) is integrated by the element-vector kernel and summed per
+DoF by ``numpy.bincount``, said once.
 
-A bad map entry (outside ``[0, ndofs)``, a map changed in place after its first use) is
-read and written nowhere: the kernel skips the element and reports the index, and the
-call raises the ``ValueError`` of :func:`smalltc.maps.out_of_range`.
+A bad map entry (outside ``[0, ndofs)``: a map changed in place after the plan checked
+it) is read and written nowhere: the kernel reports the index, and the call raises the
+``ValueError`` of :func:`smalltc.maps.out_of_range`.
 
 Examples
 --------
 >>> from smalltc.spec import BasisSpec
+>>> from smalltc.backends.cpu.target import TARGETS
 >>> s = BasisSpec(dim=3, nq=6, nd=5, batch=100, dtype="float64", what="both", ndofs=900)
->>> c = BASIS.context(s)
->>> BASIS.entry(s, c), c["specialized"]
-('stc_interp_3d_f64_nd5_nq6_both_i32', True)
+>>> c = BASIS.context(s, None, TARGETS["avx2"])
+>>> BASIS.entry(s, c), BASIS.public(c), c["specialized"]
+('stc_interp_3d_f64_nd5_nq6_both_i32', {'lanes': 4, 'kb': 1}, True)
 >>> steps, buffers = basis_steps(s.evals(), 3, 5, 6, False)
 >>> [len(st["outs"]) for st in steps]         # B and G, then BB GB | BG, then the 4 slots
 [2, 2, 1, 2, 1, 1]
->>> [(st["L"], st["R"]) for st in basis_steps(s.evals(), 3, 5, 6, True)[0]][::2]
-[(1, 36), (5, 6), (25, 1)]
+>>> [(st["axis"], st["L"], st["R"]) for st in basis_steps(s.evals(), 3, 5, 6, True)[0]]
+[(0, 1, 36), (0, 1, 36), (0, 1, 36), (1, 5, 6), (1, 5, 6), (2, 25, 1)]
 """
 from __future__ import annotations
 

@@ -39,14 +39,14 @@ element at a time at p = 2..7 (about even for the gradients at p = 2) and integr
 1.6x faster (its rows are written in place, no transposes), which the heuristic does not
 take (the tables may).
 
-================  =============================================  ==========================================
-spec              what runs                                      entry point (example)
-================  =============================================  ==========================================
-forward, map      gather (checked), contractions, ``H``          ``stc_interp_3d_f64_nd5_nq6_both_i32``
-forward, E-vec    contractions from ``V``, ``H``                 ``stc_interp_3d_f64_nd5_nq6_both_ev``
-transpose, map    contractions, scatter-add by colours           ``stc_interp_t_3d_f64_nd5_nq6_both_i32``
-transpose, E-vec  contractions into ``U``                        ``stc_interp_t_3d_f64_nd5_nq6_both_ev``
-================  =============================================  ==========================================
+================  =====================================  ========================================
+spec              what runs                              entry point (example)
+================  =====================================  ========================================
+forward, map      gather (checked), contractions, ``H``  ``stc_interp_3d_f64_nd5_nq6_both_i32``
+forward, E-vec    contractions from ``V``, ``H``         ``stc_interp_3d_f64_nd5_nq6_both_ev``
+transpose, map    contractions, scatter-add by colours   ``stc_interp_t_3d_f64_nd5_nq6_both_i32``
+transpose, E-vec  contractions into ``U``                ``stc_interp_t_3d_f64_nd5_nq6_both_ev``
+================  =====================================  ========================================
 
 The component count is a run-time argument (one kernel for every ``ncomp``). Sizes
 beyond ``nd <= MAX_ND``, ``nq <= MAX_NQ`` render the same template one element at a
@@ -56,9 +56,10 @@ fallback). A map whose DoFs are shared by more elements than the colouring allow
 DoF in more than 64 elements) is integrated by the element-vector kernel and summed per
 DoF by ``numpy.bincount``, said once.
 
-A bad map entry (outside ``[0, ndofs)``: a map changed in place after the plan checked
-it) is read and written nowhere: the kernel reports the index, and the call raises the
-``ValueError`` of :func:`smalltc.maps.out_of_range`.
+Every map entry is compared with ``[0, ndofs)`` where the kernel reads it: a bad one (a
+map changed in place after the plan checked it) reads no memory outside ``x`` and adds
+nowhere, the kernel reports it, and the call raises the ``ValueError`` of
+:func:`smalltc.maps.out_of_range`.
 
 Examples
 --------

@@ -30,9 +30,9 @@ import inspect
 
 import numpy as np
 
-from smalltc._arrays import is_cupy
+from smalltc._arrays import array_module
 
-from ._device import to_host
+from ._device import DeviceCache, to_host
 from .basis import lagrange_basis
 from .geometry import det_jacobian, evaluate_field
 from .quadrature import gauss_lobatto, quadrature_rule
@@ -62,6 +62,10 @@ class DirichletBC:
         Sorted constrained DoFs.
     values : ndarray of float64, shape (nc,)
         Their values.
+
+    The DoFs and values are copied to a device once (per array module, device and
+    dtype) and kept there with the mask: :meth:`mask`, :meth:`vector`, :meth:`lift` and
+    :meth:`apply` build their results on the device of their arrays.
     """
 
     def __init__(self, space, dofs, values):
@@ -72,26 +76,34 @@ class DirichletBC:
         if dofs.size and (dofs.min() < 0 or dofs.max() >= space.ndofs):
             raise ValueError(f"dofs must lie in [0, {space.ndofs}), got [{dofs.min()}, {dofs.max()}]")
         self.space, self.dofs, self.values = space, dofs, values
-        self._masks = {}
+        self._device = DeviceCache()
 
     def __repr__(self):
         return f"DirichletBC(ndofs={self.space.ndofs}, constrained={self.dofs.size})"
 
+    def _on(self, xp, dtype):
+        """The DoFs and their values (as ``dtype``) in ``xp``, copied there once."""
+        dofs = self._device.get(xp, "dofs", lambda: xp.asarray(self.dofs))
+        values = self._device.get(xp, ("values", np.dtype(dtype).str),
+                                  lambda: xp.asarray(self.values.astype(dtype)))
+        return dofs, values
+
     def mask(self, xp=np, dtype=np.float64):
-        """The free-DoF mask ``P`` (1 free, 0 constrained), shape (ndofs,), in ``xp``."""
-        key = (xp.__name__, np.dtype(dtype).str)
-        m = self._masks.get(key)
-        if m is None:
-            h = np.ones(self.space.ndofs, dtype=dtype)
-            h[self.dofs] = 0
-            m = self._masks[key] = xp.asarray(h)
-        return m
+        """The free-DoF mask ``P`` (1 free, 0 constrained), shape (ndofs,), in ``xp``: made
+        there once per dtype and kept (the same array on every call)."""
+        def make():
+            m = xp.ones(self.space.ndofs, dtype=dtype)
+            m[self._on(xp, dtype)[0]] = 0
+            return m
+        return self._device.get(xp, ("mask", np.dtype(dtype).str), make)
 
     def vector(self, xp=np, dtype=np.float64):
-        """``g``: the values on the constrained DoFs, zero elsewhere, in ``xp``."""
-        g = np.zeros(self.space.ndofs, dtype=dtype)
-        g[self.dofs] = self.values
-        return xp.asarray(g)
+        """``g``: the values on the constrained DoFs, zero elsewhere, in ``xp`` (a new
+        array, filled on the device from the kept DoFs and values)."""
+        dofs, values = self._on(xp, dtype)
+        g = xp.zeros(self.space.ndofs, dtype=dtype)
+        g[dofs] = values
+        return g
 
     def constrain(self, op):
         """``op`` with these DoFs eliminated: a :class:`ConstrainedOperator`."""
@@ -120,9 +132,10 @@ class DirichletBC:
 
     def apply(self, x):
         """``x`` with the constrained entries set to their values (a copy)."""
-        xp = np if not is_cupy(x) else __import__("cupy")
+        xp = array_module(x)
         x = xp.array(x, copy=True)
-        x[xp.asarray(self.dofs)] = xp.asarray(self.values, dtype=x.dtype)
+        dofs, values = self._on(xp, x.dtype)
+        x[dofs] = values
         return x
 
 

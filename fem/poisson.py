@@ -260,21 +260,13 @@ def _dirichlet(space, regions, neumann_regions):
     regions)."""
     if None not in regions or not neumann_regions:
         return dirichlet_bc(space, regions)
-    from .topology import facet_slices
     g = regions.pop(None)
     mesh = space.mesh
+    nf = 2 * space.dim
     e, f = mesh.boundary_facets(None)
-    skip = set()
-    for r in neumann_regions:
-        re, rf = mesh.boundary_facets(r)
-        skip.update(zip(re.tolist(), rf.tolist()))
-    keep = np.array([(a, b) not in skip for a, b in zip(e.tolist(), f.tolist())], dtype=bool)
-    dofs = []
-    for ff in np.unique(f[keep]):
-        sel = e[keep & (f == ff)]
-        dofs.append(space.elem_dofs[sel][(slice(None),) + facet_slices(space.dim, space.nd, ff)]
-                    .ravel())
-    dofs = np.unique(np.concatenate(dofs)) if dofs else np.zeros(0, dtype=np.int64)
+    skip = [re * nf + rf for re, rf in map(mesh.boundary_facets, neumann_regions)]
+    keep = ~np.isin(e * nf + f, np.concatenate(skip))
+    dofs = np.unique(space.facet_dofs(e[keep], f[keep]))
     values = np.zeros(space.ndofs)
     x = space.dof_coordinates()
     values[dofs] = evaluate_field(g, x[:, dofs], "dirichlet")

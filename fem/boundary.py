@@ -179,7 +179,7 @@ def dirichlet_bc(space, data, *, region=None):
     for name, g in items:
         dofs = space.boundary_dofs(name)
         if coords is None:
-            coords = space.dof_coordinates()
+            coords = space._dof_coordinates
         values[dofs] = evaluate_field(g, coords[:, dofs], f"dirichlet[{name!r}]")
         constrained[dofs] = True
     dofs = np.flatnonzero(constrained)

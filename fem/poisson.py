@@ -268,7 +268,7 @@ def _dirichlet(space, regions, neumann_regions):
     keep = ~np.isin(e * nf + f, np.concatenate(skip))
     dofs = np.unique(space.facet_dofs(e[keep], f[keep]))
     values = np.zeros(space.ndofs)
-    x = space.dof_coordinates()
+    x = space._dof_coordinates
     values[dofs] = evaluate_field(g, x[:, dofs], "dirichlet")
     rest = dirichlet_bc(space, regions) if regions else None
     mask = np.zeros(space.ndofs, dtype=bool)

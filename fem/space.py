@@ -353,7 +353,8 @@ class H1Space:
         Each node's coordinates are the element map evaluated at its
         Gauss-Lobatto reference position (taken from one of the elements
         that share it; the maps agree there): :meth:`map_nodes` of the
-        Gauss-Lobatto nodes, computed on the first call and kept (read-only).
+        Gauss-Lobatto nodes, computed on the first call and kept (each call
+        returns a copy).
 
         Examples
         --------
@@ -361,6 +362,11 @@ class H1Space:
         >>> print(H1Space(box_mesh(1, 1), p=2).dof_coordinates())
         [[0.  0.5 1. ]]
         """
+        return self._dof_coordinates.copy()
+
+    @property
+    def _dof_coordinates(self):
+        """The kept coordinates (read-only; no copy)."""
         if self._coords is None:
             x = self.map_nodes(gauss_lobatto(self.nd)[0])
             x.flags.writeable = False

@@ -409,7 +409,9 @@ def test_space_setup_matches_the_oracles(k, p):
     ref, _ = fem.gauss_lobatto(p + 1)
     x = V.dof_coordinates()
     np.testing.assert_allclose(x, nodal_oracle(V, element_map(mesh, ref)), atol=1e-14)
-    assert V.dof_coordinates() is x and not x.flags.writeable
+    assert V._dof_coordinates is V._dof_coordinates and not V._dof_coordinates.flags.writeable
+    x[:] = 0                                            # a copy: the kept one stays
+    assert V.dof_coordinates().any()
     eq = np.linspace(-1, 1, p + 1)
     np.testing.assert_allclose(V.map_nodes(eq), nodal_oracle(V, element_map(mesh, eq)),
                                atol=1e-14)

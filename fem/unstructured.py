@@ -466,13 +466,17 @@ def read_mesh(source, *, check=True):
     if pts.shape[1] < dim:
         raise ValueError(f"{name} has {pts.shape[1]}D points for {dim}D cells")
     if pts.shape[1] > dim:
-        extra = pts[np.unique(conn), dim:]
+        used = np.zeros(pts.shape[0], dtype=bool)
+        used[conn] = True
+        extra = pts[used, dim:]
         if extra.size and np.ptp(extra, axis=0).max() > 1e-12 * max(1.0, np.abs(pts).max()):
             raise ValueError(f"{name}: a {dim}D mesh whose points do not lie in a plane "
                              f"z = const (smalltc.fem meshes {dim}D domains in {dim}D)")
         pts = pts[:, :dim]
     E, ng = conn.shape[0], g + 1
-    nodes = np.moveaxis(pts[conn].reshape((E,) + (ng,) * dim + (dim,)), -1, 1)
+    nodes = np.empty((E, dim) + (ng,) * dim)
+    for d, column in enumerate(np.ascontiguousarray(pts.T)):
+        nodes[:, d] = column[conn].reshape((E,) + (ng,) * dim)
     cm = corner_multi_indices(dim) * g
     corner_pts = conn.reshape((E,) + (ng,) * dim)[(slice(None),) + tuple(cm.T)]  # (E, 2^dim)
     vids, vertices = np.unique(corner_pts, return_inverse=True)
@@ -481,7 +485,7 @@ def read_mesh(source, *, check=True):
     vmap[vids] = np.arange(vids.size)
     boundary, volume = _regions(_named_sets(m, blocks), blocks, offsets, vertices, vmap, dim,
                                 name)
-    mesh = UnstructuredMesh(dim, g, np.linspace(-1.0, 1.0, ng), np.ascontiguousarray(nodes),
+    mesh = UnstructuredMesh(dim, g, np.linspace(-1.0, 1.0, ng), nodes,
                             vertices.astype(np.int64), boundary, volume, name)
     if check:
         corners = np.moveaxis(nodes, 1, -1)[(slice(None),) + tuple(cm.T)]

@@ -83,7 +83,7 @@ def test_wheel_contains_templates_and_tables(wheel):
                 continue
             rel = src.relative_to(ROOT).as_posix()
             rel = rel if folder == "smalltc" else "smalltc/" + rel
-            assert rel in names, f"{rel} missing from the wheel (a package not listed in pyproject?)"
+            assert rel in names, f"{rel} missing from the wheel (a package not in pyproject?)"
     for src in _expected("templates", ".j2"):          # templates/cuda/x.cu.j2 -> smalltc/templates/...
         assert "smalltc/" + src in names, f"{src} missing from the wheel"
     for src in _expected("tuning/tables", ".json"):

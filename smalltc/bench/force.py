@@ -33,6 +33,7 @@ import numpy as np
 from .. import roofline
 from .._timing import time_calls, time_once
 from .cases import Case
+from .plots import bound_line, p_axis
 
 __all__ = ["cases", "run_case", "table", "plot", "SIZES", "VARIANTS", "parse_variants"]
 
@@ -276,10 +277,10 @@ def plot(doc, path, plt):
                 if pts:
                     ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{2 * k}",
                             label=f"{label} {name}")
-            ax.plot(ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub], "--", lw=1,
-                    color=f"C{2 * k + 1}", label=f"{label} bound (element level)")
+            bound_line(ax, ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub],
+                       color=f"C{2 * k + 1}", label=f"{label} bound (element level)")
         ax.set_yscale("log")
-        ax.set_xlabel("kinematic order p (nq = 2p, L2 order p - 1)")
+        p_axis(ax, "kinematic order p (nq = 2p, L2 order p - 1)")
         ax.set_ylabel("kinematic DoFs / s (x 1e9)")
         ax.set_title(f"{dim}D", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)

@@ -8,6 +8,9 @@ marked on the line before its fence:
 - ``<!-- norun: REASON -->``: not run here (it needs a GPU, MPI ranks, ...); it must
   still compile;
 - ``<!-- requires: MODULE[, MODULE] -->``: run where the modules import, else skipped.
+
+The examples print their checks (``print(err < 1e-8)``): what a page or the README prints
+must not contain the word ``False``.
 """
 import importlib.util
 import re
@@ -37,7 +40,9 @@ def test_readme_example_runs(capsys):
     assert code_blocks, "README has no python example"
     for code in code_blocks:
         exec(compile(code, str(README), "exec"), {})
-    assert "smalltc.Plan" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "smalltc.Plan" in out
+    assert not re.search(r"\bFalse\b", out), out
 
 
 def test_readme_starts_with_the_two_commands():
@@ -58,7 +63,7 @@ def test_markers_are_read():
 
 
 @pytest.mark.parametrize("page", doc_pages())
-def test_docs_page_code_runs(page, tmp_path, monkeypatch):
+def test_docs_page_code_runs(page, tmp_path, monkeypatch, capsys):
     path = DOCS / page
     found = blocks(path.read_text())
     python = [b for b in found if b[0].split()[:1] == ["python"]]
@@ -81,5 +86,7 @@ def test_docs_page_code_runs(page, tmp_path, monkeypatch):
                 skipped.append(f"line {line}: {', '.join(missing)} missing")
                 continue
         exec(compiled, namespace)
+        out = capsys.readouterr().out
+        assert not re.search(r"\bFalse\b", out), f"{page}:{line}: a check printed False:\n{out}"
     if skipped and len(skipped) == len([b for b in python if b[1] != "norun"]):
         pytest.skip(f"{page}: every runnable block needs a missing module ({'; '.join(skipped)})")

@@ -67,6 +67,8 @@ def test_docs_page_code_runs(page, tmp_path, monkeypatch, capsys):
     path = DOCS / page
     found = blocks(path.read_text())
     python = [b for b in found if b[0].split()[:1] == ["python"]]
+    assert len(python) == path.read_text().count("```python"), \
+        f"{page}: a python block the test does not see (indented, or its fence not closed)"
     assert all(info == "python" for info, *_ in python), \
         f"{page}: a python fence takes no words after the language; mark blocks with " \
         "<!-- norun: ... --> or <!-- requires: ... --> on the line before"

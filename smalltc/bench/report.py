@@ -115,7 +115,7 @@ def load(path) -> dict:
 
 def unit(rec) -> tuple:
     """``(label, key, scale)``: FEM operations in GDoF/s, the rest in GFLOP/s."""
-    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force"):
+    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force", "basis"):
         return "GDoF/s", "dofs_per_s", 1e-9
     return "GFLOP/s", "gflops", 1.0
 
@@ -172,6 +172,14 @@ def table(doc, file=None) -> None:
         if suite == "solve":
             from .solve import table as solve_table
             solve_table(rows, file)
+            continue
+        if suite == "poisson":
+            from .poisson import table as poisson_table
+            poisson_table(rows, file)
+            continue
+        if suite == "basis":
+            from .basis import table as basis_table
+            basis_table(rows, file)
             continue
         base = baselines_in(rows)
         u = unit(rows[0])[0]

@@ -59,8 +59,11 @@ def cases(dtype, kind, ps=None, quick=False, footprint=None) -> list:
     """The cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu"): per order, ``what``
     and direction. ``footprint`` (bytes): a CPU case's bytes instead of :data:`BYTES`.
 
-    >>> [c.id for c in cases("float64", "cpu", ps=[2], quick=True)][:2]
-    ['basis interpolate values dim=3 p=2 nq=4 float64', 'basis integrate values dim=3 p=2 nq=4 float64']
+    >>> for c in cases("float64", "cpu", ps=[2], quick=True)[:3]:
+    ...     print(c.id)
+    basis interpolate values dim=3 p=2 nq=4 float64
+    basis integrate values dim=3 p=2 nq=4 float64
+    basis interpolate gradients dim=3 p=2 nq=4 float64
     """
     s = np.dtype(dtype).itemsize
     target = BYTES[0 if kind == "gpu" else 1] // (16 if quick else 1)

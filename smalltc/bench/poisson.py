@@ -138,9 +138,12 @@ def cases(dtype, kind, ps=None, quick=False, ndofs=None, mesh=None, preconds=Non
     """The cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu"): per mesh, order and
     preconditioner. ``ndofs``: about that many DoFs a case instead of :data:`TARGET`.
 
-    >>> [c.id for c in cases("float64", "cpu", ps=[2], quick=True)]
-    ['poisson box jacobi dim=3 p=2 nq=4 float64', 'poisson box pmg dim=3 p=2 nq=4 float64', \
-'poisson kershaw jacobi dim=3 p=2 nq=4 float64', 'poisson kershaw pmg dim=3 p=2 nq=4 float64']
+    >>> for c in cases("float64", "cpu", ps=[2], quick=True):
+    ...     print(c.id, c.sizes["shape"], c.sizes["ndofs"])
+    poisson box jacobi dim=3 p=2 nq=4 float64 [7, 7, 7] 3375
+    poisson box pmg dim=3 p=2 nq=4 float64 [7, 7, 7] 3375
+    poisson kershaw jacobi dim=3 p=2 nq=4 float64 [6, 8, 8] 3757
+    poisson kershaw pmg dim=3 p=2 nq=4 float64 [6, 8, 8] 3757
     """
     from .solve import _kershaw_shape
     if dtype != "float64":

@@ -1,4 +1,4 @@
-"""Evidence that the CPU kernels vectorise, per ISA (issue 17).
+"""Evidence that the CPU kernels vectorise, per ISA.
 
 * The host: the generated kernels' machine code uses vector FMAs of the width
   the target's kernels use (:attr:`Target.vector_bits`: zmm on AVX-512 where

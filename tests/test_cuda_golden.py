@@ -8,9 +8,7 @@ diagonal, 1D-3D, p = 1..8) and both float dtypes,
 what :meth:`CudaBackend.build` builds with the shipped tables on and with
 ``SMALLTC_TUNING=off``: per kernel, its template, entry point, threads,
 shared-memory bytes, items per block and the sha256 of its rendered source,
-then the parameters' source and the grid cap. The record was taken before
-the backend was split into family modules (commit 1ac4a4d) and the split
-reproduced it byte for byte.
+then the parameters' source and the grid cap.
 
 A deliberate change of a kernel choice (a new table, another heuristic) is
 recorded again with ``SMALLTC_UPDATE_GOLDEN=1 pytest tests/test_cuda_golden.py``;

@@ -80,12 +80,12 @@ def test_sdist_carries_the_docs(tmp_path):
 
 
 def test_nothing_points_outside_the_repository():
-    """The README, docstrings, notes, results and templates cite docs/math.md, never a file
+    """The README, docstrings, notes, benchmarks and templates cite docs/math.md, never a file
     outside the repository (a shared SPEC, ../shared, a seeds/ path)."""
     import re
     bad = re.compile(r"\bSPEC section|\bSPEC \d|\.\./shared|SPEC\.md|seeds/")
     hits = []
-    for folder in ("smalltc", "fem", "tuning", "templates", "tests", "notes", "results", "docs",
+    for folder in ("smalltc", "fem", "tuning", "templates", "tests", "notes", "benchmarks", "docs",
                    "scripts"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".md", ".j2", ".sh", ".txt") and path.is_file():

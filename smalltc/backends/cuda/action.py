@@ -190,13 +190,13 @@ def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6, mass=F
     of :func:`_wavefronts`, counted over the accesses of ``qfunc.cuh.j2``'s line steps
     (each step's lines are one pattern of addresses, shifted by a constant per
     instruction), the gather and scatter and, with ``qsmem``, the Q reads; among equal
-    counts the first of: the old layout (TT = LS = T rounded up to odd), then the least
-    shared memory. On an H100 at BP3 p = 2 the old layout's wavefronts were 27% bank
+    counts the first of: the odd layout (TT = LS = T rounded up to odd), then the least
+    shared memory. On an H100 at BP3 p = 2 the odd layout's wavefronts were 27% bank
     conflicts (loads; stores 37%) and a fifth of its threads idle (TT = 5, T = 4).
 
     >>> qfunc_line_layout(3, 4, 6, False, True, 8)
     (4, 4, 17, 204)
-    >>> qfunc_line_layout(5, 7, 1, False, True, 8)           # the old layout: no better one
+    >>> qfunc_line_layout(5, 7, 1, False, True, 8)           # the odd layout: no better one
     (7, 7, 49, 1029)
     >>> qfunc_line_layout(4, 5, 4, False, False, 8, mass=True)   # the mass steps, two buffers
     (5, 5, 25, 264)

@@ -65,23 +65,28 @@ _NOT_AFTER = r"(?![\w/*{<-])"             # not a glob or a placeholder
 #: of word characters, dots, + and -, the last with one of EXTENSIONS
 FILE = re.compile(_NOT_BEFORE + r"([a-z_][\w+-]*/(?:[\w.+-]+/)*[\w+-][\w.+-]*\.(?:"
                   + "|".join(EXTENSIONS) + r"))" + _NOT_AFTER)
-#: a folder: a top-level folder of the repository, then components, ending with /
-FOLDER = re.compile(_NOT_BEFORE + r"((?:" + "|".join(re.escape(t) for t in TOP)
-                    + r")/(?:[\w.+-]+/)*)" + _NOT_AFTER.replace("/", ""))
 #: where the wheel installs the folders that are not ``smalltc/`` (pyproject's package-dir)
 INSTALLED = {"smalltc/fem/": "fem/", "smalltc/tuning/": "tuning/",
              "smalltc/templates/": "templates/"}
 
 
-def cited_paths(text):
+def _folder(tops):
+    """A folder: one of ``tops``, then components, ending with ``/``."""
+    return re.compile(_NOT_BEFORE + r"((?:" + "|".join(re.escape(t) for t in sorted(tops))
+                      + r")/(?:[\w.+-]+/)*)" + _NOT_AFTER.replace("/", ""))
+
+
+def cited_paths(text, tops=()):
     """The repository-relative paths cited in ``text``: files (with one of the
-    repository's extensions) and top-level folders' subfolders ending with ``/``.
+    repository's extensions), then folders ending with ``/`` under a top-level folder
+    of the repository or under one of ``tops`` (the first folders of cited files, so
+    that a folder beside a cited file that does not exist is caught as well).
 
     >>> cited_paths("see notes/cuda.md, section 7; benchmarks/tuning/ and fem/x.py.")
     ['notes/cuda.md', 'fem/x.py', 'benchmarks/tuning/']
     """
     files = [m.group(1) for m in FILE.finditer(text)]
-    return files + [m.group(1) for m in FOLDER.finditer(text)]
+    return files + [m.group(1) for m in _folder(set(TOP) | set(tops)).finditer(text)]
 
 
 def exists(path):
@@ -97,9 +102,11 @@ def test_path_pattern():
     assert TOP and "notes" in TOP and "tests" in TOP
     text = ("tests/test_x.py::test_y, `notes/a.md`, smalltc/spec.py. gone/b/c.json "
             "tuning/tables/sm90-<device>-float64.json tests/*.py docs.rs/notes/b.md ~/notes/c.md "
-            "notes/ notes/{a,b}.md $W/log.txt A/bench.json https://x.org/a/b.md and/or")
+            "notes/ notes/{a,b}.md $W/log.txt A/bench.json https://x.org/a/b.md and/or "
+            "gone/d/ mass_apply/3d/")
     assert cited_paths(text) == ["tests/test_x.py", "notes/a.md", "smalltc/spec.py",
                                  "gone/b/c.json", "notes/"]
+    assert cited_paths(text, {"gone"})[-2:] == ["notes/", "gone/d/"]
     assert exists("smalltc/fem/api.py") and exists("fem/api.py") and exists("notes/")
     assert not exists("gone/b/c.json")
 
@@ -120,14 +127,17 @@ def test_no_file_uses_the_word():
 
 
 def test_every_cited_path_exists():
-    missing = []
+    texts = {}
     for rel in TRACKED:
         if not rel.endswith(CITING) or rel == "tests/test_repository.py":   # its examples
             continue
         text = _text(rel)
-        if text is None:
-            continue
-        for p in sorted(set(cited_paths(text))):
+        if text is not None:
+            texts[rel] = text
+    tops = {p.split("/")[0] for text in texts.values() for p in cited_paths(text)}
+    missing = []
+    for rel, text in texts.items():
+        for p in sorted(set(cited_paths(text, tops))):
             if not exists(p):
                 missing.append(f"{rel}: {p}")
     assert not missing, f"{len(missing)} missing paths:\n" + "\n".join(missing[:60])

@@ -15,14 +15,17 @@ device's table, else in the architecture's, its parameters carried over to the
 new size by the family (``family.adapt``), which also rejects what no longer
 fits; else the backend's measured heuristic (:func:`lookup` returns None).
 
-Schema 2, what ``smalltc tune`` writes (one line an entry)::
+Schema 2, what ``smalltc tune`` writes::
 
     {"schema": 2, "arch": "sm90", "dtype": "float64",
      "device": {"name": "NVIDIA H100 80GB HBM3", "cc": "90", "sms": 132, "smem_optin": 232448},
      "versions": {...}, "date": "2026-11-21T16:00:00Z",
      "entries": {
-    "gemm/nn/m8n8k8": [{"op": "gemm", "m": 8, "n": 8, "k": 8}, {"dim_x": 8, "dim_y": 4, "per_block": 4}],
+    "gemm/nn/m8n8k8": [{"op": "gemm", "m": 8, "n": 8, "k": 8},
+                       {"dim_x": 8, "dim_y": 4, "per_block": 4}],
     ...}}
+
+(written one line an entry).
 
 An entry is its size key -> ``[spec, params]``: the spec as :func:`spec_dict` writes
 it (``op`` and the fields that differ from their defaults, without the batch and the

@@ -367,9 +367,10 @@ def test_solve_suite_end_to_end(tmp_path, capsys):
     assert (tmp_path / "solve-p2-solve-float64.png").exists()
 
 
-def test_default_out_is_not_the_repository_results(tmp_path, monkeypatch):
+def test_default_out_is_not_the_repository_benchmarks(tmp_path, monkeypatch):
     """Without --out the files go to smalltc-bench/<device> in the current folder, never
-    into the repository's benchmarks/; on the host each smalltc timing has its after-a-BLAS-call twin."""
+    into the repository's benchmarks/; on the host each smalltc timing has its
+    after-a-BLAS-call twin."""
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress",
                  "--backend", "cpu", "--device", "cpu", "--suite", "gemm", "--sizes", "2",

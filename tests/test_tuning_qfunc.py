@@ -175,7 +175,7 @@ def _tune(argv, capsys=None):
         (["3:2:p+2:diffusion", "3:2:p+1:diffusion+co"],
          ["diffusion/{op}/3d/nd3nq4c1", "diffusion/{op}/3d/nd3nq3c1+co"]),
         (["3:2:p+2:diffusion+vx"], ["diffusion/{op}/3d/nd3nq4c1+vx"]),
-        # the corner force (its own family: a family missing from the lookup never reads its entries)
+        # the corner force (its own family: one missing from the lookup never reads its entries)
         (["3:2:2p:force", "2:3:2p:force_t"],
          ["force/{op}/3d/nd3nq4c3", "force_t/{op}/2d/nd4nq6c2"]))])
 def test_dry_run_tables_are_found_by_the_runtime(tmp_path, monkeypatch, op, sizes, keys):

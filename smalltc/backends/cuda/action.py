@@ -88,8 +88,8 @@ QMODES = ("global", "regs", "smem")
 #: rounded up to odd, what every table entry without the parameter was measured with),
 #: "model" (:func:`qfunc_line_layout`, the heuristics'). H200 (notes/cuda.md, "The line
 #: form's shared-memory layout"): the model's won 15 of 16 fused diffusion sizes in the
-#: tuner (BP5 p = 5 kept "odd"); with that table BP3 ran 1.02-1.19x at p = 1..6, BP5 1.10-1.15x at p = 1..3, the
-#: fused mass operator (BP1) 1.11-1.41x at p = 1, 2
+#: tuner (BP5 p = 5 kept "odd"); with that table BP3 ran 1.02-1.19x at p = 1..6, BP5
+#: 1.10-1.15x at p = 1..3, the fused mass operator (BP1) 1.11-1.41x at p = 1, 2
 LAYOUTS = ("odd", "model")
 
 
@@ -369,8 +369,8 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None, cc
     rb = math.ceil(T / tb)
     tpi = T * tb if dim == 3 else tb
     # measured on H100, 3D float64 (notes/cuda.md, "The launch-shape sweeps"): T <= 4
-    # best at ~128 threads; from T = 5 on, a register cap (min_blocks) for ~768 resident threads per SM;
-    # from T = 8 on, ~128 threads per block as well.
+    # best at ~128 threads; from T = 5 on, a register cap (min_blocks) for ~768 resident
+    # threads per SM; from T = 8 on, ~128 threads per block as well.
     ne = max(1, (THREADS // 2 if T <= 4 or T >= 8 else THREADS) // tpi)
     min_blocks = 0 if T <= 4 else min(6, math.ceil(768 / (ne * tpi)))
     if params:

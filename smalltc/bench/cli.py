@@ -5,9 +5,9 @@ Examples of use::
     smalltc bench                               # all suites, best backend, float64
     smalltc bench --suite gemm --sizes 2,4,8,16,32 --repeats 30
     smalltc bench --suite action --p 1,2,3 --dtype float32 --quick
-    smalltc bench --compare results/A/bench-float64.json results/B/bench-float64.json
+    smalltc bench --compare A/bench-float64.json B/bench-float64.json.gz
     smalltc bench --suite gemm; smalltc bench --suite action   # e.g. under a time limit,
-    smalltc bench --merge results/X/bench-gemm-float64.json results/X/bench-action-float64.json
+    smalltc bench --merge X/bench-gemm-float64.json X/bench-action-float64.json
     smalltc bench --suite poisson --p 4 --mesh kershaw --precond pmg   # a Poisson solve by phase
     smalltc bench --suite basis --p 1-8        # smalltc.interpolate / integrate
 
@@ -76,7 +76,7 @@ def add_arguments(parser):
     parser.add_argument("--no-baselines", action="store_true", help="time smalltc only")
     parser.add_argument("--out", default=None,
                         help="folder for the JSON and PNGs (default smalltc-bench/<device-slug> in the "
-                             "current folder; the repository's results/ only when named)")
+                             "current folder; the repository's benchmarks/ only when named)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,

@@ -9,6 +9,7 @@ every raw time.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import math
 import os
@@ -105,7 +106,9 @@ def write_json(path, doc) -> str:
 
 
 def load(path) -> dict:
-    with open(path) as f:
+    """A bench file (``bench-float64.json``, or gzipped: ``bench-float64.json.gz``)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         doc = json.load(f)
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a smalltc bench file (schema {doc.get('schema')!r}, "

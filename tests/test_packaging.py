@@ -34,7 +34,7 @@ def test_wheel_contains_templates_and_tables(wheel):
     for src in sorted(ROOT.joinpath("smalltc").rglob("*.py")):   # every module of the package
         rel = src.relative_to(ROOT).as_posix()
         assert rel in names, f"{rel} missing from the wheel (a package not listed in pyproject?)"
-    for src in _expected("templates", ".j2"):          # templates/cuda/x.cu.j2 -> smalltc/templates/...
+    for src in _expected("templates", ".j2"):          # templates/<x> -> smalltc/templates/<x>
         assert "smalltc/" + src in names, f"{src} missing from the wheel"
     for src in _expected("tuning/tables", ".json"):
         assert "smalltc/" + src in names, f"{src} missing from the wheel"
@@ -80,12 +80,12 @@ def test_sdist_carries_the_docs(tmp_path):
 
 
 def test_nothing_points_outside_the_repository():
-    """The README, docstrings, notes, results and templates cite docs/math.md, never a file
+    """The README, docstrings, notes, benchmarks and templates cite docs/math.md, never a file
     outside the repository (a shared SPEC, ../shared, a seeds/ path)."""
     import re
     bad = re.compile(r"\bSPEC section|\bSPEC \d|\.\./shared|SPEC\.md|seeds/")
     hits = []
-    for folder in ("smalltc", "fem", "tuning", "templates", "tests", "notes", "results", "docs",
+    for folder in ("smalltc", "fem", "tuning", "templates", "tests", "notes", "benchmarks", "docs",
                    "scripts"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".md", ".j2", ".sh", ".txt") and path.is_file():

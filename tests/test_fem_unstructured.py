@@ -465,8 +465,8 @@ def test_readme_poisson_example_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "UnstructuredMesh(dim=2" in out and "True True" in out
     assert (tmp_path / "poisson.vtu").stat().st_size > 1000
-    for png in ("results/fem-poisson/poisson-solution.png",
-                "results/fem-poisson/poisson-convergence.png"):
+    for png in ("benchmarks/fem-poisson/poisson-solution.png",
+                "benchmarks/fem-poisson/poisson-convergence.png"):
         assert png in text
         assert os.path.getsize(os.path.join(os.path.dirname(README), png)) > 10_000
 

@@ -15,7 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _isolation_flags():
     """Build without isolation (offline, fast) when this environment has the setuptools that
     pyproject.toml requires; otherwise let pip fetch the declared build requirements."""
-    import re
     from importlib.metadata import PackageNotFoundError, version
     need = re.search(r'"setuptools>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
     try:
@@ -84,7 +83,7 @@ def test_wheel_contains_templates_and_tables(wheel):
             rel = src.relative_to(ROOT).as_posix()
             rel = rel if folder == "smalltc" else "smalltc/" + rel
             assert rel in names, f"{rel} missing from the wheel (a package not in pyproject?)"
-    for src in _expected("templates", ".j2"):          # templates/cuda/x.cu.j2 -> smalltc/templates/...
+    for src in _expected("templates", ".j2"):          # templates/<x> -> smalltc/templates/<x>
         assert "smalltc/" + src in names, f"{src} missing from the wheel"
     for src in _expected("tuning/tables", ".json"):
         assert "smalltc/" + src in names, f"{src} missing from the wheel"
@@ -141,12 +140,12 @@ def test_sdist_carries_the_docs(tmp_path):
 
 
 def test_nothing_points_outside_the_repository():
-    """The README, docstrings, notes, results and templates cite docs/math.md, never a file
+    """The README, docstrings, notes, benchmarks and templates cite docs/math.md, never a file
     outside the repository (a shared SPEC, ../shared, a seeds/ path)."""
     import re
     bad = re.compile(r"\bSPEC section|\bSPEC \d|\.\./shared|SPEC\.md|seeds/")
     hits = []
-    for folder in ("smalltc", "fem", "tuning", "templates", "tests", "notes", "results", "docs",
+    for folder in ("smalltc", "fem", "tuning", "templates", "tests", "notes", "benchmarks", "docs",
                    "scripts"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".md", ".j2", ".sh", ".txt") and path.is_file():

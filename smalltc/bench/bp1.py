@@ -116,12 +116,12 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
     the odd slow call of a millisecond is small against the span. Both lengths are
     multiples of :data:`CG_BASE`, the fused GPU iteration's ``check_every``: that loop
     queues iterations in batches of it, so another length would time applications past
-    the stop (session 15's figures, with 5 and 25 iterations and K = 20 whatever the
-    iteration's time, were off by up to 3.6x). Where the difference is not positive (a
+    the stop (lengths of 5 and 25 iterations, K = 20 whatever the iteration's time, were
+    off by up to 3.6x). Where the difference is not positive (a
     tiny problem) the figure is ``t_long / (CG_BASE + K)``, which includes the solve's
     setup: an upper bound. A solve whose residual reaches exactly zero stops early (the
     Jacobi-preconditioned mass matrix at high p: 446 iterations at BP1 p = 8, nq = 10,
-    session 17), so K is capped at 80% of the iterations beyond ``CG_BASE`` that the long
+    on the H200), so K is capped at 80% of the iterations beyond ``CG_BASE`` that the long
     solve reached. Returns the per-iteration seconds (one per repeat), the iterations of
     the long solve and the seconds of the first (warm-up) solve. Raises RuntimeError when a
     timed solve stopped before its ``maxiter`` (a time of fewer iterations is no

@@ -80,7 +80,7 @@ TARGET = ((2_000_000, 200_000), (100_000, 20_000))
 #: a GPU case's bytes (A and both element fields, float64) without ``quick``: the point
 #: matrices' share of a case grows from 40% (2D p = 1) to 97% (3D p = 8), so a DoF count
 #: made kernels of 10-40 us at low p, where the launch and the last wave are a fraction of
-#: the time (session 16 on the H100: 2D p = 1 at 53% of the bound with 2M DoFs, the
+#: the time (on the H100: 2D p = 1 at 53% of the bound with 2M DoFs, the
 #: tuner's 256 MiB runs at 84%); 384 MiB is past any L2
 GPU_BYTES = 384 * 2 ** 20
 

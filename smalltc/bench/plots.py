@@ -7,6 +7,9 @@
 2. ``fem-dofs-<dtype>.png``: element-DoFs/s against p for the action (2D,
    3D; ncomp = 1, nq = p+2 solid and p+1 dashed) and assembly, with the bound.
 3. ``fraction-<dtype>.png``: fraction of the bound per case, per suite.
+4. One per suite with its own layout: ``bp1``/``bp3``/``bp5``, ``solve``, ``force``,
+   ``basis`` (DoFs/s against p per direction and ``what``), ``poisson`` (the phases of
+   each case stacked).
 """
 from __future__ import annotations
 
@@ -179,7 +182,7 @@ def _short(c):
 
 def plot_fraction(doc, path, plt):
     suites = list(dict.fromkeys(c["suite"] for c in doc["cases"]
-                                if c["suite"] not in ("solve", "force")))
+                                if c["suite"] not in ("solve", "force", "poisson")))
     if not suites:
         return None
     per = [[c for c in doc["cases"] if c["suite"] == s and not c.get("error")] for s in suites]
@@ -273,6 +276,16 @@ def _plot_solve(doc, path, plt):
     return plot(doc, path, plt)
 
 
+def _plot_basis(doc, path, plt):
+    from .basis import plot
+    return plot(doc, path, plt)
+
+
+def _plot_poisson(doc, path, plt):
+    from .poisson import plot
+    return plot(doc, path, plt)
+
+
 def plot_all(doc, out_dir, prefix="") -> list:
     """Write every plot that has data; returns the paths (empty without matplotlib).
 
@@ -287,7 +300,8 @@ def plot_all(doc, out_dir, prefix="") -> list:
     bps = [(partial(plot_bp1, suite=s), s) for s in ("bp1", "bp3", "bp5")]
     for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
                      (plot_fraction, "fraction"), *bps, (_plot_solve, "solve"),
-                     (_plot_force, "force")):
+                     (_plot_force, "force"), (_plot_basis, "basis"),
+                     (_plot_poisson, "poisson")):
         p = fn(doc, os.path.join(out_dir, f"{prefix}{stem}-{dt}.png"), plt)
         if p:
             made.append(p)

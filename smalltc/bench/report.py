@@ -9,6 +9,7 @@ every raw time.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import math
 import os
@@ -105,7 +106,9 @@ def write_json(path, doc) -> str:
 
 
 def load(path) -> dict:
-    with open(path) as f:
+    """A bench file (``bench-float64.json``, or gzipped: ``bench-float64.json.gz``)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         doc = json.load(f)
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a smalltc bench file (schema {doc.get('schema')!r}, "
@@ -160,7 +163,7 @@ def format_rate(value, unit="DoF/s", digits=3) -> str:
 
 def unit(rec) -> tuple:
     """``(label, key, scale)``: FEM operations in GDoF/s, the rest in GFLOP/s."""
-    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force"):
+    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force", "basis"):
         return "GDoF/s", "dofs_per_s", 1e-9
     return "GFLOP/s", "gflops", 1.0
 
@@ -217,6 +220,14 @@ def table(doc, file=None) -> None:
         if suite == "solve":
             from .solve import table as solve_table
             solve_table(rows, file)
+            continue
+        if suite == "poisson":
+            from .poisson import table as poisson_table
+            poisson_table(rows, file)
+            continue
+        if suite == "basis":
+            from .basis import table as basis_table
+            basis_table(rows, file)
             continue
         base = baselines_in(rows)
         # speed() and _bound_rate() are in G units (GDoF/s, GFLOP/s); the table's prefix

@@ -47,7 +47,7 @@ TOL = 1e-8
 #: the sine mesh's default amplitude, the Kershaw mesh's default eps
 DISTORTION = 0.08
 KERSHAW_EPS = 0.3
-#: the mesh of a run without ``--mesh``: the benchmark's (the issue's targets are on it)
+#: the mesh of a run without ``--mesh``: the benchmark's (the solve targets are on it)
 DEFAULT_MESH = "kershaw"
 CHEBYSHEV_DEGREE = 4
 

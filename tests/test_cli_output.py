@@ -1,6 +1,7 @@
 """What the command line shows: rates with their significant digits under a unit prefix,
 plots with integer p axes and their bounds, ``--help`` in plain text. Synthetic records,
 nothing timed."""
+import contextlib
 import io
 import re
 
@@ -95,7 +96,6 @@ def test_mpi_table_and_total_use_a_prefix():
                owned_dofs=364, time_solve_s=0.02, rank_dofs_per_s=2.19e5, time_halo_s=0.001,
                time_halo_wait_s=0.0005, time_allreduce_s=0.001)
     out = io.StringIO()
-    import contextlib
     with contextlib.redirect_stdout(out):
         _print_mpi([dict(rec, rank=0), dict(rec, rank=1, rank_dofs_per_s=2.5e5)])
     text = out.getvalue()

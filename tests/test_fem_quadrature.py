@@ -121,7 +121,8 @@ ERROR_CASES = [
     (lambda: quadrature_rule(3, "simpson"), ValueError, r"rule must be one of .* got 'simpson'"),
     (lambda: gauss_legendre(MAX_POINTS + 1), ValueError,
      r"n must be <= 2048 for Gauss-Legendre, got n=2049 \(beyond it .*accuracy"),
-    (lambda: gauss_lobatto(10**6), ValueError, r"n must be <= 2048 for Gauss-Lobatto, got n=1000000"),
+    (lambda: gauss_lobatto(10**6), ValueError,
+     r"n must be <= 2048 for Gauss-Lobatto, got n=1000000"),
     (lambda: quadrature_rule(10**6 + 2), ValueError, r"n must be <= 2048 for Gauss-Legendre"),
 ]
 

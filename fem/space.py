@@ -306,6 +306,10 @@ class H1Space:
         if elements.shape != facets.shape:
             raise ValueError(f"elements has shape {elements.shape} and facets {facets.shape}, "
                              "expected one length")
+        for name, a, n in (("elements", elements, self.nelements),
+                           ("facets", facets, 2 * self.dim)):
+            if a.size and (a.min() < 0 or a.max() >= n):
+                raise ValueError(f"{name} must lie in [0, {n}), got [{a.min()}, {a.max()}]")
         lattice = facet_lattice(self.dim, self.nd)[facets]      # (n, nd^(dim-1))
         return self.elem_dofs.reshape(self.nelements, -1)[elements[:, None], lattice]
 

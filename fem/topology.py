@@ -140,7 +140,8 @@ def h1_numbering(vertices, dim, p):
             fa = first_a[:, j, None, None]
             s, t = np.where(fa, da, db), np.where(fa, db, da)
             at = tuple(side * p if x == c else slice(1, p) for x in range(3))
-            dofs[(slice(None),) + at] = base + gid[:, j, None, None] * (m * m) + (s - 1) * m + (t - 1)
+            dofs[(slice(None),) + at] = (base + gid[:, j, None, None] * (m * m)
+                                         + (s - 1) * m + (t - 1))
         base += first.size * m * m
     if m > 0:                                 # cell interiors, by element then local index
         inner = np.arange(m ** dim, dtype=np.int64).reshape((m,) * dim)

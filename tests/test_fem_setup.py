@@ -423,6 +423,8 @@ SPACE_ERRORS = [
     (lambda V: V.map_nodes([0.0, 1.0]), r"ref has shape \(2,\), expected \(3,\)"),
     (lambda V: V.assign(np.zeros((4, 3, 2))), r"v has shape \(4, 3, 2\), expected \(4, 3, 3\)"),
     (lambda V: V.facet_dofs([0, 1], [0]), r"elements has shape \(2,\) and facets \(1,\)"),
+    (lambda V: V.facet_dofs([0, 4], [0, 1]), r"elements must lie in \[0, 4\), got \[0, 4\]"),
+    (lambda V: V.facet_dofs([0, 1], [-1, 1]), r"facets must lie in \[0, 4\), got \[-1, 1\]"),
 ]
 
 

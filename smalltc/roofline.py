@@ -339,10 +339,54 @@ def _mass_diagonal_counts(sizes, s):
     return Counts("mass_diagonal", nbytes, flops, E, ndofs)
 
 
+def _basis_tensors(dim, what):
+    """Tensors of each level of the sum-factorised basis application (docs/math.md section
+    7): ``n[L]`` distinct suffixes of ``L`` 1D matrices among the evaluations of ``what``
+    (the value: B on every axis; the derivative along ``a``: G there), ``L = 0..dim``.
+
+    >>> _basis_tensors(3, "both"), _basis_tensors(2, "values")
+    ([1, 2, 3, 4], [1, 1, 1])
+    """
+    pats = ([("B",) * dim] if what != "gradients" else []) + (
+        [tuple("G" if d == a else "B" for d in range(dim)) for a in range(dim)]
+        if what != "values" else [])
+    return [len({p[dim - L:] for p in pats}) for L in range(dim + 1)]
+
+
+def _basis_counts(sizes, s):
+    """The basis application (:class:`smalltc.spec.BasisSpec`): the field read once (the
+    global vector, ``ncomp * ndofs``, and the map, or the element vectors) and the point
+    values written once (``ncomp * nslots * nq^dim`` an element), or the reverse for the
+    transpose; B1d (and G1d) once. Flops of the sum factorisation with shared partial sums
+    (:func:`_basis_tensors`): evaluation level ``L`` makes ``n[L] nq^L nd^(dim-L)`` values at
+    ``2 nd`` flops; the transpose contracts ``n[dim-a]`` tensors along axis ``a`` (``nd^(a+1)
+    nq^(dim-a-1)`` values at ``2 nq`` flops) and adds those that meet, plus the additions
+    into the global vector. ``dofs``: the unique DoFs (``ncomp * ndofs``) or the element
+    DoFs."""
+    dim, nq, nd = (_need(sizes, k, "basis") for k in ("dim", "nq", "nd"))
+    E, ncomp = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1))
+    what, ndofs = sizes.get("what", "values"), sizes.get("ndofs")
+    ib = int(sizes.get("index_bytes", 4))
+    n = _basis_tensors(dim, what)
+    field = (s * ncomp * ndofs + ib * E * nd ** dim) if ndofs is not None else \
+        s * E * ncomp * nd ** dim
+    nbytes = field + s * E * ncomp * n[dim] * nq ** dim + s * nq * nd * (
+        1 + (what != "values"))
+    if sizes.get("transpose"):
+        per = sum((2 * nq * n[dim - a] + n[dim - a] - n[dim - a - 1])
+                  * nd ** (a + 1) * nq ** (dim - a - 1) for a in range(dim))
+        per += nd ** dim if ndofs is not None else 0
+    else:
+        per = sum(2 * nd * n[L] * nq ** L * nd ** (dim - L) for L in range(1, dim + 1))
+    dofs = ncomp * ndofs if ndofs is not None else E * ncomp * nd ** dim
+    return Counts("basis", nbytes, E * ncomp * per, E, dofs)
+
+
 #: op -> its count function of (sizes, bytes per scalar)
 _COUNTS = {"gemm": _gemm_counts, "action": _action_counts, "assembly": _assembly_counts,
            "contract": _contract_counts, "step": _step_counts,
-           "mass_apply": _mass_apply_counts, "mass_diagonal": _mass_diagonal_counts}
+           "mass_apply": _mass_apply_counts, "mass_diagonal": _mass_diagonal_counts,
+           "basis": _basis_counts}
 
 
 def counts(op, sizes=None, dtype="float64") -> Counts:
@@ -355,7 +399,8 @@ def counts(op, sizes=None, dtype="float64") -> Counts:
         shared_b), ``"action"`` (dim, p or nd, nq, ncomp, batch),
         ``"assembly"`` (dim, p or nd, nq, batch), ``"mass_apply"`` (dim, nd, nq,
         batch, ncomp, ndofs, index_bytes), ``"mass_diagonal"`` (the same without
-        ncomp), ``"contract"`` (kind, i, s,
+        ncomp), ``"basis"`` (dim, nd, nq, batch, ncomp, what, transpose, ndofs or
+        None, index_bytes), ``"contract"`` (kind, i, s,
         j, k, l, batch, shared_x, shared_y), ``"step"`` (label such as
         ``"(4c)"``, p or nd, nq, batch) or a step label itself; or a spec
         object of :mod:`smalltc.spec` (then ``sizes`` and ``dtype`` come

@@ -1,0 +1,580 @@
+"""The basis family (``smalltc.interpolate``/``smalltc.integrate`` on the CUDA backend).
+
+Without a GPU: every variant of a table of sizes renders and compiles with nvcc for sm_90
+(no warning, no spill); the stage plan that the template renders (levels, regions,
+strides, loops, barriers) is run by a model of the kernel in Python (:func:`emulate`, one
+shared array an item group, every read of an unwritten or foreign entry and every race
+between barriers an error) against the dense float64 oracle of tests/test_evaluation.py;
+the choice (heuristic, params, fallback) and the tuner's space. With a GPU: the kernels
+against the oracle (output poisoned with NaN), params through :func:`smalltc.plan`, the map
+changed in place after its first use (tests/test_evaluation.py runs the public functions'
+table on the cuda backend too).
+"""
+import re
+import shutil
+import subprocess
+import types
+
+import numpy as np
+import pytest
+
+import smalltc
+from smalltc import roofline
+from smalltc._arrays import gpu_available
+from smalltc.backends.cuda import CudaBackend, choose, family_of
+from smalltc.backends.cuda import runtime as RT
+from smalltc.backends.cuda.basis import BASIS, MAX_EXTENT, basis_ctx
+from smalltc.backends.cuda.family import DEFAULT_DEVICE, SMEM_TARGET
+from smalltc.spec import BasisSpec
+
+from conftest import TOL, rel_err, to_numpy
+from test_evaluation import dense, integrate_oracle, interp_oracle, mesh_map
+
+NVCC = shutil.which("nvcc")
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+
+
+def _spec(dim, nd, nq, what, transpose=False, ncomp=1, mapped=True, E=5, dtype="float64",
+          index_dtype="int32", ndofs=40):
+    return BasisSpec(dim=dim, nq=nq, nd=nd, batch=E, dtype=dtype, what=what,
+                     transpose=transpose, ncomp=ncomp, comp_axis=ncomp > 1,
+                     ndofs=ndofs if mapped else None, index_dtype=index_dtype)
+
+
+# --- render and compile (no GPU) ---------------------------------------------------------
+
+# (dim, nd, nq, what, transpose, ncomp, map index dtype or None, dtype, params or None)
+COMPILED = [
+    (1, 4, 5, "both", False, 1, "int32", "float64", None),
+    (1, 3, 5, "gradients", True, 2, None, "float32", None),
+    (2, 3, 5, "values", False, 3, "int64", "float64", None),
+    (2, 5, 6, "both", True, 1, "int32", "float64", None),
+    (2, 17, 17, "both", False, 1, None, "float64", None),
+    (2, 17, 17, "gradients", True, 2, "int64", "float64", None),
+    (3, 2, 3, "both", True, 3, "int64", "float32", None),
+    (3, 5, 6, "both", False, 1, "int32", "float64", None),
+    (3, 5, 6, "both", True, 1, "int32", "float64", None),
+    (3, 5, 6, "values", False, 1, None, "float32", dict(per_block=3, threads=64, hstage=1)),
+    (3, 4, 6, "gradients", True, 1, "int32", "float64", dict(per_block=1, threads=32,
+                                                             hstage=1)),
+    (3, 9, 10, "values", True, 1, "int32", "float64", None),
+    (3, 9, 10, "both", False, 3, "int32", "float64", None),
+]
+
+
+def _compiled(case):
+    dim, nd, nq, what, tr, nc, it, dt, params = case
+    spec = _spec(dim, nd, nq, what, tr, nc, it is not None, dtype=dt,
+                 index_dtype=it or "int32")
+    ctx = BASIS.context(spec, params)
+    assert ctx is not None, case
+    return spec, ctx
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+def test_every_variant_compiles_for_sm90_without_spills(tmp_path):
+    """One translation unit (each kernel in its namespace), ptxas -v: every entry compiles,
+    no warning, no spill store, no stack."""
+    parts, entries = [], []
+    for i, case in enumerate(COMPILED):
+        spec, ctx = _compiled(case)
+        entry = f"{BASIS.entry(spec, ctx)}_{i}"
+        entries.append(entry)
+        parts.append(f"namespace ns{i} {{\n{RT.render('basis.cu.j2', dict(ctx, entry=entry))}"
+                     "\n}\n")
+    path = tmp_path / "basis_sm_90.cu"
+    path.write_text("".join(parts))
+    res = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
+                          "-Xptxas", "-v", str(path)], capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log
+    assert not re.search(r"warning", log), log
+    frames = dict(re.findall(r"Function properties for (\w+)\n\s+(\d+ bytes stack frame, "
+                             r"\d+ bytes spill stores)", log))
+    assert set(frames) == set(entries)
+    bad = {e: f for e, f in frames.items() if f != "0 bytes stack frame, 0 bytes spill stores"}
+    assert not bad, bad
+
+
+def test_entry_names_say_what_runs():
+    s = _spec(3, 5, 6, "both")
+    assert BASIS.entry(s, BASIS.context(s)) == "stc_basis_interp_both_3d_f64_nd5nq6c1_i32"
+    t = _spec(2, 3, 4, "values", transpose=True, ncomp=2, mapped=False, dtype="float32")
+    assert BASIS.entry(t, BASIS.context(t)) == "stc_basis_interp_t_values_2d_f32_nd3nq4c2_hs"
+
+
+def test_rendered_source_reads_the_map_through_the_checks():
+    s = _spec(2, 3, 4, "both", transpose=True, index_dtype="int64")
+    src = RT.render("basis.cu.j2", dict(BASIS.context(s), entry="stc_x"))
+    assert "long long* __restrict__ ERR" in src and "stc_worst" in src
+    assert "atomicAdd(Y + mi[r]" in src and "__constant__ real_t stc_cG" in src
+    v = _spec(2, 3, 4, "values", mapped=False)
+    src = RT.render("basis.cu.j2", dict(BASIS.context(v), entry="stc_x"))
+    assert "ERR" not in src and "stc_cG" not in src and "MAP" not in src
+
+
+# --- a model of the kernel: the rendered plan run in Python --------------------------------
+
+def _index(code):
+    """The rendered line decomposition (``const int j0 = l / 5, j2 = l % 5;``) as
+    (variable, expression) pairs."""
+    code = code.strip()
+    if code == "(void)l;":
+        return []
+    assert code.startswith("const int ") and code.endswith(";"), code
+    return [tuple(p.split(" = ")) for p in code[len("const int "):-1].split(", ")]
+
+
+def _ev(expr, env):
+    return eval(expr.replace("/", "//"), {}, dict(env))     # non-negative ints only
+
+
+class _Shared:
+    """A group's shared memory: NaN until written; between two barriers an entry written by
+    one task and read or written by another is a race."""
+
+    def __init__(self, per_block, istr):
+        self.a, self.istr = np.full(per_block * istr, np.nan), istr
+        self.reads, self.writes = {}, {}
+
+    def _at(self, q, off):
+        assert 0 <= off < self.istr, f"item offset {off} outside the item's {self.istr}"
+        return q * self.istr + off
+
+    def read(self, q, off, task):
+        i = self._at(q, off)
+        assert not np.isnan(self.a[i]), f"{task} reads entry {off} of item {q}, never written"
+        self.reads.setdefault(i, set()).add(task)
+        return self.a[i]
+
+    def write(self, q, off, v, task):
+        i = self._at(q, off)
+        self.writes.setdefault(i, set()).add(task)
+        self.a[i] = v
+
+    def barrier(self):
+        for i, w in self.writes.items():
+            assert len(w) == 1, f"entry {i} written by {sorted(w)[:2]} between barriers"
+            others = self.reads.get(i, set()) - w
+            assert not others, f"entry {i} written by {w} and read by {sorted(others)[:2]}"
+        self.reads, self.writes = {}, {}
+
+
+def emulate(spec, ctx, B, G, field, emap=None):
+    """What ``basis.cu.j2`` rendered with ``ctx`` computes, item group by item group, in
+    float64: the flat copies and every stage loop as the template writes them."""
+    dim, nd, nq, nc = spec.dim, spec.nd, spec.nq, spec.ncomp
+    NDD, NQD, NS = nd ** dim, nq ** dim, spec.nslots
+    PB, ISTR, levels = ctx["per_block"], ctx["istr"], ctx["levels"]
+    mats = {"stc_cB": np.asarray(B, np.float64),
+            "stc_cG": None if G is None else np.asarray(G, np.float64)}
+    items = spec.batch * nc
+    field = np.asarray(field, np.float64)
+    mapped = emap is not None
+    if mapped:
+        emap = np.asarray(emap).reshape(spec.batch, NDD)
+    if spec.transpose:
+        Hg = field.reshape(-1)
+        out = np.zeros((nc, spec.ndofs)) if mapped else np.full(items * NDD, np.nan)
+    else:
+        x = field.reshape(nc, -1) if mapped else field.reshape(-1)
+        Hg = out = np.full(items * NS * NQD, np.nan)
+
+    def at(L, node, f):
+        lv = levels[L]
+        return lv["off"] + node * lv["size"] + f // lv["nlast"] * lv["row"] + f % lv["nlast"]
+
+    def run_loop(sh, st, si, li, lp, b0, nvalid):
+        src, dst = levels[st["src"]], levels[st["dst"]]
+        M = mats[lp["mat"]]
+        for t in range(len(lp["terms"]) * PB * st["nl"]):
+            u, l = divmod(t, st["nl"])
+            term, q = divmod(u, PB)
+            if q >= nvalid:
+                continue
+            env = {"l": l}
+            for var, expr in _index(st["index"]):
+                env[var] = _ev(expr, env)
+            tm = lp["terms"][term]
+            assert lp["sync"] or not tm["acc"]
+            so = tm["src"] * src["size"] + _ev(st["src_off"], env)
+            do = tm["dst"] * dst["size"] + _ev(st["dst_off"], env)
+            task = (si, li, t)
+
+            def load(k):
+                if src["smem"]:
+                    return sh.read(q, src["off"] + so + k * st["ain"], task)
+                assert spec.transpose and not ctx["hstage"]
+                return Hg[(b0 + q) * NS * NQD + so + k * st["ain"]]
+
+            def store(k, v):
+                if dst["smem"]:
+                    sh.write(q, dst["off"] + do + k * st["aout"], v, task)
+                else:
+                    assert not spec.transpose and not ctx["hstage"]
+                    i = (b0 + q) * NS * NQD + do + k * st["aout"]
+                    assert np.isnan(Hg[i]), f"H entry {i} stored twice"
+                    Hg[i] = v
+            if not spec.transpose:
+                v = np.array([load(j) for j in range(nd)])
+                for k in range(nq):
+                    store(k, float(M[k] @ v))
+            else:
+                v = np.array([load(k) for k in range(nq)])
+                for d in range(nd):
+                    acc = float(M[:, d] @ v)
+                    if tm["acc"]:
+                        acc += sh.read(q, dst["off"] + do + d * st["aout"], task)
+                    store(d, acc)
+
+    for b0 in range(0, items, PB):
+        nvalid = min(PB, items - b0)
+        sh = _Shared(PB, ISTR)
+        if not spec.transpose:
+            for t in range(nvalid * NDD):
+                q, f = divmod(t, NDD)
+                e, c = divmod(b0 + q, nc)
+                val = x[c, emap[e, f]] if mapped else x[(b0 + q) * NDD + f]
+                sh.write(q, at(0, 0, f), val, ("gather", t))
+            sh.barrier()
+            for si, st in enumerate(ctx["stages"]):
+                for li, lp in enumerate(st["loops"]):
+                    run_loop(sh, st, si, li, lp, b0, nvalid)
+                if si < len(ctx["stages"]) - 1 or ctx["hstage"]:
+                    sh.barrier()
+            if ctx["hstage"]:
+                for t in range(nvalid * NS * NQD):
+                    q, r = divmod(t, NS * NQD)
+                    s, k = divmod(r, NQD)
+                    out[b0 * NS * NQD + t] = sh.read(q, at(dim, s, k), ("store", t))
+        else:
+            if ctx["hstage"]:
+                for t in range(nvalid * NS * NQD):
+                    q, r = divmod(t, NS * NQD)
+                    s, k = divmod(r, NQD)
+                    sh.write(q, at(dim, s, k), Hg[b0 * NS * NQD + t], ("load", t))
+                sh.barrier()
+            for si, st in enumerate(ctx["stages"]):
+                for li, lp in enumerate(st["loops"]):
+                    if lp["sync"]:
+                        sh.barrier()
+                    run_loop(sh, st, si, li, lp, b0, nvalid)
+                sh.barrier()
+            for t in range(nvalid * NDD):
+                q, f = divmod(t, NDD)
+                val = sh.read(q, at(0, 0, f), ("out", t))
+                if mapped:
+                    e, c = divmod(b0 + q, nc)
+                    out[c, emap[e, f]] += val
+                else:
+                    out[b0 * NDD + t] = val
+        sh.barrier()
+    return out
+
+
+# (dim, nd, nq): small enough for the model's Python loops
+MODEL_SIZES = [(1, 4, 5), (2, 3, 5), (3, 3, 4)]
+MODEL_CASES = [(dim, nd, nq, what, tr, nc, mapped, hs)
+               for dim, nd, nq in MODEL_SIZES for what in ("values", "gradients", "both")
+               for tr in (False, True) for nc, mapped in ((1, True), (2, False), (2, True))
+               for hs in (0, 1)]
+
+
+def _problem(dim, nd, nq, what, ncomp, E, seed, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    B, G = rng.standard_normal((2, nq, nd)).astype(dtype)
+    m, ndofs = mesh_map(dim, nd, E, rng)
+    x = rng.standard_normal((ncomp, ndofs)).astype(dtype)
+    V = np.moveaxis(x[:, m], 0, 1).reshape(E, ncomp, -1)
+    S = 1 + dim if what == "both" else dim if what == "gradients" else 1
+    H = rng.standard_normal((E, ncomp, S, nq ** dim)).astype(dtype)
+    return B, (None if what == "values" else G), m, ndofs, x, V, H
+
+
+@pytest.mark.parametrize("dim,nd,nq,what,transpose,ncomp,mapped,hstage", MODEL_CASES)
+def test_the_kernels_plan_computes_the_oracle(dim, nd, nq, what, transpose, ncomp, mapped,
+                                              hstage):
+    """The model of the kernel (two items a group, threads for a few lines: partial groups,
+    several loops a stage, H staged or not) against the dense oracle."""
+    E = 5
+    B, G, m, ndofs, x, V, H = _problem(dim, nd, nq, what, ncomp, E, seed=dim * 10 + nd)
+    spec = _spec(dim, nd, nq, what, transpose, ncomp, mapped, E=E, ndofs=ndofs)
+    ctx = BASIS.context(spec, dict(per_block=2, threads=64, hstage=hstage))
+    assert ctx is not None
+    Gd = np.zeros_like(B) if G is None else G
+    if not transpose:
+        got = emulate(spec, ctx, B, G, x if mapped else V, m if mapped else None)
+        ref = interp_oracle(B, Gd, V, what, dim)
+        assert rel_err(got, ref.reshape(-1)) < TOL["float64"]
+        return
+    U = integrate_oracle(B, Gd, H, what, dim)
+    got = emulate(spec, ctx, B, G, H, m if mapped else None)
+    if mapped:
+        ref = np.zeros((ncomp, ndofs))
+        for c in range(ncomp):
+            np.add.at(ref[c], m.reshape(-1), U[:, c].reshape(-1))
+    else:
+        ref = U.reshape(-1)
+    assert rel_err(got, ref) < TOL["float64"]
+
+
+@pytest.mark.parametrize("dim,nd,nq,what", [(2, 17, 17, "both"), (3, 5, 6, "both"),
+                                            (3, 2, 3, "gradients")])
+def test_the_heuristics_plan_computes_the_oracle(dim, nd, nq, what):
+    """The heuristic's own parameters (many items a group, larger sizes), both directions."""
+    E = 3
+    B, G, m, ndofs, x, V, H = _problem(dim, nd, nq, what, 1, E, seed=nd)
+    for tr in (False, True):
+        spec = _spec(dim, nd, nq, what, tr, E=E, ndofs=ndofs)
+        got = emulate(spec, BASIS.context(spec), B, G, H if tr else x, m)
+        if tr:
+            ref = np.zeros(ndofs)
+            np.add.at(ref, m.reshape(-1), integrate_oracle(B, G, H, what, dim).reshape(-1))
+        else:
+            ref = interp_oracle(B, G, V, what, dim).reshape(-1)
+        assert rel_err(got, ref) < TOL["float64"]
+
+
+# --- the choice, the fallback, the tuner's space (no GPU) ---------------------------------
+
+def test_the_shared_partial_sums():
+    """3D "both": 2, 3 and 4 tensors in the three stages (not 3 x 4), the transpose the
+    mirror, with one barrier where a matrix's terms add to another's."""
+    c = BASIS.context(_spec(3, 5, 6, "both"))
+    assert [sum(len(lp["terms"]) for lp in st["loops"]) for st in c["stages"]] == [2, 3, 4]
+    assert [lv["count"] for lv in c["levels"]] == [1, 2, 3, 4]
+    t = BASIS.context(_spec(3, 5, 6, "both", transpose=True))
+    assert [sum(len(lp["terms"]) for lp in st["loops"]) for st in t["stages"]] == [4, 3, 2]
+    assert [[lp["sync"] for lp in st["loops"]] for st in t["stages"]] == [[0, 1]] * 3
+    assert [st["axis"] for st in c["stages"]] == [2, 1, 0]
+    assert [st["axis"] for st in t["stages"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_heuristic_fits_every_size_it_claims(dtype):
+    """dim 1-3, p = 1..16 (nq = p+1, p+2), every what, both directions: a context for every
+    size whose item fits the device; whole warps, at most 1024 threads, within the
+    shared-memory target unless one item is larger; 2D up to nd = nq = 17 and 3D up to
+    p = 8 (nq = p+2) always fit."""
+    for dim in (1, 2, 3):
+        for p in range(1, 17):
+            for nq in (p + 1, p + 2):
+                for what in ("values", "gradients", "both"):
+                    for tr in (False, True):
+                        spec = _spec(dim, p + 1, nq, what, tr, dtype=dtype)
+                        c = BASIS.context(spec)
+                        if max(p + 1, nq) > MAX_EXTENT:
+                            assert c is None
+                            continue
+                        if dim < 3 or p <= 8:
+                            assert c is not None, spec
+                        if c is None:
+                            continue
+                        assert c["threads"] % 32 == 0 and 64 <= c["threads"] <= 1024
+                        assert c["smem_bytes"] <= DEFAULT_DEVICE["smem_optin"]
+                        assert c["smem_bytes"] <= SMEM_TARGET or c["per_block"] == 1
+                        assert c["hstage"] == int(nq ** (dim - 1) < 32) or \
+                            c["smem_bytes"] > SMEM_TARGET
+
+
+def test_choose_and_params():
+    dev = dict(DEFAULT_DEVICE)
+    s = _spec(3, 4, 6, "gradients", index_dtype="int64")
+    assert family_of(s) is BASIS
+    c = choose(s, dev)
+    assert (c.template, c.entry, c.source) == (
+        "basis.cu.j2", "stc_basis_interp_gradients_3d_f64_nd4nq6c1_i64", "heuristic")
+    c = choose(s, dev, dict(per_block=2, threads=64, hstage=1))
+    assert (c.ctx["per_block"], c.ctx["threads"], c.source) == (2, 64, "params")
+    assert c.entry.endswith("_hs")
+    for bad in (dict(per_block=2, threads=48, hstage=0), dict(per_block=0, threads=64),
+                dict(per_block=2, threads=64, hstage=2), dict(per_block=500, threads=64)):
+        with pytest.raises(ValueError, match="do not fit"):
+            choose(s, dev, bad)
+
+
+def test_sizes_it_cannot_hold_fall_back_and_say_so(monkeypatch):
+    """An extent above MAX_EXTENT or an item larger than the device's shared memory: the
+    reference path, reported (specialized False, the reason in the kernel text); a size it
+    holds: the family's executor. (The compile is faked: no GPU needed.)"""
+    dev = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=232448)
+    monkeypatch.setattr(RT, "get_kernel", lambda *a: types.SimpleNamespace(
+        attributes={"local_size_bytes": 0, "num_regs": 40}))
+    monkeypatch.setattr(RT, "current_device", lambda: (0, dev))
+    monkeypatch.setattr(RT, "current_device_id", lambda: 0)
+    be = CudaBackend()
+    for spec in (_spec(2, MAX_EXTENT + 1, MAX_EXTENT + 1, "values"),
+                 _spec(3, 17, 19, "both")):
+        assert choose(spec, dev) is None
+        ex = be.build(spec)
+        assert not ex.specialized and "no basis kernel for this size" in ex.kernel
+    ex = be.build(_spec(3, 5, 6, "both", transpose=True))
+    assert ex.specialized and ex.kernel == "stc_basis_interp_t_both_3d_f64_nd5nq6c1_i32"
+    assert ex.params["hstage"] in (0, 1) and ex.params["registers"] == 40
+
+
+def test_the_tuners_space():
+    """The heuristic first, every kept candidate renders, the space has both H forms; an
+    entry of another order carries over (items a block scaled by the lines)."""
+    from smalltc.tuning.space import generate
+    spec = _spec(3, 5, 6, "both")
+    sp = generate(spec)
+    assert sp.family is BASIS and sp.candidates[0].params == sp.heuristic
+    assert {c.params["hstage"] for c in sp.candidates} == {0, 1}
+    assert all(c.ctx["smem_bytes"] <= DEFAULT_DEVICE["smem_optin"] for c in sp.candidates)
+    assert sp.pruned["threads"] > 0
+    other = _spec(3, 3, 4, "both")
+    p = BASIS.adapt(spec, other, dict(per_block=8, threads=128, hstage=0))
+    assert p is not None and p["threads"] == 128 and p["per_block"] < 8
+    assert BASIS.adapt(spec, _spec(3, 3, 4, "values"), dict(per_block=8, threads=128,
+                                                            hstage=0)) is None
+
+
+def test_the_bound_counts_field_points_and_map():
+    s = _spec(3, 5, 6, "both", E=10, ndofs=700)
+    c = roofline.counts(s)
+    assert c.bytes == 8 * 700 + 4 * 10 * 125 + 8 * 10 * 4 * 216 + 8 * 2 * 30
+    assert c.flops == 10 * 2 * 5 * (2 * 6 * 25 + 3 * 36 * 5 + 4 * 216)
+    t = roofline.counts(_spec(2, 3, 4, "values", transpose=True, mapped=False, E=7))
+    assert t.bytes == 8 * 7 * (9 + 16) + 8 * 12 and t.dofs == 7 * 9
+
+
+def test_tune_sizes_parse_the_basis_forms():
+    from smalltc.tuning.sizes import parse
+    s = parse("basis", ["2:3:p+2:c2:gradients+t+m"], "float32")[0]
+    assert (s.dim, s.nd, s.nq, s.ncomp, s.what, s.transpose, s.ndofs) == (
+        2, 4, 5, 2, "gradients", True, 16)
+    with pytest.raises(ValueError, match="WHAT 'grad'"):
+        parse("basis", ["2:3:p+2:grad"], "float64")
+
+
+def test_plan_builds_the_basis_application():
+    """``smalltc.plan("interpolate"/"integrate", ...)``: the operands of the public
+    functions, ``what``, ``ndofs``, ``dim``; the reference backend on NumPy arrays."""
+    rng = np.random.default_rng(3)
+    B, G = rng.standard_normal((2, 4, 3))
+    m, ndofs = mesh_map(2, 3, 6, rng)
+    x = rng.standard_normal((2, ndofs))
+    p = smalltc.plan("interpolate", B, G, x, m, what="both", backend="reference")
+    H = p(B, G, x, m)
+    assert H.shape == (6, 2, 3, 4, 4) and p.spec.op == "basis"
+    V = np.moveaxis(x[:, m], 0, 1).reshape(6, 2, -1)
+    assert rel_err(H, interp_oracle(B, G, V, "both", 2).reshape(H.shape)) < 1e-13
+    q = smalltc.plan("integrate", B, G, H, m, what="both", ndofs=ndofs, backend="reference")
+    assert q(B, G, H, m).shape == (2, ndofs) and q.spec.transpose
+    with pytest.raises(ValueError, match="ndofs is needed"):
+        smalltc.plan("integrate", B, G, H, m, what="both")
+    with pytest.raises(TypeError, match="takes B1d, G1d"):
+        smalltc.plan("interpolate", B, G)
+
+
+# --- on a GPU ------------------------------------------------------------------------------
+
+# (dim, nd, nq, what, transpose, ncomp, map index dtype or None, dtype, E, params or None)
+GPU_CASES = [
+    (1, 4, 5, "both", False, 1, "int32", "float64", 300, None),
+    (1, 3, 5, "gradients", True, 2, None, "float32", 300, None),
+    (2, 3, 5, "values", False, 3, "int64", "float64", 101, None),
+    (2, 5, 6, "both", True, 1, "int32", "float64", 101, None),
+    (2, 5, 6, "both", True, 1, "int32", "float64", 101, dict(per_block=3, threads=64,
+                                                            hstage=0)),
+    (2, 17, 17, "both", False, 1, None, "float64", 23, None),
+    (2, 17, 17, "gradients", True, 2, "int64", "float64", 23, None),
+    (3, 2, 3, "both", True, 3, "int64", "float32", 77, None),
+    (3, 5, 6, "both", False, 1, "int32", "float64", 61, None),
+    (3, 5, 6, "both", True, 1, "int32", "float64", 61, None),
+    (3, 5, 6, "values", False, 1, None, "float32", 61, dict(per_block=3, threads=64,
+                                                          hstage=1)),
+    (3, 4, 6, "gradients", True, 1, "int32", "float64", 61, dict(per_block=1, threads=32,
+                                                                hstage=1)),
+    (3, 9, 10, "values", True, 1, "int32", "float64", 13, None),
+    (3, 9, 10, "both", False, 3, "int32", "float64", 13, None),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(str(v) for v in c[:9]))
+def test_kernels_match_the_dense_oracle(case):
+    """Through ``smalltc.plan`` on the cuda backend (the heuristic, or ``params``): the
+    family's kernel runs (``specialized``), the output poisoned with NaN first, against the
+    float64 oracle; y of the transpose is overwritten, not added to."""
+    import cupy as cp
+    dim, nd, nq, what, tr, nc, it, dt, E, params = case
+    B, G, m, ndofs, x, V, H = _problem(dim, nd, nq, what, nc, E, seed=E, dtype=dt)
+    mapped = it is not None
+    m = m.astype(it or "int32")
+    Gop = None if G is None else cp.asarray(G)
+    Gd = np.zeros_like(B) if G is None else G
+    comp = (nc,) if nc > 1 else ()
+    S = H.shape[2]
+    pts = (E,) + comp + ((S,) if what != "values" else ()) + (nq,) * dim
+    kw = dict(what=what, backend="cuda", params=params, dim=dim if nc > 1 and not mapped
+              else None)
+    if not tr:
+        field = (x if nc > 1 else x[0]) if mapped else V.reshape((E,) + comp + (nd,) * dim)
+        ops = (cp.asarray(B), Gop, cp.asarray(field)) + ((cp.asarray(m),) if mapped else ())
+        p = smalltc.plan("interpolate", *ops, **kw)
+        ref = interp_oracle(B, Gd, V, what, dim).reshape(pts)
+        out = cp.full(pts, np.nan, dtype=dt)
+    else:
+        ops = (cp.asarray(B), Gop, cp.asarray(H.reshape(pts))) + (
+            (cp.asarray(m),) if mapped else ())
+        p = smalltc.plan("integrate", *ops, ndofs=ndofs if mapped else None, **kw)
+        U = integrate_oracle(B, Gd, H, what, dim)
+        if mapped:
+            ref = np.zeros((nc, ndofs))
+            for c in range(nc):
+                np.add.at(ref[c], m.reshape(-1), U[:, c].reshape(-1))
+            ref = ref.reshape(comp + (ndofs,))
+        else:
+            ref = U.reshape((E,) + comp + (nd,) * dim)
+        out = cp.full(ref.shape, np.nan, dtype=dt)
+    assert p.specialized and p.kernel.startswith("stc_basis_interp"), p
+    if params:
+        assert {k: p.params[k] for k in params} == params
+    for _ in range(2):                        # the second call: y overwritten, not added to
+        got = p(*ops, out=out)
+        assert got is out
+        assert rel_err(got, ref) < TOL[dt] * (10 if dt == "float32" else 1), p
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_no_elements_leaves_a_zero_vector():
+    import cupy as cp
+    B = cp.ones((3, 2))
+    m = cp.zeros((0, 2, 2), dtype=cp.int32)
+    y = cp.full(5, np.nan)
+    smalltc.integrate(B, None, cp.ones((0, 3, 3)), m, ndofs=5, out=y, backend="cuda")
+    assert float(abs(y).max()) == 0.0
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("transpose", [False, True])
+def test_a_map_changed_after_first_use_raises(transpose):
+    """The kernel checks every map entry it reads: an entry changed in place after the
+    plan's first look at the map raises ValueError naming it (at the next call that reads
+    a map, or smalltc.check_errors), and the process stays usable."""
+    import cupy as cp
+    B, G, m, ndofs, x, V, H = _problem(3, 3, 4, "both", 1, 9, seed=4)
+    B, G, m = cp.asarray(B), cp.asarray(G), cp.asarray(m)
+    field = cp.asarray(H.reshape(9, 4, 4, 4, 4)) if transpose else cp.asarray(x[0])
+
+    def call():
+        if transpose:
+            return smalltc.integrate(B, G, field, m, what="both", ndofs=ndofs, backend="cuda")
+        return smalltc.interpolate(B, G, field, m, what="both", backend="cuda")
+    good = call()
+    keep = int(m.reshape(-1)[5])
+    for value in (ndofs, -1):
+        m.reshape(-1)[5] = value
+        with pytest.raises(ValueError, match=rf"elem_dofs holds indices \S*{value}\S*, "
+                                             rf"outside \[0, {ndofs}\)"):
+            call()
+            smalltc.check_errors()
+        m.reshape(-1)[5] = keep
+        call()                                # the map seen again (a raise forgets it)
+    again = call()
+    assert float(abs(again - good).max()) <= 1e-12 * float(abs(good).max())

@@ -31,6 +31,8 @@ from conftest import TOL, rel_err, to_numpy
 from test_evaluation import dense, integrate_oracle, interp_oracle, mesh_map
 
 NVCC = shutil.which("nvcc")
+GXX = shutil.which("g++")
+HOST_H = __import__("pathlib").Path(__file__).parent / "data" / "cuda_host.h"
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 
 
@@ -335,6 +337,101 @@ def test_the_heuristics_plan_computes_the_oracle(dim, nd, nq, what):
         assert rel_err(got, ref) < TOL["float64"]
 
 
+# (dim, nd, nq, what, transpose, ncomp, map index dtype or None, dtype, E, params or None)
+HOST_CASES = [
+    (1, 4, 5, "both", False, 1, "int32", "float64", 10, dict(per_block=3, threads=32, hstage=1)),
+    (2, 3, 4, "values", True, 2, "int64", "float64", 5, dict(per_block=2, threads=64,
+                                                           hstage=0)),
+    (2, 3, 5, "gradients", False, 2, None, "float32", 45, None),
+    (3, 3, 4, "both", False, 1, "int32", "float64", 7, dict(per_block=2, threads=64, hstage=0)),
+    (3, 3, 4, "both", True, 1, "int32", "float64", 7, dict(per_block=3, threads=96, hstage=1)),
+    (3, 2, 3, "gradients", True, 3, None, "float32", 9, None),
+    (1, 3, 3, "gradients", True, 1, "int32", "float64", 12, dict(per_block=4, threads=32,
+                                                               hstage=0)),
+]
+_SHARED = "extern __shared__ __align__(16) unsigned char stc_smem_raw[];"
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on the PATH")
+def test_the_rendered_kernels_run_on_host_threads(tmp_path):
+    """The rendered CUDA source itself, compiled by g++ with tests/data/cuda_host.h: one host
+    thread a CUDA thread, two blocks striding over several groups (the last one partial),
+    shared memory full of NaN at the start, the arguments in the signature's order; against
+    the dense oracle. Then a map index out of range: the kernel reports it in ERR."""
+    units, cases, runs = [HOST_H.read_text()], [], []
+    for i, (dim, nd, nq, what, tr, nc, it, dt, E, params) in enumerate(HOST_CASES + [
+            (3, 2, 3, "values", False, 1, "int64", "float64", 4, None)]):
+        bad = i == len(HOST_CASES)
+        B, G, m, ndofs, x, V, H = _problem(dim, nd, nq, what, nc, E, seed=i, dtype=dt)
+        spec = _spec(dim, nd, nq, what, tr, nc, it is not None, E=E, dtype=dt,
+                     index_dtype=it or "int32", ndofs=ndofs)
+        ctx = BASIS.context(spec, params)
+        src = RT.render("basis.cu.j2", dict(ctx, entry=f"stc_host_{i}"))
+        assert _SHARED in src
+        units.append(f"namespace h{i} {{\n{src.replace(_SHARED, 'STC_HOST_SMEM;')}\n}}\n")
+        real = "double" if dt == "float64" else "float"
+        d = tmp_path / f"case{i}"
+        d.mkdir()
+        mats = {"stc_cB": B, "stc_cG": G}
+        load = "".join(f"auto {n} = stc_read<R>(dir, \"{n}\"); std::memcpy(h{i}::{n}, "
+                       f"{n}.data(), {n}.size() * sizeof(R));\n" for n in ctx["mats"])
+        for n in ctx["mats"]:
+            mats[n].astype(dt).tofile(d / n)
+        field = H if tr else (x if it else V)
+        field.astype(dt).tofile(d / "field")
+        if it:
+            mm = m.astype(it)
+            if bad:
+                mm.reshape(-1)[3] = ndofs + 5
+            mm.tofile(d / "map")
+        out_n = (nc * ndofs if it else E * nc * nd ** dim) if tr else H.size
+        np.full(out_n, 0.0 if (tr and it) else np.nan, dtype=dt).tofile(d / "out0")
+        ityp = {"int32": "int", "int64": "long long"}.get(it)
+        args = "F.data(), " + ("M.data(), " if it else "") + "O.data(), " + (
+            f"(long long){ndofs}, ERR.data(), " if it else "") + f"(long long){E * nc}"
+        cases.append(f"""    case {i}: {{
+        using R = {real};
+        {load}        auto F = stc_read<R>(dir, "field");
+        {f'auto M = stc_read<{ityp}>(dir, "map");' if it else ''}
+        auto O = stc_read<R>(dir, "out0");
+        std::vector<long long> ERR(3, 0);
+        stc_launch(2, {ctx["threads"]}, [&] {{ h{i}::stc_host_{i}({args}); }});
+        stc_write(dir, "out", O);
+        stc_write(dir, "err", ERR);
+    }} break;
+""")
+        runs.append((i, d, spec, dt, B, G, m, ndofs, x, V, H, bad))
+    units.append("int main(int argc, char** argv) {\n    const char* dir = argv[2];\n"
+                 "    switch (atoi(argv[1])) {\n" + "".join(cases) + "    }\n}\n")
+    cpp = tmp_path / "host.cpp"
+    cpp.write_text("".join(units))
+    exe = tmp_path / "host"
+    res = subprocess.run([GXX, "-std=c++20", "-O1", "-w", "-pthread", "-o", str(exe), str(cpp)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[:4000]
+    for i, d, spec, dt, B, G, m, ndofs, x, V, H, bad in runs:
+        subprocess.run([str(exe), str(i), str(d)], check=True, timeout=120)
+        got = np.fromfile(d / "out", dtype=dt).astype(np.float64)
+        err = np.fromfile(d / "err", dtype=np.int64)
+        if bad:
+            assert err.tolist() == [1, ndofs + 5, ndofs], err
+            continue
+        assert err.tolist() == [0, 0, 0]
+        Gd = np.zeros_like(B) if G is None else G
+        if not spec.transpose:
+            ref = interp_oracle(B, Gd, V, spec.what, spec.dim).reshape(-1)
+        else:
+            U = integrate_oracle(B, Gd, H, spec.what, spec.dim)
+            if spec.ndofs is None:
+                ref = U.reshape(-1)
+            else:
+                ref = np.zeros((spec.ncomp, ndofs))
+                for c in range(spec.ncomp):
+                    np.add.at(ref[c], m.reshape(-1), U[:, c].reshape(-1))
+                ref = ref.reshape(-1)
+        assert rel_err(got, ref) < TOL[dt], (i, spec)
+
+
 # --- the choice, the fallback, the tuner's space (no GPU) ---------------------------------
 
 def test_the_shared_partial_sums():
@@ -413,6 +510,68 @@ def test_sizes_it_cannot_hold_fall_back_and_say_so(monkeypatch):
     assert ex.params["hstage"] in (0, 1) and ex.params["registers"] == 40
 
 
+class _Arr:
+    """An operand stand-in: a name and a device pointer."""
+
+    def __init__(self, name, ptr):
+        self.name, self.data = name, types.SimpleNamespace(ptr=ptr)
+
+
+@pytest.mark.parametrize("what,transpose,mapped", [
+    ("values", False, True), ("both", True, True), ("gradients", False, False),
+    ("gradients", True, False)])
+def test_the_executor_launches_with_the_kernels_signature(monkeypatch, what, transpose, mapped):
+    """No GPU (compile, launch and the constant bank faked): the matrices the kernel reads go
+    to its constant bank, the arrays and scalars in the order of the rendered signature,
+    the global vector zeroed before the transpose adds into it, the error flag read first."""
+    from smalltc.backends.cuda import basis as mod
+    dev = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=232448)
+    monkeypatch.setattr(RT, "get_kernel", lambda *a: types.SimpleNamespace(
+        attributes={"local_size_bytes": 0, "num_regs": 40}))
+    monkeypatch.setattr(RT, "current_device_id", lambda: 0)
+    calls = []
+
+    class Bank:
+        def __init__(self, template, entry, ctx, smem, names):
+            calls.append(("bank", tuple(names)))
+
+        def load(self, *arrays):
+            calls.append(("load", tuple(a.name for a in arrays)))
+
+        def launched(self):
+            calls.append(("launched",))
+    monkeypatch.setattr(RT, "ConstantBank", Bank)
+    monkeypatch.setattr(mod, "_flag", lambda m, n: calls.append(("flag", m.name, n)) or 99)
+    monkeypatch.setattr(mod, "_zero", lambda y: calls.append(("zero", y.name)))
+    monkeypatch.setattr(RT, "direct_launcher", lambda kern, fmt, groups, threads, smem, mb: (
+        lambda *args: calls.append(("launch", fmt, args))))
+    dim = 1 if what == "gradients" else 2
+    spec = _spec(dim, 3, 4, what, transpose, ncomp=2, mapped=mapped, E=6, ndofs=20)
+    ex = BASIS.executor(choose(spec, dev), dev)
+    ops = [_Arr(o.name, 1000 * (i + 1)) for i, o in enumerate(spec.inputs)]
+    ex.run(ops, _Arr("out", 7))
+    src = RT.render("basis.cu.j2", dict(ex.ctx, entry=ex.kernel))
+    sig = re.search(rf"{ex.kernel}\((.*)\)", src).group(1)
+    params = [p.split()[-1] for p in sig.split(", ")]
+    mats = [m for m in ("B1d", "G1d") if f"stc_c{m[0]}[" in src]
+    assert calls[0] == ("bank", tuple(f"stc_c{m[0]}" for m in mats))
+    assert ("load", tuple(mats)) in calls and calls[-1] == ("launched",)
+    launch = next(c for c in calls if c[0] == "launch")
+    names = {1000 * (i + 1): o.name for i, o in enumerate(spec.inputs)}
+    names[7] = "out"
+    got = [names.get(a, a) for a in launch[2]]
+    field = {"x": "X", "V": "V", "H": "H"}[spec.inputs[1 + (what != "values")].name]
+    out = ("Y" if mapped else "U") if transpose else "H"
+    want = {"X": "x", "V": "V", "H": "H" if transpose else "out", "MAP": "elem_dofs",
+            "Y": "out", "U": "out", "ndofs": 20, "ERR": 99, "nbatch": 12}
+    assert params[0] == field and out in params
+    assert got == [want[p] for p in params]
+    assert (("zero", "out") in calls) == (transpose and mapped)
+    assert (("flag", "elem_dofs", 20) in calls) == mapped
+    if mapped:
+        assert calls.index(("flag", "elem_dofs", 20)) < calls.index(launch)
+
+
 def test_the_tuners_space():
     """The heuristic first, every kept candidate renders, the space has both H forms; an
     entry of another order carries over (items a block scaled by the lines)."""
@@ -428,6 +587,39 @@ def test_the_tuners_space():
     assert p is not None and p["threads"] == 128 and p["per_block"] < 8
     assert BASIS.adapt(spec, _spec(3, 3, 4, "values"), dict(per_block=8, threads=128,
                                                             hstage=0)) is None
+
+
+def test_a_tuned_table_answers_its_size_and_the_near_ones(tmp_path, monkeypatch):
+    """A search (made-up times, no compile) of two sizes through the map, its table read by
+    the runtime: the exact size (any batch) and a near order take the entry's parameters;
+    the tuner's problems are box meshes of >= 256 MB."""
+    from smalltc import tables as core
+    from smalltc.tuning import tables as T
+    from smalltc.tuning.measure import DryRunDevice, FOOTPRINT, box_map, sized
+    from smalltc.tuning.search import Search
+    specs = [sized(_spec(3, 5, 6, "both", transpose=True, E=1, ndofs=125)),
+             sized(_spec(2, 3, 5, "values", E=1, ndofs=9))]
+    for s in specs:
+        n = round(s.batch ** (1 / s.dim))
+        assert n ** s.dim == s.batch and s.ndofs == (n * (s.nd - 1) + 1) ** s.dim
+        assert roofline.counts(s).bytes >= FOOTPRINT
+    assert box_map(_spec(1, 3, 4, "values", E=2, ndofs=5)).tolist() == [[0, 1, 2], [2, 3, 4]]
+    dev = DryRunDevice("float64")
+    search = Search("basis", "float64", specs, dev, compiler="none", jobs=1, progress=False,
+                    log=lambda m: None)
+    assert search.run() == "done"
+    table = T.add_results(T.new_table(dev.info(), "float64"), search.results, "basis", 1.0)
+    monkeypatch.setenv("SMALLTC_TUNING_TABLES", str(tmp_path))
+    monkeypatch.setattr(core, "shipped_dir", lambda: tmp_path / "no-shipped-tables")
+    T.save(table, tmp_path / "sm90-float64.json")
+    entry = table["entries"][specs[0].size_key]
+    h100 = dict(name="NVIDIA H100 80GB HBM3", cc="90", sms=132, smem_optin=232448)
+    c = choose(specs[0].with_batch(7), h100)
+    assert c.source == "table-exact" and c.family is BASIS
+    assert {k: c.ctx[k] for k in entry["params"]} == entry["params"]
+    near = choose(_spec(3, 6, 7, "both", transpose=True, E=7, ndofs=300), h100)
+    assert near.source == "table-nearest" and near.ctx["threads"] == entry["params"]["threads"]
+    assert choose(_spec(3, 5, 6, "both", E=7, ndofs=300), h100).source == "heuristic"
 
 
 def test_the_bound_counts_field_points_and_map():

@@ -273,9 +273,11 @@ def basis_ctx(spec, params=None, device=DEFAULT_DEVICE):
         return None
     ctx = dict(dim=dim, nd=nd, nq=nq, dtype=spec.dtype, ncomp=spec.ncomp, nslots=spec.nslots,
                what=spec.what, transpose=int(spec.transpose), gather=int(spec.ndofs is not None),
-               colored=0, grad=int(spec.what != "values"), per_block=pb, threads=threads,
+               colored=0, per_block=pb, threads=threads,
                hstage=hs, smem_bytes=smem, min_blocks=mb, istr=istr, levels=levels,
-               stages=stages, lines=_lines(stages))
+               stages=stages, lines=_lines(stages),
+               mats=[m for m in _MAT.values() if any(lp["mat"] == m for st in stages
+                                                     for lp in st["loops"])])
     if spec.ndofs is not None:
         ctx["index_t"] = _ITYPE[spec.index_dtype]
     return ctx
@@ -355,7 +357,7 @@ class BasisExecutor(KernelExecutor):
     flag first (a bad index a finished kernel read raises here, :func:`.mass_apply._flag`),
     ``y = 0`` for the transpose. B1d (and G1d) are copied into the module's constant bank on
     the current stream before the launch (:class:`.runtime.ConstantBank`, as the action's
-    line form)."""
+    line form: the matrices the kernel reads, ``ctx["mats"]``; 1D gradients read no B1d)."""
 
     def __init__(self, choice, device):
         super().__init__(choice, device)
@@ -364,13 +366,13 @@ class BasisExecutor(KernelExecutor):
         self.ndofs = spec.ndofs
         self.mapped, self.transpose = spec.ndofs is not None, bool(spec.transpose)
         self._grad = int(spec.what != "values")
+        self._mats = [("stc_cB", "stc_cG").index(m) for m in self.ctx["mats"]]
         self._bank = RT.ConstantBank(self.template, self.kernel, self.ctx, self.smem,
-                                     ("stc_cB", "stc_cG")[:1 + self._grad])
+                                     self.ctx["mats"])
 
     def run(self, operands, out, **_):
-        B1d = operands[0]
         field = operands[1 + self._grad]
-        mats = (B1d, operands[1]) if self._grad else (B1d,)
+        mats = [operands[i] for i in self._mats]     # B1d, G1d: the operands' first two
         if not self.mapped:
             if self.nbatch:
                 self._bank.load(*mats)

@@ -82,7 +82,7 @@ __all__ = [
     "basis_1d",
     "differentiation_matrix",
     "lagrange_basis",
-    # tensor-product helpers
+    # tensor-product functions
     "apply_tensor",
     "interp",
     "interp_t",

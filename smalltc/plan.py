@@ -299,9 +299,9 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         ``diffusion_apply``, ``diffusion_diagonal``, ``assemble_diffusion``); the corner
         force "force_apply" and "force_apply_transpose" (operands ``(B_l2, B1d, G1d, A,
         e or w[, elem_dofs])``, ``ndofs`` for the fused ``F``); the basis application
-        "interpolate" and "integrate" (``smalltc.interpolate``, ``smalltc.integrate``:
-        operands ``(B1d, G1d, x or V or H[, elem_dofs])``, ``G1d`` None for
-        ``what="values"``).
+        "interpolate" and "integrate" (:func:`smalltc.interpolate`,
+        :func:`smalltc.integrate`: operands ``(B1d, G1d or None, x or H[, elem_dofs])``,
+        keywords ``what``, ``dim`` and, for ``integrate`` through the map, ``ndofs``).
     *operands : arrays
         Examples with the shapes and dtype of later calls: ``(B1d, D, V)``,
         ``(B1d, D)``, ``(A, B[, C])``, ``(X, Y)``, ``(B1d, D, x, elem_dofs)`` or
@@ -318,10 +318,9 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         reshaping extents (dict i, s, j, k, l).
     deterministic, ndofs : for the FEM operators: additions in a fixed order (see
         :func:`smalltc.mass_apply`); ``ndofs``, the global vector's length, for
-        ``op="mass_diagonal"`` and ``op="integrate"`` with a map.
-    what, dim : for ``op="interpolate"`` and ``"integrate"``: the evaluations
-        ("values", "gradients", "both") and the dimension where the operands do not
-        give it (see :func:`smalltc.interpolate`).
+        ``op="mass_diagonal"`` and ``"integrate"``.
+    what, dim : for ``op="interpolate"``/``"integrate"``: "values", "gradients" or
+        "both", and the dimension where the operands do not give it.
     params : dict, optional
         Tuning parameters of the kernel family (tile and thread-block shapes,
         items per block, ...), passed to the backend's ``build``: for experts
@@ -355,14 +354,12 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     ...
     ValueError: the reference backend has no tuning parameters; got params {'T': 4}
 
-    The basis application through a map (two 2D elements of order 1, their midpoints; the
-    plan is called with ``G1d`` None or without it):
+    The plan :func:`smalltc.interpolate` runs for the same operands:
 
-    >>> m = np.arange(8, dtype=np.int32).reshape(2, 2, 2)
-    >>> Bm = np.array([[0.5, 0.5]])
-    >>> p = smalltc.plan("interpolate", Bm, None, np.arange(8.0), m, backend="reference")
-    >>> p.spec.out_shape, p(Bm, None, np.arange(8.0), m).ravel().tolist()
-    ((2, 1, 1), [1.5, 5.5])
+    >>> m = np.arange(8, dtype=np.int32).reshape(1, 2, 2, 2)
+    >>> q = smalltc.plan("interpolate", np.ones((3, 2)), None, np.ones(8), m)
+    >>> str(q.spec), q.out_shape
+    ('interp_3d p=1 nq=3 values E=1 ndofs=8 float64', (1, 3, 3, 3))
     """
     if op == "action":
         spec, xp, _ = _validate.action_spec(*operands)
@@ -388,12 +385,12 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
                                            ndofs, deterministic)
     elif op in ("interpolate", "integrate"):
         if len(operands) not in (3, 4):
-            raise TypeError(f"op {op!r} takes B1d, G1d (or None), the field "
-                            f"({'H' if op == 'integrate' else 'x or V'}) and optionally "
-                            f"elem_dofs; got {len(operands)} operands")
+            raise TypeError(f"op {op!r} takes B1d, G1d (or None), "
+                            f"{'H' if op == 'integrate' else 'x'} and optionally elem_dofs; "
+                            f"got {len(operands)} operands")
         spec, xp, _ = _validate.basis_spec(*operands[:3], operands[3] if len(operands) == 4
-                                           else None, what=what, transpose=op == "integrate",
-                                           ndofs=ndofs, dim=dim)
+                                           else None, what=what,
+                                           transpose=op == "integrate", ndofs=ndofs, dim=dim)
     elif op in _OPERATOR_OPS:
         qfunc, level = _OPERATOR_OPS[op]
         ndata = 2 if qfunc == "helmholtz" else 1
@@ -408,7 +405,7 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     else:
         raise ValueError(f"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply' "
                          f"or 'mass_diagonal', the corner force's 'force_apply' or "
-                         f"'force_apply_transpose', 'interpolate' or 'integrate', or an "
-                         f"operator's '<qfunc>_<level>' "
+                         f"'force_apply_transpose', the basis application's 'interpolate' or "
+                         f"'integrate', or an operator's '<qfunc>_<level>' "
                          f"({', '.join(sorted(_OPERATOR_OPS))}), got {op!r}")
     return build_plan(spec, xp, backend, method, params, reshape_inputs=extents is not None)

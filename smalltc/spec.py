@@ -919,8 +919,8 @@ class BasisSpec(_Spec):
 
     def sizes(self):
         return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp,
-                    nslots=self.nslots, what=self.what, transpose=self.transpose,
-                    ndofs=self.ndofs, index_bytes=int(self.index_dtype[3:]) // 8)
+                    nslots=self.nslots, ndofs=self.ndofs,
+                    index_bytes=int(self.index_dtype[3:]) // 8)
 
     def __str__(self):
         comp = f" ncomp={self.ncomp}" if self.comp_axis else ""

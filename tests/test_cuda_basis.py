@@ -10,6 +10,7 @@ against the oracle (output poisoned with NaN), params through :func:`smalltc.pla
 changed in place after its first use (tests/test_evaluation.py runs the public functions'
 table on the cuda backend too).
 """
+import pathlib
 import re
 import shutil
 import subprocess
@@ -23,16 +24,16 @@ from smalltc import roofline
 from smalltc._arrays import gpu_available
 from smalltc.backends.cuda import CudaBackend, choose, family_of
 from smalltc.backends.cuda import runtime as RT
-from smalltc.backends.cuda.basis import BASIS, MAX_EXTENT, basis_ctx
+from smalltc.backends.cuda.basis import BASIS, MAX_EXTENT
 from smalltc.backends.cuda.family import DEFAULT_DEVICE, SMEM_TARGET
 from smalltc.spec import BasisSpec
 
-from conftest import TOL, rel_err, to_numpy
-from test_evaluation import dense, integrate_oracle, interp_oracle, mesh_map
+from conftest import TOL, rel_err
+from test_evaluation import integrate_oracle, interp_oracle, mesh_map
 
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
-HOST_H = __import__("pathlib").Path(__file__).parent / "data" / "cuda_host.h"
+HOST_H = pathlib.Path(__file__).parent / "data" / "cuda_host.h"
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 
 

@@ -16,11 +16,11 @@ A batch item is an (element, component) pair ``b = e * ncomp + c``; a block take
 ``per_block`` items a group. Evaluation: the group's nodal values are gathered through the
 map (every index checked: ``fem_io.cuh.j2``, the device's error flag, as the fused operator
 :mod:`.mass_apply` does) or loaded as element vectors, coalesced, into shared memory; then
-one stage a tensor axis, the last axis first, each stage a loop over the axis' 1D *lines*:
-a thread loads a line into registers and writes every output along it, for each 1D matrix
-the stage applies to that line, so evaluations that agree on the axes already contracted
-share those partial sums (:func:`smalltc.backends.reference.mixed_interp`: 3D "both" makes
-2, 3 and 4 tensors in its three stages, not 3 x 4). B1d and G1d sit in the constant bank
+one stage a tensor axis, the last axis first, each stage a loop a 1D matrix over the 1D
+*lines* of the tensors it applies to: a thread loads a line into registers and writes every
+output along it. Evaluations that agree on the axes already contracted share those partial
+sums (:func:`smalltc.backends.reference.mixed_interp`: 3D "both" makes 2, 3 and 4 tensors
+in its three stages, not 3 x 4). B1d and G1d sit in the constant bank
 (``stc_cB``, ``stc_cG``, copied before each launch as in the action's line form): with the
 loops unrolled, every FMA takes its matrix entry from there. The point values ``H`` (E,
 [ncomp,] [nslots,] nq^dim) are written by the last stage straight to global memory

@@ -687,7 +687,8 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(str(v) for v in c[:9]))
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(str(v) for v in c[:9])
+                         + ("-params" if c[9] else ""))
 def test_kernels_match_the_dense_oracle(case):
     """Through ``smalltc.plan`` on the cuda backend (the heuristic, or ``params``): the
     family's kernel runs (``specialized``), the output poisoned with NaN first, against the

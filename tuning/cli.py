@@ -50,7 +50,8 @@ def add_arguments(parser):
                              "3:1-8:p+1:diffusion+co (FORM: mass, diffusion or helmholtz, "
                              "+co collocated, +q32 float32 point data, +vx the vertex "
                              "geometry); pairwise: "
-                             "action:DIM:P:NQ (default: "
+                             "action:DIM:P:NQ; basis: DIM:P:NQ[:cNCOMP][:WHAT] (WHAT: values, "
+                             "gradients or both, +t the transpose, +m through a map) (default: "
                              + "; ".join(f"{k}: {' '.join(v)}" for k, v in DEFAULT_SIZES.items())
                              + ")")
     parser.add_argument("--budget-seconds", type=float, default=None, metavar="N",

@@ -78,7 +78,9 @@ def _as_points(points):
 
 
 def _tensor_weights(weights, dim):
-    """``w[k1, ..., kd] = weights[k1] ... weights[kd]``."""
+    """``w[k1, ..., kd] = weights[k1] ... weights[kd]`` (``()``-shaped 1 for ``dim = 0``)."""
+    if dim == 0:
+        return np.ones(())
     w = np.asarray(weights, dtype=np.float64)
     for _ in range(dim - 1):
         w = np.multiply.outer(w, weights)
@@ -271,9 +273,10 @@ def _cofactors(J, adj, cols=(0, 1, 2)):
             t = adj[a, j]
             xp.multiply(J[:, r[0], s[0]], J[:, r[1], s[1]], out=t)
             xp.multiply(J[:, r[0], s[1]], J[:, r[1], s[0]], out=tmp)
-            t -= tmp
             if (a + i) % 2:
-                xp.negative(t, out=t)
+                xp.subtract(tmp, t, out=t)                # 0, not -0, for a zero cofactor
+            else:
+                t -= tmp
 
 
 def _adjugate(J):
@@ -286,8 +289,8 @@ def _adjugate(J):
         adj.fill(1.0)
     elif dim == 2:
         adj[0, 0], adj[1, 1] = J[:, 1, 1], J[:, 0, 0]
-        xp.negative(J[:, 0, 1], out=adj[0, 1])
-        xp.negative(J[:, 1, 0], out=adj[1, 0])
+        xp.subtract(0.0, J[:, 0, 1], out=adj[0, 1])       # 0, not -0, for a zero entry
+        xp.subtract(0.0, J[:, 1, 0], out=adj[1, 0])
     else:
         _cofactors(J, adj)
     return adj

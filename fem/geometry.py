@@ -67,7 +67,7 @@ MIN_CHUNK_ELEMENTS = 64
 #: on a GPU: the working set is at most this many times the solution vector (at least
 #: GPU_MIN_CHUNK_BYTES), and at most a quarter of the free memory
 SOLUTION_MULTIPLE = 4
-GPU_MIN_CHUNK_BYTES = 1 << 26
+GPU_MIN_CHUNK_BYTES = 1 << 28
 
 
 def _as_points(points):

@@ -61,7 +61,7 @@ __all__ = [
 log = logging.getLogger("smalltc")
 
 #: bytes a chunk's working set may take on the CPU (about the caches of one core's share)
-CPU_CHUNK_BYTES = 3 << 20
+CPU_CHUNK_BYTES = 1 << 22
 #: fewest elements a chunk holds (the calls' fixed costs)
 MIN_CHUNK_ELEMENTS = 64
 #: on a GPU: the working set is at most this many times the solution vector (at least

@@ -33,7 +33,8 @@ from smalltc._arrays import array_module
 
 from ._device import device_name, resolve_device, synchronize, to_host
 from .basis import basis_1d, lagrange_basis
-from .geometry import _Field, _apply_adjugate_t, _geometry, _tensor_weights, mass_data
+from .geometry import (SOLUTION_MULTIPLE, _Field, _apply_adjugate_t, _geometry, _tensor_weights,
+                       mass_data)
 from .operators import AssembledMassOperator, MassOperator
 from .quadrature import gauss_lobatto, quadrature_rule
 from .solvers import cg, jacobi
@@ -96,27 +97,36 @@ def load_vector(space, f, *, nq=None, quadrature="gauss", device="cpu"):
 
 def _load(space, f, nq, quadrature, xp, name="f"):
     """``b = sum_e P_e^T B^T (w |J| f(x_q))`` on module ``xp``: per chunk of elements the
-    geometry, ``f`` at its points and :func:`smalltc.integrate` through the DoF map."""
+    geometry and ``f`` at its points, gathered into blocks whose points hold a few
+    solution vectors (:data:`~smalltc.fem.geometry.SOLUTION_MULTIPLE`), each block
+    summed into ``b`` by one :func:`smalltc.integrate` through the DoF map."""
     fq = _Field(f, name)
     points, weights = quadrature_rule(nq, quadrature)
     B1d = xp.asarray(basis_1d(space.p, nq, quadrature).B1d)
     w = xp.asarray(_tensor_weights(weights, space.dim))
     dofs = _dof_map(space, xp)
-    out = xp.empty(space.ndofs)
-    part = None
+    E, n = space.nelements, space.ndofs
+    block = max(1, -(-SOLUTION_MULTIPLE * n // w.size))
+    out = part = buf = None
+    b0 = 0
     for g in _geometry(space.mesh, points, xp, coords=fq.is_callable, adjugate=False, extra=3,
-                       solution=space.ndofs):
-        h = g.detJ
-        h *= w
+                       solution=n):
+        if buf is None:
+            buf = xp.empty((min(E, block + g.hi - g.lo),) + w.shape)
+        h = buf[g.lo - b0:g.hi - b0]
+        xp.multiply(g.detJ, w, out=h)
         if fq.is_callable:
             h *= fq(g.x)
         elif fq.constant != 1.0:
             h *= fq.constant
-        if g.lo == 0:
-            smalltc.integrate(B1d, None, h, dofs[g.lo:g.hi], ndofs=space.ndofs, out=out)
-        else:
-            part = smalltc.integrate(B1d, None, h, dofs[g.lo:g.hi], ndofs=space.ndofs, out=part)
-            out += part
+        if g.hi - b0 >= block or g.hi == E:
+            args = (B1d, None, buf[:g.hi - b0], dofs[b0:g.hi])
+            if out is None:
+                out = smalltc.integrate(*args, ndofs=n)
+            else:
+                part = smalltc.integrate(*args, ndofs=n, out=part)
+                out += part
+            b0 = g.hi
     return out
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import fem_oracle as O
-from smalltc.fem import geometry
+from smalltc.fem import geometry, projection
 from smalltc.fem import (
     ConvergenceError,
     H1Space,
@@ -102,6 +102,8 @@ def test_chunks_do_not_change_load_and_error(monkeypatch):
     monkeypatch.setattr(geometry, "CPU_CHUNK_BYTES", 1)
     assert O.rel(load_vector(V, smooth_function), whole[0]) < 1e-14
     assert l2_error(V, u, smooth_function) == pytest.approx(whole[1], rel=1e-14)
+    monkeypatch.setattr(projection, "SOLUTION_MULTIPLE", 0)     # a block a chunk
+    assert O.rel(load_vector(V, smooth_function), whole[0]) < 1e-14
 
 
 def test_error_holds_a_chunk_not_the_mesh(monkeypatch):

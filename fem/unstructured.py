@@ -17,7 +17,10 @@ cells). The nodes are put into tensor order by the permutations of
 the facets become named boundary regions, those of the cells volume regions.
 """
 
+import contextlib
+import io
 import os
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -350,10 +353,12 @@ def read_mesh(source, *, check=True):
     FileNotFoundError
         For a path that does not exist.
     ValueError
-        For cells smalltc does not support (simplices, serendipity cells),
-        several cell types or orders among the cells, a non-planar 2D mesh, a
-        non-conforming mesh, an inverted element (named), or a region whose
-        facets are not facets of the mesh.
+        For a file meshio cannot read (empty, truncated, of an unknown format:
+        the message names the file and gives the reader's words), cells
+        smalltc does not support (simplices, serendipity cells), several cell
+        types or orders among the cells, a non-planar 2D mesh, a non-conforming
+        mesh, an inverted element (named), or a region whose facets are not
+        facets of the mesh.
 
     Examples
     --------
@@ -372,11 +377,21 @@ def read_mesh(source, *, check=True):
         path = os.fspath(source)
         if not os.path.exists(path):
             raise FileNotFoundError(f"mesh file {path!r} does not exist")
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            raise ValueError(f"mesh file {path!r} is empty")
+        said = io.StringIO()            # meshio prints its readers' errors, then exits
         try:
-            # a .msh is gmsh's (meshio would try ANSYS's reader first, printing its failure)
-            m = meshio.read(path, file_format="gmsh" if path.lower().endswith(".msh") else None)
-        except Exception as err:
-            raise ValueError(f"meshio could not read {path!r}: {err}") from err
+            with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+                # a .msh is gmsh's (meshio would try ANSYS's reader first, printing its failure)
+                m = meshio.read(path, file_format="gmsh" if path.lower().endswith(".msh")
+                                else None)
+        except (Exception, SystemExit) as err:
+            why = [" ".join(said.getvalue().split())]           # (rich wraps its lines)
+            if not isinstance(err, SystemExit):
+                why.append(str(err))
+            raise ValueError(f"meshio could not read {path!r}: "
+                             f"{'; '.join(filter(None, why)) or type(err).__name__}") from err
+        sys.stderr.write(said.getvalue())         # what meshio said about a file it read
         name = path
     elif isinstance(source, meshio.Mesh):
         m, name = source, "a meshio.Mesh"

@@ -97,7 +97,7 @@ def _configs():
             if dim == 2:
                 out.append(("assembly.cu.j2", assembly_ctx(
                     dim, 7, 8, dt, params=dict(per_block=4, rows=0, pad=1))))
-        # the stiffness instances of the assembly (issue 27): diffusion and helmholtz, Gauss
+        # the stiffness instances of the assembly: diffusion and helmholtz, Gauss
         # and collocated, 1D-3D; the heuristic (the rows form in 2D and 3D) and forced
         # flat, padded and rows forms
         for qf, co, dim, p, prm in (
@@ -129,7 +129,7 @@ def _configs():
             d = MassDiagonalSpec(dim=dim, nq=p + 2, nd=p + 1, batch=1, dtype=dt, ndofs=1,
                                  index_dtype=it, deterministic=det)
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
-        # the operator family's diffusion and helmholtz instances (issue 27): Gauss and
+        # the operator family's diffusion and helmholtz instances: Gauss and
         # collocated, the shared-memory form 1D-3D and the 3D line form, element level, the
         # fused map form (atomic, deterministic, ncomp, both index types) and the diagonal
         for qf, co, dim, p, nc, line, it, det in (
@@ -158,7 +158,7 @@ def _configs():
             d = MassDiagonalSpec(dim=dim, nq=nq, nd=nd, batch=1, dtype=dt, ndofs=1,
                                  index_dtype=it, deterministic=det, qfunc=qf, collocated=co)
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
-    # the corner force (issue 31): both directions, element level, fused (atomic and the
+    # the corner force: both directions, element level, fused (atomic and the
     # deterministic form's element kernel), both index types, 1D-3D, the bound check off once
     for dim, p, q, dt, op, it, det in ((3, 1, "force", "float64", "action", None, False),
                                        (3, 2, "force_t", "float64", "mass_apply", "int32", False),

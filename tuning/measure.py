@@ -64,7 +64,7 @@ def forms(spec):
     - ``"small"``, GEMM timed at 2 x 100,000 matrices or more: 100,000 of them (in
       place for beta != 0), device time from a CUDA graph. On the H100 the float64
       beta != 0 entries n = 2 and 4, 1.02x the heuristic at 4M matrices, were 0.75x
-      and 0.84x at 100,000 (notes/tuning.md, session 4).
+      and 0.84x at 100,000 (notes/tuning.md, "Timing and the rules for a table entry").
     """
     f = ("separate", "double") + (("small",) if small_batch(spec) else ())
     if spec.op == "gemm" and not spec.beta_zero:

@@ -64,7 +64,7 @@ DEFAULT_SIZES = {
 _QFUNCS = ("mass", "diffusion", "helmholtz", "force", "force_t")
 _FLAGS = {"assembly": ("co",), "action": ("co", "q32", "vx"),
           "mass_apply": ("co", "q32", "vx")}
-#: the corner force's instances (issue 31): the kinematic field has DIM components; no
+#: the corner force's instances: the kinematic field has DIM components; no
 #: assembly, no flags
 _FORCE = ("force", "force_t")
 

@@ -317,13 +317,14 @@ def _packed_q(adj, detJ, scale, out):
     return out
 
 
-def _apply_adjugate_t(adj, ref, i, out):
+def _apply_adjugate_t(adj, ref, i, out, tmp):
     """``out = sum_b adj[b, i] ref[:, b]``: component ``i`` of ``|J| J^-T g`` for the
-    reference gradient ``ref`` (n, dim, q...)."""
+    reference gradient ``ref`` (n, dim, q...); ``tmp`` a temporary of ``out``'s shape."""
     xp = array_module(adj)
     xp.multiply(adj[0, i], ref[:, 0], out=out)
     for b in range(1, adj.shape[0]):
-        out += adj[b, i] * ref[:, b]
+        xp.multiply(adj[b, i], ref[:, b], out=tmp)
+        out += tmp
     return out
 
 

@@ -232,11 +232,11 @@ def _h1_chunk(g, ref, w, wdetJ, fq, gq, interpolant):
         target = (xr.shape[0],) + xr.shape[2:]
         ui = xp.ascontiguousarray(fq(xp.moveaxis(xr, 1, 0), target))
         ref = ref - smalltc.interpolate(Bi, Gi, ui, what="gradients")
-    t = xp.empty(g.detJ.shape)
+    t, tmp = xp.empty(g.detJ.shape), xp.empty(g.detJ.shape)
     s = xp.zeros(g.detJ.shape)
     exact = gq(g.x, (dim,) + g.detJ.shape) if gq is not None else None
     for i in range(dim):
-        _apply_adjugate_t(g.adj, ref, i, t)                   # |J| (J^-T ref)_i
+        _apply_adjugate_t(g.adj, ref, i, t, tmp)              # |J| (J^-T ref)_i
         if exact is not None:
             t /= g.detJ
             t -= exact[i]

@@ -64,9 +64,10 @@ log = logging.getLogger("smalltc")
 CPU_CHUNK_BYTES = 1 << 22
 #: fewest elements a chunk holds (the calls' fixed costs)
 MIN_CHUNK_ELEMENTS = 64
-#: on a GPU: the working set is at most this many times the solution vector (at least
-#: GPU_MIN_CHUNK_BYTES), and at most a quarter of the free memory
+#: solution vectors a GPU chunk's working set (at least GPU_MIN_CHUNK_BYTES, at most a
+#: quarter of the free memory) and a load vector's block of point values may hold
 SOLUTION_MULTIPLE = 4
+#: the least working set of a GPU chunk (the launches' fixed costs)
 GPU_MIN_CHUNK_BYTES = 1 << 28
 
 

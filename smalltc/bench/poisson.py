@@ -31,9 +31,10 @@ solve         ``PoissonProblem.solve``: CG to a relative residual of :data:`TOL`
               iterations and the seconds an iteration recorded (on a GPU the
               p-multigrid's first application, which captures its CUDA graph, is in
               here: the user's call pays it)
-errors        the solution to the host, ``fem.l2_error`` and ``fem.h1_error`` with
-              ``exact=(u, grad u)``
-output        ``fem.write_vtu`` (a temporary file; its size recorded)
+errors        ``fem.l2_error`` and ``fem.h1_error`` with ``exact=(u, grad u)`` on the
+              solution's device
+output        the solution to the host and ``fem.write_vtu`` (a temporary file; its
+              size recorded)
 ============  ========================================================================
 
 These are the pieces :func:`smalltc.fem.poisson_problem` calls (no Neumann data,
@@ -256,7 +257,7 @@ def _run(case, xp, folder) -> tuple:
         K = phase("operator", lambda: fem.diffusion_operator(space, nq, None, device=device))
 
         def load_bc():
-            load = fem.load_vector(space, source, nq=nq)
+            load = fem.load_vector(space, source, nq=nq, device=device)
             bc = fem.dirichlet_bc(space, {None: 0.0})
             A = fem.ConstrainedOperator(K, bc)
             return load, bc, A, bc.lift(K, xp.asarray(load))
@@ -266,13 +267,12 @@ def _run(case, xp, folder) -> tuple:
         prob = fem.PoissonProblem(space, K, load, bc, A, b, P, device)
         sol = phase("solve", lambda: prob.solve(tol=TOL))
 
-        def errors():
-            u = to_host(sol.x)
-            return u, fem.l2_error(space, u, exact_u), fem.h1_error(space, u,
-                                                                  (exact_u, exact_grad))
-        u, l2, h1 = phase("errors", errors)
+        def errors():                 # on the solution's device: one float back each
+            return (fem.l2_error(space, sol.x, exact_u),
+                    fem.h1_error(space, sol.x, (exact_u, exact_grad)))
+        l2, h1 = phase("errors", errors)
         path = os.path.join(folder, "u.vtu")
-        phase("output", lambda: fem.write_vtu(path, space, u=u))
+        phase("output", lambda: fem.write_vtu(path, space, u=to_host(sol.x)))
         its = int(sol.iterations)
         rec.update(status="ok", total_s=sum(phases.values()), iterations=its,
                    per_iteration_s=phases["solve"] / max(1, its),

@@ -1,5 +1,7 @@
 # make demo: set up .venv and run the main job (FEM demo + roofline report)
 # make test: set up .venv with the test extras (MPI included) and run the tests
+# make docs: add the docs extra to .venv and build the documentation site into site/
+#            (mkdocs build --strict: a warning fails the build)
 # Extras: what this machine can use. The `gpu` extra (CuPy, ~200 MB) only where an NVIDIA
 # GPU answers `nvidia-smi -L`; `make demo` installs the plots only, `make test` the test
 # and MPI extras too. EXTRAS=... overrides both (e.g. EXTRAS=test,plot,mpi,gpu).
@@ -13,7 +15,7 @@ GPU_EXTRA = $(if $(HAS_GPU),$(comma)gpu)
 DEMO_EXTRAS = $(if $(EXTRAS),$(EXTRAS),plot$(GPU_EXTRA))
 TEST_EXTRAS = $(if $(EXTRAS),$(EXTRAS),test,plot,mpi$(GPU_EXTRA))
 
-.PHONY: demo test venv clean
+.PHONY: demo test docs venv clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,5 +30,15 @@ demo: $(VENV)/.installed-$(DEMO_EXTRAS)
 test: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(PY) -m pytest -q -n auto --doctest-modules smalltc fem tuning tests
 
+# the docs extra goes into the same .venv beside the others (its own stamp: the test
+# extras' stamp stays, so `make test` after `make docs` reinstalls nothing)
+$(VENV)/.docs-installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -10,10 +10,11 @@ mass, diffusion and Helmholtz operators built on :func:`smalltc.operator_apply`
 and :func:`smalltc.assemble_operator`,
 preconditioned CG, and L2 projection.
 
-Setup (meshes, geometry, ``D``) is NumPy on the host; the solve path
-(gather/scatter, operators, Jacobi, CG) works with the array module of its
-data, so ``l2_project(..., device="gpu")`` runs it with CuPy on the GPU and
-``device="auto"`` (the default) does so whenever a GPU answers.
+Meshes are NumPy on the host; the geometry (``x`` and ``J`` through
+:func:`smalltc.interpolate`), the point data, load vectors, errors and the solve path
+(gather/scatter, operators, Jacobi, CG) work with the array module of the chosen
+device, element chunk by chunk, so ``l2_project(..., device="gpu")`` runs them with
+CuPy on the GPU and ``device="auto"`` (the default) does so whenever a GPU answers.
 
 Examples
 --------
@@ -68,7 +69,6 @@ from .projection import ProjectionResult, l2_error, load_vector
 from .quadrature import RULES, gauss_legendre, gauss_lobatto, quadrature_rule
 from .solvers import CGResult, ConvergenceError, jacobi, progress_log
 from .space import H1Space
-from .tensor import apply_tensor, interp, interp_t
 
 __all__ = [
     # quadrature
@@ -82,10 +82,6 @@ __all__ = [
     "basis_1d",
     "differentiation_matrix",
     "lagrange_basis",
-    # tensor-product helpers
-    "apply_tensor",
-    "interp",
-    "interp_t",
     # meshes and spaces
     "BoxMesh",
     "box_mesh",

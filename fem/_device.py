@@ -4,15 +4,18 @@ The FEM layer sets up meshes and geometry on the host with NumPy, once; the
 operator data (``B1d``, ``D``, index arrays) and the CG iteration then live
 in one array module, NumPy on the CPU or CuPy on the GPU. Every function of
 the solve path takes its module from its inputs
-(:func:`smalltc._arrays.array_module`); this module only turns a user's
-``device`` choice into a module and moves results back to the host.
+(:func:`smalltc._arrays.array_module`); this module turns a user's ``device``
+choice into a module, keeps the arrays copied to a device once
+(:class:`DeviceCache`: the DoF map, the Dirichlet DoFs and values), and moves
+results back to the host.
 """
 
 import numpy as np
 
 from smalltc._arrays import cupy_or_none, gpu_available, is_cupy
 
-__all__ = ["DEVICES", "resolve_device", "device_name", "to_host", "synchronize"]
+__all__ = ["DEVICES", "resolve_device", "device_name", "device_key", "DeviceCache", "to_host",
+           "synchronize"]
 
 DEVICES = ("auto", "cpu", "gpu")
 
@@ -67,6 +70,52 @@ def device_name(xp):
     'cpu'
     """
     return "cpu" if xp is np else "gpu"
+
+
+def device_key(xp):
+    """Where arrays of module ``xp`` made now live: ``(module name, device id)``.
+
+    The device is CuPy's current one (``None`` for NumPy and for modules without
+    ``cuda``), so arrays kept for one GPU are not handed to another.
+
+    Examples
+    --------
+    >>> device_key(np)
+    ('numpy', None)
+    """
+    if xp is np:
+        return ("numpy", None)
+    cuda = getattr(xp, "cuda", None)
+    return (xp.__name__, None if cuda is None else int(cuda.Device().id))
+
+
+class DeviceCache:
+    """Arrays made once per array module and device, and kept.
+
+    ``get(xp, what, make)`` returns the array stored for ``what`` on
+    :func:`device_key` ``(xp)``, calling ``make()`` (which builds it in ``xp``)
+    the first time only.
+
+    Examples
+    --------
+    >>> cache = DeviceCache()
+    >>> a = cache.get(np, "ones", lambda: np.ones(3))
+    >>> cache.get(np, "ones", lambda: np.zeros(3)) is a, len(cache)
+    (True, 1)
+    """
+
+    def __init__(self):
+        self._arrays = {}
+
+    def get(self, xp, what, make):
+        key = device_key(xp) + (what,)
+        a = self._arrays.get(key)
+        if a is None:
+            a = self._arrays[key] = make()
+        return a
+
+    def __len__(self):
+        return len(self._arrays)
 
 
 def to_host(a):

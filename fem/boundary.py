@@ -30,13 +30,15 @@ import inspect
 
 import numpy as np
 
-from smalltc._arrays import is_cupy
+import smalltc
+from smalltc._arrays import array_module
 
-from ._device import to_host
+from ._device import DeviceCache, resolve_device
 from .basis import lagrange_basis
-from .geometry import det_jacobian, evaluate_field
+from .geometry import _adjugate, _chunk_elements, _det, _Field, _tensor_weights, evaluate_field
+from .projection import _dof_map
 from .quadrature import gauss_lobatto, quadrature_rule
-from .tensor import apply_tensor
+from .topology import facet_slices
 
 __all__ = ["DirichletBC", "ConstrainedOperator", "dirichlet_bc", "boundary_load"]
 
@@ -62,6 +64,10 @@ class DirichletBC:
         Sorted constrained DoFs.
     values : ndarray of float64, shape (nc,)
         Their values.
+
+    The DoFs and values are copied to a device once (per array module, device and
+    dtype) and kept there with the mask: :meth:`mask`, :meth:`vector`, :meth:`lift` and
+    :meth:`apply` build their results on the device of their arrays.
     """
 
     def __init__(self, space, dofs, values):
@@ -72,26 +78,34 @@ class DirichletBC:
         if dofs.size and (dofs.min() < 0 or dofs.max() >= space.ndofs):
             raise ValueError(f"dofs must lie in [0, {space.ndofs}), got [{dofs.min()}, {dofs.max()}]")
         self.space, self.dofs, self.values = space, dofs, values
-        self._masks = {}
+        self._device = DeviceCache()
 
     def __repr__(self):
         return f"DirichletBC(ndofs={self.space.ndofs}, constrained={self.dofs.size})"
 
+    def _on(self, xp, dtype):
+        """The DoFs and their values (as ``dtype``) in ``xp``, copied there once."""
+        dofs = self._device.get(xp, "dofs", lambda: xp.asarray(self.dofs))
+        values = self._device.get(xp, ("values", np.dtype(dtype).str),
+                                  lambda: xp.asarray(self.values.astype(dtype)))
+        return dofs, values
+
     def mask(self, xp=np, dtype=np.float64):
-        """The free-DoF mask ``P`` (1 free, 0 constrained), shape (ndofs,), in ``xp``."""
-        key = (xp.__name__, np.dtype(dtype).str)
-        m = self._masks.get(key)
-        if m is None:
-            h = np.ones(self.space.ndofs, dtype=dtype)
-            h[self.dofs] = 0
-            m = self._masks[key] = xp.asarray(h)
-        return m
+        """The free-DoF mask ``P`` (1 free, 0 constrained), shape (ndofs,), in ``xp``: made
+        there once per dtype and kept (the same array on every call)."""
+        def make():
+            m = xp.ones(self.space.ndofs, dtype=dtype)
+            m[self._on(xp, dtype)[0]] = 0
+            return m
+        return self._device.get(xp, ("mask", np.dtype(dtype).str), make)
 
     def vector(self, xp=np, dtype=np.float64):
-        """``g``: the values on the constrained DoFs, zero elsewhere, in ``xp``."""
-        g = np.zeros(self.space.ndofs, dtype=dtype)
-        g[self.dofs] = self.values
-        return xp.asarray(g)
+        """``g``: the values on the constrained DoFs, zero elsewhere, in ``xp`` (a new
+        array, filled on the device from the kept DoFs and values)."""
+        dofs, values = self._on(xp, dtype)
+        g = xp.zeros(self.space.ndofs, dtype=dtype)
+        g[dofs] = values
+        return g
 
     def constrain(self, op):
         """``op`` with these DoFs eliminated: a :class:`ConstrainedOperator`."""
@@ -120,9 +134,10 @@ class DirichletBC:
 
     def apply(self, x):
         """``x`` with the constrained entries set to their values (a copy)."""
-        xp = np if not is_cupy(x) else __import__("cupy")
+        xp = array_module(x)
         x = xp.array(x, copy=True)
-        x[xp.asarray(self.dofs)] = xp.asarray(self.values, dtype=x.dtype)
+        dofs, values = self._on(xp, x.dtype)
+        x[dofs] = values
         return x
 
 
@@ -166,7 +181,7 @@ def dirichlet_bc(space, data, *, region=None):
     for name, g in items:
         dofs = space.boundary_dofs(name)
         if coords is None:
-            coords = space.dof_coordinates()
+            coords = space._dof_coordinates
         values[dofs] = evaluate_field(g, coords[:, dofs], f"dirichlet[{name!r}]")
         constrained[dofs] = True
     dofs = np.flatnonzero(constrained)
@@ -245,8 +260,9 @@ class ConstrainedOperator:
         return f"ConstrainedOperator({self.op!r}, constrained={self.bc.dofs.size})"
 
 
-def _call_flux(h, x, normal, name):
-    """``h(x)`` or ``h(x, n)`` (two positional parameters) at facet points."""
+def _flux_field(h, name):
+    """``h`` as a :class:`~smalltc.fem.geometry._Field` called with ``(x, n)`` where it
+    takes two positional parameters, else with ``x``; and whether it takes ``n``."""
     if callable(h):
         try:
             params = [q for q in inspect.signature(h).parameters.values()
@@ -254,12 +270,40 @@ def _call_flux(h, x, normal, name):
         except (TypeError, ValueError):
             params = []
         if len(params) >= 2:
-            return evaluate_field(lambda xx: h(xx, normal), x, name)
-    return evaluate_field(h, x, name)
+            return _Field(h, name), True
+    return _Field(h, name), False
 
 
-def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss"):
+def _facet_geometry(X, a, Bg, Gg, Be, Ge):
+    """``x`` (dim, n, q...) and ``J`` (n, dim, dim, q...) on the facet ``xi_a = end`` of the
+    elements with nodes ``X`` (n, dim, ng, ..., ng): :func:`smalltc.interpolate` along axis
+    ``a`` to the end (the facet's nodes and their normal derivatives, ``Be``/``Ge``), then
+    on the facet's ``dim - 1`` axes (``Bg``/``Gg``)."""
+    xp = array_module(X)
+    n, dim, ng = X.shape[0], X.shape[1], X.shape[2]
+    V = xp.ascontiguousarray(xp.moveaxis(X, 2 + a, -1)).reshape(n, -1, ng)
+    T = smalltc.interpolate(Be, Ge, V, what="both", dim=1)              # (n, comps, 2, 1)
+    face = (n, dim) + (ng,) * (dim - 1)
+    Xf = xp.ascontiguousarray(T[:, :, 0, 0]).reshape(face)
+    Xn = xp.ascontiguousarray(T[:, :, 1, 0]).reshape(face)
+    if dim == 1:
+        return xp.moveaxis(Xf, 1, 0), Xn[:, :, None]
+    Hf = smalltc.interpolate(Bg, Gg, Xf, what="both", dim=dim - 1)      # (n, dim, dim, q...)
+    J = xp.empty((n, dim, dim) + Hf.shape[3:])
+    J[:, :, a] = smalltc.interpolate(Bg, None, Xn, dim=dim - 1)
+    for j, b in enumerate(c for c in range(dim) if c != a):
+        J[:, :, b] = Hf[:, :, 1 + j]
+    return xp.moveaxis(Hf[:, :, 0], 1, 0), J
+
+
+def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss", device="cpu"):
     """Neumann load vector ``b_i = int_Gamma h phi_i ds`` over boundary facets.
+
+    On each facet ``xi_a = +-1`` of a boundary element, at a tensor-product rule of
+    the facet: ``x`` and ``J`` by :func:`smalltc.interpolate` of the element's nodes,
+    ``ds = |J| |J^-T e_a|`` and the outward normal ``n = +-J^-T e_a / |J^-T e_a|``
+    from the adjugate (``|J| J^-1``, closed form), then :func:`smalltc.integrate` of
+    ``w h ds`` into the facet's DoFs; element chunk by chunk on ``device``.
 
     Parameters
     ----------
@@ -273,10 +317,18 @@ def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss"):
     nq : int, optional
         Gauss points per facet direction, ``p + 2`` by default.
     quadrature : str
+    device : {"cpu", "gpu", "auto"}
+        Where the vector is computed and returned (``h`` is called on its arrays).
 
     Returns
     -------
     ndarray, shape (ndofs,)
+
+    Raises
+    ------
+    ValueError
+        If ``h`` fails, or returns the wrong shape or non-finite values (naming
+        ``neumann[region]``).
 
     Examples
     --------
@@ -291,40 +343,41 @@ def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss"):
     """
     items = [(region, data)] if not isinstance(data, dict) else list(data.items())
     nq = space.p + 2 if nq is None else int(nq)
+    xp = resolve_device(device)
     dim, mesh = space.dim, space.mesh
     pts, wts = quadrature_rule(nq, quadrature)
-    Bg, Gg = lagrange_basis(mesh.geom_nodes, pts)
-    ref, _ = gauss_lobatto(space.nd)
-    B1d, _ = lagrange_basis(ref, pts)
-    out = np.zeros(space.ndofs)
+    Bg, Gg = (xp.asarray(m) for m in lagrange_basis(mesh.geom_nodes, pts))
+    B1d = xp.asarray(lagrange_basis(gauss_lobatto(space.nd)[0], pts)[0])
+    w = xp.asarray(_tensor_weights(wts, dim - 1))
+    dofs = _dof_map(space, xp)
+    out = xp.zeros(space.ndofs)
+    per = nq ** (dim - 1) * (4 * dim * (dim + 1) + 10)
     for name, h in items:
+        field, with_normal = _flux_field(h, f"neumann[{name!r}]")
         elems, facets = mesh.boundary_facets(name)
         for f in np.unique(facets):
             a, side = divmod(int(f), 2)
+            sign = 1.0 if side else -1.0
+            Be, Ge = (xp.asarray(m) for m in lagrange_basis(mesh.geom_nodes, [sign]))
             sel = elems[facets == f]
-            end = np.array([1.0 if side else -1.0])
-            Be, Ge = lagrange_basis(mesh.geom_nodes, end)
-            X = mesh.nodes[sel]
-            geo = [Be if b == a else Bg for b in range(dim)]
-            x = apply_tensor(geo, X)                              # (n, dim, ..1.., nq...)
-            cols = [apply_tensor([(Ge if b == a else Gg) if b == c else geo[b]
-                                  for b in range(dim)], X) for c in range(dim)]
-            J = np.stack(cols, axis=2)                            # (n, dim, dim, ...)
-            x, J = np.squeeze(x, axis=2 + a), np.squeeze(J, axis=3 + a)
-            detJ = det_jacobian(J)
-            Jt = np.moveaxis(J, (1, 2), (-2, -1))                 # (n, ..., dim, dim)
-            inv = np.linalg.inv(Jt)                               # (J^-1)[b, i]
-            nrm = inv[..., a, :] * (1.0 if side else -1.0)        # J^-T e_a, outward
-            length = np.linalg.norm(nrm, axis=-1)
-            ds = np.abs(detJ) * length
-            normal = np.moveaxis(nrm / length[..., None], -1, 0)  # (dim, n, ...)
-            w = np.ones(())
-            for _ in range(dim - 1):
-                w = np.multiply.outer(w, wts)
-            vals = _call_flux(h, np.moveaxis(x, 1, 0), normal, f"neumann[{name!r}]")
-            q = (w * ds * vals)[(slice(None),) + (slice(None),) * a + (None,)]  # axis a back, length 1
-            Bend, _ = lagrange_basis(ref, end)
-            mats = [(Bend.T if b == a else B1d.T) for b in range(dim)]
-            be = apply_tensor(mats, q)                            # (n, nd, ..., nd)
-            np.add.at(out, space.elem_dofs[sel].ravel(), be.ravel())
+            face = (slice(None),) + facet_slices(dim, space.nd, f)
+            step = _chunk_elements(xp, sel.size, per, space.ndofs)
+            for lo in range(0, sel.size, step):
+                part = sel[lo:lo + step]
+                x, J = _facet_geometry(xp.asarray(mesh.nodes[part]), a, Bg, Gg, Be, Ge)
+                adj = _adjugate(J)
+                det = _det(J, adj)
+                c = sign / det                            # J^-T e_a = adj[a, :] / |J|
+                nrm = xp.stack([adj[a, i] * c for i in range(dim)])          # (dim, n, q...)
+                length = xp.sqrt((nrm * nrm).sum(axis=0))
+                ds = xp.abs(det) * length                 # |J| |J^-T e_a|
+                nrm /= length
+                vals = field(x, None, nrm) if with_normal else field(x)
+                q = w * ds * vals
+                idx = xp.ascontiguousarray(dofs[xp.asarray(part)][face])
+                if dim == 1:
+                    out += xp.bincount(idx.reshape(-1), weights=q.reshape(-1),
+                                       minlength=space.ndofs)
+                else:
+                    out += smalltc.integrate(B1d, None, q, idx, ndofs=space.ndofs)
     return out

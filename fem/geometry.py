@@ -1,4 +1,4 @@
-"""Element maps at quadrature points: coordinates, Jacobians, and the mass data D.
+"""Element maps at quadrature points: coordinates, Jacobians, and the operators' point data.
 
 For any mesh with per-element geometry nodes ``X_e`` of order ``g`` in tensor
 order (the mesh protocol: ``dim``, ``nelements``, ``geom_order``,
@@ -17,22 +17,34 @@ tensor-product points ``q``:
   packed as the upper triangle row by row on axis 1: the ``Q`` of the
   diffusion operator (docs/math.md section 7).
 
+``x`` and ``J`` come from one call of :func:`smalltc.interpolate` on the element
+nodes (``what="both"``: the value slot is ``x``, the gradient slots the columns of
+``J``); ``|J|`` and the adjugate ``adj J = |J| J^{-1}`` are closed-form products at
+each point, so no matrix is ever inverted. Everything runs element chunk by chunk on
+the array module of the requested device (NumPy, or CuPy: only the chunk's nodes are
+copied to the GPU, the results stay there), chunks sized to a few times the caller's
+vector (and to the caches on the CPU, to the free memory on a GPU).
+
 User functions (``rho`` here, ``f`` in projections) are called as
-``f(x)`` with ``x`` of shape ``(dim, E, nq, ..., nq)``, so ``x[0]`` is the
-first coordinate, and return an array broadcastable to ``(E, nq, ..., nq)``.
+``f(x)`` with ``x`` of shape ``(dim, E, nq, ..., nq)`` (``E`` the elements of one
+chunk), so ``x[0]`` is the first coordinate, and return an array broadcastable to
+``(E, nq, ..., nq)``. On a GPU ``x`` is a CuPy array (NumPy's ufuncs such as
+``np.sin`` take it); a function that raises on it is called on host copies instead,
+and that is logged once.
 """
 
+import logging
 from numbers import Real
 from typing import NamedTuple
 
 import numpy as np
 
+import smalltc
 from smalltc._arrays import array_module
 
 from ._device import resolve_device, to_host
 from .basis import lagrange_basis
 from .quadrature import quadrature_rule
-from .tensor import apply_tensor, interp
 
 __all__ = [
     "QuadratureData",
@@ -46,12 +58,55 @@ __all__ = [
     "diffusion_data",
 ]
 
+log = logging.getLogger("smalltc")
+
+#: bytes a chunk's working set may take on the CPU (about the caches of one core's share)
+CPU_CHUNK_BYTES = 1 << 22
+#: fewest elements a chunk holds (the calls' fixed costs)
+MIN_CHUNK_ELEMENTS = 64
+#: solution vectors a GPU chunk's working set (at least GPU_MIN_CHUNK_BYTES, at most a
+#: quarter of the free memory) and a load vector's block of point values may hold
+SOLUTION_MULTIPLE = 4
+#: the least working set of a GPU chunk (the launches' fixed costs)
+GPU_MIN_CHUNK_BYTES = 1 << 28
+
 
 def _as_points(points):
     t = np.asarray(points, dtype=np.float64)
     if t.ndim != 1 or t.size < 1:
         raise ValueError(f"points must be a non-empty 1D array of reference coordinates, got shape {t.shape}")
     return t
+
+
+def _tensor_weights(weights, dim):
+    """``w[k1, ..., kd] = weights[k1] ... weights[kd]`` (``()``-shaped 1 for ``dim = 0``)."""
+    if dim == 0:
+        return np.ones(())
+    w = np.asarray(weights, dtype=np.float64)
+    for _ in range(dim - 1):
+        w = np.multiply.outer(w, weights)
+    return w
+
+
+def _chunk_elements(xp, nelements, floats_per_element, solution=None):
+    """Elements a chunk holds: its working set (``floats_per_element`` float64 an element)
+    within the CPU's caches, or on a GPU within :data:`SOLUTION_MULTIPLE` times the
+    ``solution`` vector's length (floats; at least :data:`GPU_MIN_CHUNK_BYTES`) and a
+    quarter of the free device memory."""
+    per = 8 * max(1, int(floats_per_element))
+    if xp is np:
+        budget = CPU_CHUNK_BYTES
+    else:
+        free = int(xp.cuda.Device().mem_info[0])
+        want = max(SOLUTION_MULTIPLE * 8 * int(solution or 0), GPU_MIN_CHUNK_BYTES)
+        budget = min(want, free // 4)
+    return int(max(1, min(nelements, max(MIN_CHUNK_ELEMENTS, budget // per))))
+
+
+def _map_basis(mesh, points, xp=np):
+    """``(Bg, Gg)`` of the mesh's geometry at ``points``, in module ``xp``."""
+    Bg, Gg = lagrange_basis(mesh.geom_nodes, _as_points(points))
+    return xp.asarray(Bg), xp.asarray(Gg)
 
 
 def map_points(mesh, points):
@@ -74,8 +129,13 @@ def map_points(mesh, points):
     [[0.25]
      [0.75]]
     """
-    Bg, _ = lagrange_basis(mesh.geom_nodes, _as_points(points))
-    return interp(Bg, mesh.nodes, mesh.dim)
+    Bg, _ = _map_basis(mesh, points)
+    dim, E = mesh.dim, mesh.nelements
+    out = np.empty((E, dim) + (Bg.shape[0],) * dim)
+    step = _chunk_elements(np, E, 3 * dim * Bg.shape[0] ** dim)
+    for lo in range(0, E, step):
+        smalltc.interpolate(Bg, None, mesh.nodes[lo:lo + step], dim=dim, out=out[lo:lo + step])
+    return out
 
 
 def jacobian(mesh, points):
@@ -99,10 +159,14 @@ def jacobian(mesh, points):
     [[0.25  0.   ]
      [0.    0.125]]
     """
-    Bg, Gg = lagrange_basis(mesh.geom_nodes, _as_points(points))
-    dim = mesh.dim
-    cols = [apply_tensor([Gg if a == b else Bg for a in range(dim)], mesh.nodes) for b in range(dim)]
-    return np.stack(cols, axis=2)
+    Bg, Gg = _map_basis(mesh, points)
+    dim, E = mesh.dim, mesh.nelements
+    out = np.empty((E, dim, dim) + (Bg.shape[0],) * dim)
+    step = _chunk_elements(np, E, 3 * dim * dim * Bg.shape[0] ** dim)
+    for lo in range(0, E, step):
+        smalltc.interpolate(Bg, Gg, mesh.nodes[lo:lo + step], what="gradients", dim=dim,
+                            out=out[lo:lo + step])
+    return out
 
 
 def det_jacobian(J):
@@ -130,16 +194,15 @@ def det_jacobian(J):
     J = array_module(J).asarray(J)
     if J.ndim < 3 or J.shape[1] != J.shape[2] or J.shape[1] not in (1, 2, 3):
         raise ValueError(f"J has shape {J.shape}, expected (E, dim, dim, ...) with dim in 1, 2, 3")
-    dim = J.shape[1]
-    if dim == 1:
-        return J[:, 0, 0].copy()
-    if dim == 2:
-        return J[:, 0, 0] * J[:, 1, 1] - J[:, 0, 1] * J[:, 1, 0]
-    return (
-        J[:, 0, 0] * (J[:, 1, 1] * J[:, 2, 2] - J[:, 1, 2] * J[:, 2, 1])
-        - J[:, 0, 1] * (J[:, 1, 0] * J[:, 2, 2] - J[:, 1, 2] * J[:, 2, 0])
-        + J[:, 0, 2] * (J[:, 1, 0] * J[:, 2, 1] - J[:, 1, 1] * J[:, 2, 0])
-    )
+    return _det(J)
+
+
+def _tangled_message(e, npoints, smallest, nbad, mesh_shape=None):
+    where = f"element {e}"
+    if mesh_shape is not None:
+        where += f" (multi-index {tuple(int(i) for i in np.unravel_index(e, mesh_shape))})"
+    return (f"tangled mesh: |J| <= 0 at {npoints} quadrature point(s) of {where} "
+            f"(min |J| = {smallest:.3g}); {nbad} bad element(s) in all")
 
 
 def check_jacobian(detJ, mesh_shape=None):
@@ -165,19 +228,171 @@ def check_jacobian(detJ, mesh_shape=None):
     ...
     ValueError: tangled mesh: |J| <= 0 at 1 quadrature point(s) of element 1 (multi-index (1, 0)) (min |J| = -0.1); 1 bad element(s) in all
     """
-    detJ = np.asarray(detJ)
+    detJ = to_host(detJ)
     flat = detJ.reshape(detJ.shape[0], -1)
     bad = ~(flat > 0)  # also catches NaN
     if bad.any():
         elems = np.flatnonzero(bad.any(axis=1))
         e = int(elems[0])
-        where = f"element {e}"
-        if mesh_shape is not None:
-            where += f" (multi-index {tuple(int(i) for i in np.unravel_index(e, mesh_shape))})"
-        raise ValueError(
-            f"tangled mesh: |J| <= 0 at {int(bad[e].sum())} quadrature point(s) of {where} "
-            f"(min |J| = {np.min(flat[e]):.3g}); {elems.size} bad element(s) in all"
-        )
+        raise ValueError(_tangled_message(e, int(bad[e].sum()), np.min(flat[e]), elems.size,
+                                          mesh_shape))
+
+
+# --- the pointwise step: |J| and adj(J) in closed form -------------------------------------
+
+def _det(J, adj=None):
+    """``|J|`` of ``J`` (n, dim, dim, q...) (any strides); with ``adj`` (its adjugate,
+    :func:`_adjugate`) by the first row's cofactors, which it holds."""
+    xp = array_module(J)
+    dim = J.shape[1]
+    if dim == 1:
+        return J[:, 0, 0].copy()
+    if dim == 2:
+        det = xp.multiply(J[:, 0, 0], J[:, 1, 1])
+        det -= J[:, 0, 1] * J[:, 1, 0]
+        return det
+    if adj is None:
+        adj = xp.empty((3, 1) + J.shape[:1] + J.shape[3:])
+        _cofactors(J, adj, cols=(0,))
+    det = xp.multiply(J[:, 0, 0], adj[0, 0])
+    tmp = xp.multiply(J[:, 0, 1], adj[1, 0])
+    det += tmp
+    xp.multiply(J[:, 0, 2], adj[2, 0], out=tmp)
+    det += tmp
+    return det
+
+
+def _cofactors(J, adj, cols=(0, 1, 2)):
+    """``adj[a, i] = (-1)^(a+i) M_{ia}`` (the cofactor of ``J[i, a]``) for ``i`` in
+    ``cols`` (``adj[:, j]`` for the ``j``-th of them), 3D; one temporary."""
+    xp = array_module(J)
+    tmp = xp.empty(adj.shape[2:])
+    for j, i in enumerate(cols):
+        r = [k for k in range(3) if k != i]
+        for a in range(3):
+            s = [k for k in range(3) if k != a]
+            t = adj[a, j]
+            xp.multiply(J[:, r[0], s[0]], J[:, r[1], s[1]], out=t)
+            xp.multiply(J[:, r[0], s[1]], J[:, r[1], s[0]], out=tmp)
+            if (a + i) % 2:
+                xp.subtract(tmp, t, out=t)                # 0, not -0, for a zero cofactor
+            else:
+                t -= tmp
+
+
+def _adjugate(J):
+    """``adj(J)`` of Jacobians ``(n, dim, dim, q...)`` as ``(dim, dim, n, q...)``:
+    ``adj[a, i] = |J| (J^-1)[a, i]`` (``J adj(J) = |J| I``)."""
+    xp = array_module(J)
+    dim = J.shape[1]
+    adj = xp.empty((dim, dim) + J.shape[:1] + J.shape[3:])
+    if dim == 1:
+        adj.fill(1.0)
+    elif dim == 2:
+        adj[0, 0], adj[1, 1] = J[:, 1, 1], J[:, 0, 0]
+        xp.subtract(0.0, J[:, 0, 1], out=adj[0, 1])       # 0, not -0, for a zero entry
+        xp.subtract(0.0, J[:, 1, 0], out=adj[1, 0])
+    else:
+        _cofactors(J, adj)
+    return adj
+
+
+def _packed_q(adj, detJ, scale, out):
+    """``out[:, c] = scale / |J| sum_i adj[a, i] adj[b, i]`` (``= scale |J| (J^-1
+    J^-T)_{ab}``) for the upper triangle ``(a, b)``, row by row; ``out`` may be float32
+    (each entry rounded once)."""
+    xp = array_module(adj)
+    dim = adj.shape[0]
+    s = xp.divide(scale, detJ)
+    acc = xp.empty(detJ.shape)
+    tmp = xp.empty(detJ.shape) if dim > 1 else None
+    c = 0
+    for a in range(dim):
+        for b in range(a, dim):
+            xp.multiply(adj[a, 0], adj[b, 0], out=acc)
+            for i in range(1, dim):
+                xp.multiply(adj[a, i], adj[b, i], out=tmp)
+                acc += tmp
+            xp.multiply(acc, s, out=out[:, c])
+            c += 1
+    return out
+
+
+def _apply_adjugate_t(adj, ref, i, out, tmp):
+    """``out = sum_b adj[b, i] ref[:, b]``: component ``i`` of ``|J| J^-T g`` for the
+    reference gradient ``ref`` (n, dim, q...); ``tmp`` a temporary of ``out``'s shape."""
+    xp = array_module(adj)
+    xp.multiply(adj[0, i], ref[:, 0], out=out)
+    for b in range(1, adj.shape[0]):
+        xp.multiply(adj[b, i], ref[:, b], out=tmp)
+        out += tmp
+    return out
+
+
+# --- the geometry of a mesh, chunk by chunk -------------------------------------------------
+
+class _GeoChunk(NamedTuple):
+    """The geometry of the elements ``lo:hi`` at the points, on one array module."""
+
+    lo: int
+    hi: int
+    #: ``(n, dim, ng, ..., ng)`` the elements' nodes (on the device)
+    nodes: object
+    #: ``(dim, n, q...)`` coordinates (a view), or None
+    x: object
+    #: ``(n, dim, dim, q...)`` ``J[e, a, b] = dx_a/dxi_b`` (a view)
+    J: object
+    #: ``(n, q...)`` ``|J|`` (positive: checked)
+    detJ: object
+    #: ``(dim, dim, n, q...)`` ``adj J = |J| J^-1``, or None
+    adj: object
+
+
+def _floats_per_point(dim, coords, adjugate):
+    """Float64 values a point of :func:`_geometry` holds at once (its interpolation with
+    the reference path's temporaries, the adjugate, ``|J|`` and two temporaries)."""
+    slots = dim * (dim + (1 if coords else 0))
+    return 3 * slots + (dim * dim if adjugate else 0) + 3
+
+
+def _geometry(mesh, points, xp, *, coords=True, adjugate=True, extra=0, solution=None):
+    """Yield the :class:`_GeoChunk` of every chunk of elements at the tensor-product
+    ``points``, computed on module ``xp``; ``extra``: further floats a point the consumer
+    holds (for the chunk size). A tangled element raises :func:`check_jacobian`'s error
+    (the message made on the host, counting every bad element of the mesh)."""
+    dim, E = mesh.dim, mesh.nelements
+    Bg, Gg = _map_basis(mesh, points, xp)
+    K = Bg.shape[0] ** dim
+    step = _chunk_elements(xp, E, K * (_floats_per_point(dim, coords, adjugate) + extra),
+                           solution)
+    what = "both" if coords else "gradients"
+    for lo in range(0, E, step):
+        hi = min(E, lo + step)
+        nodes = xp.asarray(mesh.nodes[lo:hi])
+        H = smalltc.interpolate(Bg, Gg, nodes, what=what, dim=dim)
+        J = H[:, :, 1:] if coords else H
+        adj = _adjugate(J) if adjugate else None
+        detJ = _det(J, adj)
+        if not bool(detJ.min() > 0):                      # NaN too
+            _raise_tangled(mesh, Bg, Gg, xp, lo, detJ, step)
+        x = xp.moveaxis(H[:, :, 0], 1, 0) if coords else None
+        yield _GeoChunk(lo, hi, nodes, x, J, detJ, adj)
+
+
+def _raise_tangled(mesh, Bg, Gg, xp, lo, detJ, step):
+    """:func:`check_jacobian`'s error for the first bad element (in the chunk at ``lo``),
+    after counting the bad elements of the chunks after it."""
+    flat = to_host(detJ).reshape(detJ.shape[0], -1)
+    bad = ~(flat > 0)
+    elems = np.flatnonzero(bad.any(axis=1))
+    e = int(elems[0])
+    nbad = elems.size
+    for lo2 in range(lo + detJ.shape[0], mesh.nelements, step):
+        nodes = xp.asarray(mesh.nodes[lo2:lo2 + step])
+        d = to_host(_det(smalltc.interpolate(Bg, Gg, nodes, what="gradients", dim=mesh.dim)))
+        nbad += int((~(d.reshape(d.shape[0], -1) > 0)).any(axis=1).sum())
+    raise ValueError(_tangled_message(lo + e, int(bad[e].sum()), np.min(flat[e]), nbad,
+                                      getattr(mesh, "shape", None)))
 
 
 class QuadratureData(NamedTuple):
@@ -195,7 +410,7 @@ class QuadratureData(NamedTuple):
     wdetJ: np.ndarray
 
 
-def quadrature_data(mesh, nq, *, quadrature="gauss"):
+def quadrature_data(mesh, nq, *, quadrature="gauss", device="cpu"):
     """Coordinates, ``|J|`` and ``w |J|`` of a mesh at an ``nq``-point rule per direction.
 
     Parameters
@@ -205,6 +420,8 @@ def quadrature_data(mesh, nq, *, quadrature="gauss"):
         Points per direction.
     quadrature : str
         Rule name for :func:`smalltc.fem.quadrature.quadrature_rule`.
+    device : {"cpu", "gpu", "auto"}
+        Where the arrays are computed and returned (NumPy or CuPy).
 
     Returns
     -------
@@ -224,14 +441,80 @@ def quadrature_data(mesh, nq, *, quadrature="gauss"):
     >>> print(round(float(qd.wdetJ.sum()), 12))   # the volume of the unit cube
     1.0
     """
+    xp = resolve_device(device)
     points, weights = quadrature_rule(nq, quadrature)
-    x = np.moveaxis(map_points(mesh, points), 1, 0)
-    detJ = det_jacobian(jacobian(mesh, points))
-    check_jacobian(detJ, getattr(mesh, "shape", None))
-    w = weights
-    for _ in range(mesh.dim - 1):
-        w = np.multiply.outer(w, weights)
-    return QuadratureData(points, weights, x, detJ, w[None] * detJ)
+    dim, E = mesh.dim, mesh.nelements
+    q = (len(points),) * dim
+    x, detJ = xp.empty((dim, E) + q), xp.empty((E,) + q)
+    for g in _geometry(mesh, points, xp, adjugate=False):
+        x[:, g.lo:g.hi] = g.x
+        detJ[g.lo:g.hi] = g.detJ
+    return QuadratureData(points, weights, x, detJ, xp.asarray(_tensor_weights(weights, dim))
+                          * detJ)
+
+
+# --- user functions at the points ------------------------------------------------------------
+
+class _Field:
+    """A user's function (or number) ``name``, called chunk by chunk on the points' array
+    module; where it raises on a device array it is called on host copies from then on
+    (logged once)."""
+
+    def __init__(self, func, name):
+        if not callable(func) and not (isinstance(func, Real) and not isinstance(func, bool)):
+            raise TypeError(f"{name} must be callable or a real number, got {type(func).__name__}")
+        self.func, self.name, self.host = func, name, False
+        self.constant = None if callable(func) else float(func)
+        if self.constant is not None and not np.isfinite(self.constant):
+            raise ValueError(f"{name}(x) returned non-finite values")
+
+    @property
+    def is_callable(self):
+        return self.constant is None
+
+    def _call(self, x, args):
+        xp = array_module(x)
+        if xp is not np and not self.host:
+            try:
+                return xp.asarray(self.func(x, *args), dtype=np.float64)
+            except Exception as err:
+                why = err
+            else:
+                why = None
+            host = self._host_call(x, args)
+            self.host = True
+            log.warning("smalltc: %s(x) raised %s on a device array; calling it on host "
+                        "copies of the points (slower: write it with NumPy ufuncs, which "
+                        "take CuPy arrays)", self.name, type(why).__name__)
+            return xp.asarray(host)
+        if xp is not np:
+            return xp.asarray(self._host_call(x, args))
+        return self._host_call(x, args)
+
+    def _host_call(self, x, args):
+        try:
+            return np.asarray(self.func(to_host(x), *(to_host(a) for a in args)),
+                              dtype=np.float64)
+        except Exception as err:
+            raise ValueError(f"{self.name}(x) failed for x of shape {x.shape} (coordinate "
+                             "axis first)") from err
+
+    def __call__(self, x, target=None, *args):
+        """The values at ``x`` (dim, n, q...), broadcast to ``target`` (``x.shape[1:]`` by
+        default), float64, on ``x``'s module; checked for shape and finiteness."""
+        xp = array_module(x)
+        target = tuple(x.shape[1:]) if target is None else tuple(target)
+        if self.constant is not None:
+            return xp.full(target, self.constant)
+        val = self._call(x, args)
+        try:
+            val = xp.broadcast_to(val, target)
+        except ValueError as err:
+            raise ValueError(f"{self.name}(x) returned shape {tuple(val.shape)}, expected "
+                             f"{target} for x of shape {tuple(x.shape)}") from err
+        if not bool(xp.isfinite(val).all()):
+            raise ValueError(f"{self.name}(x) returned non-finite values")
+        return val
 
 
 def evaluate_field(func, x, name="f"):
@@ -243,6 +526,8 @@ def evaluate_field(func, x, name="f"):
         ``func(x) -> array`` broadcastable to ``x.shape[1:]``; a number is
         a constant.
     x : ndarray, shape (dim, E, nq, ..., nq)
+        NumPy or CuPy (a function that raises on a CuPy array is called on a host
+        copy; the result is on ``x``'s device).
     name : str
         The argument's name, for error messages.
 
@@ -264,72 +549,16 @@ def evaluate_field(func, x, name="f"):
     >>> evaluate_field(lambda x: x[0] + 1.0, x).shape
     (1, 2, 2)
     """
-    target = x.shape[1:]
-    if callable(func):
-        try:
-            val = np.asarray(func(x), dtype=np.float64)
-        except Exception as err:
-            raise ValueError(f"{name}(x) failed for x of shape {x.shape} (coordinate axis first)") from err
-    elif isinstance(func, Real) and not isinstance(func, bool):
-        val = np.asarray(func, dtype=np.float64)
-    else:
-        raise TypeError(f"{name} must be callable or a real number, got {type(func).__name__}")
-    try:
-        val = np.broadcast_to(val, target)
-    except ValueError as err:
-        raise ValueError(
-            f"{name}(x) returned shape {val.shape}, expected {target} for x of shape {x.shape}"
-        ) from err
-    if not np.all(np.isfinite(val)):
-        raise ValueError(f"{name}(x) returned non-finite values")
-    return val
+    return _Field(func, name)(x)
 
 
-def _jacobian_chunks(xp, mesh, nq, quadrature, chunk=1 << 18):
-    """``(lo, J, detJ, w)`` for ``chunk`` elements at a time, computed on module ``xp`` (on
-    the GPU: cuBLAS GEMMs, only the element nodes copied there): ``J`` of the elements
-    ``lo:lo + len(J)`` (:func:`jacobian`'s layout), ``w`` the tensor weights. A tangled
-    element raises :func:`check_jacobian`'s error (its message made on the host)."""
-    points, weights = quadrature_rule(nq, quadrature)
-    Bg, Gg = (xp.asarray(a) for a in lagrange_basis(mesh.geom_nodes, _as_points(points)))
-    dim = mesh.dim
-    w = weights
-    for _ in range(dim - 1):
-        w = np.multiply.outer(w, weights)
-    w = xp.asarray(w)
-    for lo in range(0, mesh.nelements, chunk):
-        nodes = xp.asarray(mesh.nodes[lo:lo + chunk])
-        cols = [apply_tensor([Gg if a == b else Bg for a in range(dim)], nodes)
-                for b in range(dim)]
-        J = xp.stack(cols, axis=2)
-        detJ = det_jacobian(J)
-        if not bool((detJ > 0).all()):                 # the message is made on the host
-            bad = to_host(detJ)
-            bad = np.concatenate([np.ones((lo,) + bad.shape[1:]), bad])
-            check_jacobian(bad, getattr(mesh, "shape", None))
-        yield lo, J, detJ, w
+# --- the operators' point data -----------------------------------------------------------------
 
-
-def _wdetj_on(xp, mesh, nq, quadrature):
-    """``w |J|`` computed on module ``xp`` (:func:`_jacobian_chunks`)."""
-    out = xp.empty((mesh.nelements,) + (nq,) * mesh.dim)
-    for lo, J, detJ, w in _jacobian_chunks(xp, mesh, nq, quadrature):
-        out[lo:lo + len(J)] = w[None] * detJ
-    return out
-
-
-def _packed_q(J, detJ, scale, out):
-    """``out[:, c] = scale / |J| (adj J adj J^T)_{ab}`` (``= scale |J| (J^-1 J^-T)_{ab}``)
-    for the upper triangle ``(a, b)``, row by row; any array module."""
-    dim = J.shape[1]
-    adj = _adjugate(J)                                   # adj[a, i] = |J| (J^-1)[a, i]
-    s = scale / detJ
-    c = 0
-    for a in range(dim):
-        for b in range(a, dim):
-            out[:, c] = sum(adj[:, a, i] * adj[:, b, i] for i in range(dim)) * s
-            c += 1
-    return out
+def _check_dtype(dtype):
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise ValueError(f"dtype must be float64 or float32, got {dt}")
+    return dt
 
 
 def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, device="cpu"):
@@ -348,11 +577,9 @@ def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, devic
     dtype : numpy dtype
         float64 (default) or float32; computed in float64, then cast.
     device : {"cpu", "gpu", "auto"}
-        Where ``D`` is computed and returned (NumPy or CuPy). With a constant
-        ``rho`` (or none) only ``|J|`` is computed, element chunk by chunk,
-        there (no coordinates: a 2^18-element 3D mesh in seconds); a callable
-        ``rho`` needs the coordinates, computed on the host (the result is
-        copied).
+        Where ``D`` is computed, element chunk by chunk, and returned (NumPy or
+        CuPy): on a GPU only the chunks' element nodes are copied there, and a
+        callable ``rho`` is called on device arrays.
 
     Returns
     -------
@@ -374,17 +601,21 @@ def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, devic
     >>> print(round(float(D.sum()), 5))   # rho times the area
     2.0
     """
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
-        raise ValueError(f"dtype must be float64 or float32, got {dt}")
+    dt = _check_dtype(dtype)
     xp = resolve_device(device)
-    if not callable(rho):
-        scale = 1.0 if rho is None else float(evaluate_field(rho, np.zeros((mesh.dim, 1)), "rho")
-                                              .ravel()[0])
-        return xp.ascontiguousarray(_wdetj_on(xp, mesh, nq, quadrature) * scale, dtype=dt)
-    qd = quadrature_data(mesh, nq, quadrature=quadrature)
-    D = qd.wdetJ if rho is None else qd.wdetJ * evaluate_field(rho, qd.x, "rho")
-    return xp.asarray(np.ascontiguousarray(D, dtype=dt))
+    field = _Field(1.0 if rho is None else rho, "rho")
+    points, weights = quadrature_rule(nq, quadrature)
+    w = xp.asarray(_tensor_weights(weights, mesh.dim))
+    D = xp.empty((mesh.nelements,) + w.shape, dtype=dt)
+    for g in _geometry(mesh, points, xp, coords=field.is_callable, adjugate=False):
+        d = g.detJ
+        d *= w
+        if field.is_callable:
+            d *= field(g.x)
+        elif field.constant != 1.0:
+            d *= field.constant
+        D[g.lo:g.hi] = d
+    return D
 
 
 def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64,
@@ -395,11 +626,11 @@ def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64
     point (``J[a, b] = d x_a / d xi_b``, :func:`jacobian`), so that ``u^T K u`` is
     ``int kappa |grad u|^2`` (docs/math.md section 7). The symmetric ``dim x dim``
     matrix is stored as its upper triangle, row by row (3D: 11, 12, 13, 22, 23, 33;
-    2D: 11, 12, 22; 1D: 11), on axis 1.
+    2D: 11, 12, 22; 1D: 11), on axis 1. ``|J| J^{-1}`` is the adjugate, in closed form.
 
     Parameters
     ----------
-    mesh : BoxMesh
+    mesh : BoxMesh or UnstructuredMesh
     nq : int
         Quadrature points per direction.
     kappa : callable or float, optional
@@ -411,8 +642,8 @@ def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64
     dtype : numpy dtype
         float64 (default) or float32; computed in float64, then cast.
     device : {"cpu", "gpu", "auto"}
-        Where ``Q`` is returned and, for a constant ``kappa``, computed (on a GPU only
-        the element nodes are copied; a callable ``kappa`` is evaluated on the host).
+        Where ``Q`` is computed, element chunk by chunk, and returned (as for
+        :func:`mass_data`).
 
     Returns
     -------
@@ -433,48 +664,15 @@ def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64
     >>> print(np.round(Q[0, :, 1, 1], 6))              # w = (8/9)^2, |J| = 1/16, J^-2 = 16
     [0.790123 0.       0.790123]
     """
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
-        raise ValueError(f"dtype must be float64 or float32, got {dt}")
+    dt = _check_dtype(dtype)
     xp = resolve_device(device)
+    field = _Field(1.0 if kappa is None else kappa, "kappa")
+    points, weights = quadrature_rule(nq, quadrature)
     dim = mesh.dim
     nsym = dim * (dim + 1) // 2
-    if not callable(kappa):           # computed where Q is returned, a chunk at a time
-        k = 1.0 if kappa is None else float(evaluate_field(kappa, np.zeros((dim, 1)), "kappa")
-                                            .ravel()[0])
-        Q = xp.empty((mesh.nelements, nsym) + (nq,) * dim, dtype=dt)
-        for lo, J, detJ, w in _jacobian_chunks(xp, mesh, nq, quadrature):
-            part = _packed_q(J, detJ, w[None] * k, xp.empty((len(J), nsym) + J.shape[3:]))
-            Q[lo:lo + len(J)] = part
-        return Q
-    points, weights = quadrature_rule(nq, quadrature)
-    J = jacobian(mesh, points)                           # (E, dim, dim, nq, ...)
-    detJ = det_jacobian(J)
-    check_jacobian(detJ, getattr(mesh, "shape", None))
-    w = weights
-    for _ in range(dim - 1):
-        w = np.multiply.outer(w, weights)
-    scale = w[None] * evaluate_field(kappa, np.moveaxis(map_points(mesh, points), 1, 0),
-                                     "kappa")
-    Q = _packed_q(J, detJ, scale, np.empty((J.shape[0], nsym) + J.shape[3:]))
-    return xp.asarray(np.ascontiguousarray(Q, dtype=dt))
-
-
-def _adjugate(J):
-    """``adj(J)`` of Jacobians laid out as ``(E, dim, dim, ...)``: ``J adj(J) = |J| I``."""
-    xp = array_module(J)
-    dim = J.shape[1]
-    if dim == 1:
-        return xp.ones_like(J)
-    adj = xp.empty_like(J)
-    if dim == 2:
-        adj[:, 0, 0], adj[:, 1, 1] = J[:, 1, 1], J[:, 0, 0]
-        adj[:, 0, 1], adj[:, 1, 0] = -J[:, 0, 1], -J[:, 1, 0]
-        return adj
-    for a in range(3):
-        for i in range(3):
-            r = [k for k in range(3) if k != i]      # the cofactor of J[i, a]
-            s = [k for k in range(3) if k != a]
-            adj[:, a, i] = ((-1) ** (a + i)) * (J[:, r[0], s[0]] * J[:, r[1], s[1]]
-                                                - J[:, r[0], s[1]] * J[:, r[1], s[0]])
-    return adj
+    w = xp.asarray(_tensor_weights(weights, dim))
+    Q = xp.empty((mesh.nelements, nsym) + w.shape, dtype=dt)
+    for g in _geometry(mesh, points, xp, coords=field.is_callable, extra=3):
+        scale = w * (field(g.x) if field.is_callable else field.constant)
+        _packed_q(g.adj, g.detJ, scale, Q[g.lo:g.hi])
+    return Q

@@ -132,14 +132,19 @@ class BoxMesh:
             raise KeyError(f"no boundary region {region!r} in a {self.dim}D box mesh; its "
                            f"boundary regions: {list(self.boundary_regions)}")
         sides = range(2 * self.dim) if region is None else [self.boundary_regions.index(region)]
-        multi = np.indices(self.shape).reshape(self.dim, -1)
         es, fs = [], []
         for f in sides:
             a, side = divmod(f, 2)
-            e = np.flatnonzero(multi[a] == (self.shape[a] - 1 if side else 0))
-            es.append(e)
+            # the elements with e_a at its end, in increasing order: the C-order indices
+            # of the grid with axis a fixed
+            sub = list(self.shape)
+            sub[a] = 1
+            multi = np.indices(sub).reshape(self.dim, -1)
+            multi[a] = self.shape[a] - 1 if side else 0
+            e = np.ravel_multi_index(tuple(multi), self.shape)
+            es.append(e.astype(np.int64))
             fs.append(np.full(e.size, f, dtype=np.int64))
-        return np.concatenate(es).astype(np.int64), np.concatenate(fs)
+        return np.concatenate(es), np.concatenate(fs)
 
     def __repr__(self):
         return (
@@ -185,8 +190,7 @@ def _reference_coordinates(shape, nodes1d, start=None, stop=None):
     start = (0,) * dim if start is None else tuple(start)
     stop = shape if stop is None else tuple(stop)
     block = tuple(b - a for a, b in zip(start, stop))
-    full = block + (ng,) * dim
-    comps = []
+    out = np.empty(block + (dim,) + (ng,) * dim)
     for d, n_d in enumerate(shape):
         # (e + (xi + 1) / 2) / n: a node shared by elements e and e + 1 gets
         # the same value from both, because (xi + 1) / 2 is exactly 0 or 1 there.
@@ -194,9 +198,8 @@ def _reference_coordinates(shape, nodes1d, start=None, stop=None):
         c = (e[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d
         bshape = [1] * (2 * dim)
         bshape[d], bshape[dim + d] = block[d], ng
-        comps.append(np.broadcast_to(c.reshape(bshape), full))
-    xhat = np.stack(comps, axis=dim)
-    return xhat.reshape((int(np.prod(block)), dim) + (ng,) * dim)
+        out[(slice(None),) * dim + (d,)] = c.reshape(bshape)
+    return out.reshape((int(np.prod(block)), dim) + (ng,) * dim)
 
 
 def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
@@ -253,7 +256,8 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
 
 
 def _place(xhat, distortion, lo, hi):
-    """Unit-box node coordinates ``(E, dim, ng...)`` -> distorted, scaled to ``[lo, hi]``."""
+    """Unit-box node coordinates ``(E, dim, ng...)`` -> distorted, scaled to ``[lo, hi]``
+    (a new C-contiguous array: ``lo + (hi - lo) * moved``, each factor once per value)."""
     dim = xhat.shape[1]
     xhat_c = np.moveaxis(xhat, 1, 0)  # (dim, E, ng...)
     if callable(distortion):
@@ -270,11 +274,13 @@ def _place(xhat, distortion, lo, hi):
         moved = sine_distortion(xhat_c, float(distortion)) if distortion != 0 else xhat_c
     else:
         raise ValueError(f"distortion must be a finite amplitude or a callable, got {distortion!r}")
-    if not np.all(np.isfinite(moved)):
+    if moved is not xhat_c and not np.all(np.isfinite(moved)):
         raise ValueError("distortion produced non-finite coordinates")
-    scale = (hi - lo).reshape((1, dim) + (1,) * dim)
-    nodes = lo.reshape((1, dim) + (1,) * dim) + scale * np.moveaxis(moved, 0, 1)
-    return np.ascontiguousarray(nodes)
+    bshape = (1, dim) + (1,) * dim
+    nodes = np.multiply(np.moveaxis(moved, 0, 1), (hi - lo).reshape(bshape),
+                        out=np.empty(xhat.shape))
+    nodes += lo.reshape(bshape)
+    return nodes
 
 
 def _kershaw_right(eps, t):

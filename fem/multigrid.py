@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+import smalltc
 from smalltc._arrays import array_module
 
 from ._device import to_host
@@ -39,7 +40,6 @@ from .chebyshev import KINDS, Chebyshev, _Preconditioner
 from .coarse import COARSE_SOLVERS, AMGSolver, CGSolver, assemble_csr
 from .quadrature import gauss_lobatto
 from .space import H1Space
-from .tensor import apply_tensor
 
 __all__ = ["PMultigrid", "Transfer", "Constrained", "pmg", "pmg_orders", "boundary_mask"]
 
@@ -110,14 +110,15 @@ class Transfer:
     fused : bool or None
         CuPy vectors: one kernel each way (``templates/cuda/pmg_transfer.cu.j2``: gather,
         the sum-factorised interpolation in shared memory, weighted atomic scatter-add);
-        False: the same with CuPy array operations (gather, three GEMMs, strided adds).
+        False: the same with :func:`smalltc.interpolate` (gather, sum-factorised GEMMs,
+        strided adds).
         None (default): fused on the GPU.
     host_kernel : bool or None
         NumPy vectors: the element part compiled with Numba
         (``templates/cpu/pmg_transfer.py.j2``: gather, the sum-factorised interpolation,
-        the weights; then ``numpy.bincount``), 3-10x faster than the array path (one
-        ``tensordot`` per axis); False: the array path. None (default): compiled where
-        Numba imports.
+        the weights; then ``numpy.bincount``), 3-10x faster than the array path
+        (:func:`smalltc.interpolate` on the gathered E-vectors); False: the array path.
+        None (default): compiled where Numba imports.
 
     Examples
     --------
@@ -235,8 +236,8 @@ class Transfer:
             return self._host(True, xc)
         if self.coarse_free is not None:
             xc = xc * self.coarse_free
-        dim = self.fine.dim
-        v = apply_tensor([self.I1d] * dim, self.coarse.gather(xc))
+        v = smalltc.interpolate(self.I1d, None, self.coarse.gather(
+            self.xp.asarray(xc, dtype=self.dtype)))
         return self.fine.scatter(v * self.weights)
 
     def prolong_add(self, xc, x):
@@ -253,8 +254,8 @@ class Transfer:
             return self._fused(False, rf)
         if self.xp is np and self.host_kernel:
             return self._host(False, rf)
-        dim = self.fine.dim
-        v = apply_tensor([self.I1dT] * dim, self.fine.gather(rf) * self.weights)
+        v = smalltc.interpolate(self.I1dT, None, self.fine.gather(
+            self.xp.asarray(rf, dtype=self.dtype)) * self.weights)
         rc = self.coarse.scatter(v)
         return rc if self.coarse_free is None else rc * self.coarse_free
 
@@ -926,5 +927,5 @@ def _touches(coarse, fine, fine_fixed, xp=np):
     I1d, _ = lagrange_basis(gauss_lobatto(coarse.nd)[0], gauss_lobatto(fine.nd)[0])
     absI = xp.asarray(np.abs(I1d).T)
     v = fine.gather(xp.asarray(np.asarray(to_host(fine_fixed), dtype=np.float64)))
-    rc = coarse.scatter(apply_tensor([absI] * fine.dim, v))
+    rc = coarse.scatter(smalltc.interpolate(absI, None, v))
     return np.asarray(to_host(rc > 1e-12))

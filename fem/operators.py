@@ -43,7 +43,6 @@ from smalltc._arrays import cupy_or_none, is_cupy
 from ._device import resolve_device, to_host
 from .basis import basis_1d
 from .geometry import diffusion_data, mass_data
-from .tensor import interp_t
 
 __all__ = ["Operator", "AssembledOperator", "MassOperator", "AssembledMassOperator",
            "mass_operator", "diffusion_operator", "helmholtz_operator", "linear_operator",
@@ -316,7 +315,7 @@ class Operator(_SpaceOperator):
         """
         if not self.fused:
             if self.qfunc == "mass":
-                return self.space.scatter(interp_t(self.B1d**2, self.D, self.space.dim))
+                return self.space.scatter(smalltc.integrate(self.B1d**2, None, self.D))
             from smalltc.backends.reference import operator_diagonal_einsum
             d = operator_diagonal_einsum(self.qfunc, self.B1d, self.G1d, self.D, self.Q,
                                          self.space.dim)

@@ -21,11 +21,12 @@ import os
 
 import numpy as np
 
+import smalltc
+
 from ._device import to_host
 from ._ordering import HEX_TYPES, QUAD_TYPES, gmsh_reference, meshio_reference, to_tensor_permutation
 from .basis import lagrange_basis
 from .quadrature import gauss_lobatto
-from .tensor import interp
 
 __all__ = ["to_meshio", "write_vtu"]
 
@@ -97,25 +98,16 @@ def to_meshio(space, *, cells="vtk", **fields):
     if dim not in (2, 3):
         raise ValueError(f"only 2D and 3D meshes are written, got dim={dim}")
     eq = np.linspace(-1.0, 1.0, nd)
-    Bx, _ = lagrange_basis(mesh.geom_nodes, eq)
-    xe = interp(Bx, mesh.nodes, dim)                     # (E, dim, nd, ...)
     points = np.zeros((space.ndofs, 3))
-    for d in range(dim):
-        points[space._flat, d] = xe[:, d].ravel()
+    points[:, :dim] = space.map_nodes(eq).T
     gll, _ = gauss_lobatto(nd)
     Bu, _ = lagrange_basis(gll, eq)
     data = {}
     for name, u in fields.items():
         u = _check_field(name, u, space)
-        ue = interp(Bu, space.gather(u), dim)
-        if u.ndim == 1:
-            out = np.empty(space.ndofs)
-            out[space._flat] = ue.ravel()
-        else:
-            out = np.empty((space.ndofs, u.shape[0]))
-            for c in range(u.shape[0]):
-                out[space._flat, c] = ue[:, c].ravel()
-        data[name] = out
+        # the field at the equispaced nodes, gathered through the map in the same call
+        ue = smalltc.interpolate(Bu, None, np.ascontiguousarray(u), space.dof_map(np))
+        data[name] = np.ascontiguousarray(space.assign(ue).T)
     ctype = _type_name(dim, p, cells)
     ref = meshio_reference(ctype, nd ** dim)
     conn = space.elem_dofs.reshape(space.nelements, -1)[:, _cell_order(ref, p)]
@@ -129,16 +121,11 @@ def to_meshio(space, *, cells="vtk", **fields):
         fname = _line_name(p) if dim == 2 else _type_name(2, p, "gmsh")
         fref = gmsh_reference(fdim, p) if dim == 2 else meshio_reference(fname)
         forder = _cell_order(fref, p)
-        from .topology import facet_slices
         for k, rname in enumerate(names, start=1):
-            elems, facets = mesh.boundary_facets(rname)
-            rows = []
-            for e, f in zip(elems, facets):
-                lat = space.elem_dofs[e][facet_slices(dim, nd, f)]
-                rows.append(lat.reshape(-1)[forder])
-            if rows:
-                blocks.append((fname, np.array(rows)))
-                tags.append(np.full(len(rows), k, dtype=np.int64))
+            rows = space.facet_dofs(*mesh.boundary_facets(rname))[:, forder]
+            if rows.shape[0]:
+                blocks.append((fname, rows))
+                tags.append(np.full(rows.shape[0], k, dtype=np.int64))
                 field_data[rname] = np.array([k, fdim])
         vol = getattr(mesh, "volume_regions", {}) or {}
         for k, (rname, elems) in enumerate(vol.items(), start=len(names) + 1):

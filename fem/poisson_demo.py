@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+import smalltc
+
 __all__ = ["poisson_demo", "manufactured"]
 
 
@@ -130,14 +132,13 @@ def _plot_solution(plt, res, path, nsub=12):
     """The solution sampled on an ``nsub x nsub`` grid inside every (curved) element."""
     from .basis import lagrange_basis
     from .quadrature import gauss_lobatto
-    from .tensor import interp
     space = res.space
     mesh = space.mesh
     t = np.linspace(-1, 1, nsub)
     Bx, _ = lagrange_basis(mesh.geom_nodes, t)
     Bu, _ = lagrange_basis(gauss_lobatto(space.nd)[0], t)
-    X = interp(Bx, mesh.nodes, 2)                      # (E, 2, nsub, nsub)
-    U = interp(Bu, space.gather(res.u), 2)             # (E, nsub, nsub)
+    X = smalltc.interpolate(Bx, None, mesh.nodes, dim=2)          # (E, 2, nsub, nsub)
+    U = smalltc.interpolate(Bu, None, res.u, space.dof_map())      # (E, nsub, nsub)
     fig, ax = plt.subplots(figsize=(6.2, 5.2))
     vmin, vmax = float(U.min()), float(U.max())
     for e in range(space.nelements):

@@ -2,38 +2,47 @@
 
 The L2 projection ``u_h`` of ``f`` solves ``M u = b`` with ``M`` the mass
 matrix and ``b_i = int f phi_i``; element-wise ``b_e = B^T (w |J| f(x_q))``
-(the transposed interpolation), then scatter-add. The error ``||u_h - f||``
-is measured with a finer quadrature than the one used to build ``M`` and
-``b``, so it is not blind to what the solve's rule cannot see.
+(:func:`smalltc.integrate`, summed through the DoF map). The error
+``||u_h - f||`` is measured with a finer quadrature than the one used to build
+``M`` and ``b``, so it is not blind to what the solve's rule cannot see: ``u_h``
+at the points by :func:`smalltc.interpolate` through the map, the squared sums
+reduced where they are computed, one float back.
 
 User functions take ``x`` of shape ``(dim, ...)`` (coordinate axis first)
 and return values of shape ``x.shape[1:]``.
 
-:func:`l2_project` sets up on the host (mesh, geometry, ``D``, right-hand
-side, all NumPy, once) and solves on the chosen ``device``: with
-``device="gpu"`` (or ``"auto"`` on a machine with a GPU) ``B1d``, ``D`` and
-``b`` are copied to the GPU, and the operator, the Jacobi preconditioner and
-CG run there with CuPy; the solution comes back to the host for the error.
+Everything runs element chunk by chunk (:mod:`smalltc.fem.geometry`) on the
+chosen ``device``: with ``device="gpu"`` (or ``"auto"`` on a machine with a GPU)
+the geometry, ``D``, the right-hand side, the operator, the Jacobi preconditioner,
+CG and the error run with CuPy on the GPU (the mesh nodes are copied there a chunk
+at a time; ``f`` is called on device arrays); the solution comes back to the host.
 
 This module knows nothing of MPI: ``smalltc.fem.l2_project(..., comm=)``
 (:mod:`smalltc.fem.api`) sends a distributed projection to
 :mod:`smalltc.fem.distributed`, which builds on this one.
 """
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+import smalltc
+from smalltc._arrays import array_module
+
 from ._device import device_name, resolve_device, synchronize, to_host
-from .basis import basis_1d
-from .geometry import evaluate_field, quadrature_data
+from .basis import basis_1d, lagrange_basis
+from .geometry import (SOLUTION_MULTIPLE, _Field, _apply_adjugate_t, _geometry, _tensor_weights,
+                       mass_data)
 from .operators import AssembledMassOperator, MassOperator
+from .quadrature import gauss_lobatto, quadrature_rule
 from .solvers import cg, jacobi
 from .space import H1Space
-from .tensor import interp, interp_t
 
 __all__ = ["ProjectionResult", "load_vector", "l2_error", "l2_project"]
+
+log = logging.getLogger("smalltc")
 
 _OPERATORS = {"matrix-free": MassOperator, "assembled": AssembledMassOperator}
 
@@ -46,18 +55,26 @@ def _default_nq(p, nq, name="nq"):
     return int(nq)
 
 
-def load_vector(space, f, *, nq=None, quadrature="gauss"):
+def _dof_map(space, xp):
+    """The space's element-to-DoF map on module ``xp`` (kept by the space where it can)."""
+    dof_map = getattr(space, "dof_map", None)
+    return dof_map(xp) if dof_map is not None else xp.asarray(space.elem_dofs)
+
+
+def load_vector(space, f, *, nq=None, quadrature="gauss", device="cpu"):
     """Right-hand side ``b_i = int f phi_i`` of the L2 projection.
 
     Parameters
     ----------
     space : H1Space
     f : callable or float
-        ``f(x)`` with ``x`` of shape ``(dim, E, nq, ..., nq)``.
+        ``f(x)`` with ``x`` of shape ``(dim, E, nq, ..., nq)`` (a chunk's elements).
     nq : int, optional
         Quadrature points per direction, ``p + 2`` by default.
     quadrature : str
         Rule name.
+    device : {"cpu", "gpu", "auto"}
+        Where ``b`` is computed, element chunk by chunk, and returned.
 
     Returns
     -------
@@ -75,14 +92,42 @@ def load_vector(space, f, *, nq=None, quadrature="gauss"):
     >>> print(np.round(b, 12))
     [0.25 0.5  0.25]
     """
-    nq = _default_nq(space.p, nq)
-    qd = quadrature_data(space.mesh, nq, quadrature=quadrature)
-    return _load(space, qd, basis_1d(space.p, nq, quadrature).B1d, f)
+    return _load(space, f, _default_nq(space.p, nq), quadrature, resolve_device(device))
 
 
-def _load(space, qd, B1d, f):
-    """``b = scatter(B^T (w |J| f(x_q)))`` from precomputed quadrature data."""
-    return space.scatter(interp_t(B1d, qd.wdetJ * evaluate_field(f, qd.x), space.dim))
+def _load(space, f, nq, quadrature, xp, name="f"):
+    """``b = sum_e P_e^T B^T (w |J| f(x_q))`` on module ``xp``: per chunk of elements the
+    geometry and ``f`` at its points, gathered into blocks whose points hold a few
+    solution vectors (:data:`~smalltc.fem.geometry.SOLUTION_MULTIPLE`), each block
+    summed into ``b`` by one :func:`smalltc.integrate` through the DoF map."""
+    fq = _Field(f, name)
+    points, weights = quadrature_rule(nq, quadrature)
+    B1d = xp.asarray(basis_1d(space.p, nq, quadrature).B1d)
+    w = xp.asarray(_tensor_weights(weights, space.dim))
+    dofs = _dof_map(space, xp)
+    E, n = space.nelements, space.ndofs
+    block = max(1, -(-SOLUTION_MULTIPLE * n // w.size))
+    out = part = buf = None
+    b0 = 0
+    for g in _geometry(space.mesh, points, xp, coords=fq.is_callable, adjugate=False, extra=3,
+                       solution=n):
+        if buf is None:
+            buf = xp.empty((min(E, block + g.hi - g.lo),) + w.shape)
+        h = buf[g.lo - b0:g.hi - b0]
+        xp.multiply(g.detJ, w, out=h)
+        if fq.is_callable:
+            h *= fq(g.x)
+        elif fq.constant != 1.0:
+            h *= fq.constant
+        if g.hi - b0 >= block or g.hi == E:
+            args = (B1d, None, buf[:g.hi - b0], dofs[b0:g.hi])
+            if out is None:
+                out = smalltc.integrate(*args, ndofs=n)
+            else:
+                part = smalltc.integrate(*args, ndofs=n, out=part)
+                out += part
+            b0 = g.hi
+    return out
 
 
 def l2_error(space, u, f, *, nq=None, quadrature="gauss"):
@@ -92,7 +137,7 @@ def l2_error(space, u, f, *, nq=None, quadrature="gauss"):
     ----------
     space : H1Space
     u : ndarray, shape (ndofs,)
-        NumPy, or CuPy (copied to the host).
+        NumPy, or CuPy (the error is then computed on the GPU).
     f : callable or float
         The exact function (or 0 for ``||u_h||``).
     nq : int, optional
@@ -121,19 +166,86 @@ def _error_and_norm(space, u, f, nq, quadrature, name):
     return float(np.sqrt(err2)), float(np.sqrt(norm2))
 
 
-def _error_sums(space, u, f, nq, quadrature, name):
-    """``(||u_h - f||^2, ||f||^2)`` over the elements of ``space`` (a block's, in a
-    distributed run: the ranks' sums add up)."""
+def _error_sums(space, u, f, nq, quadrature, name="nq", *, fname="f", h1=False, gradient=None,
+                l2=True):
+    """Squared sums over the elements of ``space`` (a block's, in a distributed run: the
+    ranks' sums add up), on ``u``'s array module, chunk by chunk: ``(||u_h - f||^2,
+    ||f||^2)`` with ``l2``, then ``|u_h - f|_{H^1}^2`` with ``h1`` (``gradient(x)``:
+    ``f``'s gradient; without it, the gradient of ``f``'s order-``p + 2`` interpolant on
+    each element). One float a sum comes back to the host."""
     nq = space.p + 4 if nq is None else _default_nq(space.p, nq, name)
-    u = to_host(u)
+    xp = array_module(u)
+    u = xp.asarray(u, dtype=np.float64)
     if u.shape != (space.ndofs,):
         raise ValueError(f"u has shape {u.shape}, expected ({space.ndofs},) for this space")
-    qd = quadrature_data(space.mesh, nq, quadrature=quadrature)
-    B1d = basis_1d(space.p, nq, quadrature).B1d
-    uq = interp(B1d, space.gather(u.astype(np.float64)), space.dim)
-    fq = evaluate_field(f, qd.x)
-    diff = uq - fq
-    return float(np.sum(qd.wdetJ * diff * diff)), float(np.sum(qd.wdetJ * fq * fq))
+    fq = _Field(f, fname)
+    gq = None if gradient is None else _Field(gradient, f"{fname}[1]")
+    dim, mesh = space.dim, space.mesh
+    points, weights = quadrature_rule(nq, quadrature)
+    b = basis_1d(space.p, nq, quadrature)
+    B1d, G1d = xp.asarray(b.B1d), (xp.asarray(b.G1d) if h1 else None)
+    w = xp.asarray(_tensor_weights(weights, dim))
+    dofs = _dof_map(space, xp)
+    interpolant = h1 and gq is None and fq.is_callable
+    if interpolant:
+        r = space.p + 3
+        gll = gauss_lobatto(r)[0]
+        Bx = xp.asarray(lagrange_basis(mesh.geom_nodes, gll)[0])
+        Bi, Gi = (xp.asarray(m) for m in lagrange_basis(gll, points))
+        log.info("smalltc: the H1 error differentiates the order-%d interpolant of %s on "
+                 "each element (%s has no gradient; pass %s=(u, grad_u) for the exact one)",
+                 r - 1, fname, fname, fname)
+    coords = (l2 and fq.is_callable) or gq is not None
+    sums = xp.zeros(3)
+    for g in _geometry(mesh, points, xp, coords=coords, adjugate=h1, extra=4 * dim + 8,
+                       solution=space.ndofs):
+        H = smalltc.interpolate(B1d, G1d, u, dofs[g.lo:g.hi], what="both" if h1 else "values")
+        wdetJ = xp.multiply(g.detJ, w)
+        if l2:
+            exact = fq(g.x) if fq.is_callable else fq.constant
+            d = xp.subtract(H[:, 0] if h1 else H, exact)
+            d *= d
+            sums[0] += xp.vdot(d.ravel(), wdetJ.ravel())
+            if fq.is_callable:
+                xp.multiply(exact, exact, out=d)
+            else:
+                d.fill(exact * exact)
+            sums[1] += xp.vdot(d.ravel(), wdetJ.ravel())
+        if h1:
+            sums[2] += _h1_chunk(g, H[:, 1:], w, wdetJ, fq, gq, interpolant and (Bx, Bi, Gi))
+    s = to_host(sums)
+    if not l2:
+        return float(s[2])
+    return (float(s[0]), float(s[1])) + ((float(s[2]),) if h1 else ())
+
+
+def _h1_chunk(g, ref, w, wdetJ, fq, gq, interpolant):
+    """``sum |grad u_h - grad f|^2 w |J|`` over a chunk's points; ``ref`` the reference
+    gradients of ``u_h``; ``grad f`` from ``gq`` (at the points, physical) or from
+    ``interpolant = (Bx, Bi, Gi)`` (the reference gradients of ``f``'s interpolant,
+    subtracted before the map ``J^-T = adj^T / |J|``)."""
+    xp = array_module(ref)
+    dim = ref.shape[1]
+    if interpolant:
+        Bx, Bi, Gi = interpolant
+        xr = smalltc.interpolate(Bx, None, g.nodes, dim=dim)            # (n, dim, r...)
+        target = (xr.shape[0],) + xr.shape[2:]
+        ui = xp.ascontiguousarray(fq(xp.moveaxis(xr, 1, 0), target))
+        ref = ref - smalltc.interpolate(Bi, Gi, ui, what="gradients")
+    t, tmp = xp.empty(g.detJ.shape), xp.empty(g.detJ.shape)
+    s = xp.zeros(g.detJ.shape)
+    exact = gq(g.x, (dim,) + g.detJ.shape) if gq is not None else None
+    for i in range(dim):
+        _apply_adjugate_t(g.adj, ref, i, t, tmp)              # |J| (J^-T ref)_i
+        if exact is not None:
+            t /= g.detJ
+            t -= exact[i]
+        t *= t
+        s += t
+    if exact is not None:
+        return xp.vdot(s.ravel(), wdetJ.ravel())
+    xp.divide(w, g.detJ, out=t)                               # w |J| / |J|^2
+    return xp.vdot(s.ravel(), t.ravel())
 
 
 @dataclass
@@ -228,7 +340,7 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
         Where the operator and CG run: ``"cpu"`` with NumPy, ``"gpu"`` with
         CuPy, ``"auto"`` the GPU when one answers
         (:func:`smalltc._arrays.gpu_available`), else the CPU. The setup
-        stays on the host either way.
+        and the error run there too.
     deterministic : bool
         Passed to the fused operator (:func:`smalltc.mass_apply`): the same bits
         every run on a GPU.
@@ -263,18 +375,19 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     t0 = time.perf_counter()
     space = H1Space(mesh, p)
     nq = _default_nq(space.p, nq)
-    qd = quadrature_data(mesh, nq, quadrature=quadrature)
-    B1d = basis_1d(space.p, nq, quadrature).B1d
-    b = xp.asarray(_load(space, qd, B1d, f))
+    D = mass_data(mesh, nq, quadrature=quadrature, device=device_name(xp))
+    B1d = xp.asarray(basis_1d(space.p, nq, quadrature).B1d)
+    b = _load(space, f, nq, quadrature, xp)
     kw = {"deterministic": deterministic} if operator == "matrix-free" else {}
-    M = _OPERATORS[operator](space, xp.asarray(qd.wdetJ), xp.asarray(B1d), backend=backend, **kw)
+    M = _OPERATORS[operator](space, D, B1d, backend=backend, **kw)
     P = jacobi(M.diagonal()) if precond == "jacobi" else None
     synchronize(xp)
     t1 = time.perf_counter()
     sol = cg(M, b, tol=tol, maxiter=maxiter, precond=P)  # ends with a host copy: synchronised
     u = to_host(sol.x)
     t2 = time.perf_counter()
-    err, norm = _error_and_norm(space, u, f, error_nq, quadrature, "error_nq")
+    err, norm = _error_and_norm(space, xp.asarray(sol.x, dtype=np.float64), f, error_nq,
+                                quadrature, "error_nq")
     t3 = time.perf_counter()
     return ProjectionResult(
         u=u,

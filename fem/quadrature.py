@@ -6,13 +6,18 @@ order and are symmetric about 0 to the last bit (each rule is computed on
 one half and mirrored).
 
 Both rules are found by Newton's method on Legendre polynomials, evaluated
-by the three-term recurrence, from asymptotic initial guesses; the result is
-accurate to a few units of rounding in float64 for any count.
+by the three-term recurrence, from asymptotic initial guesses, in
+``O(n**2)`` operations. Counts are limited to ``n <= MAX_POINTS`` (2048):
+measured against the same iteration in extended precision, the points are
+exact to 1e-16 at every count, and the weights' relative error grows from
+1e-14 at ``n = 64`` through 7e-11 at ``n = 2048`` to 2e-10 at ``n = 3000``
+(the end weights, where ``1 - x**2`` cancels); larger counts also take
+seconds to minutes.
 """
 
 import numpy as np
 
-__all__ = ["gauss_legendre", "gauss_lobatto", "quadrature_rule", "RULES"]
+__all__ = ["gauss_legendre", "gauss_lobatto", "quadrature_rule", "RULES", "MAX_POINTS"]
 
 #: Accepted spellings of the rule names, mapped to the canonical name.
 RULES = {
@@ -25,6 +30,9 @@ RULES = {
 }
 
 _MAX_NEWTON = 100
+
+#: The largest count of either rule: weights accurate to ~1e-10 (relative) in float64.
+MAX_POINTS = 2048
 
 
 def _legendre(n, x):
@@ -41,6 +49,9 @@ def _check_count(n, minimum, rule):
         raise TypeError(f"n must be an integer, got {type(n).__name__} {n!r} for {rule}")
     if n < minimum:
         raise ValueError(f"n must be >= {minimum} for {rule}, got n={n}")
+    if n > MAX_POINTS:
+        raise ValueError(f"n must be <= {MAX_POINTS} for {rule}, got n={n} (beyond it the "
+                         "float64 weights lose accuracy, ~1e-10 relative at n=3000)")
     return int(n)
 
 
@@ -74,7 +85,7 @@ def gauss_legendre(n):
     Parameters
     ----------
     n : int
-        Number of points, ``n >= 1``.
+        Number of points, ``1 <= n <= MAX_POINTS`` (2048).
 
     Returns
     -------
@@ -88,7 +99,7 @@ def gauss_legendre(n):
     TypeError
         If ``n`` is not an integer.
     ValueError
-        If ``n < 1``.
+        If ``n < 1`` or ``n > MAX_POINTS``.
 
     Examples
     --------
@@ -127,7 +138,7 @@ def gauss_lobatto(n):
     Parameters
     ----------
     n : int
-        Number of points, ``n >= 2``.
+        Number of points, ``2 <= n <= MAX_POINTS`` (2048).
 
     Returns
     -------
@@ -141,7 +152,7 @@ def gauss_lobatto(n):
     TypeError
         If ``n`` is not an integer.
     ValueError
-        If ``n < 2``.
+        If ``n < 2`` or ``n > MAX_POINTS``.
 
     Examples
     --------
@@ -173,7 +184,7 @@ def quadrature_rule(n, rule="gauss"):
     Parameters
     ----------
     n : int
-        Number of points.
+        Number of points, at most ``MAX_POINTS`` (2048).
     rule : str
         ``"gauss"`` (alias ``"gauss-legendre"``, ``"gl"``) or ``"lobatto"``
         (alias ``"gauss-lobatto"``, ``"gll"``).

@@ -28,12 +28,13 @@ reproducible.
 
 import numpy as np
 
+import smalltc
 from smalltc._arrays import array_module
 
+from ._device import DeviceCache
 from .basis import lagrange_basis
 from .quadrature import gauss_lobatto
-from .tensor import interp
-from .topology import h1_numbering
+from .topology import facet_lattice, h1_numbering
 
 __all__ = ["H1Space"]
 
@@ -83,7 +84,8 @@ class H1Space:
         self.p = int(p)
         self.nd = self.p + 1
         self.dim = mesh.dim
-        self._device_dofs = {}  # array module name -> elem_dofs on that device
+        self._device = DeviceCache()  # the map (and the scatter matrix) on each device
+        self._coords = None
         if not hasattr(mesh, "shape"):           # unstructured: numbered through its topology
             if not hasattr(mesh, "vertices"):
                 raise TypeError(f"mesh must be a BoxMesh or an UnstructuredMesh, got "
@@ -158,7 +160,8 @@ class H1Space:
 
     def dof_map(self, xp=np):
         """:attr:`elem_dofs` as :func:`smalltc.mass_apply` takes it, in module ``xp``:
-        int32 (int64 from 2^31 DoFs on), made once per module and kept.
+        int32 (int64 from 2^31 DoFs on), copied once per module and device and kept
+        (:class:`~smalltc.fem._device.DeviceCache`).
 
         Examples
         --------
@@ -166,11 +169,8 @@ class H1Space:
         >>> H1Space(box_mesh(1, 2), p=1).dof_map().dtype
         dtype('int32')
         """
-        idx = self._device_dofs.get(xp.__name__)
-        if idx is None:
-            itype = np.int32 if self.ndofs < 2**31 else np.int64
-            idx = self._device_dofs[xp.__name__] = xp.asarray(self.elem_dofs.astype(itype))
-        return idx
+        itype = np.int32 if self.ndofs < 2**31 else np.int64
+        return self._device.get(xp, "dof_map", lambda: xp.asarray(self.elem_dofs.astype(itype)))
 
     def scatter(self, v):
         """E-vector -> global vector, adding the contributions of shared nodes.
@@ -235,17 +235,16 @@ class H1Space:
         """Scatter-add on the device for an unstructured space: a product with the 0/1
         matrix ``S`` (ndofs x E nd^dim, CSR; cuSPARSE sums each row in a fixed order)."""
         xp = array_module(v)
-        S = self._device_dofs.get(xp.__name__ + ":S")
-        if S is None:
+
+        def make():
             import cupyx.scipy.sparse as sp
             n = self._flat.size
             order = np.argsort(self._flat, kind="stable")
             indptr = np.zeros(self.ndofs + 1, dtype=np.int64)
             np.cumsum(np.bincount(self._flat, minlength=self.ndofs), out=indptr[1:])
-            S = sp.csr_matrix((xp.ones(n, dtype=v.dtype), xp.asarray(order.astype(np.int32)),
-                               xp.asarray(indptr.astype(np.int32))), shape=(self.ndofs, n))
-            self._device_dofs[xp.__name__ + ":S"] = S
-        S = S.astype(v.dtype) if S.dtype != v.dtype else S
+            return sp.csr_matrix((xp.ones(n, dtype=v.dtype), xp.asarray(order.astype(np.int32)),
+                                  xp.asarray(indptr.astype(np.int32))), shape=(self.ndofs, n))
+        S = self._device.get(xp, ("S", np.dtype(v.dtype).str), make)
         if comps is None:
             return S @ v.reshape(-1)
         flat = xp.moveaxis(v, 1, 0).reshape(comps, -1)
@@ -277,18 +276,42 @@ class H1Space:
         >>> V.boundary_dofs().tolist(), V.boundary_dofs("xmin").tolist()
         ([0, 1, 2, 3, 5, 6, 7, 8], [0, 1, 2])
         """
-        from .topology import facet_slices
         names = [region] if region is None or isinstance(region, str) else list(region)
-        out = []
+        on = np.zeros(self.ndofs, dtype=bool)
         for name in names:
-            elems, facets = self.mesh.boundary_facets(name)
-            for f in np.unique(facets):
-                sel = elems[facets == f]
-                out.append(self.elem_dofs[sel][(slice(None),) + facet_slices(self.dim, self.nd, f)]
-                           .ravel())
-        if not out:
-            return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate(out)).astype(np.int64)
+            on[self.facet_dofs(*self.mesh.boundary_facets(name))] = True
+        return np.flatnonzero(on).astype(np.int64)
+
+    def facet_dofs(self, elements, facets):
+        """Global DoFs of the nodes of element facets, each facet's in its C order.
+
+        Parameters
+        ----------
+        elements, facets : array_like of int, shape (n,)
+            Element and local facet ``f = 2 a + side`` (side 0 at ``xi_a = -1``), as
+            ``mesh.boundary_facets`` gives them.
+
+        Returns
+        -------
+        ndarray of int64, shape (n, nd**(dim-1))
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> H1Space(box_mesh(2, 2), p=1).facet_dofs([1, 3], [3, 3]).tolist()   # ymax
+        [[2, 5], [5, 8]]
+        """
+        elements = np.asarray(elements, dtype=np.int64).reshape(-1)
+        facets = np.asarray(facets, dtype=np.int64).reshape(-1)
+        if elements.shape != facets.shape:
+            raise ValueError(f"elements has shape {elements.shape} and facets {facets.shape}, "
+                             "expected one length")
+        for name, a, n in (("elements", elements, self.nelements),
+                           ("facets", facets, 2 * self.dim)):
+            if a.size and (a.min() < 0 or a.max() >= n):
+                raise ValueError(f"{name} must lie in [0, {n}), got [{a.min()}, {a.max()}]")
+        lattice = facet_lattice(self.dim, self.nd)[facets]      # (n, nd^(dim-1))
+        return self.elem_dofs.reshape(self.nelements, -1)[elements[:, None], lattice]
 
     def _scatter_lattice(self, v, comps):
         """Scatter-add by strided adds along each lattice direction (any array module).
@@ -333,7 +356,9 @@ class H1Space:
 
         Each node's coordinates are the element map evaluated at its
         Gauss-Lobatto reference position (taken from one of the elements
-        that share it; the maps agree there).
+        that share it; the maps agree there): :meth:`map_nodes` of the
+        Gauss-Lobatto nodes, computed on the first call and kept (each call
+        returns a copy).
 
         Examples
         --------
@@ -341,10 +366,79 @@ class H1Space:
         >>> print(H1Space(box_mesh(1, 1), p=2).dof_coordinates())
         [[0.  0.5 1. ]]
         """
-        ref, _ = gauss_lobatto(self.nd)
-        Bg, _ = lagrange_basis(self.mesh.geom_nodes, ref)
-        x_e = interp(Bg, self.mesh.nodes, self.dim)  # (E, dim, nd...)
-        out = np.empty((self.dim, self.ndofs))
-        for d in range(self.dim):
-            out[d, self._flat] = x_e[:, d].ravel()
-        return out
+        return self._dof_coordinates.copy()
+
+    @property
+    def _dof_coordinates(self):
+        """The kept coordinates (read-only; no copy)."""
+        if self._coords is None:
+            x = self.map_nodes(gauss_lobatto(self.nd)[0])
+            x.flags.writeable = False
+            self._coords = x
+        return self._coords
+
+    def map_nodes(self, ref):
+        """The element maps at the lattice of 1D reference nodes ``ref``, numbered as the DoFs.
+
+        ``smalltc.interpolate`` of the geometry nodes with the order-``geom_order``
+        basis at ``ref`` (nothing to compute where ``ref`` are the geometry nodes),
+        then :meth:`assign`.
+
+        Parameters
+        ----------
+        ref : array_like, shape (nd,)
+            Reference nodes on [-1, 1], as many as the space has per direction.
+
+        Returns
+        -------
+        ndarray, shape (dim, ndofs)
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> print(H1Space(box_mesh(1, 2), p=2).map_nodes([-1.0, -0.5, 1.0]))
+        [[0.    0.125 0.5   0.625 1.   ]]
+        """
+        ref = np.asarray(ref, dtype=np.float64)
+        if ref.shape != (self.nd,):
+            raise ValueError(f"ref has shape {ref.shape}, expected ({self.nd},) for this space")
+        mesh = self.mesh
+        if np.array_equal(ref, mesh.geom_nodes):
+            return self.assign(mesh.nodes)
+        Bg, _ = lagrange_basis(mesh.geom_nodes, ref)
+        return self.assign(smalltc.interpolate(Bg, None, mesh.nodes, dim=self.dim))
+
+    def assign(self, v):
+        """E-vector -> global vector, each DoF taking the value one of its elements holds.
+
+        For a field continuous across elements (the element maps, a field sampled at
+        the nodes) this is its value at the DoF; one scatter-assignment, no sum.
+
+        Parameters
+        ----------
+        v : ndarray, shape (E, nd, ..., nd) or (E, ncomp, nd, ..., nd)
+
+        Returns
+        -------
+        ndarray, shape (ndofs,) or (ncomp, ndofs)
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> V = H1Space(box_mesh(1, 2), p=1)
+        >>> print(V.assign(np.array([[1.0, 2.0], [2.0, 3.0]])))
+        [1. 2. 3.]
+        """
+        v = np.asarray(v)
+        shape = self.evector_shape
+        if v.shape == shape:
+            out = np.empty(self.ndofs, dtype=v.dtype)
+            out[self._flat] = v.reshape(-1)
+            return out
+        if v.ndim == len(shape) + 1 and v.shape[0] == shape[0] and v.shape[2:] == shape[1:]:
+            out = np.empty((v.shape[1], self.ndofs), dtype=v.dtype)
+            out[:, self._flat] = np.moveaxis(v, 1, 0).reshape(v.shape[1], -1)
+            return out
+        raise ValueError(
+            f"v has shape {v.shape}, expected {shape} or "
+            f"({shape[0]}, ncomp{''.join(', ' + str(s) for s in shape[1:])}) for this space")

@@ -17,13 +17,21 @@ cells). The nodes are put into tensor order by the permutations of
 the facets become named boundary regions, those of the cells volume regions.
 """
 
+import contextlib
+import io
 import os
+import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
+import smalltc
+
 from ._ordering import HEX_TYPES, QUAD_TYPES, cell_order, meshio_reference, to_tensor_permutation
-from .topology import boundary_facets_of, corner_multi_indices, facet_keys
+from .basis import lagrange_basis
+from .topology import (boundary_facets_of, corner_multi_indices, facet_keys, facet_vertices,
+                       unique_rows)
 
 __all__ = ["UnstructuredMesh", "read_mesh", "from_elements"]
 
@@ -111,12 +119,18 @@ class UnstructuredMesh:
         ([0, 0, 0, 0], [0, 1, 2, 3])
         """
         if region is None:
-            e, f, _ = boundary_facets_of(self.vertices, self.dim)
-            return e.astype(np.int64), f.astype(np.int64)
+            e, f, _ = self._facets
+            return e.copy(), f.copy()
         if region not in self.boundary_regions:
             raise KeyError(f"no boundary region {region!r} in the mesh from {self.source}; "
                            f"its boundary regions: {sorted(self.boundary_regions)}")
         return self.boundary_regions[region]
+
+    @cached_property
+    def _facets(self):
+        """:func:`~smalltc.fem.topology.boundary_facets_of` of the vertices, found once."""
+        e, f, counts = boundary_facets_of(self.vertices, self.dim)
+        return e.astype(np.int64), f.astype(np.int64), counts
 
     def refine(self):
         """Split every element into ``2^dim`` children (uniform refinement).
@@ -132,13 +146,15 @@ class UnstructuredMesh:
         >>> r.nelements, r.nvertices, round(r.volume, 12)
         (4, 9, 1.0)
         """
-        from .basis import lagrange_basis
-        from .tensor import apply_tensor
         dim, t = self.dim, self.geom_nodes
-        half = [lagrange_basis(t, (t + 1) / 2 + bit - 1)[0] for bit in (0, 1)]
+        ng = t.size
+        # both halves of [-1, 1] at once: rows 0..ng-1 the lower half's nodes, then the upper's
+        B = np.concatenate([lagrange_basis(t, (t + 1) / 2 + bit - 1)[0] for bit in (0, 1)])
+        both = smalltc.interpolate(B, None, self.nodes, dim=dim)  # (E, dim, 2 ng, ..., 2 ng)
         kids = corner_multi_indices(dim)                          # child bits, C order
-        nodes = np.stack([apply_tensor([half[b] for b in bits], self.nodes) for bits in kids],
-                         axis=1)
+        nodes = np.stack([both[(slice(None), slice(None)) +
+                               tuple(slice(b * ng, (b + 1) * ng) for b in bits)]
+                          for bits in kids], axis=1)
         nodes = nodes.reshape((self.nelements * len(kids),) + self.nodes.shape[1:])
         nk = len(kids)
         boundary = {}
@@ -164,7 +180,7 @@ def _vertex_ids_from_coordinates(corners, tol):
     """Global vertex ids by merging coinciding corner coordinates ``(E, 2^d, dim)``."""
     pts = corners.reshape(-1, corners.shape[-1])
     key = np.rint(pts / tol).astype(np.int64)
-    _, inverse = np.unique(key, axis=0, return_inverse=True)
+    inverse, _, _ = unique_rows(key)
     return inverse.reshape(corners.shape[:2])
 
 
@@ -246,32 +262,29 @@ def check_mesh(mesh, corners=None):
         pts[v.ravel()] = corners.reshape(-1, dim)
         scale = float(np.abs(pts).max()) or 1.0
         key = np.rint(pts / (1e-9 * scale)).astype(np.int64)
-        _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
+        _, first, counts = unique_rows(key)
         if (counts > 1).any():
             i = int(first[np.flatnonzero(counts > 1)[0]])
             raise ValueError(f"non-conforming mesh from {src}: vertex {i} at {pts[i].tolist()} "
                              "is repeated by another vertex at the same point (unconnected "
                              "elements or duplicate nodes)")
-    _, _, counts = boundary_facets_of(v, dim)
+    e, f, counts = mesh._facets if isinstance(mesh, UnstructuredMesh) else \
+        boundary_facets_of(v, dim)
     if (counts > 2).any():
         raise ValueError(f"non-conforming mesh from {src}: {int((counts > 2).sum())} facet(s) "
                          "shared by more than two elements")
-    e, f, _ = boundary_facets_of(v, dim)
-    keys = facet_keys(v, dim)[e, f]                       # (nb, 2^(dim-1)) sorted corner ids
     if dim == 2:
-        sub = keys.reshape(-1, 1)
+        sub = facet_keys(v, dim)[e, f].reshape(-1, 1)    # the vertices of boundary edges
     else:                                                 # the edges of boundary faces
         # a face's corners in C order (0,0),(0,1),(1,0),(1,1): edges 0-1, 2-3, 0-2, 1-3
-        ek = []
         loc = _face_corner_ids(v, e, f)
-        for i, j in ((0, 1), (2, 3), (0, 2), (1, 3)):
-            ek.append(np.sort(np.stack([loc[:, i], loc[:, j]], axis=1), axis=1))
-        sub = np.concatenate(ek)
+        sub = np.concatenate([np.sort(loc[:, [i, j]], axis=1)
+                              for i, j in ((0, 1), (2, 3), (0, 2), (1, 3))])
     if sub.size:
-        uniq, cnt = np.unique(sub, axis=0, return_counts=True)
+        _, first, cnt = unique_rows(sub)
         if (cnt != 2).any():
             what = "vertex" if dim == 2 else "edge"
-            bad = uniq[np.flatnonzero(cnt != 2)[0]].tolist()
+            bad = sub[first[np.flatnonzero(cnt != 2)[0]]].tolist()
             raise ValueError(f"non-conforming mesh from {src}: boundary {what} {bad} ends "
                              f"{int(cnt[np.flatnonzero(cnt != 2)[0]])} boundary facet(s), not 2 "
                              "(a hanging node, or facets that do not match)")
@@ -284,14 +297,7 @@ def check_mesh(mesh, corners=None):
 
 def _face_corner_ids(vertices, e, f):
     """Corner ids of local facets ``f`` of elements ``e`` in the facet's own C order."""
-    dim = 3
-    cm = corner_multi_indices(dim)
-    out = []
-    for ei, fi in zip(e, f):
-        a, side = divmod(int(fi), 2)
-        sel = np.flatnonzero(cm[:, a] == side)
-        out.append(vertices[ei, sel])
-    return np.array(out, dtype=np.int64).reshape(-1, 4)
+    return vertices[np.asarray(e)[:, None], facet_vertices(3)[np.asarray(f)]].reshape(-1, 4)
 
 
 def _blocks(m):
@@ -327,6 +333,52 @@ def _named_sets(m, blocks):
     return out
 
 
+def _regions(sets, blocks, offsets, vertices, vmap, dim, name):
+    """Boundary regions (facet cells matched to the cells' facets) and volume regions.
+
+    Every facet cell of every region is looked up at once: its sorted corner ids and the
+    keys of all the cells' facets are sorted together (:func:`unique_rows`), and a facet
+    cell names the first cell facet ``k = 2 dim e + f`` with its key.
+    """
+    nv, nf = 2 ** (dim - 1), 2 * dim
+    fkeys = facet_keys(vertices, dim).reshape(-1, nv)
+    btypes = (_LINE_TYPES if dim == 2 else tuple(QUAD_TYPES) + ("VTK_LAGRANGE_QUADRILATERAL",))
+    parts = {}                                # (region, block index) -> (type, corner ids)
+    for rname, per_block in sets.items():
+        for i, idx in per_block.items():
+            t, c, _ = blocks[i]
+            if i not in offsets and t in btypes:
+                parts[rname, i] = t, np.sort(vmap[np.asarray(c)[idx][:, :nv]], axis=1)
+    rows = np.concatenate([fkeys] + [r for _, r in parts.values()])
+    inverse, first, _ = unique_rows(rows)
+    k_all = first[inverse]                    # the first cell facet of each row's key
+    ends = fkeys.shape[0] + np.cumsum([0] + [r.shape[0] for _, r in parts.values()])
+    where = dict(zip(parts, zip(ends[:-1], ends[1:])))
+    boundary, volume = {}, {}
+    for rname, per_block in sets.items():
+        facets, elems = [], []
+        for i, idx in per_block.items():
+            if i in offsets:
+                elems.append(offsets[i] + idx)
+            elif (rname, i) in parts:
+                t, corner = parts[rname, i]
+                if (corner < 0).any():
+                    raise ValueError(f"region {rname!r} of {name}: a {t} cell whose corners "
+                                     "are not vertices of the mesh's cells")
+                k = k_all[slice(*where[rname, i])]
+                missing = np.flatnonzero(k >= fkeys.shape[0])
+                if missing.size:
+                    raise ValueError(f"region {rname!r} of {name}: the {t} cell with vertices "
+                                     f"{corner[missing[0]].tolist()} is not a facet of any cell")
+                facets.append(k)
+        if sum(k.size for k in facets):
+            k = np.unique(np.concatenate(facets))
+            boundary[rname] = (k // nf, k % nf)
+        if elems:
+            volume[rname] = np.unique(np.concatenate(elems))
+    return boundary, volume
+
+
 def read_mesh(source, *, check=True):
     """Read a conforming quadrilateral or hexahedral mesh from a file (or a ``meshio.Mesh``).
 
@@ -350,10 +402,12 @@ def read_mesh(source, *, check=True):
     FileNotFoundError
         For a path that does not exist.
     ValueError
-        For cells smalltc does not support (simplices, serendipity cells),
-        several cell types or orders among the cells, a non-planar 2D mesh, a
-        non-conforming mesh, an inverted element (named), or a region whose
-        facets are not facets of the mesh.
+        For a file meshio cannot read (empty, truncated, of an unknown format:
+        the message names the file and gives the reader's words), cells
+        smalltc does not support (simplices, serendipity cells), several cell
+        types or orders among the cells, a non-planar 2D mesh, a non-conforming
+        mesh, an inverted element (named), or a region whose facets are not
+        facets of the mesh.
 
     Examples
     --------
@@ -372,11 +426,21 @@ def read_mesh(source, *, check=True):
         path = os.fspath(source)
         if not os.path.exists(path):
             raise FileNotFoundError(f"mesh file {path!r} does not exist")
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            raise ValueError(f"mesh file {path!r} is empty")
+        said = io.StringIO()            # meshio prints its readers' errors, then exits
         try:
-            # a .msh is gmsh's (meshio would try ANSYS's reader first, printing its failure)
-            m = meshio.read(path, file_format="gmsh" if path.lower().endswith(".msh") else None)
-        except Exception as err:
-            raise ValueError(f"meshio could not read {path!r}: {err}") from err
+            with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+                # a .msh is gmsh's (meshio would try ANSYS's reader first, printing its failure)
+                m = meshio.read(path, file_format="gmsh" if path.lower().endswith(".msh")
+                                else None)
+        except (Exception, SystemExit) as err:
+            why = [" ".join(said.getvalue().split())]           # (rich wraps its lines)
+            if not isinstance(err, SystemExit):
+                why.append(str(err))
+            raise ValueError(f"meshio could not read {path!r}: "
+                             f"{'; '.join(filter(None, why)) or type(err).__name__}") from err
+        sys.stderr.write(said.getvalue())         # what meshio said about a file it read
         name = path
     elif isinstance(source, meshio.Mesh):
         m, name = source, "a meshio.Mesh"
@@ -417,51 +481,26 @@ def read_mesh(source, *, check=True):
     if pts.shape[1] < dim:
         raise ValueError(f"{name} has {pts.shape[1]}D points for {dim}D cells")
     if pts.shape[1] > dim:
-        extra = pts[np.unique(conn), dim:]
+        used = np.zeros(pts.shape[0], dtype=bool)
+        used[conn] = True
+        extra = pts[used, dim:]
         if extra.size and np.ptp(extra, axis=0).max() > 1e-12 * max(1.0, np.abs(pts).max()):
             raise ValueError(f"{name}: a {dim}D mesh whose points do not lie in a plane "
                              f"z = const (smalltc.fem meshes {dim}D domains in {dim}D)")
         pts = pts[:, :dim]
     E, ng = conn.shape[0], g + 1
-    nodes = np.moveaxis(pts[conn].reshape((E,) + (ng,) * dim + (dim,)), -1, 1)
+    nodes = np.empty((E, dim) + (ng,) * dim)
+    for d, column in enumerate(np.ascontiguousarray(pts.T)):
+        nodes[:, d] = column[conn].reshape((E,) + (ng,) * dim)
     cm = corner_multi_indices(dim) * g
     corner_pts = conn.reshape((E,) + (ng,) * dim)[(slice(None),) + tuple(cm.T)]  # (E, 2^dim)
     vids, vertices = np.unique(corner_pts, return_inverse=True)
     vertices = vertices.reshape(E, 2 ** dim)
     vmap = np.full(pts.shape[0], -1, dtype=np.int64)
     vmap[vids] = np.arange(vids.size)
-    # regions
-    sets = _named_sets(m, blocks)
-    fkeys = facet_keys(vertices, dim).reshape(E * 2 * dim, -1)
-    lookup = {}
-    for k, row in enumerate(map(tuple, fkeys)):
-        lookup.setdefault(row, k)
-    boundary, volume = {}, {}
-    btypes = (_LINE_TYPES if dim == 2 else tuple(QUAD_TYPES) + ("VTK_LAGRANGE_QUADRILATERAL",))
-    for rname, per_block in sets.items():
-        facets, elems = [], []
-        for i, idx in per_block.items():
-            t, c, _ = blocks[i]
-            if i in offsets:
-                elems.append(offsets[i] + idx)
-            elif t in btypes:
-                nv = 2 ** (dim - 1)
-                corner = vmap[np.asarray(c)[idx][:, :nv]]
-                if (corner < 0).any():
-                    raise ValueError(f"region {rname!r} of {name}: a {t} cell whose corners are "
-                                     "not vertices of the mesh's cells")
-                for row in map(tuple, np.sort(corner, axis=1)):
-                    k = lookup.get(row)
-                    if k is None:
-                        raise ValueError(f"region {rname!r} of {name}: the {t} cell with "
-                                         f"vertices {list(row)} is not a facet of any cell")
-                    facets.append(k)
-        if facets:
-            k = np.array(sorted(set(facets)), dtype=np.int64)
-            boundary[rname] = (k // (2 * dim), k % (2 * dim))
-        if elems:
-            volume[rname] = np.unique(np.concatenate(elems))
-    mesh = UnstructuredMesh(dim, g, np.linspace(-1.0, 1.0, ng), np.ascontiguousarray(nodes),
+    boundary, volume = _regions(_named_sets(m, blocks), blocks, offsets, vertices, vmap, dim,
+                                name)
+    mesh = UnstructuredMesh(dim, g, np.linspace(-1.0, 1.0, ng), nodes,
                             vertices.astype(np.int64), boundary, volume, name)
     if check:
         corners = np.moveaxis(nodes, 1, -1)[(slice(None),) + tuple(cm.T)]

@@ -39,12 +39,14 @@
 #   TUNE     searches, comma separated, each op:dtype:seconds, e.g.
 #            "action:float64:300,assembly:float64:120": `smalltc tune --op OP --dtype DT
 #            --budget-seconds S --resume --work build/tune --out build/tune/tables`
-#            (build/tune/tables starts as a copy of the shipped tables). build/tune comes
+#            (build/tune/tables starts as a copy of the shipped tables, and its evidence/
+#            as a copy of their evidence, benchmarks/tuning/). build/tune comes
 #            back as $OUT/tune.tgz. To go on in a later call: `tar xzf <files_at>/tune.tgz`
 #            here in the repository root (restores build/tune, which git ignores), and
 #            pass carry=["build/tune"] to that call; `--resume` continues from the
 #            checkpoints. A finished table is installed by copying it from
-#            build/tune/tables/ to tuning/tables/.
+#            build/tune/tables/ to tuning/tables/ and its evidence from
+#            build/tune/tables/evidence/ to benchmarks/tuning/.
 #   TUNE_SIZES  `--sizes` of the searches (default: the tuner's sizes of the op), e.g.
 #            "3:1-8:p+1,p+2" to search the 3D action first.
 #   TUNE_ARGS   more options of the searches, e.g. "--arch-table" (the architecture's
@@ -347,9 +349,12 @@ fi
 
 # ---- tuning ---------------------------------------------------------------------------
 if [ -n "${TUNE:-}" ]; then
-  mkdir -p build/tune/tables
+  mkdir -p build/tune/tables/evidence
   for f in tuning/tables/*.json; do
     [ -e "$f" ] && [ ! -e "build/tune/tables/${f##*/}" ] && cp "$f" build/tune/tables/
+  done
+  for f in benchmarks/tuning/*.json.gz; do
+    [ -e "$f" ] && [ ! -e "build/tune/tables/evidence/${f##*/}" ] && cp "$f" build/tune/tables/evidence/
   done
   for job in ${TUNE//,/ }; do
     IFS=: read -r op dt secs <<< "$job"

@@ -1,4 +1,4 @@
-"""Array-module helpers: NumPy/CuPy detection, GPU probing, what a kernel can take.
+"""Array modules: NumPy/CuPy detection, GPU probing, what a kernel can take.
 
 CuPy is optional. It may import on a machine without a GPU and fail only at
 the first device call, so "is there a GPU" is answered by a device query.

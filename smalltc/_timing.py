@@ -1,4 +1,4 @@
-"""Timing helpers shared by the roofline probes, ``smalltc bench`` and the demo.
+"""Timing functions shared by the roofline probes, ``smalltc bench`` and the demo.
 
 docs/math.md section 5: warm-up first, then each call timed on its own, with CUDA
 events around the call on a GPU (CuPy arrays) and ``perf_counter_ns`` on the

@@ -1,26 +1,90 @@
 """The ``smalltc`` command: ``info``, ``demo``, ``bench``, ``tune``, ``precompile``.
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and
-``run(args) -> int``; this file only routes.
+``run(args) -> int``; this file only routes. A subcommand's ``--help`` shows its
+module's docstring (up to its first section, such as Examples) as plain text.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
+import re
+import shutil
 import sys
+import textwrap
 
-__all__ = ["main"]
+__all__ = ["main", "plain_text"]
 
 # name -> (module, help)
 SUBCOMMANDS = {
     "info": ("smalltc.info", "version, backends, devices and tuning tables"),
-    "demo": ("smalltc.demo", "FEM demo (L2 projection) and roofline report"),
+    "demo": ("smalltc.demo", "FEM demo (an L2 projection, a Poisson problem on a curved mesh) "
+                             "and roofline report"),
     "bench": ("smalltc.bench.cli", "benchmark suites against the roofline and baselines"),
     "tune": ("smalltc.tuning.cli", "autotune kernels and write lookup tables"),
     "precompile": ("smalltc.aot", "compile the kernels of given sizes ahead, into the disk "
                                   "caches"),
 }
+
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")       # :func:`~smalltc.fem.read_mesh`
+_LIST = re.compile(r"(?:\*|-|\d+\.) ")                 # "* ", "- ", "1. " items
+_LITERAL = re.compile(r"``([^`]+)``|`([^`\n]+)`")   # ``literal``, `default role`
+
+
+def _role(match):
+    """A role's target as text: ``~a.b.c`` names only ``c``, as Sphinx shows it."""
+    return match.group(2).rsplit(".", 1)[-1] if match.group(1) else match.group(2)
+
+
+def plain_text(doc, width=None) -> str:
+    """A module docstring as ``--help`` text: the part before its first NumPy section
+    (Examples, Parameters, ...), without reStructuredText markup (roles, literals, ``::``),
+    its paragraphs and list items wrapped to the terminal, indented blocks as written.
+
+    Examples
+    --------
+    >>> print(plain_text('''``smalltc x``: see :func:`~smalltc.fem.read_mesh`, `y`.
+    ...
+    ... Examples of use::
+    ...
+    ...     smalltc x --flag
+    ...
+    ... Examples
+    ... --------
+    ... >>> 1
+    ... '''))
+    smalltc x: see read_mesh, y.
+    <BLANKLINE>
+    Examples of use:
+    <BLANKLINE>
+        smalltc x --flag
+    """
+    lines = inspect.cleandoc(doc or "").splitlines()
+    for i in range(len(lines) - 1):
+        under = lines[i + 1].strip()
+        if lines[i].strip() and under and set(under) == {"-"} and len(under) >= 3:
+            lines = lines[:i]
+            break
+    text = "\n".join(lines).strip()
+    text = _ROLE.sub(_role, text)
+    text = _LITERAL.sub(lambda m: m.group(1) or m.group(2), text)
+    text = re.sub(r"::$", ":", text, flags=re.M)
+    width = width or max(40, min(100, shutil.get_terminal_size().columns - 2))
+    out = []
+    for para in text.split("\n\n"):
+        para = para.strip("\n")
+        if para[:1].isspace():                        # a literal block: as written
+            out.append(para)
+            continue
+        items = re.split(r"\n(?=(?:\*|-|\d+\.) )", para)   # list items (or one paragraph)
+        out.append("\n".join(
+            textwrap.fill(" ".join(item.split()), width,
+                          subsequent_indent=" " * len(_LIST.match(item).group(0))
+                          if _LIST.match(item) else "")
+            for item in items))
+    return "\n\n".join(out)
 
 
 def _version() -> str:
@@ -38,7 +102,8 @@ def _version() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="smalltc", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="smalltc", description=plain_text(
+        __doc__.split("\n\n")[0]))
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,7 +115,8 @@ def main(argv=None) -> int:
             if err.name != modname:
                 raise
             continue                      # subcommand not built in this version
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=plain_text(mod.__doc__) or help_,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         modules[name] = mod
     args = parser.parse_args(argv)

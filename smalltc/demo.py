@@ -1,18 +1,25 @@
-"""``smalltc demo``: an L2 projection solved matrix-free, then a roofline report.
+"""``smalltc demo``: two FEM problems solved matrix-free, then a roofline report.
 
-1. Builds a distorted 3D hex mesh (curved, quadratic element maps),
-   L2-projects a smooth function with matrix-free CG (the mass action is
-   :func:`smalltc.batched_contract`) and prints the error and iteration count
-   (:func:`smalltc.fem.projection_demo`).
-   Then solves a Poisson problem on the shipped curved ``.msh`` mesh
-   (:func:`smalltc.fem.poisson_demo`: Dirichlet and Neumann conditions, the
-   convergence under refinement) and writes ``poisson.vtu`` and its PNGs.
-2. Times :func:`smalltc.batched_contract` (3D, nq = p+2, p = 1..8) and
+1. L2 projection: builds a distorted 3D hex mesh (quadratic element maps),
+   L2-projects ``sin(pi x) cos(pi y) exp(z)`` with matrix-free CG and Jacobi
+   (the mass action is :func:`smalltc.batched_contract`; order ``--p``, mesh
+   ``--n``) and prints the error, the iteration count and the DoFs/s of a CG
+   iteration beside its roofline bound (:func:`smalltc.fem.projection_demo`).
+2. Poisson: reads the shipped curved quarter-annulus mesh (a gmsh ``.msh``
+   file, cubic element maps on the arcs), solves ``-laplace(u) = f`` for the
+   manufactured ``u = sin(2x) exp(y)`` at p = 4 with Dirichlet data on the arcs
+   and Neumann data on the straight sides, prints the CG iterations, the L2 and
+   H1 errors and the L2 convergence rates of p = 1..4 under two uniform
+   refinements, and writes ``poisson.vtu`` (for ParaView) with
+   ``poisson-solution.png`` and ``poisson-convergence.png``
+   (:func:`smalltc.fem.poisson_demo`; with ``--quick``: p = 3, rates of p = 1, 2
+   under one refinement).
+3. Roofline: times :func:`smalltc.batched_contract` (3D, nq = p+2, p = 1..8) and
    :func:`smalltc.assemble_mass` (3D, p = 1..6) on the best available
    backend, each checked against the float64 einsum reference first, and
    prints element-DoFs/s beside the roofline bound of docs/math.md section 4 (with
    the bandwidth measured at start) and the fraction reached.
-3. Writes ``demo.json`` and the plots (when matplotlib is there).
+4. Writes ``demo.json`` and the plots (when matplotlib is there) into ``--out``.
 
 Sized to finish in well under two minutes on a 2-core CPU, Numba compile
 included; ``--quick`` is a smoke test of a few seconds.
@@ -21,14 +28,17 @@ included; ``--quick`` is a smoke test of a few seconds.
 (:mod:`smalltc.fem.distributed`; on GPUs one per rank, node-local rank modulo
 the device count), prints each rank's elements, DoFs, iterations, error and
 DoF/s per CG iteration and the total, writes ``demo-mpi.json``, and skips the
-roofline report. ``--weak N`` gives every rank ``N^3`` elements (the mesh is
-``N x N x RN``): the same command at 1, 2, ... ranks measures weak scaling.
+Poisson problem and the roofline report. ``--weak N`` gives every rank ``N^3``
+elements (the mesh is ``N x N x RN``): the same command at 1, 2, ... ranks
+measures weak scaling.
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
+
+from .bench.report import format_rate, rate_unit
 
 __all__ = ["add_arguments", "run", "timing_cases"]
 
@@ -42,15 +52,19 @@ def add_arguments(parser):
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed calls per case (default 10, 3 with --quick)")
     parser.add_argument("--out", default="smalltc-demo",
-                        help="folder for demo.json and the plots (default ./smalltc-demo)")
-    parser.add_argument("--no-plot", action="store_true", help="skip the plots")
+                        help="folder for demo.json, poisson.vtu and the plots (default "
+                             "./smalltc-demo)")
+    parser.add_argument("--no-plot", action="store_true",
+                        help="skip the plots (the roofline's and the Poisson problem's)")
     parser.add_argument("--mpi", action="store_true",
-                        help="run the FEM projection distributed over MPI.COMM_WORLD (launch with "
-                             "mpiexec -n R; needs pip install 'smalltc[mpi]'); no roofline report")
+                        help="run the L2 projection distributed over MPI.COMM_WORLD (launch "
+                             "with mpiexec -n R; needs pip install 'smalltc[mpi]'); no Poisson "
+                             "problem, no roofline report")
     parser.add_argument("--p", type=int, default=None,
-                        help="polynomial order of the projection (default 4; 2 with --quick)")
+                        help="polynomial order of the L2 projection (default 4; 2 with "
+                             "--quick); the Poisson problem runs at p = 4 (3 with --quick)")
     parser.add_argument("--n", default=None,
-                        help="elements per direction of the projection's mesh: N or N0,N1,N2 "
+                        help="elements per direction of the L2 projection's mesh: N or N0,N1,N2 "
                              "(default 6 on a CPU, 30 on a GPU; 3 with --quick)")
     parser.add_argument("--weak", type=int, default=None, metavar="N",
                         help="with --mpi: N^3 elements per rank, the mesh N x N x (N * ranks)")
@@ -116,12 +130,6 @@ def _poisson(args, kind):
     except RuntimeError as err:
         print(f"  skipped: {err}")
         return None
-def _dofs_rate(r):
-    """``r`` DoF/s in GDoF/s, or MDoF/s or kDoF/s where GDoF/s would print 0.000."""
-    for scale, unit in ((1e9, "GDoF/s"), (1e6, "MDoF/s"), (1e3, "kDoF/s")):
-        if r >= scale * 0.01:
-            return f"{r / scale:.3g} {unit}"
-    return f"{r:.3g} DoF/s"
 
 
 def _solve_rate(proj, bandwidth, peak):
@@ -160,7 +168,7 @@ def run(args) -> int:
         xp = np
     repeats = args.repeats or (3 if args.quick else 10)
 
-    # 1. the FEM problem
+    # 1. the L2 projection
     print("smalltc demo: L2 projection of sin(pi x) cos(pi y) exp(z) on a distorted "
           "3D hex mesh (quadratic element maps), matrix-free CG with Jacobi")
     proj = _projection(args, kind)
@@ -169,6 +177,7 @@ def run(args) -> int:
           f"to relative residual {proj['residual']:.1e}")
     print(f"  L2 error {proj['l2_error']:.3e} (relative {proj['relative_l2_error']:.3e}); "
           f"setup {proj['time_setup_s']:.2f} s, solve {proj['time_solve_s']:.2f} s")
+    # 2. the Poisson problem
     print("smalltc demo: Poisson -laplace(u) = f on a curved quarter-annulus mesh read from a "
           ".msh file (Dirichlet on the arcs, Neumann on the straight sides)")
     poisson = _poisson(args, kind)
@@ -187,17 +196,17 @@ def run(args) -> int:
     rate, bound = _solve_rate(warm, bw, pk)
     proj.update(cg_dofs_per_s=rate, cg_bound_dofs_per_s=bound,
                 time_solve_warm_s=warm["time_solve_s"])
-    print(f"  solve: {_dofs_rate(rate)} per CG iteration (unique DoFs), bound "
-          f"{_dofs_rate(bound)} ({100 * rate / bound:.2g}%: the fused operator's bytes "
+    print(f"  L2 projection solve: {format_rate(rate)} per CG iteration (unique DoFs), bound "
+          f"{format_rate(bound)} ({100 * rate / bound:.2g}%: the fused operator's bytes "
           f"and 13 vector passes at {bw * 1e-9:.0f} GB/s; timed on a second solve, "
           f"{warm['time_solve_s']:.3f} s, its kernels compiled by the first, and including "
           f"the final residual)")
 
-    # 2. roofline report
+    # 3. roofline report
     print(f"\nroofline on {probes['name']}: measured bandwidth {bw * 1e-9:.1f} GB/s "
           f"(copy, read + write), {args.dtype} peak {pk * 1e-9:.1f} GFLOP/s")
-    print(f"{'operation':28s} {'E':>8s} {'GDoF/s':>9s} {'bound':>9s} {'%bound':>7s} "
-          f"{'first call':>10s}  kernel")
+    print(f"{'operation':28s} {'E':>8s} {'element DoFs/s':>14s} {'bound':>12s} "
+          f"{'%bound':>7s} {'first call':>10s}  kernel")
     records, skipped = [], []
     for case in timing_cases(kind, args.dtype, args.quick):
         if args.budget and time.perf_counter() - t_start > args.budget:
@@ -209,21 +218,21 @@ def run(args) -> int:
         name = ("batched_contract" if case.op == "action" else "assemble_mass") + \
             f" p={case.sizes['p']} nq={case.sizes['nq']}"
         st = rec["impls"].get("smalltc", {})
-        bound = rec["bound"]["dofs_per_s"] * 1e-9
+        bound = format_rate(rec["bound"]["dofs_per_s"])
         if st.get("status") == "ok":
-            print(f"{name:28s} {case.batch:8d} {st['dofs_per_s'] * 1e-9:9.4f} {bound:9.4f} "
-                  f"{100 * st['fraction']:6.1f}% {st['first_call_s']:9.2f}s  "
+            print(f"{name:28s} {case.batch:8d} {format_rate(st['dofs_per_s']):>14s} "
+                  f"{bound:>12s} {100 * st['fraction']:6.1f}% {st['first_call_s']:9.2f}s  "
                   f"{st.get('backend', '?')}: {str(st.get('kernel', '?'))[:40]}")
         else:
             err = rec.get("error") or st.get("error", "?")
-            print(f"{name:28s} {case.batch:8d} {'FAILED':>9s} {bound:9.4f}  {err}")
+            print(f"{name:28s} {case.batch:8d} {'FAILED':>14s} {bound:>12s}  {err}")
 
     if skipped:
         print(f"skipped (time budget of {args.budget:.0f} s spent, mostly compiling kernels; "
               "they are cached now, run again): "
               + ", ".join(f"{c.op} p={c.sizes['p']}" for c in skipped))
 
-    # 3. record and plots
+    # 4. record and plots
     doc = environment(kind, probes)
     doc["options"] = dict(backend=args.backend, dtype=args.dtype, repeats=repeats,
                           quick=bool(args.quick), demo=True)
@@ -296,25 +305,28 @@ def _print_mpi(every):
           f"{r0['ranks']} ranks (grid {' x '.join(map(str, r0['grid']))}) on the {on}: fused "
           f"matrix-free operator, CG with Jacobi")
     print(f"  halo buffers: {r0['transport']} ({r0['transport_reason']})")
+    ulabel, uscale = rate_unit([r["rank_dofs_per_s"] for r in every])
     print(f"  {'rank':>4s} {'gpu':>3s} {'elements':>9s} {'local DoFs':>11s} {'owned DoFs':>11s} "
-          f"{'iters':>5s} {'L2 error':>9s} {'solve s':>8s} {'MDoF/s/it':>9s} {'halo s':>7s} "
+          f"{'iters':>5s} {'L2 error':>9s} {'solve s':>8s} {ulabel + '/it':>9s} {'halo s':>7s} "
           f"{'(wait)':>7s} {'allred s':>8s}")
     for r in every:
         gpu = "-" if r["gpu"] is None else str(r["gpu"])
         print(f"  {r['rank']:4d} {gpu:>3s} {r['local_elements']:9d} {r['local_dofs']:11,d} "
               f"{r['owned_dofs']:11,d} {r['iterations']:5d} {r['l2_error']:9.3e} "
-              f"{r['time_solve_s']:8.3f} {r['rank_dofs_per_s'] * 1e-6:9.3f} "
+              f"{r['time_solve_s']:8.3f} {r['rank_dofs_per_s'] * uscale:9.3g} "
               f"{r['time_halo_s']:7.3f} {r['time_halo_wait_s']:7.3f} {r['time_allreduce_s']:8.3f}")
     solve = max(r["time_solve_s"] for r in every)
     rate = r0["dofs"] * r0["iterations"] / solve
     print(f"  all: {r0['iterations']} CG iterations to relative residual {r0['residual']:.1e}, "
           f"L2 error {r0['l2_error']:.3e} (relative {r0['relative_l2_error']:.3e}); solve "
-          f"{solve:.3f} s: {rate * 1e-6:.3f} MDoF/s per CG iteration, "
-          f"{rate / len(every) * 1e-6:.3f} per rank")
+          f"{solve:.3f} s: {format_rate(rate)} per CG iteration, "
+          f"{format_rate(rate / len(every))} per rank")
 
 
 if __name__ == "__main__":  # pragma: no cover
     import argparse
-    ap = argparse.ArgumentParser(prog="smalltc demo")
+    from .cli import plain_text
+    ap = argparse.ArgumentParser(prog="smalltc demo", description=plain_text(__doc__),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
     sys.exit(run(ap.parse_args()))

@@ -282,7 +282,7 @@ _OPERATOR_OPS = {f"{q}_{level}": (q, level) for q in ("diffusion", "helmholtz")
 
 def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
          trans_a=False, trans_b=False, kind=None, extents=None, params=None,
-         deterministic=False, ndofs=None):
+         deterministic=False, ndofs=None, what="values", dim=None):
     """Build a reusable plan for ``op`` from example operands.
 
     Every call builds a new :class:`Plan` (compiled kernels are cached
@@ -298,7 +298,10 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         level "action", "apply", "diagonal" or "assembly" (``diffusion_action``,
         ``diffusion_apply``, ``diffusion_diagonal``, ``assemble_diffusion``); the corner
         force "force_apply" and "force_apply_transpose" (operands ``(B_l2, B1d, G1d, A,
-        e or w[, elem_dofs])``, ``ndofs`` for the fused ``F``).
+        e or w[, elem_dofs])``, ``ndofs`` for the fused ``F``); the basis application
+        "interpolate" and "integrate" (:func:`smalltc.interpolate`,
+        :func:`smalltc.integrate`: operands ``(B1d, G1d or None, x or H[, elem_dofs])``,
+        keywords ``what``, ``dim`` and, for ``integrate`` through the map, ``ndofs``).
     *operands : arrays
         Examples with the shapes and dtype of later calls: ``(B1d, D, V)``,
         ``(B1d, D)``, ``(A, B[, C])``, ``(X, Y)``, ``(B1d, D, x, elem_dofs)`` or
@@ -315,7 +318,9 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         reshaping extents (dict i, s, j, k, l).
     deterministic, ndofs : for the FEM operators: additions in a fixed order (see
         :func:`smalltc.mass_apply`); ``ndofs``, the global vector's length, for
-        ``op="mass_diagonal"``.
+        ``op="mass_diagonal"`` and ``"integrate"``.
+    what, dim : for ``op="interpolate"``/``"integrate"``: "values", "gradients" or
+        "both", and the dimension where the operands do not give it.
     params : dict, optional
         Tuning parameters of the kernel family (tile and thread-block shapes,
         items per block, ...), passed to the backend's ``build``: for experts
@@ -348,6 +353,13 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     Traceback (most recent call last):
     ...
     ValueError: the reference backend has no tuning parameters; got params {'T': 4}
+
+    The plan :func:`smalltc.interpolate` runs for the same operands:
+
+    >>> m = np.arange(8, dtype=np.int32).reshape(1, 2, 2, 2)
+    >>> q = smalltc.plan("interpolate", np.ones((3, 2)), None, np.ones(8), m)
+    >>> str(q.spec), q.out_shape
+    ('interp_3d p=1 nq=3 values E=1 ndofs=8 float64', (1, 3, 3, 3))
     """
     if op == "action":
         spec, xp, _ = _validate.action_spec(*operands)
@@ -371,6 +383,14 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         spec, xp, _ = _validate.force_spec(op.endswith("transpose"), *operands[:5],
                                            operands[5] if len(operands) == 6 else None,
                                            ndofs, deterministic)
+    elif op in ("interpolate", "integrate"):
+        if len(operands) not in (3, 4):
+            raise TypeError(f"op {op!r} takes B1d, G1d (or None), "
+                            f"{'H' if op == 'integrate' else 'x'} and optionally elem_dofs; "
+                            f"got {len(operands)} operands")
+        spec, xp, _ = _validate.basis_spec(*operands[:3], operands[3] if len(operands) == 4
+                                           else None, what=what,
+                                           transpose=op == "integrate", ndofs=ndofs, dim=dim)
     elif op in _OPERATOR_OPS:
         qfunc, level = _OPERATOR_OPS[op]
         ndata = 2 if qfunc == "helmholtz" else 1
@@ -385,6 +405,7 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     else:
         raise ValueError(f"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply' "
                          f"or 'mass_diagonal', the corner force's 'force_apply' or "
-                         f"'force_apply_transpose', or an operator's '<qfunc>_<level>' "
+                         f"'force_apply_transpose', the basis application's 'interpolate' or "
+                         f"'integrate', or an operator's '<qfunc>_<level>' "
                          f"({', '.join(sorted(_OPERATOR_OPS))}), got {op!r}")
     return build_plan(spec, xp, backend, method, params, reshape_inputs=extents is not None)

@@ -18,6 +18,7 @@ corner force       ``s*(d^2 nq^d + (nd-1)^d + d nd^d)``    :func:`_force_flops`
 assembly, dim d    ``s*(q nq^d + nd^(2d))``                ``3*nq*sum_t c_t nd^(2t) nq^(d-t)``
 kernel 8a/8b       ``s*(isj + ksl + ijkl)``                ``2*s_ext*ijkl``
 kernel 9           ``s*(ksl + kilj)``                      ``3*s_ext*kilj``
+basis, dim d       ``s*(c*nd^d + c*S*nq^d)``               :func:`_basis_flops`
 =================  ======================================  ==========================================
 
 (sums over ``t = 1..d``.) The action formula is the 3D line of docs/math.md section 4 generalised:
@@ -34,7 +35,13 @@ point and makes ``c_t`` terms in step t (mass: 1; 3D stiffness 9, 9, 4, 2D 4, 4,
 Helmholtz's first step one more: :func:`_assembly_terms`). A pairwise step (1a)-(4f) is its kernel with the
 catalogue's reshaped extents (``B1d`` shared); the pointwise ``D`` scaling
 of (3b)/(4c)/(5a) is not part of the step's count (it is the ``nq^d`` term
-of the action).
+of the action). The basis application (:func:`smalltc.interpolate`, ``S`` slots a
+component: 1 for the values, ``d`` for the gradients, ``1 + d`` for both) reads the field
+once and writes the point values once; through the element-to-DoF map the field is the
+global vector, ``s*c*ndofs`` in all, plus the map (``index_bytes*nd^d`` an element). Its
+transpose (:func:`smalltc.integrate`) reads the point values once and writes the element
+vectors, or through the map reads and writes the global vector (``2*s*c*ndofs``) and reads
+the map.
 
 Examples
 --------
@@ -326,6 +333,75 @@ def _mass_apply_counts(sizes, s):
     return Counts("mass_apply", nbytes, act.flops + E * ncomp * nd ** dim, E, ncomp * ndofs)
 
 
+def _basis_what(sizes, dim):
+    """The basis application's ``what`` from ``sizes``: given, or from ``nslots``."""
+    what = sizes.get("what")
+    if what is None:
+        nslots = int(sizes.get("nslots", 1))
+        what = {1: "values", dim: "gradients", 1 + dim: "both"}.get(nslots) if dim > 1 \
+            else ("both" if nslots == 2 else "values")
+    if what not in ("values", "gradients", "both"):
+        raise ValueError(f"sizes for 'basis' need what in ('values', 'gradients', 'both') "
+                         f"or nslots 1, {dim} or {1 + dim}; got {sizes}")
+    return what
+
+
+def _basis_flops(what, transpose, dim, nq, nd):
+    """Flops of one component of one element of the basis application, sum-factorised
+    (:func:`smalltc.backends.reference.mixed_interp`, shared partial sums). Evaluation,
+    step ``t`` contracts axis ``t`` over ``nd`` into ``nq^t nd^(dim-t)`` values, ``c_t`` of
+    them: the values one; the gradients ``t + 1`` before the last step (one derivative on
+    each axis done, and the all-``B`` chain), ``dim`` at it; both ``t + 1`` throughout.
+    The transpose mirrors it (:func:`_operator_flops`' back half: ``dim - t + 1`` chains
+    and one more from step 2 on, or with the value slot, and the additions that merge
+    them); the values alone one chain.
+
+    >>> _basis_flops("values", False, 3, 4, 3) == 2 * 3 * (4 * 9 + 16 * 3 + 64)
+    True
+    >>> _basis_flops("gradients", False, 1, 4, 3), _basis_flops("both", True, 1, 4, 3)
+    (24, 51)
+    """
+    if what == "values":
+        if transpose:
+            return sum(2 * nq * nd ** t * nq ** (dim - t) for t in range(1, dim + 1))
+        return sum(2 * nd * nq ** t * nd ** (dim - t) for t in range(1, dim + 1))
+    both = what == "both"
+    if not transpose:
+        return sum((t + 1 if t < dim else dim + both) * 2 * nd * nq ** t * nd ** (dim - t)
+                   for t in range(1, dim + 1))
+    flops = 0
+    for t in range(1, dim + 1):
+        done = t >= 2 or both
+        flops += (dim - t + 1 + done) * 2 * nq * nd ** t * nq ** (dim - t)
+        flops += done * nd ** t * nq ** (dim - t)
+    return flops
+
+
+def _basis_counts(sizes, s):
+    """The basis application (:class:`smalltc.spec.BasisSpec`): the field read once and
+    the point values written once, or (``transpose``) the point values read once and the
+    element vectors written once; through the map (``ndofs`` given) the field is the global
+    vector (read once; the transpose reads and writes it) and the map is read once; the 1D
+    matrices once. ``dofs``: the unique ``ncomp * ndofs`` through the map, else the element
+    DoFs ``E ncomp nd^dim``."""
+    dim, nq, nd = _need(sizes, "dim", "basis"), _need(sizes, "nq", "basis"), _nd(sizes)
+    E, nc = int(sizes.get("batch", 1)), int(sizes.get("ncomp", 1))
+    what, transpose = _basis_what(sizes, dim), bool(sizes.get("transpose", False))
+    nslots = {"values": 1, "gradients": dim, "both": 1 + dim}[what]
+    ndofs = sizes.get("ndofs")
+    points = s * E * nc * nslots * nq ** dim
+    basis = s * nq * nd * (1 if what == "values" else 2)
+    flops = E * nc * _basis_flops(what, transpose, dim, nq, nd)
+    if ndofs is None:
+        return Counts("basis", points + s * E * nc * nd ** dim + basis, flops, E,
+                      E * nc * nd ** dim)
+    ndofs, ib = int(ndofs), int(sizes.get("index_bytes", 4))
+    field = s * nc * ndofs * (2 if transpose else 1)
+    if transpose:
+        flops += E * nc * nd ** dim                    # the additions into y
+    return Counts("basis", points + field + ib * E * nd ** dim + basis, flops, E, nc * ndofs)
+
+
 def _mass_diagonal_counts(sizes, s):
     """The diagonal of the global mass matrix: D and the map read once, y written once;
     the sum-factorised count (three contractions with B^2, as the action's second half)."""
@@ -342,7 +418,8 @@ def _mass_diagonal_counts(sizes, s):
 #: op -> its count function of (sizes, bytes per scalar)
 _COUNTS = {"gemm": _gemm_counts, "action": _action_counts, "assembly": _assembly_counts,
            "contract": _contract_counts, "step": _step_counts,
-           "mass_apply": _mass_apply_counts, "mass_diagonal": _mass_diagonal_counts}
+           "mass_apply": _mass_apply_counts, "mass_diagonal": _mass_diagonal_counts,
+           "basis": _basis_counts}
 
 
 def counts(op, sizes=None, dtype="float64") -> Counts:
@@ -355,7 +432,8 @@ def counts(op, sizes=None, dtype="float64") -> Counts:
         shared_b), ``"action"`` (dim, p or nd, nq, ncomp, batch),
         ``"assembly"`` (dim, p or nd, nq, batch), ``"mass_apply"`` (dim, nd, nq,
         batch, ncomp, ndofs, index_bytes), ``"mass_diagonal"`` (the same without
-        ncomp), ``"contract"`` (kind, i, s,
+        ncomp), ``"basis"`` (dim, p or nd, nq, batch, ncomp, what or nslots,
+        transpose, ndofs (None: element vectors), index_bytes), ``"contract"`` (kind, i, s,
         j, k, l, batch, shared_x, shared_y), ``"step"`` (label such as
         ``"(4c)"``, p or nd, nq, batch) or a step label itself; or a spec
         object of :mod:`smalltc.spec` (then ``sizes`` and ``dtype`` come
@@ -373,11 +451,18 @@ def counts(op, sizes=None, dtype="float64") -> Counts:
     >>> from smalltc.spec import ActionSpec
     >>> counts(ActionSpec(dim=3, nq=5, nd=4, batch=10, dtype="float32")).bytes
     10200
+    >>> from smalltc.spec import BasisSpec
+    >>> b = counts(BasisSpec(dim=3, nq=4, nd=3, batch=10, dtype="float64", ndofs=500))
+    >>> b.bytes == 8 * 500 + 4 * 10 * 27 + 8 * 10 * 64 + 8 * 12     # x, map, H, B1d
+    True
     """
     if not isinstance(op, str):                  # a spec brings its sizes and dtype
         if not hasattr(op, "sizes"):
             raise ValueError(f"op must be an op name, a step label or a spec, got {op!r}")
-        sizes, dtype, op = op.sizes(), op.dtype, op.op
+        sizes, dtype = op.sizes(), op.dtype
+        if op.op == "basis":                     # the direction and the slots
+            sizes.update(what=op.what, transpose=op.transpose)
+        op = op.op
     sizes = dict(sizes or {})
     s = _itemsize(dtype)
     fn = _COUNTS.get(op)
@@ -385,8 +470,9 @@ def counts(op, sizes=None, dtype="float64") -> Counts:
         return fn(sizes, s)
     if op.startswith("("):
         return _step_counts(dict(sizes, label=op), s)
-    raise ValueError(f"op must be 'gemm', 'action', 'assembly', 'contract', 'step', a step "
-                     f"label or a spec, got {op!r}")
+    raise ValueError(f"op must be 'gemm', 'action', 'assembly', 'contract', 'step', "
+                     f"'mass_apply', 'mass_diagonal', 'basis', a step label or a spec, got "
+                     f"{op!r}")
 
 
 # ----------------------------------------------------------------------------

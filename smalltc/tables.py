@@ -15,15 +15,25 @@ device's table, else in the architecture's, its parameters carried over to the
 new size by the family (``family.adapt``), which also rejects what no longer
 fits; else the backend's measured heuristic (:func:`lookup` returns None).
 
-Schema 1::
+Schema 2, what ``smalltc tune`` writes::
 
-    {"schema": 1, "arch": "sm90", "dtype": "float64",
+    {"schema": 2, "arch": "sm90", "dtype": "float64",
      "device": {"name": "NVIDIA H100 80GB HBM3", "cc": "90", "sms": 132, "smem_optin": 232448},
-     "versions": {...}, "date": "2026-11-21T16:00:00Z", "bandwidth": 3.3e12, "peak": 6.0e13,
-     "runs": [...],
-     "entries": {"gemm/nn/m8n8k8": {"op": "gemm", "family": "layout", "spec": {...},
-                                    "params": {"dim_x": 8, ...}, "time_s": 1.2e-4,
-                                    "fraction_of_pmax": 0.82, "runner_up": {...}, ...}}}
+     "versions": {...}, "date": "2026-11-21T16:00:00Z",
+     "entries": {
+    "gemm/nn/m8n8k8": [{"op": "gemm", "m": 8, "n": 8, "k": 8},
+                       {"dim_x": 8, "dim_y": 4, "per_block": 4}],
+    ...}}
+
+(written one line an entry).
+
+An entry is its size key -> ``[spec, params]``: the spec as :func:`spec_dict` writes
+it (``op`` and the fields that differ from their defaults, without the batch and the
+dtype: the table's), and the family's parameters. The search's evidence (times, the
+runner-up, the heuristic's time, the kernel's resources, the runs) is not in the
+table: the tuner keeps it in a record of its own (:mod:`smalltc.tuning.tables`). Schema 1,
+that record's form, is read too: ``"entries": {key: {"op": ..., "spec": {...},
+"params": {...}, "time_s": ..., ...}}``.
 
 A *family* (a kernel family of a backend, e.g. :mod:`smalltc.backends.cuda.action`)
 gives the reader: ``name``, ``params`` (its parameter names), ``optional``
@@ -44,6 +54,9 @@ Examples
 inf
 >>> table_names("sm90", "NVIDIA H200", "float64")
 ['sm90-nvidia-h200-float64.json', 'sm90-float64.json']
+>>> from smalltc.spec import GemmSpec
+>>> spec_dict(GemmSpec(batch=9, m=8, n=8, k=8, dtype="float64", beta_zero=False))
+{'op': 'gemm', 'm': 8, 'n': 8, 'k': 8, 'beta_zero': False}
 """
 from __future__ import annotations
 
@@ -55,20 +68,30 @@ import math
 import os
 import pathlib
 import re
+from dataclasses import MISSING, fields
 from typing import NamedTuple
 
 from .spec import spec_from_dict
 
-__all__ = ["SCHEMA", "Table", "Hit", "enabled", "table_dirs", "shipped_dir", "table_names",
-           "device_slug", "load", "validate", "tables_for", "lookup", "split_key",
-           "distance"]
+__all__ = ["SCHEMA", "SCHEMAS", "Table", "Hit", "Entry", "enabled", "table_dirs",
+           "shipped_dir", "table_names", "device_slug", "load", "validate", "entries",
+           "spec_dict", "tables_for", "lookup", "split_key", "distance"]
 
 log = logging.getLogger("smalltc")
 
-SCHEMA = 1
-_TOP = ("schema", "arch", "dtype", "device", "versions", "date", "entries")
-_ENTRY = ("op", "spec", "params", "time_s", "fraction_of_pmax", "runner_up")
+SCHEMA = 2                   # what the tuner writes
+SCHEMAS = (1, 2)             # what this module reads (1: the tuner's record, see above)
+_TOP = {1: ("schema", "arch", "dtype", "device", "versions", "date", "entries"),
+        2: ("schema", "arch", "dtype", "device", "entries")}
+_ENTRY = ("op", "spec", "params")
 _NUM = re.compile(r"([a-z]+)(\d+)")
+
+
+class Entry(NamedTuple):
+    """One entry of a table: the spec it was tuned for (batch 1) and its parameters."""
+
+    spec: object
+    params: dict
 
 
 class Hit(NamedTuple):
@@ -143,6 +166,47 @@ def table_names(arch: str, device_name: str | None, dtype: str) -> list:
     return names + [f"{arch}-{dtype}.json"]
 
 
+def spec_dict(spec) -> dict:
+    """The spec as a table entry stores it: ``op`` and the fields that differ from their
+    defaults, without the batch and the dtype (the table's)."""
+    d = {"op": spec.op}
+    for f in fields(spec):
+        v = getattr(spec, f.name)
+        if f.name not in ("batch", "dtype") and (f.default is MISSING or v != f.default):
+            d[f.name] = v
+    return d
+
+
+def _entry(e, dtype, schema, where, key) -> Entry:
+    """An :class:`Entry` of an entry as the file holds it (``[spec, params]`` in schema 2,
+    a dict with ``spec`` and ``params`` in schema 1)."""
+    if schema == 1:
+        if not isinstance(e, dict):
+            raise ValueError(f"{where}: entry {key!r} is not a JSON object")
+        miss = [k for k in _ENTRY if k not in e]
+        if miss:
+            raise ValueError(f"{where}: entry {key!r} lacks {', '.join(miss)}")
+        if "time_s" in e and not (isinstance(e["time_s"], (int, float)) and e["time_s"] > 0):
+            raise ValueError(f"{where}: entry {key!r} time_s {e['time_s']!r}")
+        d, params = e["spec"], e["params"]
+    else:
+        if not (isinstance(e, list) and len(e) == 2 and all(isinstance(x, dict) for x in e)):
+            raise ValueError(f"{where}: entry {key!r} is not [spec, params]")
+        d, params = e
+    try:
+        spec = spec_from_dict({"batch": 1, "dtype": dtype, **d}).with_batch(1)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: entry {key!r} spec: {err}") from None
+    return Entry(spec, dict(params))
+
+
+def entries(table: dict, where="table") -> dict:
+    """``{size key: Entry}`` of a table of either schema (not validated against the
+    families: :func:`validate` does that)."""
+    return {key: _entry(e, table["dtype"], table["schema"], where, key)
+            for key, e in table["entries"].items()}
+
+
 def validate(table: dict, where="table", family_of=None) -> dict:
     """Raise ValueError naming what is wrong with ``table``; return it when it is fine.
 
@@ -151,10 +215,10 @@ def validate(table: dict, where="table", family_of=None) -> dict:
     """
     if not isinstance(table, dict):
         raise ValueError(f"{where}: not a JSON object")
-    if table.get("schema") != SCHEMA:
+    if table.get("schema") not in SCHEMAS:
         raise ValueError(f"{where}: schema {table.get('schema')!r}, this smalltc reads "
-                         f"schema {SCHEMA}")
-    missing = [k for k in _TOP if k not in table]
+                         f"schema {' and '.join(map(str, SCHEMAS))}")
+    missing = [k for k in _TOP[table["schema"]] if k not in table]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
     if table["dtype"] not in ("float32", "float64"):
@@ -164,10 +228,7 @@ def validate(table: dict, where="table", family_of=None) -> dict:
                          f"{table['device'].get('cc')!r}")
     for key, e in table["entries"].items():
         split_key(key)
-        miss = [k for k in _ENTRY if k not in e]
-        if miss:
-            raise ValueError(f"{where}: entry {key!r} lacks {', '.join(miss)}")
-        spec = spec_from_dict(e["spec"])
+        spec, params = _entry(e, table["dtype"], table["schema"], where, key)
         if spec.size_key != key:
             raise ValueError(f"{where}: entry {key!r} holds the spec of {spec.size_key!r}")
         if spec.dtype != table["dtype"]:
@@ -177,11 +238,9 @@ def validate(table: dict, where="table", family_of=None) -> dict:
             fam = family_of(spec)
             names = set(fam.params) if fam else set()
             need = names - set(getattr(fam, "optional", {}))
-            if fam is None or not need <= set(e["params"]) <= names:
-                raise ValueError(f"{where}: entry {key!r} params {sorted(e['params'])}, "
+            if fam is None or not need <= set(params) <= names:
+                raise ValueError(f"{where}: entry {key!r} params {sorted(params)}, "
                                  f"expected {sorted(names) if fam else 'none'}")
-        if not (isinstance(e["time_s"], (int, float)) and e["time_s"] > 0):
-            raise ValueError(f"{where}: entry {key!r} time_s {e['time_s']!r}")
     return table
 
 
@@ -200,7 +259,7 @@ class Table:
     Examples
     --------
     >>> from smalltc.spec import GemmSpec
-    >>> t = Table(dict(schema=1, arch="sm90", dtype="float64", device={}, entries={}))
+    >>> t = Table(dict(schema=2, arch="sm90", dtype="float64", device={}, entries={}))
     >>> t.lookup(GemmSpec(batch=1, m=4, n=4, k=4, dtype="float64"), family=None) is None
     True
     """
@@ -208,7 +267,7 @@ class Table:
     def __init__(self, data: dict, path=None):
         self.data, self.path = data, path
         self.name = pathlib.Path(path).name if path else "table"
-        self.entries = data["entries"]
+        self.entries = entries(data, self.name)        # size key -> Entry
         self.device = dict(data.get("device") or {})
 
     def lookup(self, spec, family, max_distance=None):
@@ -223,7 +282,7 @@ class Table:
         key = spec.size_key
         e = self.entries.get(key)
         if e is not None:
-            p = family.adapt(spec, spec_from_dict(e["spec"]), e["params"], self.device)
+            p = family.adapt(spec, e.spec, e.params, self.device)
             if p is not None:
                 return Hit(p, "exact", key, self.name)
         return None
@@ -240,7 +299,7 @@ class Table:
             if d > max_distance:
                 break
             e = self.entries[k]
-            p = family.adapt(spec, spec_from_dict(e["spec"]), e["params"], self.device)
+            p = family.adapt(spec, e.spec, e.params, self.device)
             if p is not None:
                 return Hit(p, "nearest", k, self.name)
         return None

@@ -1,4 +1,5 @@
 """``smalltc bench`` end to end on the CPU, tiny sizes: JSON, plots, --compare, checks."""
+import gzip
 import json
 import math
 
@@ -75,8 +76,9 @@ def test_compare_prints_ratios(run_dir, tmp_path, capsys):
         for key in ("gflops", "dofs_per_s"):
             if key in st:
                 st[key] *= 2
-    b = tmp_path / "b.json"
-    b.write_text(json.dumps(doc))
+    b = tmp_path / "b.json.gz"               # gzipped, as the runs under benchmarks/ are
+    with gzip.open(b, "wt") as f:
+        json.dump(doc, f)
     capsys.readouterr()
     assert main(["bench", "--compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
@@ -365,15 +367,16 @@ def test_solve_suite_end_to_end(tmp_path, capsys):
     assert (tmp_path / "solve-p2-solve-float64.png").exists()
 
 
-def test_default_out_is_not_the_repository_results(tmp_path, monkeypatch):
+def test_default_out_is_not_the_repository_benchmarks(tmp_path, monkeypatch):
     """Without --out the files go to smalltc-bench/<device> in the current folder, never
-    into results/; on the host each smalltc timing has its after-a-BLAS-call twin."""
+    into the repository's benchmarks/; on the host each smalltc timing has its
+    after-a-BLAS-call twin."""
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress",
                  "--backend", "cpu", "--device", "cpu", "--suite", "gemm", "--sizes", "2",
                  "--no-plot", "--no-baselines"]) == 0
     files = list((tmp_path / "smalltc-bench").glob("*/bench-*.json"))
-    assert files and not (tmp_path / "results").exists()
+    assert files and not (tmp_path / "benchmarks").exists()
     doc = json.loads(files[0].read_text())
     st = doc["cases"][0]["impls"]["smalltc"]
     assert st["status"] == "ok" and len(st["after_blas_times_ns"]) == 2

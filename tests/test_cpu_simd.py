@@ -1,4 +1,4 @@
-"""Evidence that the CPU kernels vectorise, per ISA (issue 17).
+"""Evidence that the CPU kernels vectorise, per ISA.
 
 * The host: the generated kernels' machine code uses vector FMAs of the width
   the target's kernels use (:attr:`Target.vector_bits`: zmm on AVX-512 where
@@ -6,7 +6,7 @@
   measured faster, and on AVX2; v.2d on NEON) and (almost) no scalar ones; on
   AVX-512 hosts, ``vbits=512`` gives zmm FMAs (the full width, when asked).
 * AVX2 on any x86-64 host: the same, compiled in a subprocess for
-  ``NUMBA_CPU_NAME=haswell`` (what the AVX2 results in ``results/`` are).
+  ``NUMBA_CPU_NAME=haswell`` (what the AVX2 figures in ``benchmarks/`` are).
 * NEON without an ARM machine: the kernels rendered for the ``neon`` target,
   lowered by Numba without vectorisation, then retargeted to AArch64 and
   optimised there by LLVM (llvmlite carries the AArch64 backend) with its SLP

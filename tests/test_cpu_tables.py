@@ -1,5 +1,5 @@
 """CPU tuning tables: read per ISA at run time, reported by the executor and ``smalltc info``,
-written by ``smalltc tune --device cpu`` (issue 17)."""
+written by ``smalltc tune --device cpu``."""
 import json
 
 import numpy as np
@@ -114,11 +114,10 @@ def test_shipped_cpu_tables_validate_against_the_families():
         data = T.load(path)                    # each entry's params are its family's
         assert data["arch"] == f"cpu-{data['device']['isa']}"
         target = TARGETS[data["device"]["isa"]]
-        for key, e in data["entries"].items():
-            spec = tables.spec_from_dict(e["spec"])
+        for key, (spec, params) in tables.entries(data).items():
             fam = ACTION if spec.op == "action" else GEMM if spec.op == "gemm" else None
             if fam is not None:
-                assert fam.context(spec, e["params"], target) is not None, key
+                assert fam.context(spec, params, target) is not None, key
 
 
 def test_info_reports_the_isa_and_which_tables_it_reads(cpu_table, capsys):

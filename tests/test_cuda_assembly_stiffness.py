@@ -1,4 +1,4 @@
-"""The stiffness instances of the CUDA assembly family (issue 27): element matrices
+"""The stiffness instances of the CUDA assembly family: element matrices
 ``K_e = sum_ab G_a^T Q_e^ab G_b`` (diffusion), plus ``B^T D_e B`` (Helmholtz), Gauss and
 collocated, from ``assembly.cu.j2``.
 

@@ -3,14 +3,12 @@
 ``tests/data/cuda_golden.json.gz`` records, for a grid of 3,082 specs (GEMM n =
 1..40 with transposes, shared operands and beta; rectangular GEMMs; every
 pairwise step of p = 1..10; the action for dim 1..3, nd 1..14, ncomp 1 and 3;
-the assembly; every shipped table entry's own size; since session 7 also the fused FEM
-operator and its diagonal, 1D-3D, p = 1..8) and both float dtypes,
+the assembly; every shipped table entry's own size; the fused FEM operator and its
+diagonal, 1D-3D, p = 1..8) and both float dtypes,
 what :meth:`CudaBackend.build` builds with the shipped tables on and with
 ``SMALLTC_TUNING=off``: per kernel, its template, entry point, threads,
 shared-memory bytes, items per block and the sha256 of its rendered source,
-then the parameters' source and the grid cap. The record was taken before
-the backend was split into family modules (commit 1ac4a4d) and the split
-reproduced it byte for byte.
+then the parameters' source and the grid cap.
 
 A deliberate change of a kernel choice (a new table, another heuristic) is
 recorded again with ``SMALLTC_UPDATE_GOLDEN=1 pytest tests/test_cuda_golden.py``;
@@ -30,8 +28,9 @@ import pytest
 from smalltc.backends.cuda import CudaBackend
 from smalltc.backends.cuda import runtime as RT
 from smalltc.catalogue import steps
+from smalltc import tables
 from smalltc.spec import (ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec,
-                          MassDiagonalSpec, spec_from_dict)
+                          MassDiagonalSpec)
 from smalltc.tables import shipped_dir
 
 GOLDEN = pathlib.Path(__file__).parent / "data" / "cuda_golden.json.gz"
@@ -96,8 +95,8 @@ def grid():
                     out.append(MassDiagonalSpec(dim=dim, nq=nq, nd=p + 1, batch=1000,
                                                 dtype=dt, ndofs=5000))
     for f in sorted(shipped_dir().glob("sm90-float*.json")):
-        for e in json.loads(f.read_text())["entries"].values():
-            out.append(spec_from_dict(dict(e["spec"], batch=1000)))
+        for e in tables.entries(tables.load(f)).values():
+            out.append(e.spec.with_batch(1000))
     return list(dict.fromkeys(out))
 
 

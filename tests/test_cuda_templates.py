@@ -16,11 +16,12 @@ import pytest
 
 from smalltc.backends.cuda.action import ACTION, action_ctx
 from smalltc.backends.cuda.assembly import ASSEMBLY, assembly_ctx
+from smalltc.backends.cuda.basis import BASIS
 from smalltc.backends.cuda.contract9 import contract9_ctx
 from smalltc.backends.cuda.force import FORCE
 from smalltc.backends.cuda.layout import generic_ctx, layout_ctx
 from smalltc.backends.cuda.mass_apply import MASS_APPLY, MASS_DIAGONAL
-from smalltc.spec import ActionSpec, AssemblySpec, MassApplySpec, MassDiagonalSpec
+from smalltc.spec import ActionSpec, AssemblySpec, BasisSpec, MassApplySpec, MassDiagonalSpec
 from smalltc.backends.cuda.runtime import SmalltcCompileError, render, template_names
 
 NVCC = shutil.which("nvcc")
@@ -97,7 +98,7 @@ def _configs():
             if dim == 2:
                 out.append(("assembly.cu.j2", assembly_ctx(
                     dim, 7, 8, dt, params=dict(per_block=4, rows=0, pad=1))))
-        # the stiffness instances of the assembly (issue 27): diffusion and helmholtz, Gauss
+        # the stiffness instances of the assembly: diffusion and helmholtz, Gauss
         # and collocated, 1D-3D; the heuristic (the rows form in 2D and 3D) and forced
         # flat, padded and rows forms
         for qf, co, dim, p, prm in (
@@ -129,7 +130,7 @@ def _configs():
             d = MassDiagonalSpec(dim=dim, nq=p + 2, nd=p + 1, batch=1, dtype=dt, ndofs=1,
                                  index_dtype=it, deterministic=det)
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
-        # the operator family's diffusion and helmholtz instances (issue 27): Gauss and
+        # the operator family's diffusion and helmholtz instances: Gauss and
         # collocated, the shared-memory form 1D-3D and the 3D line form, element level, the
         # fused map form (atomic, deterministic, ncomp, both index types) and the diagonal
         for qf, co, dim, p, nc, line, it, det in (
@@ -158,7 +159,7 @@ def _configs():
             d = MassDiagonalSpec(dim=dim, nq=nq, nd=nd, batch=1, dtype=dt, ndofs=1,
                                  index_dtype=it, deterministic=det, qfunc=qf, collocated=co)
             out.append(("mass_diagonal.cu.j2", MASS_DIAGONAL.context(d)))
-    # the corner force (issue 31): both directions, element level, fused (atomic and the
+    # the corner force: both directions, element level, fused (atomic and the
     # deterministic form's element kernel), both index types, 1D-3D, the bound check off once
     for dim, p, q, dt, op, it, det in ((3, 1, "force", "float64", "action", None, False),
                                        (3, 2, "force_t", "float64", "mass_apply", "int32", False),
@@ -183,6 +184,16 @@ def _configs():
                 (dict(line=1, apre=1 - ctx["apre"]), dict(line=1, per_block=3 if p < 8 else 2))
                 if dim > 1 else ()):
             out.append(("force.cu.j2", dict(FORCE.context(sp, prm), forced=1)))
+    # the basis application (tests/test_cuda_basis.py compiles its own table for sm_90):
+    # evaluation and transpose, through the map (both index types) and on element vectors
+    for dim, p, what, tr, nc, it, dt in ((1, 3, "both", False, 1, "int32", "float32"),
+                                         (2, 4, "values", True, 2, None, "float64"),
+                                         (3, 2, "gradients", False, 3, "int64", "float64"),
+                                         (3, 4, "both", True, 1, "int32", "float64")):
+        b = BasisSpec(dim=dim, nq=p + 2, nd=p + 1, batch=1, dtype=dt, what=what, transpose=tr,
+                      ncomp=nc, comp_axis=nc > 1, ndofs=None if it is None else 1,
+                      index_dtype=it or "int32")
+        out.append(("basis.cu.j2", BASIS.context(b)))
     # device CG (fixed entry names with C linkage: one configuration in the translation unit)
     out.insert(20, ("cg.cu.j2", dict(dtype="float64", threads=256, blocks=1024, jacobi=1)))
     # the deterministic FEM operator's sum through the transposed map

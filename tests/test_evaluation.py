@@ -1,7 +1,8 @@
 """The basis application, ``smalltc.interpolate`` and ``smalltc.integrate``: against a dense
 float64 oracle (Kronecker products of the 1D matrices, independent of the sum-factorised
 code) with the output poisoned with NaN first, 1D-3D, every ``what``, one and two
-components, through the map and on element vectors, on every backend of the arrays; the
+components, through the map and on element vectors, on every backend of the arrays (on the
+cuda backend the basis family's kernels: a call whose plan falls back fails); the
 transpose identity; errors naming the operand. GPU cases skip without a CUDA device.
 """
 import itertools
@@ -51,6 +52,14 @@ def integrate_oracle(B, G, H, what, dim):
     return sum(H[:, :, s] @ M for s, M in enumerate(dense(B, G, what, dim)))
 
 
+def _on_the_kernel(backend, op, *operands, **kw):
+    """On the cuda backend, the call's plan runs the basis family's kernel (not the
+    reference path it falls back to for sizes it cannot hold)."""
+    if backend == "cuda":
+        p = smalltc.plan(op, *operands, backend="cuda", **kw)
+        assert p.specialized and p.kernel.startswith("stc_basis_interp"), p
+
+
 def _shape(E, nc, what, dim, n):
     return (E,) + ((nc,) if nc > 1 else ()) + ((1 + dim if what == "both" else dim,)
                                                if what != "values" else ()) + (n,) * dim
@@ -74,12 +83,15 @@ def test_interpolate_and_integrate_match_the_dense_oracle(xp_name, backend, dim,
     out = xp.full(shape, np.nan)
     kw = dict(what=what, backend=backend, out=out)
     if mapped:
-        H = smalltc.interpolate(xp.asarray(B), Gop, xp.asarray(x[0] if ncomp == 1 else x),
-                                xp.asarray(m), **kw)
+        args = (xp.asarray(B), Gop, xp.asarray(x[0] if ncomp == 1 else x), xp.asarray(m))
+        H = smalltc.interpolate(*args, **kw)
+        _on_the_kernel(backend, "interpolate", *args, what=what)
     else:
         Vin = V.reshape((E,) + ((ncomp,) if ncomp > 1 else ()) + (nd,) * dim)
-        H = smalltc.interpolate(xp.asarray(B), Gop, xp.asarray(Vin),
-                                dim=dim if ncomp > 1 else None, **kw)
+        args = (xp.asarray(B), Gop, xp.asarray(Vin))
+        H = smalltc.interpolate(*args, dim=dim if ncomp > 1 else None, **kw)
+        _on_the_kernel(backend, "interpolate", *args, what=what,
+                       dim=dim if ncomp > 1 else None)
     assert H is out and H.shape == shape
     assert rel_err(H, ref.reshape(shape)) < TOL["float64"]
 
@@ -91,15 +103,18 @@ def test_interpolate_and_integrate_match_the_dense_oracle(xp_name, backend, dim,
             np.add.at(yref[c], m.reshape(-1), U[:, c].reshape(-1))
         yshape = (ndofs,) if ncomp == 1 else (ncomp, ndofs)
         out = xp.full(yshape, np.nan)
-        y = smalltc.integrate(xp.asarray(B), Gop, xp.asarray(Hin), xp.asarray(m), what=what,
-                              ndofs=ndofs, backend=backend, out=out)
+        args = (xp.asarray(B), Gop, xp.asarray(Hin), xp.asarray(m))
+        y = smalltc.integrate(*args, what=what, ndofs=ndofs, backend=backend, out=out)
+        _on_the_kernel(backend, "integrate", *args, what=what, ndofs=ndofs)
         assert y is out
         assert rel_err(y, yref.reshape(yshape)) < TOL["float64"]
     else:
         ushape = (E,) + ((ncomp,) if ncomp > 1 else ()) + (nd,) * dim
         out = xp.full(ushape, np.nan)
-        y = smalltc.integrate(xp.asarray(B), Gop, xp.asarray(Hin), what=what,
-                              dim=dim if ncomp > 1 else None, backend=backend, out=out)
+        args = (xp.asarray(B), Gop, xp.asarray(Hin))
+        y = smalltc.integrate(*args, what=what, dim=dim if ncomp > 1 else None,
+                              backend=backend, out=out)
+        _on_the_kernel(backend, "integrate", *args, what=what, dim=dim if ncomp > 1 else None)
         assert y is out
         assert rel_err(y, U.reshape(ushape)) < TOL["float64"]
 

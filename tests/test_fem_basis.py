@@ -9,6 +9,8 @@ from smalltc.fem import (
     gauss_lobatto,
     lagrange_basis,
 )
+from smalltc.fem.basis import MAX_ORDER
+from smalltc.fem.quadrature import MAX_POINTS
 
 ORDERS = [1, 2, 3, 4, 5, 6, 8, 12, 16, 20]
 
@@ -95,6 +97,27 @@ def test_basis_1d(p, nq, quadrature):
     np.testing.assert_allclose(b.qweights @ b.G1d, expected, rtol=0, atol=1e-12)
 
 
+# (p, nq, quadrature) at and near the largest order allowed
+LIMIT_CASES = [(MAX_ORDER, MAX_ORDER + 1, "gauss"), (MAX_ORDER, MAX_ORDER + 2, "gauss"),
+               (MAX_ORDER, MAX_ORDER + 1, "lobatto"), (MAX_ORDER - 11, MAX_ORDER - 9, "gauss")]
+
+
+@pytest.mark.parametrize("p, nq, quadrature", LIMIT_CASES)
+def test_identities_hold_up_to_the_limit(p, nq, quadrature):
+    """The accuracy the docstrings state for p <= MAX_ORDER: partition of unity to 1e-15,
+    the derivative identities to 1e-10."""
+    b = basis_1d(p, nq, quadrature)
+    B, G = b.B1d, b.G1d
+    assert np.all(np.isfinite(B)) and np.all(np.isfinite(G))
+    ends = np.zeros(p + 1)
+    ends[0], ends[-1] = -1.0, 1.0
+    assert np.max(np.abs(B.sum(axis=1) - 1.0)) <= 2e-15
+    assert np.max(np.abs(B @ b.nodes - b.qpoints)) <= 1e-13     # x reproduced
+    assert np.max(np.abs(G.sum(axis=1))) <= 1e-10               # (1)' = 0
+    assert np.max(np.abs(G @ b.nodes - 1.0)) <= 1e-10           # (x)' = 1
+    assert np.max(np.abs(b.qweights @ G - ends)) <= 1e-10       # int phi_i' = phi_i(1) - phi_i(-1)
+
+
 ERROR_CASES = [
     (lambda: basis_1d(0, 2), ValueError, r"p must be an integer >= 1, got 0"),
     (lambda: basis_1d(2.5, 3), ValueError, r"p must be an integer >= 1, got 2.5"),
@@ -105,6 +128,14 @@ ERROR_CASES = [
     (lambda: lagrange_basis([0.0, np.nan], [0.5]), ValueError, r"nodes must be finite"),
     (lambda: lagrange_basis([0.0, 1.0], [[0.5]]), ValueError, r"points must be a 1D array, got shape \(1, 1\)"),
     (lambda: lagrange_basis([0.0, 1.0], [np.inf]), ValueError, r"points must be finite"),
+    (lambda: basis_1d(MAX_ORDER + 1, MAX_ORDER + 3), ValueError,
+     r"p must be <= 256, got p=257: beyond it the float64 basis derivatives lose accuracy"),
+    (lambda: basis_1d(900, 902), ValueError, r"p must be <= 256, got p=900"),
+    (lambda: basis_1d(10**6, 10**6 + 2), ValueError, r"p must be <= 256, got p=1000000"),
+    (lambda: basis_1d(4, MAX_POINTS + 1), ValueError, r"n must be <= 2048 for Gauss-Legendre"),
+    (lambda: lagrange_basis(np.linspace(-1, 1, MAX_ORDER + 2), [0.5]), ValueError,
+     r"nodes has shape \(258,\), at most \(257,\)"),
+    (lambda: barycentric_weights(np.arange(10**6)), ValueError, r"nodes has shape \(1000000,\)"),
 ]
 
 

@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 from conftest import array_modules
 
+import fem_oracle as O
+from smalltc.fem import geometry
 from smalltc.fem import (
     box_mesh,
     check_jacobian,
@@ -132,11 +134,69 @@ def test_diffusion_data_paths_agree(xp_name, dim, geom_order):
         diffusion_data(box_mesh(dim, 4, distortion=0.5), 3, 1.0, device=device)
 
 
-def test_tangled_mesh_names_element():
+@pytest.mark.parametrize("chunk", [None, 1, 5])
+def test_tangled_mesh_names_element(monkeypatch, chunk):
+    """The first bad element and the count of all of them, whatever the chunks."""
+    if chunk is not None:
+        _chunks_of(monkeypatch, chunk)
     mesh = box_mesh(2, 4, distortion=0.5)
-    with pytest.raises(ValueError, match=r"tangled mesh: \|J\| <= 0 at \d+ quadrature point\(s\) of element 7 "
-                                         r"\(multi-index \(1, 3\)\) \(min \|J\| = -[0-9.e-]+\); 6 bad element\(s\) in all"):
-        mass_data(mesh, 3)
+    for call in (lambda: mass_data(mesh, 3), lambda: diffusion_data(mesh, 3, lambda x: x[0] + 1),
+                 lambda: quadrature_data(mesh, 2)):
+        with pytest.raises(ValueError, match=r"tangled mesh: \|J\| <= 0 at \d+ quadrature point\(s\) of element 7 "
+                                             r"\(multi-index \(1, 3\)\) \(min \|J\| = -[0-9.e-]+\); 6 bad element\(s\) in all"):
+            call()
+
+
+def _chunks_of(monkeypatch, n):
+    """Chunks of ``n`` elements (on the CPU, for float64 points of 64 values or fewer)."""
+    monkeypatch.setattr(geometry, "MIN_CHUNK_ELEMENTS", n)
+    monkeypatch.setattr(geometry, "CPU_CHUNK_BYTES", 1)
+
+
+_MESHES = O.meshes()
+
+
+@pytest.mark.parametrize("name, mesh", _MESHES, ids=[m[0] for m in _MESHES])
+@pytest.mark.parametrize("nq", [2, 4])
+def test_geometry_matches_the_numpy_oracle(name, mesh, nq):
+    """x, J, |J|, D and Q against the plain formulas (a tensordot per axis on the whole
+    mesh, numpy.linalg.det and inv at every point): 1e-12 relative."""
+    pts = quadrature_rule(nq)[0]
+    assert O.rel(map_points(mesh, pts), O.map_points(mesh, pts)) < 1e-13
+    assert O.rel(jacobian(mesh, pts), O.jacobian(mesh, pts)) < 1e-13
+    qd = quadrature_data(mesh, nq)
+    for got, want in zip((qd.x, qd.detJ, qd.wdetJ), O.quadrature_data(mesh, nq)):
+        assert O.rel(got, want) < 1e-12
+    rho = lambda x: 1.5 + x[0] * x[-1]                        # noqa: E731
+    for r in (None, 2.5, rho):
+        assert O.rel(mass_data(mesh, nq, r), O.mass_data(mesh, nq, 1.0 if r is None else r)) < 1e-12
+        Q = diffusion_data(mesh, nq, r)
+        assert Q.shape == (mesh.nelements, mesh.dim * (mesh.dim + 1) // 2) + (nq,) * mesh.dim
+        assert O.rel(Q, O.diffusion_data(mesh, nq, 1.0 if r is None else r)) < 1e-12
+    Q32 = diffusion_data(mesh, nq, rho, dtype=np.float32)
+    assert Q32.dtype == np.float32 and O.rel(Q32, O.diffusion_data(mesh, nq, rho)) < 1e-6
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_chunks_do_not_change_the_geometry(monkeypatch, chunk):
+    mesh = box_mesh(3, (2, 3, 2), geom_order=2, distortion=0.05)
+    kappa = lambda x: 1 + x[1] ** 2                            # noqa: E731
+    whole = diffusion_data(mesh, 3, kappa), mass_data(mesh, 3, kappa), quadrature_data(mesh, 3).x
+    _chunks_of(monkeypatch, chunk)
+    calls = []
+    counted = lambda x: calls.append(x.shape[1]) or kappa(x)    # noqa: E731
+    parts = diffusion_data(mesh, 3, counted), mass_data(mesh, 3, kappa), quadrature_data(mesh, 3).x
+    assert calls == [chunk] * (12 // chunk)                  # kappa once a chunk
+    for a, b in zip(parts, whole):
+        assert O.rel(a, b) < 1e-15
+
+
+def test_chunk_size_follows_the_budget(monkeypatch):
+    monkeypatch.setattr(geometry, "CPU_CHUNK_BYTES", 8000 * 100)
+    monkeypatch.setattr(geometry, "MIN_CHUNK_ELEMENTS", 7)
+    assert geometry._chunk_elements(np, 10**6, 100) == 1000
+    assert geometry._chunk_elements(np, 10**6, 10**6) == 7       # never below the floor
+    assert geometry._chunk_elements(np, 5, 100) == 5                # never above the mesh
 
 
 def test_evaluate_field_broadcasts():
@@ -157,6 +217,10 @@ ERROR_CASES = [
     (lambda: mass_data(_MESH, 3, rho=lambda x: x[0] / 0.0), ValueError, r"rho\(x\) returned non-finite values"),
     (lambda: mass_data(_MESH, 3, rho="dense"), TypeError, r"rho must be callable or a real number, got str"),
     (lambda: evaluate_field(True, _X), TypeError, r"f must be callable or a real number, got bool"),
+    (lambda: diffusion_data(_MESH, 3, kappa=lambda x: np.ones(2)), ValueError,
+     r"kappa\(x\) returned shape \(2,\), expected \(4, 3, 3\)"),
+    (lambda: diffusion_data(_MESH, 3, kappa=float("nan")), ValueError, r"kappa\(x\) returned non-finite values"),
+    (lambda: mass_data(_MESH, 3, rho=np.inf), ValueError, r"rho\(x\) returned non-finite values"),
     (lambda: map_points(_MESH, [[0.0]]), ValueError, r"points must be a non-empty 1D array"),
     (lambda: det_jacobian(np.zeros((3, 2, 3))), ValueError, r"J has shape \(3, 2, 3\), expected \(E, dim, dim, ...\)"),
     (lambda: det_jacobian(np.zeros((3, 4, 4))), ValueError, r"J has shape \(3, 4, 4\)"),

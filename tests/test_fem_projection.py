@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 
+import fem_oracle as O
+from smalltc.fem import geometry, projection
 from smalltc.fem import (
     ConvergenceError,
     H1Space,
@@ -73,6 +75,51 @@ def test_load_vector_of_one_is_mass_times_one():
     b = load_vector(V, 1.0)
     np.testing.assert_allclose(b, mass_operator(V)(np.ones(V.ndofs)), rtol=1e-13, atol=1e-17)
     assert b.sum() == pytest.approx(1.0, rel=1e-13)
+
+
+_MESHES = O.meshes()
+
+
+@pytest.mark.parametrize("name, mesh", _MESHES, ids=[m[0] for m in _MESHES])
+@pytest.mark.parametrize("p", [1, 3])
+def test_load_and_error_match_the_numpy_oracle(name, mesh, p):
+    """load_vector and l2_error against the plain formulas: 1e-12 relative."""
+    V = H1Space(mesh, p)
+    f = lambda x: np.sin(2 * x[0]) * np.exp(x[-1])            # noqa: E731
+    for g in (f, 1.0, 2.5):
+        assert O.rel(load_vector(V, g), O.load_vector(V, g)) < 1e-12
+        assert O.rel(load_vector(V, g, nq=p + 3), O.load_vector(V, g, nq=p + 3)) < 1e-12
+    u = np.random.default_rng(p).standard_normal(V.ndofs)
+    for g in (f, 0.0, 1.5):
+        assert l2_error(V, u, g) == pytest.approx(O.l2_error(V, u, g), rel=1e-12)
+
+
+def test_chunks_do_not_change_load_and_error(monkeypatch):
+    V = H1Space(box_mesh(3, (2, 3, 2), distortion=0.05), 2)
+    u = np.random.default_rng(0).standard_normal(V.ndofs)
+    whole = load_vector(V, smooth_function), l2_error(V, u, smooth_function)
+    monkeypatch.setattr(geometry, "MIN_CHUNK_ELEMENTS", 5)
+    monkeypatch.setattr(geometry, "CPU_CHUNK_BYTES", 1)
+    assert O.rel(load_vector(V, smooth_function), whole[0]) < 1e-14
+    assert l2_error(V, u, smooth_function) == pytest.approx(whole[1], rel=1e-14)
+    monkeypatch.setattr(projection, "SOLUTION_MULTIPLE", 0)     # a block a chunk
+    assert O.rel(load_vector(V, smooth_function), whole[0]) < 1e-14
+
+
+def test_error_holds_a_chunk_not_the_mesh(monkeypatch):
+    """The error's peak memory is a chunk's: far below the mesh's points at nq = p + 4."""
+    import tracemalloc
+    V = H1Space(box_mesh(3, 10), 1)
+    u = np.random.default_rng(0).standard_normal(V.ndofs)
+    l2_error(V, u, smooth_function)                             # plans, bases: built once
+    monkeypatch.setattr(geometry, "CPU_CHUNK_BYTES", 1 << 18)
+    monkeypatch.setattr(geometry, "MIN_CHUNK_ELEMENTS", 1)
+    tracemalloc.start()
+    l2_error(V, u, smooth_function)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    points = 8 * V.nelements * 5 ** 3                          # one float a point, nq = 5
+    assert peak < points / 2, (peak, points)
 
 
 def test_result_fields():

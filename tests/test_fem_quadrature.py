@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from smalltc.fem import gauss_legendre, gauss_lobatto, quadrature_rule
+from smalltc.fem.quadrature import MAX_POINTS
 
 GL_COUNTS = [1, 2, 3, 4, 5, 7, 8, 12, 16, 20, 25, 32, 40, 64]
 GLL_COUNTS = [2, 3, 4, 5, 6, 9, 12, 16, 17, 20, 25, 32, 40, 64]
@@ -78,6 +79,22 @@ def test_gauss_lobatto_structure(n):
     np.testing.assert_allclose(w[0], 2.0 / (n * (n - 1)), rtol=1e-14)
 
 
+# (rule, n, highest degree it integrates exactly) at the largest count allowed
+LIMIT_CASES = [(gauss_legendre, MAX_POINTS, 2 * MAX_POINTS - 1),
+               (gauss_lobatto, MAX_POINTS, 2 * MAX_POINTS - 3)]
+
+
+@pytest.mark.parametrize("rule, n, degree", LIMIT_CASES, ids=["gauss", "lobatto"])
+def test_rules_at_the_limit(rule, n, degree):
+    """At n = MAX_POINTS the rules still integrate Legendre polynomials exactly."""
+    x, w = rule(n)
+    assert np.all(w > 0) and np.all(np.diff(x) > 0)
+    assert abs(w.sum() - 2.0) <= 1e-13
+    for k in (1, 2, 3, n - 1, n, degree - 1, degree):
+        Pk = np.polynomial.legendre.Legendre.basis(k)(x)
+        assert abs(w @ Pk) <= 1e-13, (k, w @ Pk)
+
+
 RULE_NAME_CASES = [
     ("gauss", 3, gauss_legendre),
     ("Gauss-Legendre", 3, gauss_legendre),
@@ -102,6 +119,11 @@ ERROR_CASES = [
     (lambda: gauss_legendre(2.0), TypeError, r"n must be an integer, got float"),
     (lambda: gauss_lobatto(True), TypeError, r"n must be an integer"),
     (lambda: quadrature_rule(3, "simpson"), ValueError, r"rule must be one of .* got 'simpson'"),
+    (lambda: gauss_legendre(MAX_POINTS + 1), ValueError,
+     r"n must be <= 2048 for Gauss-Legendre, got n=2049 \(beyond it .*accuracy"),
+    (lambda: gauss_lobatto(10**6), ValueError,
+     r"n must be <= 2048 for Gauss-Lobatto, got n=1000000"),
+    (lambda: quadrature_rule(10**6 + 2), ValueError, r"n must be <= 2048 for Gauss-Legendre"),
 ]
 
 

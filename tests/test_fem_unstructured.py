@@ -136,6 +136,35 @@ def test_missing_file_is_named(tmp_path):
         fem.read_mesh(path)
 
 
+# (file name, contents, what the message must say): each raises ValueError naming the file
+UNREADABLE = [
+    ("empty.msh", "", r"'[^']*empty\.msh' is empty"),
+    ("empty.vtu", "", r"'[^']*empty\.vtu' is empty"),
+    ("bad.vtk", "garbage\n", r"could not read '[^']*bad\.vtk': Illegal VTK header"),
+    ("bad.vtu", "<not xml", r"could not read '[^']*bad\.vtu': .*vtu"),
+    ("cut.msh", "$MeshFormat\n4.1 0 8\n$EndMeshFormat\n$Nodes\n1 2\n",
+     r"could not read '[^']*cut\.msh': .*unpack"),
+    ("mesh.xyz", "1 2 3\n", r"could not read '[^']*mesh\.xyz': .*file format"),
+]
+
+
+@pytest.mark.parametrize("fname, text, match", UNREADABLE)
+def test_unreadable_file_raises_value_error(tmp_path, capsys, fname, text, match):
+    """meshio ends the process (SystemExit) on a file none of its readers takes: read_mesh
+    turns that, and meshio's own errors, into a ValueError with the reader's words."""
+    path = tmp_path / fname
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        fem.read_mesh(str(path))
+    out, err = capsys.readouterr()
+    assert out == "" and err == "", (out, err)      # what meshio printed is in the message
+
+
+def test_a_directory_is_not_a_mesh(tmp_path):
+    with pytest.raises(ValueError, match="could not read"):
+        fem.read_mesh(tmp_path)
+
+
 def test_simplices_and_serendipity_are_refused():
     pts = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     with pytest.raises(ValueError, match="unsupported cell type.*triangle"):
@@ -436,8 +465,8 @@ def test_readme_poisson_example_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "UnstructuredMesh(dim=2" in out and "True True" in out
     assert (tmp_path / "poisson.vtu").stat().st_size > 1000
-    for png in ("results/fem-poisson/poisson-solution.png",
-                "results/fem-poisson/poisson-convergence.png"):
+    for png in ("benchmarks/fem-poisson/poisson-solution.png",
+                "benchmarks/fem-poisson/poisson-convergence.png"):
         assert png in text
         assert os.path.getsize(os.path.join(os.path.dirname(README), png)) > 10_000
 

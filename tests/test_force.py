@@ -329,7 +329,7 @@ def test_cuda_choices_without_a_gpu(dim, p, qfunc):
         assert h.ctx["line"] == (dim > 1) and h.entry.endswith("_line") == (dim > 1)
         assert h.ctx["threads"] <= 256 and (h.ctx["per_block"] > 1) == (dim < 3 or p <= 4)
         assert h.ctx["warp_sync"] == (32 % h.ctx["tpi"] == 0 and h.ctx["threads"] % 32 == 0)
-        # the shipped H100 table answers the Laghos sizes exactly (the lookup, session 16)
+        # the shipped H100 table answers the Laghos sizes exactly (the lookup)
         # and only them: 1D (no entry) is the heuristic's, not a carried 2D or 3D entry
         if (dim, p) in ((3, 1), (3, 4), (3, 8), (2, 5)) and not getattr(spec, "deterministic", 0):
             assert c.source == "table-exact", (spec.size_key, c.source)

@@ -169,7 +169,7 @@ def _pmg_iterations(p, n, **kw):
 
 
 def test_pmg_is_robust_on_kershaw():
-    # the issue's targets on the benchmarks' mesh (eps 0.3): <= 30 iterations to 1e-8,
+    # the targets on the benchmarks' mesh (eps 0.3): <= 30 iterations to 1e-8,
     # growing <= 1.5x under one refinement and when p doubles, with the optimised
     # fourth-kind smoother of degree max(3, p) on the finest level and 3 below
     # (notes/solvers.md: fem.pmg's default, degree 3, takes 31 at p = 4 here)

@@ -400,3 +400,25 @@ def test_calls_captured_in_a_cuda_graph(xp_name):
         hA, hB, hC = (to_numpy(x) for x in (A, B, C))
         assert rel_err(out, hA @ hB + hC) < 1e-12
         assert rel_err(U, oracle.action(to_numpy(B1d), to_numpy(D), to_numpy(V))) < 1e-12
+
+
+@pytest.mark.parametrize("op, what", [("interpolate", "values"), ("integrate", "both")])
+def test_basis_plan_is_the_functions(op, what):
+    """``smalltc.plan("interpolate"|"integrate", B1d, G1d, field, elem_dofs)``: the spec and
+    backend of the plan the public function caches, and the same result."""
+    B, G = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    m = rng.integers(0, 40, size=(5, 3, 3, 3)).astype(np.int32)
+    G = None if what == "values" else G
+    H = rng.standard_normal((5, 4, 4, 4, 4))
+    field = rng.standard_normal(40) if op == "interpolate" else H
+    kw = dict(what=what) if op == "interpolate" else dict(what=what, ndofs=40)
+    pl = smalltc.plan(op, B, G, field, m, **kw)
+    want = getattr(smalltc, op)(B, G, field, m, **kw)
+    cached = next(p for p in reversed(list(_PLANS.values())) if p.spec == pl.spec)
+    assert pl.spec.transpose == (op == "integrate") and pl.spec.what == what
+    assert (pl.backend, str(pl.kernel)) == (cached.backend, str(cached.kernel))
+    out = _poisoned(np, pl.out_shape)
+    pl(B, G, field, m, out=out)
+    assert rel_err(out, want) < 1e-14
+    with pytest.raises(TypeError, match="takes B1d, G1d"):
+        smalltc.plan(op, B, G)

@@ -5,7 +5,7 @@ import pytest
 
 from smalltc import roofline
 from smalltc.catalogue import STEPS, steps
-from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.spec import ActionSpec, AssemblySpec, BasisSpec, ContractSpec, GemmSpec
 
 INF = math.inf
 
@@ -55,6 +55,23 @@ CASES = [
      8 * (6 + 10 * (3 * 4 + 2 * 4)), 2 * 3 * 2 * 4 * 10),
     # (2a): A[i1,k2,k3,j1] = sum_k1 B B D; nd=2, nq=3: out 2*9*2, D 27 per element
     ("(2a)", dict(p=1, nq=3, batch=1), "float64", 8 * (6 + 27 + 36), 3 * 3 * 36),
+    # the basis application, 2D nd=2 nq=3: values through the map (x 9, map 4 int32, H 9,
+    # B1d 6); steps 2*2*(3*2) and 2*2*9
+    ("basis", dict(dim=2, p=1, nq=3, batch=1, ndofs=9), "float64",
+     8 * 9 + 4 * 4 + 8 * 9 + 8 * 6, 24 + 36),
+    # its transpose on element vectors, 2 elements: H read, U written; 2*3*(2*3) + 2*3*4
+    ("basis", dict(dim=2, p=1, nq=3, batch=2, transpose=True), "float64",
+     8 * (2 * 9 + 2 * 4 + 6), 2 * (36 + 24)),
+    # gradients on element vectors: B and G along axis 0 (2 of 6 values), then G, B (2 of 9)
+    ("basis", dict(dim=2, p=1, nq=3, batch=1, what="gradients"), "float64",
+     8 * (4 + 2 * 9 + 2 * 6), 2 * 4 * 6 + 2 * 4 * 9),
+    # both, transposed through the map, float32, int64 map: x read and written, H 3 slots;
+    # step 1: a contraction a slot (2*3*2*3 each), then the value and d/dxi_0 slots merge
+    # (2*3 additions: B on the other axis both); step 2: 2 contractions (2*3*4 each) and
+    # 4 additions; 4 into y
+    ("basis", dict(dim=2, p=1, nq=3, batch=1, what="both", transpose=True, ndofs=4,
+                   index_bytes=8), "float32",
+     4 * 3 * 9 + 4 * 2 * 4 + 8 * 4 + 4 * 12, 3 * 36 + 6 + 2 * 24 + 4 + 4),
 ]
 
 
@@ -138,6 +155,40 @@ def test_specs_are_accepted():
     assert roofline.bound(m, bandwidth=1e9, peak=1e9).dtype == "float64"
     c = ContractSpec(kind="8a", batch=2, i=3, s=4, j=5, k=6, l=7, dtype="float64")
     assert roofline.counts(c).flops == 2 * 2 * 4 * 630
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+@pytest.mark.parametrize("p, nq", [(1, 3), (4, 6), (7, 9)])
+def test_basis_halves_make_the_operators(dim, p, nq):
+    """The basis application's two directions and the point function make the action: the
+    mass (values), diffusion (gradients, ``Q g``: dim (2 dim - 1) a point) and Helmholtz
+    (both, one more) operators' flops on element vectors; their bytes are H's both ways."""
+    E, nd = 5, p + 1
+    for what, qfunc, point in (("values", "mass", 1), ("gradients", "diffusion", dim * (
+            2 * dim - 1)), ("both", "helmholtz", dim * (2 * dim - 1) + 1)):
+        sz = dict(dim=dim, p=p, nq=nq, batch=E, what=what)
+        fwd = roofline.counts("basis", sz)
+        back = roofline.counts("basis", dict(sz, transpose=True))
+        act = roofline.counts("action", dict(dim=dim, p=p, nq=nq, batch=E, qfunc=qfunc))
+        assert fwd.flops + back.flops + E * point * nq ** dim == act.flops, what
+        assert fwd.bytes == back.bytes and fwd.dofs == E * nd ** dim
+
+
+def test_basis_spec_counts_its_direction():
+    """A BasisSpec brings ``what`` and ``transpose`` (not in ``spec.sizes()``); through the
+    map the transpose reads and writes the vector and makes the additions into it."""
+    s = BasisSpec(dim=3, nq=5, nd=4, batch=10, dtype="float64", what="gradients",
+                  ndofs=900)
+    t = BasisSpec(dim=3, nq=5, nd=4, batch=10, dtype="float64", what="gradients",
+                  transpose=True, ndofs=900)
+    sz = dict(dim=3, nq=5, nd=4, batch=10, ndofs=900, what="gradients")
+    assert roofline.counts(s) == roofline.counts("basis", sz)
+    assert roofline.counts(t) == roofline.counts("basis", dict(sz, transpose=True))
+    assert roofline.counts(t).bytes - roofline.counts(s).bytes == 8 * 900
+    assert roofline.counts("basis", dict(sz, what=None, nslots=3)) == roofline.counts(s)
+    assert roofline.counts(s).dofs == 900
+    with pytest.raises(ValueError, match="need what in"):
+        roofline.counts("basis", dict(sz, what="hessians"))
 
 
 @pytest.mark.parametrize("spec", [

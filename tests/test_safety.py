@@ -70,7 +70,7 @@ def test_map_changed_after_first_use_raises(backend, module, dim, bad, determini
 
 
 def test_map_mutation_in_a_fresh_process_does_not_crash(tmp_path):
-    """The issue's reproduction: 10^9 then ndofs in a map already used, in a child process
+    """A reported crash, reproduced: 10^9 then ndofs in a map already used, in a child process
     (a crash there would be exit 139, not a failed assertion here)."""
     import subprocess
     import sys
@@ -277,7 +277,7 @@ def test_openmp_waits_passively(env, expect):
     assert r.stdout.strip().splitlines()[-1] == expect
 
 
-# the operator family's other instances (issue 27) through the same checked gather/scatter:
+# the operator family's other instances through the same checked gather/scatter:
 # (qfunc, collocated, dimension, deterministic)
 QFUNC_MUTATIONS = [
     ("diffusion", False, 2, False),

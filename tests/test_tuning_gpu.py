@@ -1,6 +1,6 @@
 """The tuner on a real GPU, small and quick (skipped without a CUDA device).
 
-Run these first in a tuning session: they take a minute and check the whole
+Run these before a search on a new GPU: they take a minute and check the whole
 path (NVRTC compile in worker processes, verification, CUDA-event timing, the
 table, and the plan picking the table's parameters up).
 """

@@ -1,4 +1,4 @@
-"""Tuning the operator family's other instances (issue 27): diffusion, collocated diffusion
+"""Tuning the operator family's other instances: diffusion, collocated diffusion
 and helmholtz, element-level (``action``) and fused (``mass_apply``), on the GPU and the CPU.
 
 The sizes' FORM field, the run-time lookup of their entries (never one instance's entry for
@@ -175,7 +175,7 @@ def _tune(argv, capsys=None):
         (["3:2:p+2:diffusion", "3:2:p+1:diffusion+co"],
          ["diffusion/{op}/3d/nd3nq4c1", "diffusion/{op}/3d/nd3nq3c1+co"]),
         (["3:2:p+2:diffusion+vx"], ["diffusion/{op}/3d/nd3nq4c1+vx"]),
-        # the corner force (its own family: session 16 found its entries never looked up)
+        # the corner force (its own family: one missing from the lookup never reads its entries)
         (["3:2:2p:force", "2:3:2p:force_t"],
          ["force/{op}/3d/nd3nq4c3", "force_t/{op}/2d/nd4nq6c2"]))])
 def test_dry_run_tables_are_found_by_the_runtime(tmp_path, monkeypatch, op, sizes, keys):

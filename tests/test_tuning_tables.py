@@ -66,7 +66,7 @@ def table():
 def test_round_trip(tmp_path, table):
     path = tmp_path / T.table_name(H100, F64, arch=True)
     T.save(table, path)
-    back = T.load(path)
+    back = T.load(path)                       # the table and its evidence: the record
     assert back == json.loads(json.dumps(table))
     assert back["schema"] == 1 and back["arch"] == "sm90" and back["dtype"] == F64
     for k in ("name", "cc"):
@@ -83,11 +83,53 @@ def test_round_trip(tmp_path, table):
     assert run["compiled"] + run["failed"] + run["pruned_before_compile"] == run["generated"]
 
 
+def test_the_table_is_compact_and_the_evidence_apart(tmp_path, table):
+    """The file the backends read holds size key -> [spec, params] and nothing of the
+    search; the evidence file holds the record; without it the record has no times."""
+    path = tmp_path / T.table_name(H100, F64, arch=True)
+    T.save(table, path)
+    data = json.loads(path.read_text())
+    assert data["schema"] == 2 and "runs" not in data
+    assert set(data) == {"schema", "arch", "dtype", "device", "versions", "date", "entries"}
+    for key, e in data["entries"].items():
+        spec_d, params = e
+        assert "batch" not in spec_d and "dtype" not in spec_d
+        assert params == table["entries"][key]["params"]
+        assert core.Table(data).entries[key].spec == spec_from_dict(
+            table["entries"][key]["spec"]).with_batch(1)
+    assert len(path.read_text().splitlines()) == len(data["entries"]) + \
+        len(json.dumps({k: v for k, v in data.items() if k != "entries"}, indent=1).splitlines())
+    ev = T.evidence_path(path)
+    assert ev == tmp_path / "evidence" / (path.name + ".gz") and ev.is_file()
+    ev.unlink()
+    bare = T.load(path)
+    assert set(bare["entries"]) == set(table["entries"]) and bare["runs"] == []
+    for key, e in bare["entries"].items():
+        assert e["params"] == table["entries"][key]["params"] and "time_s" not in e
+    # an entry changed in the table (by hand) loses its evidence, the others keep it
+    T.save(table, path)
+    data["entries"]["gemm/nn/m8n8k8"][1] = dict(dim_x=8, dim_y=2, per_block=3, prefetch=0)
+    path.write_text(json.dumps(data))
+    mixed = T.load(path)
+    assert "time_s" not in mixed["entries"]["gemm/nn/m8n8k8"]
+    assert mixed["entries"]["gemm/nn/m4n4k4"] == json.loads(json.dumps(
+        table["entries"]["gemm/nn/m4n4k4"]))
+    assert mixed["runs"] == json.loads(json.dumps(table["runs"]))
+
+
+def test_shipped_tables_are_small():
+    """The package ships lookup tables only: their evidence lives in the source tree."""
+    found = list(core.shipped_dir().glob("*.json"))
+    assert found and sum(p.stat().st_size for p in found) < 200 * 1024
+    for path in found:
+        assert json.loads(path.read_text())["schema"] == core.SCHEMA, path.name
+
+
 def _broken(table, how):
     t = copy.deepcopy(table)
     key = "gemm/nn/m8n8k8"
     if how == "schema":
-        t["schema"] = 2
+        t["schema"] = 3
     elif how == "missing":
         del t["date"]
     elif how == "arch":
@@ -99,16 +141,23 @@ def _broken(table, how):
     elif how == "time":
         t["entries"][key]["time_s"] = 0
     elif how == "entry":
-        del t["entries"][key]["runner_up"]
+        del t["entries"][key]["params"]
+    elif how == "pair":
+        t = T.compact(t)
+        t["entries"][key] = t["entries"][key][:1]
+    elif how == "size":
+        t = T.compact(t)
+        t["entries"][key][0]["m"] = 9
     elif how == "dtype":
         t["entries"][key]["spec"]["dtype"] = "float32"
     return t
 
 
 @pytest.mark.parametrize("how,match", [
-    ("schema", "schema 2"), ("missing", "missing date"), ("arch", "arch 'sm80'"),
+    ("schema", "schema 3"), ("missing", "missing date"), ("arch", "arch 'sm80'"),
     ("params", "params"), ("spec", "holds the spec of"), ("time", "time_s"),
-    ("entry", "lacks runner_up"), ("dtype", "is float32")])
+    ("entry", "lacks params"), ("dtype", "is float32"), ("pair", r"not \[spec, params\]"),
+    ("size", "holds the spec of")])
 def test_schema_errors(table, how, match, tmp_path):
     bad = _broken(table, how)
     with pytest.raises(ValueError, match=match):

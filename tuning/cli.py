@@ -50,7 +50,8 @@ def add_arguments(parser):
                              "3:1-8:p+1:diffusion+co (FORM: mass, diffusion or helmholtz, "
                              "+co collocated, +q32 float32 point data, +vx the vertex "
                              "geometry); pairwise: "
-                             "action:DIM:P:NQ (default: "
+                             "action:DIM:P:NQ; basis: DIM:P:NQ[:cNCOMP][:WHAT] (WHAT: values, "
+                             "gradients or both, +t the transpose, +m through a map) (default: "
                              + "; ".join(f"{k}: {' '.join(v)}" for k, v in DEFAULT_SIZES.items())
                              + ")")
     parser.add_argument("--budget-seconds", type=float, default=None, metavar="N",
@@ -58,6 +59,11 @@ def add_arguments(parser):
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where the table goes (default: the package's tuning/tables; "
                              "for --dry-run: --work)")
+    parser.add_argument("--evidence", default=None, metavar="DIR",
+                        help="where the search's evidence of the table goes (every entry's "
+                             "time, runner-up and heuristic, the runs; <table>.json.gz): "
+                             "default benchmarks/tuning of the source tree for the package's "
+                             "tables, else <out>/evidence")
     parser.add_argument("--arch-table", action="store_true",
                         help="write the architecture's table (sm90-float64.json, read by every "
                              "device of it after its own) instead of this device model's "
@@ -173,14 +179,17 @@ def run(args, device=None, clock=None) -> int:
     if status == "done":
         dry = bool(getattr(device, "dry_run", False))       # made-up times: no device model
         path = out / T.table_name(info, args.dtype, arch=args.arch_table or dry)
-        table = _load_or_new(path, info, args.dtype, bool(getattr(device, "dry_run", False)))
+        evidence = (pathlib.Path(args.evidence) / (path.name + ".gz") if args.evidence
+                    else T.evidence_path(path))
+        table = _load_or_new(path, evidence, info, args.dtype,
+                             bool(getattr(device, "dry_run", False)))
         # every finished size of the checkpoint: also those an earlier run with other
         # --sizes finished (a search resumed for a few sizes must not drop the rest)
         results = {k: r for k, r in search.results.items() if r.get("winner")}
         seconds = sum(r.get("seconds", 0) for r in search.state["runs"])
         T.add_results(table, results, args.op, seconds)
-        T.save(table, path)
-        print(f"table: {path} ({len(table['entries'])} entries)")
+        T.save(table, path, evidence)
+        print(f"table: {path} ({len(table['entries'])} entries); evidence: {evidence}")
     if args.plot and search.results:
         try:
             from .plot import pick_size, plot_search
@@ -194,9 +203,10 @@ def run(args, device=None, clock=None) -> int:
     return 0 if status == "done" else EXIT_BUDGET
 
 
-def _load_or_new(path, info, dtype, dry_run):
+def _load_or_new(path, evidence, info, dtype, dry_run):
+    """The record of the table at ``path`` (with its evidence), or a new one."""
     if path.exists():
-        t = T.load(path)
+        t = T.load(path, evidence)
         if bool(t.get("dry_run")) != dry_run:
             raise SystemExit(f"smalltc tune: {path} is {'a dry-run' if t.get('dry_run') else 'a'}"
                              f" table; refusing to mix in {'dry-run' if dry_run else 'measured'}"

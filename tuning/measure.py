@@ -64,7 +64,7 @@ def forms(spec):
     - ``"small"``, GEMM timed at 2 x 100,000 matrices or more: 100,000 of them (in
       place for beta != 0), device time from a CUDA graph. On the H100 the float64
       beta != 0 entries n = 2 and 4, 1.02x the heuristic at 4M matrices, were 0.75x
-      and 0.84x at 100,000 (notes/tuning.md, session 4).
+      and 0.84x at 100,000 (notes/tuning.md, "Timing and the rules for a table entry").
     """
     f = ("separate", "double") + (("small",) if small_batch(spec) else ())
     if spec.op == "gemm" and not spec.beta_zero:
@@ -90,16 +90,23 @@ def per_item_bytes(spec) -> int:
     return (roofline.counts(spec.with_batch(2)).bytes - roofline.counts(spec.with_batch(1)).bytes)
 
 
+def _on_a_mesh(spec):
+    """Whether ``spec`` reads a map (the fused operator; the basis application through a
+    map): its problems are box meshes (:func:`box_spec`)."""
+    return spec.op == "mass_apply" or (spec.op == "basis" and spec.ndofs is not None)
+
+
 def sized(spec, footprint=FOOTPRINT):
     """``spec`` with the batch count whose call moves ``footprint`` bytes (GEMM: >= 100,000;
-    the fused operator: the smallest box mesh of ``n^dim`` elements that does, :func:`box_spec`).
+    the fused operator and the basis application through a map: the smallest box mesh of
+    ``n^dim`` elements that does, :func:`box_spec`).
 
     >>> from smalltc.spec import MassApplySpec
     >>> s = sized(MassApplySpec(dim=3, nq=4, nd=3, batch=1, ndofs=27, dtype="float64"))
     >>> s.batch == 71 ** 3, s.ndofs == (2 * 71 + 1) ** 3
     (True, True)
     """
-    if spec.op == "mass_apply":
+    if _on_a_mesh(spec):
         n = 1
         while roofline.counts(box_spec(spec, n)).bytes < footprint:
             n += 1
@@ -151,8 +158,9 @@ def box_map(spec):
 
 def check_spec(spec):
     """The check problem's spec: ``spec`` with few items (:data:`_CHECK_BYTES`, at most
-    :data:`_CHECK_ITEMS`); the fused operator's on a box mesh of at least 100 elements."""
-    if spec.op == "mass_apply":
+    :data:`_CHECK_ITEMS`); the fused operator's (and the basis application's through a map)
+    on a box mesh of at least 100 elements."""
+    if _on_a_mesh(spec):
         n = 1
         while n ** spec.dim < 100:
             n += 1
@@ -351,7 +359,8 @@ class GpuDevice:
     def verify_big(self, problem, ex) -> float:
         problem.out.fill(math.nan)
         self._run(ex.big, problem.spec, problem.big, problem.out)
-        if problem.spec.op == "mass_apply":      # every DoF sums several elements: all of it
+        if problem.spec.op == "mass_apply" or (    # every DoF sums several elements: all
+                _on_a_mesh(problem.spec) and problem.spec.transpose):
             if problem.big_ref is None:          # the reference path on the GPU, float64
                 problem.big_ref = self.cp.asnumpy(_reference(problem.spec, [
                     a if _is_index(o) else a.astype(self.cp.float64)

@@ -1,4 +1,4 @@
-"""The search: compile every variant, time the survivors, keep the best (seed 002, Figure 4 step 4).
+"""The search: compile every variant, time the survivors, keep the best (notes/tuning.md section 1).
 
 For each size, in order:
 

@@ -21,6 +21,11 @@ assembly       ``DIM:P:NQ[:FORM]``                    FORM: the operator instanc
                                                       NQ ``2p`` as Laghos)
 pairwise       ``action:DIM:P:NQ``                    every reshaped (8a)/(8b)/(9) kernel of
                ``assembly:DIM:P:NQ``                  the catalogue's steps for those sizes
+basis          ``DIM:P:NQ[:cNCOMP][:WHAT]``           ``smalltc.interpolate``: WHAT
+                                                      ``values`` (the default), ``gradients``
+                                                      or ``both``, with ``+t`` (the
+                                                      transpose, ``smalltc.integrate``) and
+                                                      ``+m`` (through a map: a box mesh)
 =============  =====================================  =======================================
 
 Examples
@@ -37,6 +42,8 @@ Examples
 ['diffusion/mass_apply/3d/nd5nq6c1+q32']
 >>> [s.size_key for s in parse("mass_apply", ["3:2:p+2:diffusion+vx"], "float64")]
 ['diffusion/mass_apply/3d/nd3nq4c1+vx']
+>>> [s.size_key for s in parse("basis", ["3:4:p+2:both+t+m", "2:1:3:c2"], "float64")]
+['basis/3d/nd5nq6c1+both+t+m', 'basis/2d/nd2nq3c2+values']
 >>> [(s.m, s.n, s.k) for s in parse("gemm", ["2,3", "4x8x3"], "float32")]
 [(2, 2, 2), (3, 3, 3), (4, 8, 3)]
 """
@@ -45,11 +52,12 @@ from __future__ import annotations
 from smalltc.backends.cuda import family_of
 from smalltc.backends.cuda.contract9 import fold_k9
 from smalltc.catalogue import steps
-from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec, MassApplySpec
+from smalltc.spec import (BASIS_WHATS, ActionSpec, AssemblySpec, BasisSpec, ContractSpec,
+                          GemmSpec, MassApplySpec)
 
 __all__ = ["parse", "DEFAULT_SIZES", "OPS"]
 
-OPS = ("gemm", "action", "assembly", "mass_apply", "pairwise")
+OPS = ("gemm", "action", "assembly", "mass_apply", "pairwise", "basis")
 DEFAULT_SIZES = {
     "gemm": ["2-32", "2-32:nn+beta"],     # beta != 0: the docs/math.md section 6 benchmark setting
     "action": ["2:1-8:p+1,p+2", "3:1-8:p+1,p+2"],
@@ -57,6 +65,8 @@ DEFAULT_SIZES = {
     "mass_apply": ["3:1-8:p+2", "3:1-8:p+2:diffusion", "3:1-8:p+1:diffusion+co"],
     "pairwise": ["action:2:1-8:p+2", "action:3:1-8:p+2", "assembly:2:1-6:p+2",
                  "assembly:3:1-6:p+2"],
+    "basis": ["3:1-8:p+2:values+m", "3:1-8:p+2:values+t+m", "3:1-8:p+2:both+m",
+              "3:1-8:p+2:both+t+m"],
 }
 
 
@@ -64,7 +74,7 @@ DEFAULT_SIZES = {
 _QFUNCS = ("mass", "diffusion", "helmholtz", "force", "force_t")
 _FLAGS = {"assembly": ("co",), "action": ("co", "q32", "vx"),
           "mass_apply": ("co", "q32", "vx")}
-#: the corner force's instances (issue 31): the kinematic field has DIM components; no
+#: the corner force's instances: the kinematic field has DIM components; no
 #: assembly, no flags
 _FORCE = ("force", "force_t")
 
@@ -125,6 +135,16 @@ def _gemm(token, dtype):
     return [GemmSpec(batch=1, m=n, n=n, k=n, **kw) for n in _ints(sizes, f"gemm size {token!r}")]
 
 
+def _basis_form(token, text):
+    """The BasisSpec fields of a WHAT field (``both+t+m``)."""
+    what, *flags = text.split("+")
+    if what not in BASIS_WHATS or set(flags) - {"t", "m"} or len(set(flags)) != len(flags):
+        raise ValueError(f"basis size {token!r}: WHAT {text!r} must be one of "
+                         f"{', '.join(BASIS_WHATS)}, followed by +t (the transpose) and +m "
+                         "(through a map) where wanted")
+    return dict(what=what, transpose="t" in flags), "m" in flags
+
+
 def _fem(op, token, dtype):
     parts = token.split(":")
     opt = "[:FORM]" if op == "assembly" else "[:cNCOMP][:FORM]"
@@ -138,7 +158,10 @@ def _fem(op, token, dtype):
         raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ{opt} (cNCOMP before FORM)")
     if len(extra) > 1:
         raise ValueError(f"{op} size {token!r}: expected DIM:P:NQ{opt}")
-    if extra:
+    mapped = False
+    if op == "basis":
+        form, mapped = _basis_form(token, extra[0] if extra else "values")
+    elif extra:
         form = _form(op, token, extra[0])
     dims = _ints(parts[0], f"{op} size {token!r} (dim)")
     if set(dims) - {1, 2, 3}:
@@ -154,13 +177,14 @@ def _fem(op, token, dtype):
                     raise ValueError(f"{op} size {token!r}: nq {q!r} must be N, p+K or 2p")
                 kw = dict(dim=dim, nq=nq, nd=p + 1, batch=1, dtype=dtype, **form)
                 if op != "assembly":
-                    nc = dim if form["qfunc"] in _FORCE else ncomp
+                    nc = dim if form.get("qfunc") in _FORCE else ncomp
                     kw.update(ncomp=nc, comp_axis=nc > 1)
-                if op == "mass_apply":                 # one element: its own DoFs
+                if op == "mass_apply" or mapped:       # one element: its own DoFs
                     kw["ndofs"] = (p + 1) ** dim
                 try:
                     out.append((ActionSpec if op == "action" else MassApplySpec
-                                if op == "mass_apply" else AssemblySpec)(**kw))
+                                if op == "mass_apply" else BasisSpec if op == "basis"
+                                else AssemblySpec)(**kw))
                 except ValueError as err:       # collocated with nq != p + 1, ...
                     raise ValueError(f"{op} size {token!r}: {err}") from None
     return out

@@ -1,4 +1,4 @@
-"""Search spaces: the kernel variants worth compiling for one size (seed 002, Figure 4 step 3).
+"""Search spaces: the kernel variants worth compiling for one size (notes/tuning.md section 2).
 
 Each CUDA kernel family (:mod:`smalltc.backends.cuda.layout`, ``.contract9``,
 ``.action``, ``.assembly``), and each CPU one (:mod:`smalltc.backends.cpu`), lists

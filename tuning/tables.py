@@ -1,10 +1,12 @@
-"""Tuning tables, write side: a search's results into a table file (``smalltc tune``).
+"""Tuning tables, write side: a search's results into a table file and its evidence
+(``smalltc tune``).
 
 Reading tables (find, load, validate, the runtime lookup with nearest sizes) is
 :mod:`smalltc.tables`, in the core; this module imports it and adds what only the
-tuner does. A table is only ever written by a tuning run on a GPU. The format
-(``schema`` 1) is documented in :mod:`smalltc.tables`; an entry records, next to
-its ``params``, how it was found::
+tuner does. A table is only ever written by a tuning run on a GPU (or a CPU, for
+the CPU backend). The tuner works on a *record* of a table (schema 1, documented
+in :mod:`smalltc.tables`): each entry with, next to its ``params``, how it was
+found::
 
     "gemm/nn/m8n8k8": {"op": "gemm", "family": "layout", "spec": {... sizes, batch ...},
         "params": {"dim_x": 8, "dim_y": 4, "per_block": 4},
@@ -13,10 +15,16 @@ its ``params``, how it was found::
         "heuristic": {"params": {...}, "time_s": 1.28e-4},
         "kernel": {"threads": 128, "smem_bytes": 4096, "registers": 40, "local_bytes": 0}}
 
-and the table's ``runs`` count, per search: ``generated = pruned + timed`` (every
+and the record's ``runs`` count, per search: ``generated = pruned + timed`` (every
 variant not timed has a reason: before compiling, a failed compile, spills or
 registers after it, a wrong result); ``compiled`` counts the compiles that
 succeeded.
+
+:func:`save` writes two files: the table the backends read (schema 2: size key ->
+``[spec, params]``, :func:`compact`) and the record itself, gzipped, as the
+table's evidence (:func:`evidence_dir`: ``benchmarks/tuning/`` of the source tree
+for the package's own tables). :func:`load` gives the record back: the evidence
+where it matches the table, else the table's entries without their evidence.
 
 Files are named by :func:`table_name`: the device model's table by default
 (``sm90-nvidia-h200-float64.json``), the architecture's with ``arch=True``; a CPU's
@@ -24,6 +32,7 @@ table is its ISA's (``cpu-avx512-float64.json``), which the CPU backend reads.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pathlib
@@ -31,7 +40,13 @@ import pathlib
 from smalltc import tables as core
 from smalltc.backends.cuda import family_of as cuda_family_of
 
-__all__ = ["table_name", "load", "validate", "new_table", "add_results", "demote", "save"]
+__all__ = ["table_name", "load", "validate", "new_table", "add_results", "demote", "save",
+           "compact", "evidence_dir", "evidence_path"]
+
+#: the schema of the tuner's record (:mod:`smalltc.tables` reads it as a table too)
+RECORD = 1
+#: the table-level fields a compact table keeps (the rest stays in the evidence)
+_KEEP = ("arch", "dtype", "device", "versions", "date", "dry_run")
 
 
 def table_name(info: dict, dtype: str, arch: bool = False) -> str:
@@ -65,10 +80,55 @@ def validate(table: dict, where="table") -> dict:
     return core.validate(table, where, family_of(table) if isinstance(table, dict) else None)
 
 
-def load(path) -> dict:
-    """The table at ``path``, validated with the families' parameter names."""
-    with open(path, encoding="utf-8") as f:
-        return validate(json.load(f), str(path))
+def evidence_dir(table_dir) -> pathlib.Path:
+    """Where the evidence of the tables in ``table_dir`` goes: ``benchmarks/tuning`` of the
+    source tree for the package's own tables (``tuning/tables`` of a checkout with a
+    ``benchmarks`` folder), else the folder ``evidence`` inside ``table_dir``."""
+    d = pathlib.Path(table_dir).resolve()
+    if d == core.shipped_dir().resolve() and (d.parents[1] / "benchmarks").is_dir():
+        return d.parents[1] / "benchmarks" / "tuning"
+    return d / "evidence"
+
+
+def evidence_path(path) -> pathlib.Path:
+    """The evidence file of the table at ``path``: ``<evidence_dir>/<name>.gz``."""
+    path = pathlib.Path(path)
+    return evidence_dir(path.parent) / (path.name + ".gz")
+
+
+def _read(path):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _expand(table: dict) -> dict:
+    """A record of a compact table: its entries without evidence (op, spec, params)."""
+    rec = {k: v for k, v in table.items() if k != "entries"}
+    rec.update(schema=RECORD, runs=[], entries={})
+    for key, (spec, params) in core.entries(table).items():
+        rec["entries"][key] = dict(op=spec.op, spec=spec.as_dict(), params=params)
+    return rec
+
+
+def load(path, evidence=None) -> dict:
+    """The record of the table at ``path`` (validated with the families' parameter names):
+    its evidence (``evidence``, default :func:`evidence_path`) for the entries whose spec
+    and parameters the table still holds, the table's own entries for the rest."""
+    table = validate(_read(path), str(path))
+    if table["schema"] == RECORD:                 # a table written as a record
+        return table
+    rec = _expand(table)
+    ev = pathlib.Path(evidence) if evidence else evidence_path(path)
+    if ev.is_file():
+        old = validate(_read(ev), str(ev))
+        have = core.entries(old, str(ev))
+        for key, (spec, params) in core.entries(table, str(path)).items():
+            if key in have and have[key] == (spec, params):
+                rec["entries"][key] = old["entries"][key]
+        rec = dict({k: v for k, v in old.items() if k != "entries"}, **rec)
+        rec["runs"] = old.get("runs", [])
+    return rec
 
 
 def new_table(info: dict, dtype: str, dry_run=False) -> dict:
@@ -86,7 +146,7 @@ def new_table(info: dict, dtype: str, dry_run=False) -> dict:
         versions = dict(cuda_runtime=info.get("cuda_runtime"),
                         cuda_driver=info.get("cuda_driver"), nvrtc=info.get("nvrtc"),
                         cupy=info.get("cupy"), smalltc=smalltc.__version__)
-    t = dict(schema=core.SCHEMA, arch=arch, dtype=dtype, device=device, versions=versions,
+    t = dict(schema=RECORD, arch=arch, dtype=dtype, device=device, versions=versions,
              date=now_iso(), bandwidth=info.get("bandwidth"), peak=info.get("peak"),
              runs=[], entries={})
     if dry_run:
@@ -168,10 +228,50 @@ def demote(table: dict, key: str, reason: str) -> dict:
     return e
 
 
-def save(table: dict, path) -> None:
-    validate(table, str(path))
+def compact(record: dict) -> dict:
+    """The table the backends read (schema 2) of a record: size key -> ``[spec, params]``
+    (:func:`smalltc.tables.spec_dict`), the device and versions; no evidence.
+
+    >>> from smalltc.spec import GemmSpec
+    >>> s = GemmSpec(batch=4096, m=8, n=8, k=8, dtype="float64")
+    >>> rec = dict(schema=1, arch="sm90", dtype="float64", device={"cc": "90"}, versions={},
+    ...            date="2026-11-21", runs=[], entries={s.size_key: dict(op="gemm",
+    ...            spec=s.as_dict(), params={"per_block": 4}, time_s=1e-4)})
+    >>> compact(rec)["entries"]
+    {'gemm/nn/m8n8k8': [{'op': 'gemm', 'm': 8, 'n': 8, 'k': 8}, {'per_block': 4}]}
+    """
+    out = dict(schema=core.SCHEMA, **{k: record[k] for k in _KEEP if k in record})
+    out["entries"] = {key: [core.spec_dict(spec), params] for key, (spec, params)
+                      in sorted(core.entries(record).items())}
+    return out
+
+
+def _dumps(table: dict) -> str:
+    """JSON with one line an entry."""
+    head = {k: v for k, v in table.items() if k != "entries"}
+    lines = [f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}"
+             for k, v in table["entries"].items()]
+    text = json.dumps(head, indent=1)[:-2]
+    return text + ',\n "entries": {\n' + ",\n".join(lines) + "}}\n"
+
+
+def _write(path, text):
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    if path.suffix == ".gz":
+        with gzip.GzipFile(tmp, "wb", mtime=0) as f:
+            f.write(text.encode("utf-8"))
+    else:
+        tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def save(record: dict, path, evidence=None) -> None:
+    """Write the table of ``record`` to ``path`` (:func:`compact`) and the record to
+    ``evidence`` (default :func:`evidence_path`)."""
+    validate(record, str(path))
+    table = validate(compact(record), str(path))
+    _write(path, _dumps(table))
+    _write(pathlib.Path(evidence) if evidence else evidence_path(path),
+           json.dumps(record, separators=(",", ":")) + "\n")

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._device import device_name, resolve_device, synchronize, to_host
 from ..basis import basis_1d
-from ..geometry import quadrature_data
+from ..geometry import mass_data
 from ..projection import ProjectionResult, _default_nq, _error_sums, _load
 from ..solvers import cg, jacobi
 from .comm import (Reducer, agree, check_launch, collective, cuda_aware, load_mpi, select_gpu,
@@ -81,12 +81,13 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
     space = DistributedH1Space(dmesh, p)
     nq = collective(comm, _default_nq, space.p, nq, what="checking nq")
     B1d = basis_1d(space.p, nq, quadrature).B1d
-    qd = collective(comm, quadrature_data, dmesh.local, nq, quadrature=quadrature,
-                    what="computing the geometry")
-    b = collective(comm, _load, space.local, qd, B1d, f, what="the right-hand side")
+    D = collective(comm, mass_data, dmesh.local, nq, quadrature=quadrature, device=where,
+                   what="computing the geometry")
+    b = to_host(collective(comm, _load, space.local, f, nq, quadrature, xp,
+                           what="the right-hand side"))
     space.owner_form(b)
     b = xp.asarray(b)
-    M = DistributedMassOperator(space, xp.asarray(qd.wdetJ), xp.asarray(B1d), backend=backend,
+    M = DistributedMassOperator(space, D, xp.asarray(B1d), backend=backend,
                                 deterministic=deterministic)
     P = None
     if precond == "jacobi":
@@ -101,8 +102,8 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
     halo = {k: M.halo.seconds[k] - halo0[k] for k in halo0}
     allreduce = red.seconds
     space.consistent_form(u)
-    err2, norm2 = collective(comm, _error_sums, space.local, u, f, error_nq, quadrature,
-                             "error_nq", what="measuring the error")
+    err2, norm2 = collective(comm, _error_sums, space.local, xp.asarray(u), f, error_nq,
+                             quadrature, "error_nq", what="measuring the error")
     err2, norm2 = red.sums(err2, norm2)
     t3 = time.perf_counter()
     return ProjectionResult(

@@ -52,6 +52,7 @@ import numpy as np
 from .. import roofline
 from .._timing import median, synchronize, time_calls, time_once
 from .cases import Case
+from .report import rate_unit
 
 __all__ = ["cases", "run_case", "CG_BASE", "CG_EXTRA", "PROBLEMS"]
 
@@ -115,12 +116,12 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
     the odd slow call of a millisecond is small against the span. Both lengths are
     multiples of :data:`CG_BASE`, the fused GPU iteration's ``check_every``: that loop
     queues iterations in batches of it, so another length would time applications past
-    the stop (session 15's figures, with 5 and 25 iterations and K = 20 whatever the
-    iteration's time, were off by up to 3.6x). Where the difference is not positive (a
+    the stop (lengths of 5 and 25 iterations, K = 20 whatever the iteration's time, were
+    off by up to 3.6x). Where the difference is not positive (a
     tiny problem) the figure is ``t_long / (CG_BASE + K)``, which includes the solve's
     setup: an upper bound. A solve whose residual reaches exactly zero stops early (the
     Jacobi-preconditioned mass matrix at high p: 446 iterations at BP1 p = 8, nq = 10,
-    session 17), so K is capped at 80% of the iterations beyond ``CG_BASE`` that the long
+    on the H200), so K is capped at 80% of the iterations beyond ``CG_BASE`` that the long
     solve reached. Returns the per-iteration seconds (one per repeat), the iterations of
     the long solve and the seconds of the first (warm-up) solve. Raises RuntimeError when a
     timed solve stopped before its ``maxiter`` (a time of fewer iterations is no
@@ -370,7 +371,8 @@ def table(rows, file) -> None:
     check's cost (``check``: the checked apply's time over the unchecked one's)."""
     suite = rows[0]["suite"] if rows else "bp1"
     ein = suite != "bp1"
-    print(f"\n== {suite} (GDoF/s, unique DoFs; % of the apply's / the CG iteration's bound) ==",
+    u, scale = rate_unit([c["bound"]["dofs_per_s"] for c in rows if "bound" in c])
+    print(f"\n== {suite} ({u}, unique DoFs; % of the apply's / the CG iteration's bound) ==",
           file=file)
     print(f"{'case':26s} {'ndofs':>9s} {'apply':>7s} {'%bnd':>5s} {'determ':>7s} "
           f"{'unfused':>7s} {'x unf':>6s} " + (f"{'einsum':>7s} {'x ein':>6s} " if ein else "")
@@ -386,7 +388,7 @@ def table(rows, file) -> None:
             r = im.get(name) or {}
             return r.get(key) if r.get("status") == "ok" else None
 
-        def f(v, fmt="7.2f", scale=1e-9):
+        def f(v, fmt="7.3g", scale=scale):
             return format(v * scale, fmt) if v is not None else f"{'-':>{fmt.split('.')[0]}}"
         a, u, e = g("smalltc"), g("unfused"), g("einsum")
         print(f"{label:26s} {c['sizes']['ndofs']:9d} {f(a)} {f(g('smalltc', 'fraction'), '5.0%', 1)} "
@@ -395,13 +397,13 @@ def table(rows, file) -> None:
               + (f"{f(e)} {(format(a / e, '6.1f') if a and e else '     -')} " if ein else "")
               + f"{f(g('cg'))} "
               f"{f(g('cg', 'fraction'), '5.0%', 1)} {f(g('cg (unfused)'))} "
-              f"{c['bound']['dofs_per_s'] * 1e-9:6.1f} "
-              f"{_cost(im.get('unchecked'))}" + _point_cols(im), file=file)
+              f"{c['bound']['dofs_per_s'] * scale:6.3g} "
+              f"{_cost(im.get('unchecked'))}" + _point_cols(im, scale), file=file)
 
 
-def _point_cols(im):
-    """The less-point-data columns (``--point-data``): GDoF/s and the fraction of the
-    form's own bound, where the run has them."""
+def _point_cols(im, scale=1e-9):
+    """The less-point-data columns (``--point-data``): DoFs/s times ``scale`` (the table's
+    unit) and the fraction of the form's own bound, where the run has them."""
     out = ""
     for name, label in (("float32-data", "f32"), ("vertices", "vx")):
         r = im.get(name)
@@ -410,7 +412,7 @@ def _point_cols(im):
         if r.get("status") != "ok":
             out += f"  {label} {r.get('status', '-')}"
             continue
-        out += f"  {label} {r['dofs_per_s'] * 1e-9:6.2f} {r['fraction']:4.0%}"
+        out += f"  {label} {r['dofs_per_s'] * scale:6.3g} {r['fraction']:4.0%}"
     return out
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..backends.reference import (action_einsum, assembly_einsum, contract_einsum,
                                   operator_assembly_einsum)
 from ..catalogue import STEPS
-from ..spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from ..spec import ActionSpec, AssemblySpec, BasisSpec, ContractSpec, GemmSpec
 
 __all__ = ["Case", "Impl", "make_inputs", "batched_flags", "reference", "assembly_reference",
            "out_shape", "smalltc_impl", "step_spec", "case_spec"]
@@ -120,6 +120,10 @@ def case_spec(case):
                             collocated=bool(s.get("collocated", False)))
     if case.op == "step":
         return step_spec(case)
+    if case.op == "basis":
+        return BasisSpec(dim=s["dim"], nq=s["nq"], nd=s["p"] + 1, batch=E, dtype=dt,
+                         what=s["what"], transpose=s["direction"] == "integrate",
+                         ndofs=s["ndofs"])
     raise ValueError(f"unknown case op {case.op!r}")
 
 

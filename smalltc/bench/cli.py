@@ -5,9 +5,11 @@ Examples of use::
     smalltc bench                               # all suites, best backend, float64
     smalltc bench --suite gemm --sizes 2,4,8,16,32 --repeats 30
     smalltc bench --suite action --p 1,2,3 --dtype float32 --quick
-    smalltc bench --compare results/A/bench-float64.json results/B/bench-float64.json
+    smalltc bench --compare A/bench-float64.json B/bench-float64.json.gz
     smalltc bench --suite gemm; smalltc bench --suite action   # e.g. under a time limit,
-    smalltc bench --merge results/X/bench-gemm-float64.json results/X/bench-action-float64.json
+    smalltc bench --merge X/bench-gemm-float64.json X/bench-action-float64.json
+    smalltc bench --suite poisson --p 4 --mesh kershaw --precond pmg   # a Poisson solve by phase
+    smalltc bench --suite basis --p 1-8        # smalltc.interpolate / integrate
 
 A full run writes ``bench-<dtype>.json``; a run of some suites or with
 filters ``bench-<suite>[+<suite>][-n..][-p..][-dim..]-<dtype>.json`` (and
@@ -33,11 +35,15 @@ def add_arguments(parser):
                              "when there is one (or what --backend implies)")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--suite", action="append", default=None,
-                        help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve, force "
-                             "(repeatable; default: the four kernel suites; bp1, bp3, bp5 are "
-                             "the CEED bake-off problems: the FEM operators and CG; solve: "
-                             "Jacobi-CG, Chebyshev and p-multigrid solves; force: BLAST's "
-                             "corner force F and F^T)")
+                        help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve, force, "
+                             "poisson, basis (repeatable; default: the four kernel suites; "
+                             "bp1, bp3, bp5 are the CEED bake-off problems: the FEM operators "
+                             "and CG; solve: Jacobi-CG, Chebyshev and p-multigrid solves; "
+                             "force: BLAST's corner force F and F^T; poisson: a user's "
+                             "Poisson solve from mesh to VTU, phase by phase, cold and warm, "
+                             "with the peak memory; basis: smalltc.interpolate and "
+                             "smalltc.integrate against the bound, the reference path and the "
+                             "einsum chain)")
     parser.add_argument("--sizes", default=None,
                         help="square GEMM sizes n, comma separated; add 'rect' to keep the "
                              "rectangular cases (default: n = 2..32 and rectangular)")
@@ -70,7 +76,7 @@ def add_arguments(parser):
     parser.add_argument("--no-baselines", action="store_true", help="time smalltc only")
     parser.add_argument("--out", default=None,
                         help="folder for the JSON and PNGs (default smalltc-bench/<device-slug> in the "
-                             "current folder; the repository's results/ only when named)")
+                             "current folder; the repository's benchmarks/ only when named)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
@@ -80,12 +86,16 @@ def add_arguments(parser):
                              "bench-<dtype>.json in --out (default: the first file's folder), "
                              "print the table, redo the plots, and exit")
     parser.add_argument("--ndofs", type=int, default=None,
-                        help="solve suite: about this many DoFs per case (default 2M on a GPU, "
-                             "60k on a CPU)")
+                        help="solve and poisson suites: about this many DoFs per case "
+                             "(default: solve 2M on a GPU, 60k on a CPU; poisson 2M, 200k)")
     parser.add_argument("--mesh", default=None, metavar="SPEC",
                         help="solve suite: 'kershaw[:eps]' (the default: the CEED benchmarks' "
                              "Kershaw mesh, eps 0.3) or 'sine[:amplitude]' (the mild sine "
-                             "distortion, 0.08)")
+                             "distortion, 0.08); poisson suite: 'box', 'kershaw[:eps]' or "
+                             "both comma separated (the default)")
+    parser.add_argument("--precond", default=None, metavar="LIST",
+                        help="poisson suite: the preconditioners, comma separated: jacobi, "
+                             "pmg (default both; pmg needs pyamg)")
     parser.add_argument("--pmg-smoother", default=None, choices=("fourth", "first", "fourth-opt"),
                         help="solve suite: the p-multigrid's Chebyshev kind (default: "
                              "fem.pmg's, fourth)")
@@ -168,8 +178,15 @@ class _SimpleProgress:
 
 
 def _set_threads(n):
-    """Set (when asked) and return the Numba thread count, or None without Numba."""
+    """Set (when asked) and return the Numba thread count, or None without Numba.
+
+    The CPU backend is imported first: its import sets ``OMP_WAIT_POLICY=passive``
+    (:mod:`smalltc.backends.cpu.threads`), which OpenMP reads once, when Numba's thread
+    pool starts, as ``numba.get_num_threads`` does here; started before it, the workers
+    spin between parallel regions and on a busy host each region can wait a scheduler
+    time slice (a Jacobi-CG solve 10-50x slower, load ~6 on 2 cores)."""
     try:
+        from ..backends import cpu  # noqa: F401  (the OpenMP wait policy, before Numba's)
         import numba
     except Exception:
         return None
@@ -238,7 +255,9 @@ def main_run(args) -> dict:
                                              footprint=footprint,
                                              ndofs=getattr(args, "ndofs", None),
                                              mesh=getattr(args, "mesh", None),
-                                             qfuncs=_qfuncs(getattr(args, "qfunc", None)))]
+                                             qfuncs=_qfuncs(getattr(args, "qfunc", None)),
+                                             preconds=_preconds(getattr(args, "precond",
+                                                                        None)))]
     print(f"smalltc bench: {len(todo)} cases on {roofline.device_name(kind)} ({args.dtype}, "
           f"backend {args.backend}, {repeats} repeats); measuring bandwidth and peak ...",
           file=sys.stderr, flush=True)
@@ -258,7 +277,8 @@ def main_run(args) -> dict:
                           repeats=repeats, warmup=args.warmup, quick=quick, threads=threads,
                           baselines=not args.no_baselines, footprint_mib=args.footprint,
                           point_data=list(_point_data_forms(getattr(args, "point_data", None))),
-                          mesh=getattr(args, "mesh", None), pmg=_pmg_options(args))
+                          mesh=getattr(args, "mesh", None), pmg=_pmg_options(args),
+                          precond=getattr(args, "precond", None))
     _warn_in_cache(kind, todo, doc)
     doc["equivalent_command"] = _equivalent_command(args)
     doc["cases"] = []
@@ -278,6 +298,15 @@ def main_run(args) -> dict:
             doc["cases"].append(run_force(case, bound_args, xp=xp, backend=args.backend,
                                           repeats=repeats, warmup=args.warmup,
                                           variants=getattr(args, "variants", None)))
+            continue
+        if case.op == "poisson":
+            from .poisson import run_case as run_poisson
+            doc["cases"].append(run_poisson(case, xp=xp))
+            continue
+        if case.op == "basis":
+            from .basis import run_case as run_basis
+            doc["cases"].append(run_basis(case, bound_args, xp=xp, backend=args.backend,
+                                          repeats=repeats, warmup=args.warmup))
             continue
         if case.op == "solve":
             from .solve import run_case as run_solve
@@ -323,6 +352,13 @@ def _pmg_options(args) -> dict:
     return out
 
 
+def _preconds(value):
+    """``--precond``'s names as a tuple, or None (the poisson suite's default)."""
+    if not value:
+        return None
+    return tuple(f.strip() for f in str(value).split(",") if f.strip())
+
+
 def _qfuncs(value):
     """``--qfunc``'s forms as a tuple, or None (the mass matrices)."""
     if not value:
@@ -339,7 +375,8 @@ def _tag(args, suites, all_suites) -> str:
                         ("sm", getattr(args, "pmg_smoother", None)),
                         ("rx", getattr(args, "pmg_relaxation", None)),
                         ("deg", getattr(args, "pmg_degree", None)),
-                        ("q", getattr(args, "qfunc", None))):
+                        ("q", getattr(args, "qfunc", None)),
+                        ("pc", getattr(args, "precond", None))):
         if value:
             parts.append(flag + re.sub(r"[^0-9a-z]+", "_", str(value).lower()).strip("_"))
     return "-".join(parts) + "-" if parts else ""
@@ -396,7 +433,8 @@ def _warn_in_cache(kind, todo, doc):
     llc = _llc_bytes(doc["device"].get("properties", {}).get("l3"))
     if not llc:
         return
-    small = [c.id for c in todo if c.op not in BP_SUITES + ("solve", "force") and footprint(c) < llc]
+    small = [c.id for c in todo if c.op not in BP_SUITES + ("solve", "force", "poisson")
+             and footprint(c) < llc]
     doc["in_cache_cases"] = dict(llc_bytes=llc, cases=len(small))
     if small:
         print(f"  note: {len(small)} of {len(todo)} cases fit in the {llc >> 20} MiB last-level "

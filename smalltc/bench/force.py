@@ -33,6 +33,7 @@ import numpy as np
 from .. import roofline
 from .._timing import time_calls, time_once
 from .cases import Case
+from .plots import bound_line, p_axis
 
 __all__ = ["cases", "run_case", "table", "plot", "SIZES", "VARIANTS", "parse_variants"]
 
@@ -79,7 +80,7 @@ TARGET = ((2_000_000, 200_000), (100_000, 20_000))
 #: a GPU case's bytes (A and both element fields, float64) without ``quick``: the point
 #: matrices' share of a case grows from 40% (2D p = 1) to 97% (3D p = 8), so a DoF count
 #: made kernels of 10-40 us at low p, where the launch and the last wave are a fraction of
-#: the time (session 16 on the H100: 2D p = 1 at 53% of the bound with 2M DoFs, the
+#: the time (on the H100: 2D p = 1 at 53% of the bound with 2M DoFs, the
 #: tuner's 256 MiB runs at 84%); 384 MiB is past any L2
 GPU_BYTES = 384 * 2 ** 20
 
@@ -276,10 +277,10 @@ def plot(doc, path, plt):
                 if pts:
                     ax.plot(*zip(*pts), style, marker="o", ms=3, color=f"C{2 * k}",
                             label=f"{label} {name}")
-            ax.plot(ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub], "--", lw=1,
-                    color=f"C{2 * k + 1}", label=f"{label} bound (element level)")
+            bound_line(ax, ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub],
+                       color=f"C{2 * k + 1}", label=f"{label} bound (element level)")
         ax.set_yscale("log")
-        ax.set_xlabel("kinematic order p (nq = 2p, L2 order p - 1)")
+        p_axis(ax, "kinematic order p (nq = 2p, L2 order p - 1)")
         ax.set_ylabel("kinematic DoFs / s (x 1e9)")
         ax.set_title(f"{dim}D", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)

@@ -7,15 +7,20 @@
 2. ``fem-dofs-<dtype>.png``: element-DoFs/s against p for the action (2D,
    3D; ncomp = 1, nq = p+2 solid and p+1 dashed) and assembly, with the bound.
 3. ``fraction-<dtype>.png``: fraction of the bound per case, per suite.
+4. One per suite with its own layout: ``bp1``/``bp3``/``bp5``, ``solve``, ``force``,
+   ``basis`` (DoFs/s against p per direction and ``what``), ``poisson`` (the phases of
+   each case stacked).
 """
 from __future__ import annotations
 
+import math
 import os
 from functools import partial
 
-from .report import baselines_in, unit
+from .report import baselines_in, rate_unit, unit
 
-__all__ = ["plot_all", "plot_gemm", "plot_fem", "plot_fraction", "matplotlib_or_none"]
+__all__ = ["plot_all", "plot_gemm", "plot_fem", "plot_fraction", "matplotlib_or_none",
+           "p_axis", "bound_line"]
 
 _COLORS = {"smalltc": "C0"}
 
@@ -28,6 +33,26 @@ def matplotlib_or_none():
     except Exception:
         return None
     return plt
+
+
+def p_axis(ax, label="polynomial order p"):
+    """Label an x axis of polynomial orders and give it integer ticks only (call it after
+    plotting: a view holding fewer than two integers, one p, is widened to p - 1 .. p + 1)."""
+    from matplotlib.ticker import MaxNLocator
+    ax.set_xlabel(label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    lo, hi = ax.get_xlim()
+    if math.floor(hi) - math.ceil(lo) < 1:
+        mid = round((lo + hi) / 2)
+        ax.set_xlim(mid - 1, mid + 1)
+
+
+def bound_line(ax, xs, ys, style="--", **kw):
+    """A roofline bound against p: the line, and a short horizontal mark at each point so
+    that a bound of one p (where a line has no length) is drawn too."""
+    kw.setdefault("lw", 1)
+    kw.setdefault("linestyle", style)
+    return ax.plot(xs, ys, marker="_", ms=12, mew=1.5 * kw["lw"], **kw)
 
 
 def _color(name, names):
@@ -46,7 +71,7 @@ def _ok(c, name):
 
 
 def plot_gemm(doc, path, plt):
-    cases = [c for c in doc["cases"] if c["suite"] == "gemm" and not c.get("error")
+    cases = [c for c in doc["cases"] if c["suite"] == "gemm" and "bound" in c
              and c["sizes"]["m"] == c["sizes"]["n"] == c["sizes"]["k"]]
     if not cases:
         return None
@@ -61,17 +86,18 @@ def plot_gemm(doc, path, plt):
         batch = (f"batch {sub[0]['batch']:,}" if len({c['batch'] for c in sub}) == 1
                  else f"batch {min(c['batch'] for c in sub):,}-{max(c['batch'] for c in sub):,}")
         for name in names:
-            pts = [(c["sizes"]["n"], c["impls"][name]["gflops"]) for c in sub if _ok(c, name)]
+            pts = [(c["sizes"]["n"], c["impls"][name]["gflops"]) for c in sub
+                   if not c.get("error") and _ok(c, name)]
             if pts:
                 ax.plot(*zip(*pts), linestyle=style, marker="o", ms=3,
                         color=_color(name, names), label=f"{name} ({cls}, {batch})")
         bx = [c["sizes"]["n"] for c in sub]
         by = [c["bound"]["pmax"] * 1e-9 for c in sub]
-        ax.plot(bx, by, linestyle=style if cls == "large" else (0, (5, 3)), color="k", lw=1.2,
-                label=f"bound n*BW/{2 * s}, capped by peak ({cls})")
+        bound_line(ax, bx, by, linestyle=style if cls == "large" else (0, (5, 3)), color="k",
+                   lw=1.2, label=f"bound n*BW/{2 * s}, capped by peak ({cls})")
     bw = doc["probes"]["bandwidth"]["value"]
     ax.set_yscale("log")
-    ax.set_xlabel("matrix size n (square A, B, C)")
+    p_axis(ax, "matrix size n (square A, B, C)")
     ax.set_ylabel("GFLOP/s (2 n^3 per matrix)")
     ax.set_title(_title(doc, f"Batched C = A B + C, roofline with measured BW = "
                               f"{bw * 1e-9:.0f} GB/s"))
@@ -84,9 +110,10 @@ def plot_gemm(doc, path, plt):
 
 
 def plot_fem(doc, path, plt):
-    act = [c for c in doc["cases"] if c["suite"] == "action" and not c.get("error")
+    # cases that errored keep their bound (computed before the run)
+    act = [c for c in doc["cases"] if c["suite"] == "action" and "bound" in c
            and c["sizes"].get("ncomp", 1) == 1]
-    asm = [c for c in doc["cases"] if c["suite"] == "assembly" and not c.get("error")]
+    asm = [c for c in doc["cases"] if c["suite"] == "assembly" and "bound" in c]
     panels = [(f"action {d}D (ncomp=1)", [c for c in act if c["sizes"]["dim"] == d])
               for d in (2, 3)]
     forms = list(dict.fromkeys(_form(c) for c in asm))        # mass first where run
@@ -96,6 +123,7 @@ def plot_fem(doc, path, plt):
     panels = [(t, cs) for t, cs in panels if cs]
     if not panels:
         return None
+    ulabel, uscale = rate_unit([c["bound"]["dofs_per_s"] for _, cs in panels for c in cs])
     ncols = 2
     nrows = (len(panels) + 1) // 2
     fig, axes = plt.subplots(nrows, ncols, figsize=(11, 4.2 * nrows), squeeze=False)
@@ -109,17 +137,17 @@ def plot_fem(doc, path, plt):
             if not sub:
                 continue
             for name in names:
-                pts = [(c["sizes"]["p"], c["impls"][name]["dofs_per_s"] * 1e-9)
-                       for c in sub if _ok(c, name)]
+                pts = [(c["sizes"]["p"], c["impls"][name]["dofs_per_s"] * uscale)
+                       for c in sub if not c.get("error") and _ok(c, name)]
                 if pts:
                     ax.plot(*zip(*pts), style, marker="o", ms=3, color=_color(name, names),
                             label=f"{name}, nq=p+{off}")
-            ax.plot([c["sizes"]["p"] for c in sub],
-                    [c["bound"]["dofs_per_s"] * 1e-9 for c in sub], style, color="k", lw=1,
-                    label=f"roofline bound, nq=p+{off}")
+            bound_line(ax, [c["sizes"]["p"] for c in sub],
+                       [c["bound"]["dofs_per_s"] * uscale for c in sub], style, color="k",
+                       label=f"roofline bound, nq=p+{off}")
         ax.set_yscale("log")
-        ax.set_xlabel("polynomial order p")
-        ax.set_ylabel("element DoFs / s (x 1e9)")
+        p_axis(ax)
+        ax.set_ylabel(f"element DoFs / s ({ulabel})")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -154,7 +182,7 @@ def _short(c):
 
 def plot_fraction(doc, path, plt):
     suites = list(dict.fromkeys(c["suite"] for c in doc["cases"]
-                                if c["suite"] not in ("solve", "force")))
+                                if c["suite"] not in ("solve", "force", "poisson")))
     if not suites:
         return None
     per = [[c for c in doc["cases"] if c["suite"] == s and not c.get("error")] for s in suites]
@@ -195,9 +223,10 @@ def plot_bp1(doc, path, plt, suite="bp1"):
     """A bake-off suite: unique DoFs/s of the apply and of a CG iteration against p, with
     their bounds, a panel per quadrature rule of the suite (BP1: left nq = p+2 on Gauss
     points, right nq = p+1 on Gauss-Lobatto points)."""
-    cs = [c for c in doc["cases"] if c["suite"] == suite and not c.get("error")]
+    cs = [c for c in doc["cases"] if c["suite"] == suite and "bound" in c]
     if not cs:
         return None
+    ulabel, uscale = rate_unit([c["bound"]["dofs_per_s"] for c in cs])
     rules = [(q, t) for q, t in (("gauss", "nq = p+2, Gauss"),
                                  ("lobatto", "nq = p+1, Gauss-Lobatto"))
              if any(c["sizes"]["quadrature"] == q for c in cs)]
@@ -210,18 +239,20 @@ def plot_bp1(doc, path, plt, suite="bp1"):
         sub = sorted((c for c in cs if c["sizes"]["quadrature"] == quad),
                      key=lambda c: c["sizes"]["p"])
         for name, label, color, style in series:
-            pts = [(c["sizes"]["p"], c["impls"][name]["dofs_per_s"] * 1e-9)
-                   for c in sub if _ok(c, name)]
+            pts = [(c["sizes"]["p"], c["impls"][name]["dofs_per_s"] * uscale)
+                   for c in sub if not c.get("error") and _ok(c, name)]
             if pts:
                 ax.plot(*zip(*pts), style, marker="o", ms=3, color=color, label=label)
         ps = [c["sizes"]["p"] for c in sub]
-        ax.plot(ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub], "--", color="C0", lw=1,
-                label="apply bound")
-        ax.plot(ps, [c["cg_bound"]["dofs_per_s"] * 1e-9 for c in sub], "--", color="C1", lw=1,
-                label="CG iteration bound")
+        bound_line(ax, ps, [c["bound"]["dofs_per_s"] * uscale for c in sub], color="C0",
+                   label="apply bound")
+        cg = [(c["sizes"]["p"], c["cg_bound"]["dofs_per_s"] * uscale) for c in sub
+              if "cg_bound" in c]
+        if cg:
+            bound_line(ax, *zip(*cg), color="C1", label="CG iteration bound")
         ax.set_yscale("log")
-        ax.set_xlabel("polynomial order p")
-        ax.set_ylabel("unique DoFs / s (x 1e9)")
+        p_axis(ax)
+        ax.set_ylabel(f"unique DoFs / s ({ulabel})")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -245,6 +276,16 @@ def _plot_solve(doc, path, plt):
     return plot(doc, path, plt)
 
 
+def _plot_basis(doc, path, plt):
+    from .basis import plot
+    return plot(doc, path, plt)
+
+
+def _plot_poisson(doc, path, plt):
+    from .poisson import plot
+    return plot(doc, path, plt)
+
+
 def plot_all(doc, out_dir, prefix="") -> list:
     """Write every plot that has data; returns the paths (empty without matplotlib).
 
@@ -259,7 +300,8 @@ def plot_all(doc, out_dir, prefix="") -> list:
     bps = [(partial(plot_bp1, suite=s), s) for s in ("bp1", "bp3", "bp5")]
     for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
                      (plot_fraction, "fraction"), *bps, (_plot_solve, "solve"),
-                     (_plot_force, "force")):
+                     (_plot_force, "force"), (_plot_basis, "basis"),
+                     (_plot_poisson, "poisson")):
         p = fn(doc, os.path.join(out_dir, f"{prefix}{stem}-{dt}.png"), plt)
         if p:
             made.append(p)

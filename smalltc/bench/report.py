@@ -9,13 +9,14 @@ every raw time.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import math
 import os
 import sys
 
 __all__ = ["SCHEMA", "environment", "write_json", "load", "table", "speed", "unit",
-           "load_average",
+           "load_average", "format_rate", "rate_unit",
            "BASELINE_ORDER"]
 
 SCHEMA = "smalltc-bench/1"
@@ -105,7 +106,9 @@ def write_json(path, doc) -> str:
 
 
 def load(path) -> dict:
-    with open(path) as f:
+    """A bench file (``bench-float64.json``, or gzipped: ``bench-float64.json.gz``)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         doc = json.load(f)
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a smalltc bench file (schema {doc.get('schema')!r}, "
@@ -113,9 +116,54 @@ def load(path) -> dict:
     return doc
 
 
+_PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
+
+
+def rate_unit(values, unit="DoF/s") -> tuple:
+    """``(label, scale)``: one unit prefix for a column of rates (per second), the one that
+    puts the largest of ``values`` in [1, 1000), so that ``v * scale`` printed with three
+    significant digits (``:.3g``) shows what the figures hold; no prefix below 1.
+
+    Examples
+    --------
+    >>> rate_unit([2.5e6, 3.1e7])
+    ('MDoF/s', 1e-06)
+    >>> rate_unit([4.2e11], "FLOP/s")
+    ('GFLOP/s', 1e-09)
+    >>> rate_unit([])
+    ('DoF/s', 1.0)
+    """
+    finite = [abs(v) for v in values if v is not None and math.isfinite(v)]
+    top = max(finite, default=0.0)
+    for size, prefix in _PREFIXES:
+        if top >= size:
+            return prefix + unit, 1.0 / size
+    return unit, 1.0
+
+
+def format_rate(value, unit="DoF/s", digits=3) -> str:
+    """A rate (per second) with ``digits`` significant digits under the prefix that puts it
+    in [1, 1000): never "0.00 GDoF/s" for a rate of millions.
+
+    Examples
+    --------
+    >>> format_rate(1.2345e9)
+    '1.23 GDoF/s'
+    >>> format_rate(4.5e6), format_rate(999.7e6), format_rate(12.0, "FLOP/s")
+    ('4.5 MDoF/s', '1 GDoF/s', '12 FLOP/s')
+    >>> format_rate(float("nan"))
+    '- DoF/s'
+    """
+    if value is None or not math.isfinite(value):
+        return f"- {unit}"
+    value = float(f"{value:.{digits}g}")          # 999.7e6 rounds to 1e9: a G, not 1e+03 M
+    label, scale = rate_unit([value], unit)
+    return f"{value * scale:.{digits}g} {label}"
+
+
 def unit(rec) -> tuple:
     """``(label, key, scale)``: FEM operations in GDoF/s, the rest in GFLOP/s."""
-    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force"):
+    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force", "basis"):
         return "GDoF/s", "dofs_per_s", 1e-9
     return "GFLOP/s", "gflops", 1.0
 
@@ -173,8 +221,21 @@ def table(doc, file=None) -> None:
             from .solve import table as solve_table
             solve_table(rows, file)
             continue
+        if suite == "poisson":
+            from .poisson import table as poisson_table
+            poisson_table(rows, file)
+            continue
+        if suite == "basis":
+            from .basis import table as basis_table
+            basis_table(rows, file)
+            continue
         base = baselines_in(rows)
-        u = unit(rows[0])[0]
+        # speed() and _bound_rate() are in G units (GDoF/s, GFLOP/s); the table's prefix
+        # is the one its largest figure needs
+        u, tscale = rate_unit([v * 1e9 for c in rows if not c.get("error")
+                               for v in (speed(c, "smalltc"), _bound_rate(c)) if v],
+                              unit(rows[0])[0][1:])
+        tscale *= 1e9
         blas = any("after_blas_fraction" in (c.get("impls", {}).get("smalltc") or {})
                    for c in rows)
         head = (f"{'case':44s} {'smalltc':>9s} {'bound':>9s} {'%bound':>7s} {'by':>2s} "
@@ -195,9 +256,10 @@ def table(doc, file=None) -> None:
             bound = _bound_rate(c)
             by = {"bandwidth": "bw", "compute": "fl"}.get(c["bound"].get("limited_by"), "?")
             if mine is None:
-                cells = f"{_status(st):>9s} {bound:9.3g} {'':>7s} {by:>2s}"
+                cells = f"{_status(st):>9s} {bound * tscale:9.3g} {'':>7s} {by:>2s}"
             else:
-                cells = f"{mine:9.3g} {bound:9.3g} {100 * st['fraction']:6.1f}% {by:>2s}"
+                cells = (f"{mine * tscale:9.3g} {bound * tscale:9.3g} "
+                         f"{100 * st['fraction']:6.1f}% {by:>2s}")
             if blas:
                 fa = (st or {}).get("after_blas_fraction")
                 cells += f" {100 * fa:6.1f}%" if fa else f" {'-':>7s}"

@@ -36,6 +36,7 @@ import numpy as np
 
 from .._timing import median, synchronize, time_calls, time_once
 from .cases import Case
+from .plots import p_axis
 
 __all__ = ["cases", "run_case", "table", "plot", "parse_mesh", "mesh_label", "build_mesh",
            "resolve_pmg_options", "PRECONDS", "TOL", "DISTORTION", "KERSHAW_EPS", "DEFAULT_MESH"]
@@ -46,7 +47,7 @@ TOL = 1e-8
 #: the sine mesh's default amplitude, the Kershaw mesh's default eps
 DISTORTION = 0.08
 KERSHAW_EPS = 0.3
-#: the mesh of a run without ``--mesh``: the benchmark's (the issue's targets are on it)
+#: the mesh of a run without ``--mesh``: the benchmark's (the solve targets are on it)
 DEFAULT_MESH = "kershaw"
 CHEBYSHEV_DEGREE = 4
 
@@ -347,7 +348,7 @@ def plot(doc, path, plt):
     axes[0, 1].set_ylabel("time to solution (s)")
     for ax in axes[0]:
         ax.set_yscale("log")
-        ax.set_xlabel("polynomial order p")
+        p_axis(ax)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     op = "diffusion"

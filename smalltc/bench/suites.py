@@ -24,6 +24,16 @@ force      BLAST's corner force F and F^T at Laghos' sizes (3D p = 1..8, 2D
 solve      Poisson solves to 1e-8: Jacobi-CG, Chebyshev and p-multigrid,
            3D p = 2..8, Kershaw (default) or sine-distorted mesh
            (:mod:`.solve`); not in the default run
+poisson    a user's Poisson solve from the mesh to the VTU file, phase by
+           phase (mesh, space, operator, load and boundary conditions,
+           preconditioner, solve, errors, output), cold and warm, with the
+           peak memory: box and Kershaw meshes, p = 2, 4, 7, Jacobi and
+           p-multigrid, ~2M DoFs (:mod:`.poisson`); not in the default run
+basis      the basis application through the DoF map
+           (``smalltc.interpolate``, ``smalltc.integrate``: values,
+           gradients, both), 3D p = 1..8, nq = p+2, against its bound, the
+           reference path and the einsum chain (:mod:`.basis`); not in the
+           default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core
@@ -52,8 +62,9 @@ __all__ = ["SUITES", "DEFAULT_SUITES", "BP_SUITES", "ASSEMBLY_FORMS", "cases", "
 DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
 #: the CEED bake-off suites: the FEM operators and CG (:mod:`.bp1`)
 BP_SUITES = ("bp1", "bp3", "bp5")
-#: every suite: the kernels, the bake-off problems, and the solves (:mod:`.solve`)
-SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force")
+#: every suite: the kernels, the bake-off problems, the solves (:mod:`.solve`), the corner
+#: force, a user's Poisson solve by phase (:mod:`.poisson`) and the basis application
+SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force", "poisson", "basis")
 
 MiB = 2 ** 20
 
@@ -200,15 +211,17 @@ def _pairwise_cases(dtype, sz, ps):
 
 
 def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
-          footprint=None, ndofs=None, mesh=None, qfuncs=None) -> list:
+          footprint=None, ndofs=None, mesh=None, qfuncs=None, preconds=None) -> list:
     """The cases of ``suite`` for ``dtype`` on a device of ``kind`` ("cpu"/"gpu").
 
     ``sizes`` filters the square GEMM sizes (add ``"rect"`` to keep the
     rectangular ones); ``ps`` the polynomial orders; ``dims`` the dimensions;
     ``footprint`` (bytes) sets the CPU cases' size (:class:`Sizing`); ``ndofs`` the
-    solve suite's (about that many DoFs a case); ``mesh`` the solve suite's mesh
-    (``"kershaw[:eps]"``, the default, or ``"sine[:amplitude]"``); ``qfuncs`` the
-    assembly suite's operator forms (:data:`ASSEMBLY_FORMS`; default the mass matrices).
+    solve and poisson suites' (about that many DoFs a case); ``mesh`` the solve suite's
+    mesh (``"kershaw[:eps]"``, the default, or ``"sine[:amplitude]"``) or the poisson
+    suite's (``"box"``, ``"kershaw[:eps]"``, comma separated; default both); ``qfuncs``
+    the assembly suite's operator forms (:data:`ASSEMBLY_FORMS`; default the mass
+    matrices); ``preconds`` the poisson suite's preconditioners (default jacobi, pmg).
 
     >>> [c.id for c in cases("assembly", "float64", "cpu", ps=[2], dims=[3], quick=True,
     ...                      qfuncs=["mass", "diffusion+co"])]
@@ -236,4 +249,10 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
     if suite == "solve":
         from .solve import cases as solve_cases
         return solve_cases(dtype, kind, ps, quick, ndofs, mesh)
+    if suite == "poisson":
+        from .poisson import cases as poisson_cases
+        return poisson_cases(dtype, kind, ps, quick, ndofs, mesh, preconds)
+    if suite == "basis":
+        from .basis import cases as basis_cases
+        return basis_cases(dtype, kind, ps, quick, footprint)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

@@ -31,8 +31,8 @@ without changing what Numba compiles for anything else in the process. The
 heuristics are keyed by :attr:`Target.profile` (``avx512/256``,
 ``avx512/512``, ``avx2/256``, ``neon/128``).
 
-To compile AVX2 code on an AVX-512 machine (what the AVX2 results in
-``results/`` are): ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=""`` in the
+To compile AVX2 code on an AVX-512 machine (what the AVX2 figures in
+``benchmarks/cpu-intel-xeon-2c-avx2/`` are): ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=""`` in the
 environment before the process starts.
 
 Examples

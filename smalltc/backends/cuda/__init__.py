@@ -18,6 +18,8 @@ family           module                           templates
 ``mass_apply``   :mod:`.mass_apply`               the action templates with ``gather``: the
                                                   fused FEM operator (map, action, scatter)
 ``mass_diagonal``  :mod:`.mass_apply`             ``mass_diagonal.cu.j2`` (Jacobi)
+``basis``        :mod:`.basis`                    ``basis.cu.j2`` (``smalltc.interpolate``,
+                                                  ``smalltc.integrate``)
 ===============  ===============================  =========================================
 
 What no family fits runs a generic path and says so (``specialized=False``):
@@ -46,6 +48,7 @@ from ..reference import einsum_executor
 from . import runtime as RT
 from .action import ACTION, qfunc_of
 from .assembly import ASSEMBLY
+from .basis import BASIS, MAX_EXTENT as BASIS_MAX_EXTENT
 from .contract9 import CONTRACT9
 from .family import Choice
 from .force import FORCE
@@ -56,7 +59,7 @@ from .runtime import SmalltcCompileError
 __all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "family_of", "choose"]
 
 #: the kernel families, in the order they are asked
-FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL)
+FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL, BASIS)
 
 
 def family_of(spec):
@@ -97,7 +100,7 @@ def choose(spec, device, params=None):
         # mass entry never answers for a diffusion spec or the reverse
         hit = (tables.lookup(t, fam, f"sm{device['cc']}", device.get("name"))
                if qfunc_of(t) == ("mass", False)
-               or fam in (ACTION, ASSEMBLY, MASS_APPLY, FORCE) else None)
+               or fam in (ACTION, ASSEMBLY, MASS_APPLY, FORCE, BASIS) else None)
         if hit is not None:
             ctx, source, table = fam.context(t, hit.params, device), hit.source, hit.table
         if ctx is None:
@@ -150,6 +153,11 @@ class CudaBackend(Backend):
                 ex.kernel = ex.kernel.replace("no cuda kernel for this instance",
                                               "no fused kernel: a unit does not fit in "
                                               "shared memory")
+            elif spec.op == "basis":       # the basis family claims every size it can hold
+                ex.kernel = ex.kernel.replace("no cuda kernel for this instance",
+                                              "no basis kernel for this size: an item does "
+                                              "not fit in shared memory or nd, nq above "
+                                              f"{BASIS_MAX_EXTENT}")
             return ex
         if spec.op in ("action", "assembly"):
             return _PairwiseFallback(self, spec, "an element does not fit in shared memory"

@@ -23,7 +23,7 @@ line (3D, line=1)      ``action_line.cu.j2``      ``stc_mass_action_3d_f64_nd6nq
   *bulk* form, sm_90 on) copies the V and D slabs of the next ``stages - 1`` groups
   into shared-memory slots by ``cp.async.bulk``, no registers held.
 
-The operator family's diffusion and helmholtz instances (issue 27; ``spec.qfunc``,
+The operator family's diffusion and helmholtz instances (``spec.qfunc``,
 ``spec.collocated``) are the same templates with the pointwise stage of
 ``qfunc.cuh.j2`` (:func:`qfunc_ctx`): the shared-memory form in 1D-3D and the line form
 in 3D (``stc_diffusion_action_3d_f64_nd5nq6c1_line``, ``..._co_line`` when collocated),
@@ -33,7 +33,7 @@ G1d beside B1d in the constant bank; their heuristic is :func:`qfunc_line_heuris
 The heuristic, measured on an H100 (float64, notes/cuda.md): the line form from
 T = :data:`LINE_FROM_T` on with ``prefetch`` :data:`LINE_PREFETCH` (from compute
 capability :data:`BULK_FROM_CC` on the bulk form, measured on the H200 and the
-H100: notes/cuda.md, "The bulk form, session 9"); below, the shared-memory form
+H100: notes/cuda.md, "The bulk form"); below, the shared-memory form
 with ~128 threads per block (T <= 4) and, from T = 5, a register cap for ~768
 resident threads per SM; it never picks ``rb`` > 1. Tuning parameters:
 ``per_block, min_blocks, rb, line, prefetch, stages`` and, for the line form, ``qmode``
@@ -56,17 +56,17 @@ __all__ = ["ACTION", "ActionFamily", "action_ctx", "action_line_ctx", "qfunc_ctx
 
 #: the 3D heuristic takes the line form from this T = max(nd, nq) on: on an H100 it ran
 #: 1.13-1.46x the *tuned* register-blocked kernels at p = 5..8, float64, and lost at
-#: p = 1 (0.77-0.86); notes/cuda.md, "Session 4"
+#: p = 1 (0.77-0.86); notes/cuda.md, "The line form's threshold T >= 5"
 LINE_FROM_T = 5
 #: the line form's default ``prefetch``: 1 (V and D of the next group in registers) ran
 #: 1.18-1.49x the plain line form (0) at the heuristic's own per_block, on an H100 at 3D
-#: p = 4..8, nq = p+1, float64 (notes/cuda.md, "Session 5")
+#: p = 4..8, nq = p+1, float64 (notes/cuda.md, "Prefetch")
 LINE_PREFETCH = 1
 #: from this compute capability on, the line form's heuristic is the bulk form
 #: (``prefetch`` 3, cp.async.bulk); on the H200 the tuner's winners at 3D p = 2..8 were
 #: the bulk form at 11 of 16 sizes, 1.05-1.28x the register prefetch (prefetch 1); the
-#: heuristic alone ran 1.073x the old one on the H200, 1.023x on the H100 (notes/cuda.md,
-#: "The bulk form, session 9")
+#: heuristic alone ran 1.073x the register-prefetch heuristic on the H200, 1.023x on the
+#: H100 (notes/cuda.md, "The bulk form")
 BULK_FROM_CC = 90
 #: ``__launch_bounds__`` minimum blocks searched (0 and 1 give the same register cap)
 _MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)
@@ -75,7 +75,7 @@ _MIN_BLOCKS = (0, 1, 2, 3, 4, 5, 6, 8)
 _RB = (1, 2, 3, 4)
 
 
-#: the pointwise stages (issue 27): "mass" is the family's original instance
+#: the pointwise stages: "mass" is the family's first instance
 QFUNCS = ("mass", "diffusion", "helmholtz")
 #: threads a block the new instances' heuristic aims at (shared-memory and line forms)
 QFUNC_THREADS = 128
@@ -86,10 +86,10 @@ QFUNC_THREADS = 128
 QMODES = ("global", "regs", "smem")
 #: the line form's shared-memory layout (tuning parameter ``layout``): "odd" (TT = LS = T
 #: rounded up to odd, what every table entry without the parameter was measured with),
-#: "model" (:func:`qfunc_line_layout`, the heuristics'). H200 (notes/cuda.md 7c, session
-#: 17): the model's won 15 of 16 fused diffusion sizes in the tuner (BP5 p = 5 kept
-#: "odd"); with that table BP3 ran 1.02-1.19x at p = 1..6, BP5 1.10-1.15x at p = 1..3, the
-#: fused mass operator (BP1) 1.11-1.41x at p = 1, 2
+#: "model" (:func:`qfunc_line_layout`, the heuristics'). H200 (notes/cuda.md, "The line
+#: form's shared-memory layout"): the model's won 15 of 16 fused diffusion sizes in the
+#: tuner (BP5 p = 5 kept "odd"); with that table BP3 ran 1.02-1.19x at p = 1..6, BP5
+#: 1.10-1.15x at p = 1..3, the fused mass operator (BP1) 1.11-1.41x at p = 1, 2
 LAYOUTS = ("odd", "model")
 
 
@@ -190,13 +190,13 @@ def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6, mass=F
     of :func:`_wavefronts`, counted over the accesses of ``qfunc.cuh.j2``'s line steps
     (each step's lines are one pattern of addresses, shifted by a constant per
     instruction), the gather and scatter and, with ``qsmem``, the Q reads; among equal
-    counts the first of: the old layout (TT = LS = T rounded up to odd), then the least
-    shared memory. On an H100 at BP3 p = 2 the old layout's wavefronts were 27% bank
+    counts the first of: the odd layout (TT = LS = T rounded up to odd), then the least
+    shared memory. On an H100 at BP3 p = 2 the odd layout's wavefronts were 27% bank
     conflicts (loads; stores 37%) and a fifth of its threads idle (TT = 5, T = 4).
 
     >>> qfunc_line_layout(3, 4, 6, False, True, 8)
     (4, 4, 17, 204)
-    >>> qfunc_line_layout(5, 7, 1, False, True, 8)           # the old layout: no better one
+    >>> qfunc_line_layout(5, 7, 1, False, True, 8)           # the odd layout: no better one
     (7, 7, 49, 1029)
     >>> qfunc_line_layout(4, 5, 4, False, False, 8, mass=True)   # the mass steps, two buffers
     (5, 5, 25, 264)
@@ -214,7 +214,7 @@ def qfunc_line_layout(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6, mass=F
 def qfunc_line_heuristic(nd, nq, ncomp, colloc):
     """The line form's heuristic for the diffusion and helmholtz instances: ``(per_block,
     qmode)``. Measured on an H100 (BP3 and BP5: the fused diffusion apply, 3D, ~2M DoFs,
-    float64, p = 1..8, one run, results/gpu-nvidia-h100-80gb-hbm3/issue27): Gauss, Q in
+    float64, p = 1..8, one run: the variant sweep of notes/cuda.md section 7c): Gauss, Q in
     shared memory ("smem") from T = 4 on ("global" at T = 3), ~128 threads a block up to
     T = 6 and one item a block from T = 7 (p = 5..7: 1.03-1.16x two or three items);
     collocated, Q in registers ("regs") with ~128 threads up to T = 5, then Q in shared
@@ -368,9 +368,9 @@ def action_ctx(dim, nd, nq, ncomp, dtype, smem_optin=227 * 1024, params=None, cc
     tb = math.ceil(T / rb)
     rb = math.ceil(T / tb)
     tpi = T * tb if dim == 3 else tb
-    # measured on H100, 3D float64 (notes/cuda.md, sweep 1): T <= 4 best at ~128 threads;
-    # from T = 5 on, a register cap (min_blocks) for ~768 resident threads per SM;
-    # from T = 8 on, ~128 threads per block as well.
+    # measured on H100, 3D float64 (notes/cuda.md, "The launch-shape sweeps"): T <= 4
+    # best at ~128 threads; from T = 5 on, a register cap (min_blocks) for ~768 resident
+    # threads per SM; from T = 8 on, ~128 threads per block as well.
     ne = max(1, (THREADS // 2 if T <= 4 or T >= 8 else THREADS) // tpi)
     min_blocks = 0 if T <= 4 else min(6, math.ceil(768 / (ne * tpi)))
     if params:

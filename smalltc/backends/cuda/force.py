@@ -299,7 +299,7 @@ class ForceFamily(Family):
     def carry(self, spec, entry_spec, params, device):
         """An entry answers its own size only (another batch or DoF count): carried to
         other orders, the 3D p = 4 entries (one element a block) ran the fused F^T at
-        p = 6, 7 at 0.2-0.3x the heuristic on the H200 (session 16)."""
+        p = 6, 7 at 0.2-0.3x the heuristic on the H200)."""
         if spec.size_key != entry_spec.size_key:
             return None
         return params if self.context(spec, params, device) is not None else None

@@ -83,8 +83,9 @@ def layout_ctx(kind, I, S, J, K, L, dtype, shared_x, shared_y, beta_zero=True,
     fast, slow = (N, M) if kind == "8a" else (M, N)
     mn = M * N
     if params is None:
-        # measured on H100 (notes/cuda.md, sweep 1): n=10 best at 10x3 threads x 4 items,
-        # n=16 at 8x8 x 2, n=32 at 16x8 x 1: 4-8 outputs per thread, ~128 threads per block
+        # measured on H100 (notes/cuda.md, "The launch-shape sweep"): n=10 best at 10x3
+        # threads x 4 items, n=16 at 8x8 x 2, n=32 at 16x8 x 1: 4-8 outputs per thread,
+        # ~128 threads per block
         per_thread = 1 if mn <= 64 else 4 if mn <= 576 else 8
         thr_fast = 2 if per_thread >= 4 and fast >= 16 else 1
         thr_slow = max(1, min(slow, per_thread // thr_fast))

@@ -15,7 +15,7 @@ deterministic      either, then                ``..._ev``, then
 diagonal           ``mass_diagonal.cu.j2``     ``stc_mass_diag_3d_f64_nd5nq7_i32``
 =================  ==========================  ==============================================
 
-The diffusion and helmholtz instances (issue 27) run the same way through the action's
+The diffusion and helmholtz instances run the same way through the action's
 :func:`.action.qfunc_ctx` contexts (``stc_diffusion_op_3d_f64_nd5nq6c1_i32_line``), and
 their diagonal through ``mass_diagonal.cu.j2``'s per-axis factor tables
 (``stc_diffusion_diag_3d_f64_nd5nq6_i32``); operands ``[B1d,] G1d, [D,] Q, x, map``.
@@ -128,8 +128,8 @@ class MassApplyFamily(Family):
     def heuristic_3d(spec):
         """The 3D heuristic: the line form at every p, no prefetch, ~110 threads a block
         (at most 8 items), the shared-memory layout with the fewest modelled wavefronts
-        (``layout`` "model": :func:`.action.qfunc_line_layout`; session 17 on the H200:
-        BP1 1.081x the odd layout, 1.11-1.41x at p = 1, 2). Measured on the H200 (BP1, ~3M
+        (``layout`` "model": :func:`.action.qfunc_line_layout`; on the H200 BP1 ran
+        1.081x the odd layout, 1.11-1.41x at p = 1, 2). Measured on the H200 (BP1, ~3M
         DoFs, nq = p+2, float64, a sweep of per_block 1-4 or 2-8, min_blocks 0/2/3,
         prefetch 0/1 against the action's heuristic, one run): the best variant was the
         line form at every p, prefetch 0 from p = 4 on (p = 3: 0.4% behind prefetch 1),

@@ -99,17 +99,17 @@ def test_the_family_claims_the_basis_specs_and_reports_its_fallback(caplog):
     s = BasisSpec(dim=3, nq=6, nd=5, batch=10, dtype="float64", what="both", ndofs=90)
     assert family_of(s) is cpu_basis.BASIS
     c = choose(s)
-    assert (c.entry, c.source) == ("stc_interp_3d_f64_nd5_nq6_both_i32", "heuristic")
+    assert (c.entry, c.source) == ("stc_basis_interp_both_3d_f64_nd5nq6_i32", "heuristic")
     assert c.ctx["lanes"] == host().lanes("float64")
     t = BasisSpec(dim=2, nq=9, nd=8, batch=10, dtype="float32", what="values",
                   transpose=True, index_dtype="int64", ndofs=90)
-    assert choose(t).entry == "stc_interp_t_2d_f32_nd8_nq9_values_i64"
+    assert choose(t).entry == "stc_basis_interp_t_values_2d_f32_nd8nq9_i64"
     assert choose(t).ctx["kb"] == 2              # nq >= 8: two outputs a register block
     big = BasisSpec(dim=3, nq=20, nd=cpu_basis.MAX_ND + 1, batch=10, dtype="float64",
                     what="gradients")
     g = choose(big)
     assert (g.entry, g.source, g.ctx["specialized"]) == (
-        "stc_interp_3d_generic_f64_gradients_ev", "generic", False)
+        "stc_basis_interp_gradients_3d_f64_generic", "generic", False)
     assert choose(s, params=dict(lanes=1, kb=3)).source == "params"
     for bad in (dict(lanes=3, kb=1), dict(lanes=1, kb=9), dict(lanes=1, kb=1, rb=2)):
         with pytest.raises(ValueError, match=r"do not fit .*basis family"):

@@ -2,7 +2,7 @@
 float64 oracle (Kronecker products of the 1D matrices, independent of the sum-factorised
 code) with the output poisoned with NaN first, 1D-3D, every ``what``, one and two
 components, through the map and on element vectors, on every backend of the arrays (on the
-cuda backend the basis family's kernels: a call whose plan falls back fails); the
+cuda and cpu backends the basis family's kernels: a call whose plan falls back fails); the
 transpose identity; errors naming the operand. GPU cases skip without a CUDA device.
 """
 import itertools
@@ -53,10 +53,10 @@ def integrate_oracle(B, G, H, what, dim):
 
 
 def _on_the_kernel(backend, op, *operands, **kw):
-    """On the cuda backend, the call's plan runs the basis family's kernel (not the
-    reference path it falls back to for sizes it cannot hold)."""
-    if backend == "cuda":
-        p = smalltc.plan(op, *operands, backend="cuda", **kw)
+    """On the cuda and cpu backends, the call's plan runs the basis family's kernel (not
+    the reference path a backend falls back to)."""
+    if backend in ("cuda", "cpu"):
+        p = smalltc.plan(op, *operands, backend=backend, **kw)
         assert p.specialized and p.kernel.startswith("stc_basis_interp"), p
 
 

@@ -42,16 +42,16 @@ take (the tables may).
 ================  =====================================  ========================================
 spec              what runs                              entry point (example)
 ================  =====================================  ========================================
-forward, map      gather (checked), contractions, ``H``  ``stc_interp_3d_f64_nd5_nq6_both_i32``
-forward, E-vec    contractions from ``V``, ``H``         ``stc_interp_3d_f64_nd5_nq6_both_ev``
-transpose, map    contractions, scatter-add by colours   ``stc_interp_t_3d_f64_nd5_nq6_both_i32``
-transpose, E-vec  contractions into ``U``                ``stc_interp_t_3d_f64_nd5_nq6_both_ev``
+forward, map      gather (checked), contractions, ``H``  ``stc_basis_interp_both_3d_f64_nd5nq6_i32``
+forward, E-vec    contractions from ``V``, ``H``         ``stc_basis_interp_both_3d_f64_nd5nq6``
+transpose, map    contractions, scatter-add by colours   ``stc_basis_interp_t_both_3d_f64_nd5nq6_i32``
+transpose, E-vec  contractions into ``U``                ``stc_basis_interp_t_both_3d_f64_nd5nq6``
 ================  =====================================  ========================================
 
 The component count is a run-time argument (one kernel for every ``ncomp``). Sizes
 beyond ``nd <= MAX_ND``, ``nq <= MAX_NQ`` render the same template one element at a
 time with the sizes read at run time and the sums as loops
-(``stc_interp_3d_generic_f64_both_i32``, ``specialized=False``; the plan logs the
+(``stc_basis_interp_both_3d_f64_generic_i32``, ``specialized=False``; the plan logs the
 fallback). A map whose DoFs are shared by more elements than the colouring allows (a
 DoF in more than 64 elements) is integrated by the element-vector kernel and summed per
 DoF by ``numpy.bincount``, said once.
@@ -68,7 +68,7 @@ Examples
 >>> s = BasisSpec(dim=3, nq=6, nd=5, batch=100, dtype="float64", what="both", ndofs=900)
 >>> c = BASIS.context(s, None, TARGETS["avx2"])
 >>> BASIS.entry(s, c), BASIS.public(c), c["specialized"]
-('stc_interp_3d_f64_nd5_nq6_both_i32', {'lanes': 4, 'kb': 1}, True)
+('stc_basis_interp_both_3d_f64_nd5nq6_i32', {'lanes': 4, 'kb': 1}, True)
 >>> steps, buffers = basis_steps(s.evals(), 3, 5, 6, False)
 >>> [len(st["outs"]) for st in steps]         # B and G, then BB GB | BG, then the 4 slots
 [2, 2, 1, 2, 1, 1]
@@ -273,11 +273,13 @@ class BasisFamily(Family):
         return f"void({', '.join(args)})"
 
     def entry(self, spec, ctx):
-        size = (f"generic_{SHORT[spec.dtype]}" if not ctx["specialized"] else
-                f"{SHORT[spec.dtype]}_nd{spec.nd}_nq{spec.nq}")
-        where = f"i{spec.index_dtype[3:]}" if spec.ndofs is not None else "ev"
-        return (f"stc_interp{'_t' if spec.transpose else ''}_{spec.dim}d_{size}_{spec.what}"
-                f"_{where}")
+        """As the CUDA family's names, without the component count (a run-time argument):
+        ``stc_basis_interp[_t]_<what>_<dim>d_<dtype>_nd<nd>nq<nq>[_i<bits>]``, ``generic``
+        in place of the sizes for the generic kernel; ``_i32``/``_i64`` through a map."""
+        size = "generic" if not ctx["specialized"] else f"nd{spec.nd}nq{spec.nq}"
+        where = "" if spec.ndofs is None else f"_i{spec.index_dtype[3:]}"
+        return (f"stc_basis_interp{'_t' if spec.transpose else ''}_{spec.what}_{spec.dim}d_"
+                f"{SHORT[spec.dtype]}_{size}{where}")
 
     def executor(self, choice):
         return BasisExecutor(choice)

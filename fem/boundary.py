@@ -175,14 +175,11 @@ def dirichlet_bc(space, data, *, region=None):
     ([0, 1, 2, 6, 7, 8], [0.0, 0.0, 0.0, 0.0, 0.5, 1.0])
     """
     items = [(region, data)] if not isinstance(data, dict) else list(data.items())
-    coords = None
     values = np.zeros(space.ndofs)
     constrained = np.zeros(space.ndofs, dtype=bool)
     for name, g in items:
-        dofs = space.boundary_dofs(name)
-        if coords is None:
-            coords = space._dof_coordinates
-        values[dofs] = evaluate_field(g, coords[:, dofs], f"dirichlet[{name!r}]")
+        dofs, x = space.boundary_coordinates(name)      # the boundary elements' maps only
+        values[dofs] = evaluate_field(g, x, f"dirichlet[{name!r}]")
         constrained[dofs] = True
     dofs = np.flatnonzero(constrained)
     return DirichletBC(space, dofs, values[dofs])

@@ -628,3 +628,18 @@ def test_device_arrays_on_the_gpu_match_the_host():
         v = np.random.default_rng(0).standard_normal(V.evector_shape)
         np.testing.assert_allclose(cp.asnumpy(V.scatter(cp.asarray(v))), V.scatter(v),
                                    rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("dim,g,region", [(2, 1, None), (3, 2, None), (3, 2, "xmax"),
+                                          (3, 1, ["ymin", "zmax"])])
+def test_boundary_coordinates_are_the_dof_coordinates_there(dim, g, region):
+    """From the boundary elements alone (curved maps, p = 3), the same numbers as the whole
+    space's coordinates at those DoFs, before and after those are kept."""
+    mesh = fem.box_mesh(dim, 3, geom_order=g, distortion=0.15)
+    dofs, x = fem.H1Space(mesh, 3).boundary_coordinates(region)
+    space = fem.H1Space(mesh, 3)
+    ref = space.dof_coordinates()
+    np.testing.assert_array_equal(dofs, space.boundary_dofs(region))
+    np.testing.assert_allclose(x, ref[:, dofs], rtol=0, atol=1e-14)
+    dofs2, x2 = space.boundary_coordinates(region)          # from the kept coordinates
+    np.testing.assert_array_equal(x2, ref[:, dofs2])

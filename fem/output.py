@@ -136,7 +136,7 @@ def to_meshio(space, *, cells="vtk", **fields):
                        field_data=field_data)
 
 
-def write_vtu(path, space, **fields):
+def write_vtu(path, space, *, compression=None, **fields):
     """Write a space's mesh and fields as a ``.vtu`` file of VTK Lagrange cells.
 
     Parameters
@@ -144,6 +144,10 @@ def write_vtu(path, space, **fields):
     path : str or os.PathLike
         The file (``.vtu``).
     space : H1Space
+    compression : {None, "zlib", "lzma"}
+        The binary arrays as they are (the default: a 2M-DoF field at p = 4 writes in
+        under a second) or compressed by meshio, about 3x smaller and 7x slower to write
+        (zlib on one host core).
     **fields : array, shape (ndofs,) or (ncomp, ndofs)
         Global vectors of ``space``, e.g. ``u=result.u``; NumPy or CuPy.
 
@@ -155,7 +159,8 @@ def write_vtu(path, space, **fields):
     Raises
     ------
     ValueError
-        For a field of the wrong length, or a path not ending in ``.vtu``.
+        For a field of the wrong length, a path not ending in ``.vtu``, or an unknown
+        ``compression``.
 
     Examples
     --------
@@ -171,5 +176,8 @@ def write_vtu(path, space, **fields):
     path = os.fspath(path)
     if not path.endswith(".vtu"):
         raise ValueError(f"path must end in .vtu, got {path!r}")
-    to_meshio(space, cells="vtk", **fields).write(path, file_format="vtu")
+    if compression not in (None, "zlib", "lzma"):
+        raise ValueError(f"compression must be None, 'zlib' or 'lzma', got {compression!r}")
+    to_meshio(space, cells="vtk", **fields).write(path, file_format="vtu",
+                                                  compression=compression)
     return path

@@ -446,6 +446,17 @@ def test_vtu_errors(tmp_path):
         fem.write_vtu(str(tmp_path / "a.vtu"), V, u=np.zeros(3))
     with pytest.raises(ValueError, match=".vtu"):
         fem.write_vtu(str(tmp_path / "a.txt"), V, u=np.zeros(4))
+    with pytest.raises(ValueError, match="compression must be"):
+        fem.write_vtu(str(tmp_path / "a.vtu"), V, compression="gzip", u=np.zeros(4))
+
+
+@pytest.mark.parametrize("compression", [None, "zlib"])
+def test_vtu_compression_reads_back(tmp_path, compression):
+    import meshio
+    V = fem.H1Space(fem.box_mesh(2, 2), 2)
+    u = V.dof_coordinates()[0] ** 2
+    m = meshio.read(fem.write_vtu(str(tmp_path / "a.vtu"), V, compression=compression, u=u))
+    assert np.allclose(m.point_data["u"], m.points[:, 0] ** 2)
 
 
 # ---------------------------------------------------------------- README and demo

@@ -55,7 +55,10 @@ def _regions_of(data):
 class DirichletBC:
     """Dirichlet constraints of a space: DoF indices and their values.
 
-    Build it with :func:`dirichlet_bc`.
+    Build it with :func:`dirichlet_bc`. The DoFs and values are copied to a device once
+    (per array module, device and dtype) and kept there with the mask: :meth:`mask`,
+    :meth:`vector`, :meth:`lift` and :meth:`apply` build their results on the device of
+    their arrays.
 
     Attributes
     ----------
@@ -64,10 +67,6 @@ class DirichletBC:
         Sorted constrained DoFs.
     values : ndarray of float64, shape (nc,)
         Their values.
-
-    The DoFs and values are copied to a device once (per array module, device and
-    dtype) and kept there with the mask: :meth:`mask`, :meth:`vector`, :meth:`lift` and
-    :meth:`apply` build their results on the device of their arrays.
     """
 
     def __init__(self, space, dofs, values):

@@ -33,6 +33,8 @@ from pathlib import Path
 import jinja2
 import numba
 
+from ..._jinja import environment
+
 __all__ = ["render", "load_kernel", "cache_dir", "compile_log", "CompileError", "signature",
            "NB_TYPES", "SHORT"]
 
@@ -44,10 +46,7 @@ CODEGEN_VERSION = "2"
 NB_TYPES = {"float64": "float64", "float32": "float32"}
 SHORT = {"float64": "f64", "float32": "f32"}
 
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(files("smalltc.templates") / "cpu")),
-    undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-    keep_trailing_newline=True)
+_ENV = environment(jinja2.FileSystemLoader(str(files("smalltc.templates") / "cpu")))
 _KERNELS: dict = {}
 _LOCK = threading.RLock()
 #: (entry, seconds to import it: compile, or load from Numba's disk cache)

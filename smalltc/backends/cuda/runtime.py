@@ -21,6 +21,7 @@ import threading
 import jinja2
 
 from ..._arrays import cupy_or_none
+from ..._jinja import environment
 
 __all__ = ["SmalltcCompileError", "render", "template_names", "get_kernel", "get_global",
            "clear_cache", "launch", "resident_blocks", "Launcher", "direct_launcher",
@@ -67,10 +68,7 @@ def _load_template(name):
 
 @functools.lru_cache(maxsize=1)
 def _env():
-    return jinja2.Environment(loader=jinja2.FunctionLoader(_load_template),
-                              undefined=jinja2.StrictUndefined, trim_blocks=True,
-                              lstrip_blocks=True, keep_trailing_newline=True,
-                              autoescape=False)
+    return environment(jinja2.FunctionLoader(_load_template))
 
 
 def template_names():

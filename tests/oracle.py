@@ -127,3 +127,15 @@ def operator_diagonal(qfunc, B1d, G1d, D, Q, elem_dofs, ndofs, dim):
     y = np.zeros(ndofs)
     np.add.at(y, m, np.einsum("eii->ei", K))
     return y
+
+
+def basis_matrices(B, G, what, dim):
+    """The dense evaluation matrices (nq^d x nd^d) of the basis application, in slot order:
+    the value (``what`` "values" or "both"), then the derivative along each axis
+    ("gradients" or "both"); Kronecker products of the 1D matrices."""
+    from functools import reduce
+    B, G = np.asarray(B, np.float64), np.asarray(G, np.float64)
+    mats = [reduce(np.kron, [B] * dim)] if what != "gradients" else []
+    if what != "values":
+        mats += [reduce(np.kron, [G if d == a else B for d in range(dim)]) for a in range(dim)]
+    return mats

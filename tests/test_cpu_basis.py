@@ -4,7 +4,6 @@ family's choice and its generic fallback, both forms (lanes of elements, one ele
 time) and their register blocks, float32 and int64 maps, full chunks and a partial one,
 every map entry checked in the kernel, and the scatter's sums with several threads."""
 import threading
-from functools import reduce
 
 import numpy as np
 import pytest
@@ -14,6 +13,8 @@ from smalltc import _validate
 from smalltc.backends import get
 from smalltc.fem import H1Space, box_mesh
 from smalltc.plan import build_plan
+
+import oracle
 
 numba = pytest.importorskip("numba")
 
@@ -35,13 +36,7 @@ CASES = [
 ]
 
 
-def dense(B, G, what, dim):
-    """The evaluation matrices (nq^d x nd^d) in slot order."""
-    B, G = np.asarray(B, np.float64), np.asarray(G, np.float64)
-    mats = [reduce(np.kron, [B] * dim)] if what != "gradients" else []
-    if what != "values":
-        mats += [reduce(np.kron, [G if d == a else B for d in range(dim)]) for a in range(dim)]
-    return mats
+dense = oracle.basis_matrices
 
 
 def _problem(dim, nd, nq, what, ncomp, dtype, index, E, seed=0):

@@ -6,7 +6,6 @@ cuda and cpu backends the basis family's kernels: a call whose plan falls back f
 transpose identity; errors naming the operand. GPU cases skip without a CUDA device.
 """
 import itertools
-from functools import reduce
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import pytest
 import smalltc
 from smalltc import _validate
 
+import oracle
 from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
 
 WHATS = ("values", "gradients", "both")
@@ -23,13 +23,7 @@ CASES = [(dim, nd, nq, what, ncomp) for (dim, nd, nq), what, ncomp
          in itertools.product(SIZES, WHATS, (1, 2))]
 
 
-def dense(B, G, what, dim):
-    """The evaluation matrices (nq^d x nd^d) in slot order."""
-    B, G = np.asarray(B, np.float64), np.asarray(G, np.float64)
-    mats = [reduce(np.kron, [B] * dim)] if what != "gradients" else []
-    if what != "values":
-        mats += [reduce(np.kron, [G if d == a else B for d in range(dim)]) for a in range(dim)]
-    return mats
+dense = oracle.basis_matrices
 
 
 def mesh_map(dim, nd, E, rng):

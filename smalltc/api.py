@@ -1,27 +1,39 @@
-"""The public operations: thin wrappers that fetch (or build) a plan and call it.
+"""The public operations: thin wrappers that run their entry of :mod:`smalltc.ops`.
 
-Each keys the plan cache (:func:`smalltc.plan.cached_plan`) on its call
-signature: the operation, the flags that choose the spec, and each operand's
-type, shape and dtype. A repeated call is a dictionary lookup and the plan's
-call, whose plain comparisons recheck everything a signature leaves out
-(contiguity, ``out``, scalars). A miss, or operands that are not arrays, goes
-through :mod:`smalltc._validate` to the spec first; arrays of another library
-(torch, JAX: any DLPack producer) go through :mod:`smalltc._interop`, which calls
-the same function with NumPy/CuPy views of them and returns the result in their
-library.
+Each hands its operands and the options that choose its spec to
+:func:`smalltc.plan.call`, which keys the plan cache (:func:`smalltc.plan.cached_plan`)
+on the call signature: the operation, its options, and each operand's type, shape and
+dtype. A repeated call is a dictionary lookup and the plan's call, whose plain
+comparisons recheck everything a signature leaves out (contiguity, ``out``, scalars).
+A miss, or operands that are not arrays, goes through the entry's spec function
+(:mod:`smalltc._validate`) first; arrays of another library (torch, JAX: any DLPack
+producer) go through :mod:`smalltc._interop`, which runs the same call with NumPy/CuPy
+views of them and returns the result in their library.
 """
 from __future__ import annotations
 
 from functools import partial
 
 from . import _interop, _validate
-from .plan import _PLANS, cached_plan
+from ._arrays import array_module
+from .ops import (ACTION, ASSEMBLY, CONTRACT, FORCE, FORCE_T, GEMM, MASS_APPLY, MASS_DIAGONAL,
+                  MIXED_ACTION, MIXED_APPLY, OPERATORS, VERTEX_OPERATORS, Extents)
+from .plan import call
 
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
            "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
            "mixed_apply"]
+
+
+def _is_zero(beta):
+    """``beta == 0`` for GEMM's choice of operands (False for what is not a number: the
+    spec function says what is wrong)."""
+    try:
+        return bool(beta == 0)
+    except (TypeError, ValueError):
+        return False
 
 
 def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stream=None):
@@ -94,20 +106,7 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
     >>> bool(np.allclose(M @ V.reshape(100, -1, 1), U.reshape(100, -1, 1)))
     True
     """
-    try:
-        key = ("action", backend, method, type(B1d), B1d.shape, B1d.dtype, type(D), D.shape,
-               D.dtype, type(V), V.shape, V.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):      # not arrays, or an unhashable argument
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(B1d, D, V, out):
-            return _interop.call(partial(batched_contract, backend=backend, method=method),
-                                 ("B1d", "D", "V"), (B1d, D, V), out, stream)
-        spec, xp, ops = _validate.action_spec(B1d, D, V)
-        p = cached_plan(key, (B1d, D, V), spec, xp, backend, method)
-        B1d, D, V = ops
-    return p(B1d, D, V, out=out, stream=stream)
+    return call(ACTION, (B1d, D, V), (), out, stream, backend, method)
 
 
 def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=None):
@@ -136,20 +135,7 @@ def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=Non
     array([[1.25, 0.25],
            [0.25, 1.25]])
     """
-    try:
-        key = ("assembly", backend, method, type(B1d), B1d.shape, B1d.dtype, type(D), D.shape,
-               D.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(B1d, D, out):
-            return _interop.call(partial(assemble_mass, backend=backend, method=method),
-                                 ("B1d", "D"), (B1d, D), out, stream)
-        spec, xp, ops = _validate.assembly_spec(B1d, D)
-        p = cached_plan(key, (B1d, D), spec, xp, backend, method)
-        B1d, D = ops
-    return p(B1d, D, out=out, stream=stream)
+    return call(ASSEMBLY, (B1d, D), (), out, stream, backend, method)
 
 
 def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
@@ -182,26 +168,8 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     array([[ 8., 10.],
            [12., 14.]])
     """
-    beta_zero = beta == 0                      # no C among the operands
-    try:
-        key = ("gemm", backend, trans_a, trans_b, type(A), A.shape, A.dtype, type(B), B.shape,
-               B.dtype, None if beta_zero else (type(C), C.shape, C.dtype))
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError, ValueError):   # ValueError: an array's truth value
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(A, B, C, out):
-            return _interop.call(partial(batched_gemm, alpha=alpha, beta=beta, trans_a=trans_a,
-                                         trans_b=trans_b, backend=backend),
-                                 ("A", "B", "C"), (A, B, C), out, stream)
-        spec, xp, ops = _validate.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
-                                            trans_b=trans_b)
-        given = (A, B) if spec.beta_zero else (A, B, C)
-        p = cached_plan(key, given, spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream, alpha=alpha, beta=beta)
-    if beta_zero:
-        return p(A, B, out=out, stream=stream, alpha=alpha, beta=beta)
-    return p(A, B, C, out=out, stream=stream, alpha=alpha, beta=beta)
+    given = (A, B) if _is_zero(beta) else (A, B, C)      # C is read when beta != 0
+    return call(GEMM, given, (trans_a, trans_b), out, stream, backend, "auto", (alpha, beta))
 
 
 def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None):
@@ -237,20 +205,7 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
     >>> bool(np.allclose(A.reshape(7, 3, 3, 4), np.einsum('kc,eabc->eabk', B1d, V)))
     True
     """
-    try:
-        key = ("contract", backend, kind, None if extents is None else tuple(extents.items()),
-               type(X), X.shape, X.dtype, type(Y), Y.shape, Y.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(X, Y, out):
-            return _interop.call(partial(contract, kind, extents=extents, backend=backend),
-                                 ("X", "Y"), (X, Y), out, stream)
-        spec, xp, ops = _validate.contract_spec(kind, X, Y, extents=extents)
-        p = cached_plan(key, (X, Y), spec, xp, backend, "auto", extents is not None)
-        X, Y = ops
-    return p(X, Y, out=out, stream=stream)
+    return call(CONTRACT, (X, Y), (kind, Extents.of(extents)), out, stream, backend)
 
 
 def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="auto",
@@ -316,23 +271,8 @@ def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="
     if vertices is not None or coef is not None:
         return _operator("apply", "mass", B1d, None, D, (x, elem_dofs), out, stream, backend,
                          deterministic, vertices=vertices, coef=coef)
-    try:
-        key = ("mass_apply", backend, bool(deterministic), type(B1d), B1d.shape, B1d.dtype,
-               type(D), D.shape, D.dtype, type(x), x.shape, x.dtype, type(elem_dofs),
-               elem_dofs.shape, elem_dofs.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(B1d, D, x, elem_dofs, out):
-            return _interop.call(partial(mass_apply, deterministic=deterministic,
-                                         backend=backend),
-                                 ("B1d", "D", "x", "elem_dofs"), (B1d, D, x, elem_dofs), out,
-                                 stream)
-        spec, xp, ops = _validate.mass_apply_spec(B1d, D, x, elem_dofs, deterministic)
-        p = cached_plan(key, (B1d, D, x, elem_dofs), spec, xp, backend, "auto")
-        B1d, D, x, elem_dofs = ops
-    return p(B1d, D, x, elem_dofs, out=out, stream=stream)
+    return call(MASS_APPLY, (B1d, D, x, elem_dofs), (bool(deterministic),), out, stream,
+                backend)
 
 
 def mass_diagonal(B1d, D, elem_dofs, ndofs, *, out=None, deterministic=False,
@@ -363,39 +303,11 @@ def mass_diagonal(B1d, D, elem_dofs, ndofs, *, out=None, deterministic=False,
     >>> print(smalltc.mass_diagonal(B1d, D, elem_dofs, 3) * 24)
     [ 5. 10.  5.]
     """
-    try:
-        key = ("mass_diagonal", backend, bool(deterministic), ndofs, type(B1d), B1d.shape,
-               B1d.dtype, type(D), D.shape, D.dtype, type(elem_dofs), elem_dofs.shape,
-               elem_dofs.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(B1d, D, elem_dofs, out):
-            return _interop.call(partial(mass_diagonal, ndofs=ndofs,
-                                         deterministic=deterministic, backend=backend),
-                                 ("B1d", "D", "elem_dofs"), (B1d, D, elem_dofs), out, stream)
-        spec, xp, ops = _validate.mass_diagonal_spec(B1d, D, elem_dofs, ndofs, deterministic)
-        p = cached_plan(key, (B1d, D, elem_dofs), spec, xp, backend, "auto")
-        B1d, D, elem_dofs = ops
-    return p(B1d, D, elem_dofs, out=out, stream=stream)
+    return call(MASS_DIAGONAL, (B1d, D, elem_dofs), (ndofs, bool(deterministic)), out, stream,
+                backend)
 
 
 # --- the generalised operators (docs/math.md section 7) --------------------------------------
-
-def _sig(x):
-    """An operand's part of a plan-cache key (None stays None; a pair of data arrays is a
-    pair); AttributeError for what is not an array (no key then)."""
-    if x is None:
-        return None
-    if isinstance(x, tuple):
-        return tuple(_sig(a) for a in x)
-    return (type(x), x.shape, x.dtype)
-
-
-_REST_NAMES = {"action": ("V",), "apply": ("x", "elem_dofs"), "diagonal": ("elem_dofs",),
-               "assembly": ()}
-
 
 _COEFS: dict = {}
 
@@ -406,7 +318,6 @@ def _coef_array(coef, X, like):
     read by the kernel)."""
     if hasattr(coef, "shape") and getattr(coef, "ndim", 0) > 0:
         return coef
-    from ._arrays import array_module
     xp = array_module(like)
     E = X.shape[0] if getattr(X, "ndim", 0) == 3 else 0
     dev = None
@@ -419,6 +330,19 @@ def _coef_array(coef, X, like):
             _COEFS.clear()
         a = _COEFS[key] = xp.full((E,), float(coef), dtype=like.dtype)
     return a
+
+
+def _entry(table, key, check):
+    """The operator entry of ``key`` (qfunc, level) in ``table``; where there is none,
+    ``check()`` (the spec function) raises the error that says why."""
+    try:
+        op = table.get(key)
+    except TypeError:                            # an unhashable qfunc
+        op = None
+    if op is None:
+        check()
+        raise ValueError(f"no operator {key[0]!r} at level {key[1]!r}")
+    return op
 
 
 def _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out, stream, backend,
@@ -434,69 +358,48 @@ def _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out, st
     if not hasattr(vertices, "shape"):
         raise TypeError(f"vertices must be an array (E, 2^dim, dim), got "
                         f"{type(vertices).__name__}")
+    op = _entry(VERTEX_OPERATORS, (qfunc, level), partial(
+        _validate.vertex_operator_spec, level, qfunc, B1d, G1d, vertices, coef, *rest,
+        deterministic=deterministic))
     if _interop.any_foreign(B1d, G1d, vertices, coef, *rest, out):
-        scalar = not hasattr(coef, "shape")      # a constant: made in the views' library
-
-        def fn(B1d, G1d, X, *arrays, out):
-            c, arrays = (coef, arrays) if scalar else (arrays[0], arrays[1:])
-            return _vertex_operator(level, qfunc, B1d, G1d, None, X, c, arrays, out, None,
-                                    backend, deterministic)
-        names = ("B1d", "G1d", "X") + (() if scalar else ("coef",)) + _REST_NAMES[level]
+        # a constant coef is made in the views' library (_coef_array), after the import
+        scalar = not hasattr(coef, "shape")
+        names = tuple(n for n in op.operands if not (scalar and n == "coef"))
         flat = (B1d, G1d, vertices) + (() if scalar else (coef,)) + tuple(rest)
-        return _interop.call(fn, names, flat, out, stream)
+        return _interop.call(partial(_vertex_views, level, qfunc, backend, deterministic,
+                                     coef if scalar else None), names, flat, out, stream)
     coef = _coef_array(coef, vertices, rest[0])
-    try:
-        key = ("vertex operator", level, qfunc, backend, bool(deterministic), _sig(B1d),
-               _sig(G1d), _sig(vertices), _sig(coef)) + tuple(_sig(r) for r in rest)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    flat = (B1d, G1d, vertices, coef) + tuple(rest)
-    if p is None:
-        spec, xp, ops = _validate.vertex_operator_spec(level, qfunc, B1d, G1d, vertices, coef,
-                                                       *rest, deterministic=deterministic)
-        p = cached_plan(key, [x for x in flat if x is not None], spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*(x for x in flat if x is not None), out=out, stream=stream)
+    return call(op, (B1d, G1d, vertices, coef) + tuple(rest), (bool(deterministic),), out,
+                stream, backend)
+
+
+def _vertex_views(level, qfunc, backend, deterministic, coef, B1d, G1d, X, *arrays, out):
+    if coef is None:
+        coef, arrays = arrays[0], arrays[1:]
+    return _vertex_operator(level, qfunc, B1d, G1d, None, X, coef, arrays, out, None, backend,
+                            deterministic)
 
 
 def _operator(level, qfunc, B1d, G1d, data, rest, out, stream, backend, deterministic=False,
               ndofs=None, vertices=None, coef=None):
-    """The public operators' common body: the plan of (level, qfunc, call signature),
-    built on the first call; arrays of another library through :mod:`._interop`."""
+    """The public operators' common body: the entry of (qfunc, level) run through
+    :func:`smalltc.plan.call`; the point data ``(D, Q)`` of Helmholtz are two operands."""
     if vertices is not None or coef is not None:
         if vertices is None:
             raise TypeError("coef= goes with vertices= (the coefficient of the vertex "
                             "geometry); with stored point data it is part of D or Q")
         return _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out,
                                 stream, backend, deterministic)
-    try:
-        key = ("operator", level, qfunc, backend, bool(deterministic), ndofs, _sig(B1d),
-               _sig(G1d), _sig(data)) + tuple(_sig(r) for r in rest)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    pair = isinstance(data, (tuple, list))
-    datas = tuple(data) if pair else (data,)
-    flat = (B1d, G1d) + datas + tuple(rest)
-    if p is None:
-        if _interop.any_foreign(*flat, out):
-            dnames = ("D", "Q") if qfunc == "helmholtz" else (("Q",) if qfunc == "diffusion"
-                                                            else ("D",))
-            names = ("B1d", "G1d") + (dnames if len(dnames) == len(datas) else
-                                      tuple(f"data[{i}]" for i in range(len(datas))))
-            names += _REST_NAMES.get(level, ())[:len(rest)]
-
-            def fn(B1d, G1d, *arrays, out):
-                d = tuple(arrays[:len(datas)])
-                return _operator(level, qfunc, B1d, G1d, d if pair else d[0],
-                                 arrays[len(datas):], out, None, backend, deterministic, ndofs)
-            return _interop.call(fn, names, flat, out, stream)
-        spec, xp, ops = _validate.operator_spec(level, qfunc, B1d, G1d, data, *rest,
-                                                deterministic=deterministic, ndofs=ndofs)
-        p = cached_plan(key, [x for x in flat if x is not None], spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*(x for x in flat if x is not None), out=out, stream=stream)
+    datas = tuple(data) if isinstance(data, (tuple, list)) else (data,)
+    check = partial(_validate.operator_spec, level, qfunc, B1d, G1d, data, *rest,
+                    deterministic=deterministic, ndofs=ndofs)
+    op = _entry(OPERATORS, (qfunc, level), check)
+    if len(datas) != len(op.operands) - 2 - len(rest):       # D, Q or the pair (D, Q)
+        check()
+        data_names = op.operands[2:len(op.operands) - len(rest)]
+        raise TypeError(f"data for qfunc {qfunc!r} is {', '.join(data_names)}")
+    return call(op, (B1d, G1d) + datas + tuple(rest), (bool(deterministic), ndofs), out,
+                stream, backend)
 
 
 def operator_action(qfunc, B1d, G1d, data, V, *, out=None, backend="auto", stream=None,
@@ -733,37 +636,6 @@ def assemble_diffusion(B1d, G1d, Q, *, out=None, backend="auto", stream=None):
 
 # --- the corner force: mixed spaces H1^d and L2 (docs/math.md section 7) ---------------------
 
-def _force(transpose, B_l2, B1d, G1d, A, field, elem_dofs, ndofs, out, deterministic,
-           backend, stream):
-    """The corner force's common body (both directions, element level and fused): the plan
-    of the call signature, built on the first call; other libraries through
-    :mod:`._interop`."""
-    if elem_dofs is not None and ndofs is None and not transpose and out is not None:
-        ndofs = getattr(out, "shape", (None,))[-1]          # F: y's length from out
-    try:
-        key = ("force", bool(transpose), backend, bool(deterministic), ndofs, _sig(B_l2),
-               _sig(B1d), _sig(G1d), _sig(A), _sig(field), _sig(elem_dofs))
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    fname = "w" if transpose else "e"
-    flat = (B_l2, B1d, G1d, A, field) + (() if elem_dofs is None else (elem_dofs,))
-    if p is None:
-        if _interop.any_foreign(*flat, out):
-            names = ("B_l2", "B1d", "G1d", "A", fname, "elem_dofs")[:len(flat)]
-
-            def fn(*arrays, out):
-                m = arrays[5] if len(arrays) > 5 else None
-                return _force(transpose, *arrays[:5], m, ndofs, out, deterministic, backend,
-                              None)
-            return _interop.call(fn, names, flat, out, stream)
-        spec, xp, ops = _validate.force_spec(transpose, B_l2, B1d, G1d, A, field, elem_dofs,
-                                             ndofs, deterministic)
-        p = cached_plan(key, flat, spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*flat, out=out, stream=stream)
-
-
 def force_apply(B_l2, B1d, G1d, A, e, *, elem_dofs=None, ndofs=None, out=None,
                 deterministic=False, backend="auto", stream=None):
     """BLAST's corner force ``F e`` (H1^d <- L2; Laghos' ``ForceMult``), matrix-free.
@@ -828,8 +700,10 @@ def force_apply(B_l2, B1d, G1d, A, e, *, elem_dofs=None, ndofs=None, out=None,
     >>> bool(np.isclose(np.vdot(w, Fe), np.vdot(FTw, e)))
     True
     """
-    return _force(False, B_l2, B1d, G1d, A, e, elem_dofs, ndofs, out, deterministic,
-                  backend, stream)
+    if elem_dofs is not None and ndofs is None and out is not None:
+        ndofs = getattr(out, "shape", (None,))[-1]          # y's length from out
+    return call(FORCE, (B_l2, B1d, G1d, A, e, elem_dofs), (ndofs, bool(deterministic)), out,
+                stream, backend)
 
 
 def force_apply_transpose(B_l2, B1d, G1d, A, w, *, elem_dofs=None, out=None,
@@ -865,47 +739,11 @@ def force_apply_transpose(B_l2, B1d, G1d, A, w, *, elem_dofs=None, out=None,
     >>> r.shape, float(abs(r).max()) < 1e-12
     ((4, 2, 2), True)
     """
-    return _force(True, B_l2, B1d, G1d, A, w, elem_dofs, None, out, False, backend, stream)
+    return call(FORCE_T, (B_l2, B1d, G1d, A, w, elem_dofs), (None, False), out, stream,
+                backend)
 
 
 # --- the general operator of mixed spaces (docs/math.md section 7) ---------------------------
-
-def _mixed(B_in, B_out, Q, field, G_in, G_out, eval_in, eval_out, elem_dofs_in, elem_dofs_out,
-           ndofs_out, out, backend, stream):
-    """The general operator's common body (element level and fused): the plan of the call
-    signature, built on the first call; other libraries through :mod:`._interop`."""
-    if elem_dofs_out is not None and ndofs_out is None and out is not None:
-        ndofs_out = getattr(out, "shape", (None,))[-1]        # y's length from out
-    try:
-        key = ("mixed", eval_in, eval_out, backend, ndofs_out, _sig(B_in), _sig(G_in),
-               _sig(B_out), _sig(G_out), _sig(Q), _sig(field), _sig(elem_dofs_in),
-               _sig(elem_dofs_out))
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    names = ("B_in", "G_in", "B_out", "G_out", "Q", "V" if elem_dofs_in is None else "x",
-             "elem_dofs_in", "elem_dofs_out")
-    given = (B_in, G_in, B_out, G_out, Q, field, elem_dofs_in, elem_dofs_out)
-    flat = tuple(x for x in given if x is not None)
-    if p is None:
-        if _interop.any_foreign(*flat, out):
-            where = [i for i, x in enumerate(given) if x is not None]
-
-            def fn(*arrays, out):
-                a = [None] * len(given)
-                for i, x in zip(where, arrays):
-                    a[i] = x
-                return _mixed(a[0], a[2], a[4], a[5], a[1], a[3], eval_in, eval_out, a[6],
-                              a[7], ndofs_out, out, backend, None)
-            return _interop.call(fn, tuple(names[i] for i in where), flat, out, stream)
-        spec, xp, ops = _validate.mixed_spec(
-            B_in, B_out, Q, field, G_in=G_in, G_out=G_out, eval_in=eval_in,
-            eval_out=eval_out, elem_dofs_in=elem_dofs_in, elem_dofs_out=elem_dofs_out,
-            ndofs_out=ndofs_out)
-        p = cached_plan(key, flat, spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*flat, out=out, stream=stream)
-
 
 def mixed_action(B_in, B_out, Q, V, *, G_in=None, G_out=None, eval_in="value",
                  eval_out="value", out=None, backend="auto", stream=None):
@@ -989,8 +827,8 @@ def mixed_action(B_in, B_out, Q, V, *, G_in=None, G_out=None, eval_in="value",
     >>> bool(np.allclose(Fe, smalltc.force_apply(l2.B1d, h1.B1d, h1.G1d, A, e)))
     True
     """
-    return _mixed(B_in, B_out, Q, V, G_in, G_out, eval_in, eval_out, None, None, None, out,
-                  backend, stream)
+    return call(MIXED_ACTION, (B_in, G_in, B_out, G_out, Q, V), (eval_in, eval_out), out,
+                stream, backend)
 
 
 def mixed_apply(B_in, B_out, Q, x, *, G_in=None, G_out=None, eval_in="value",
@@ -1053,5 +891,9 @@ def mixed_apply(B_in, B_out, Q, x, *, G_in=None, G_out=None, eval_in="value",
     ...       eval_in="grad", eval_out="grad", elem_dofs_in=m, elem_dofs_out=m, ndofs_out=3))
     [-1.  2. -1.]
     """
-    return _mixed(B_in, B_out, Q, x, G_in, G_out, eval_in, eval_out, elem_dofs_in,
-                  elem_dofs_out, ndofs_out, out, backend, stream)
+    if elem_dofs_out is not None and ndofs_out is None and out is not None:
+        ndofs_out = getattr(out, "shape", (None,))[-1]        # y's length from out
+    return call(MIXED_APPLY, (B_in, G_in, B_out, G_out, Q, x, elem_dofs_in, elem_dofs_out),
+                (eval_in, eval_out, ndofs_out), out, stream, backend)
+
+

@@ -100,6 +100,9 @@ class Op:
     names : callable or None
         ``names(operands)``: the operand names for messages, where they depend on which
         operands are given.
+    takes : str or None
+        :func:`smalltc.plan.plan`'s operands in words, for its messages (None: from
+        ``operands`` and ``required``).
     omits : bool
         Whether a call may leave operands out (``None``: the collocated ``B1d``, a ``G1d``
         not evaluated, a map not given); they are dropped before the plan runs.
@@ -117,6 +120,7 @@ class Op:
     scalars: bool = False
     reshape: Callable | None = None
     names: Callable | None = None
+    takes: str | None = None
     omits: bool = False
 
     def __post_init__(self):
@@ -129,6 +133,8 @@ class Op:
 
     def describe(self) -> str:
         """The positional operands of :func:`smalltc.plan.plan`, for messages."""
+        if self.takes is not None:
+            return self.takes
         pos = self.positional or self.operands
         n = len(pos) if self.required is None else self.required
         head = ", ".join(pos[:n])
@@ -263,7 +269,9 @@ for _q, _data in _DATA.items():
     for _level, _rest in _LEVELS.items():
         _op = Op(f"{_q}_{_level}", ("B1d", "G1d") + _data + _rest,
                  partial(_operator, _q, _level), options=("deterministic", "ndofs"),
-                 defaults=dict(_FEM, ndofs=None), omits=True, public=(_PUBLIC[_level],))
+                 defaults=dict(_FEM, ndofs=None), omits=True, required=2 + len(_data),
+                 takes=f"B1d (or None), G1d, {', '.join(_data)} and the level's operands "
+                       f"({', '.join(_rest) or 'none'})", public=(_PUBLIC[_level],))
         OPERATORS[_q, _level] = _op
         if _q != "mass":          # mass: the entries above ("action", "mass_apply", ...)
             register(_op)

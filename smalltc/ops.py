@@ -150,15 +150,15 @@ class Op:
         in this entry's order; unused keywords are left in ``kwargs``."""
         pos = self.positional or self.operands
         need = len(pos) if self.required is None else self.required
-        if not need <= len(args) <= len(pos):
-            raise TypeError(f"op {self.name!r} takes {self.describe()}; got {len(args)} "
-                            "operands")
         given = dict(zip(pos, args))
         for n in self.operands:
             if n in kwargs:
                 if n in given:
                     raise TypeError(f"op {self.name!r}: operand {n} given twice")
                 given[n] = kwargs.pop(n)
+        if len(args) > len(pos) or any(n not in given for n in pos[:need]):
+            raise TypeError(f"op {self.name!r} takes {self.describe()}; got {len(args)} "
+                            "operands")
         options = tuple(kwargs.pop(o, self.defaults[o]) for o in self.options)
         return tuple(given.get(n) for n in self.operands), options
 

@@ -92,6 +92,9 @@ class Plan:
         self._array_type, self._alloc = xp.ndarray, xp.empty
         # a result from 64 MiB on is checked against the free memory before each allocation
         self._big = math.prod(self._out_shape) * dtype.itemsize >= _memory.MIN_BYTES
+        # True once the public operations' cache holds this plan under a call signature
+        # whose types, shapes and dtypes are exactly the planned ones (:meth:`_matches`)
+        self._signed = False
 
     kernel = property(lambda self: self.executor.kernel)
     params = property(lambda self: dict(self.executor.params))
@@ -181,6 +184,39 @@ class Plan:
         if self._gemm:
             self.executor.run(operands + self._pad, out, alpha=alpha, beta=beta)
         else:
+            self.executor.run(operands, out)
+        return out
+
+    def _matches(self, operands):
+        """Whether ``operands`` have exactly the planned types, shapes and dtypes, so that
+        a call keyed on their signature may skip comparing them (:meth:`_signed_call`):
+        NumPy plans without scalars or reshaped operands."""
+        if self._on_gpu or self._gemm or self.reshape_inputs or len(operands) != self._nargs:
+            return False
+        return all(type(x) is self._array_type and x.shape == shape and x.dtype == dt
+                   for x, (shape, dt) in zip(operands, self._sig))
+
+    def _signed_call(self, operands, out):
+        """The call of :func:`call` when the cache key has vouched for the operands' types,
+        shapes and dtypes (``_signed``): what the key does not hold (contiguity, ``out``)
+        is compared here, and anything unusual takes :meth:`__call__`."""
+        for x in operands:
+            if not x.flags.carray:
+                return self(*operands, out=out)
+        if out is None:
+            if self._big:
+                _memory.guard(self.spec.op, self._out_shape, self._dtype, on_gpu=False)
+            out = self._alloc(self._out_shape, dtype=self._dtype)
+        elif type(out) is not self._array_type or out.shape != self._out_shape \
+                or out.dtype != self._dtype or not out.flags.carray:
+            return self(*operands, out=out)
+        else:
+            for x in operands:
+                if np.may_share_memory(out, x):
+                    return self(*operands, out=out)
+        if self._map is not None:
+            map_info(operands[self._map], self.spec.ndofs)      # the range, once per map
+        if not self._no_work:
             self.executor.run(operands, out)
         return out
 
@@ -290,15 +326,32 @@ def call(op, operands, options=(), out=None, stream=None, backend="auto", method
     views of them (:mod:`smalltc._interop`). ``scalars``: GEMM's ``(alpha, beta)``.
     """
     try:
-        key = (op, backend, method, options,
-               *[None if x is None else (type(x), x.shape, x.dtype) for x in operands])
+        # the signature, flat; spelled out for the usual operand counts (a host-bound call
+        # of a few microseconds feels every step), a comprehension for the others
+        if op.omits or not 2 <= len(operands) <= 4:
+            key = (op, backend, method, options,
+                   *[None if x is None else (type(x), x.shape, x.dtype) for x in operands])
+        elif len(operands) == 3:
+            a, b, c = operands
+            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+                   b.dtype, type(c), c.shape, c.dtype)
+        elif len(operands) == 4:
+            a, b, c, d = operands
+            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+                   b.dtype, type(c), c.shape, c.dtype, type(d), d.shape, d.dtype)
+        else:
+            a, b = operands
+            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+                   b.dtype)
         p = _PLANS.get(key)
     except (AttributeError, TypeError, ValueError):   # not arrays, an unhashable option
         key = p = None
     if p is None:
         return _miss(op, key, operands, options, out, stream, backend, method, scalars)
     if op.omits:
-        operands = [x for x in operands if x is not None]
+        operands = tuple([x for x in operands if x is not None])
+    if p._signed and stream is None:
+        return p._signed_call(operands, out)
     if scalars is None:
         return p(*operands, out=out, stream=stream)
     return p(*operands, out=out, stream=stream, alpha=scalars[0], beta=scalars[1])
@@ -314,8 +367,11 @@ def _miss(op, key, operands, options, out, stream, backend, method, scalars):
     if scalars is not None:
         named.update(alpha=scalars[0], beta=scalars[1])
     spec, xp, ops = op.spec(*operands, **named)
-    p = cached_plan(key, [x for x in operands if x is not None], spec, xp, backend, method,
+    given = [x for x in operands if x is not None]
+    p = cached_plan(key, given, spec, xp, backend, method,
                     op.reshape is not None and op.reshape(options))
+    if key is not None and not p._signed:
+        p._signed = p._matches(given)
     if scalars is None:
         return p(*ops, out=out, stream=stream)
     return p(*ops, out=out, stream=stream, alpha=scalars[0], beta=scalars[1])

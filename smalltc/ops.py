@@ -20,22 +20,26 @@ One entry, registered where its spec is at hand (here for the core's operations)
         my_op_spec,                               # (*operands, **options) -> (spec, xp, ops)
         options=("deterministic",),               # keyword options that choose the spec
         defaults=dict(deterministic=False),       # their values when plan() is not given one
-        required=3,                               # operands plan() needs (the rest optional)
         public=("my_op",)))                       # the public function(s) running it
 
 and a public function whose body is one call, its operands in the entry's order and its
 options in the entry's ``options`` order::
 
-    def my_op(B1d, D, x, elem_dofs=None, *, out=None, deterministic=False,
-              backend="auto", stream=None):
+    def my_op(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="auto",
+              stream=None):
         return call(MY_OP, (B1d, D, x, elem_dofs), (bool(deterministic),), out, stream,
                     backend)
 
-``smalltc.plan("my_op", B1d, D, x, deterministic=True)`` then works with no other
-change, and so do the plan cache, ``out=``, ``stream=`` and torch/JAX arrays. The spec
-function raises the errors that name an operand; the backends build the spec's kernel
+``smalltc.plan("my_op", B1d, D, x, elem_dofs, deterministic=True)`` then works with no
+other change, and so do the plan cache, ``out=``, ``stream=`` and torch/JAX arrays. An
+operand that may be left out (``None``) needs ``omits=True`` (and ``required``, the
+operands :func:`smalltc.plan.plan` cannot do without); where the public function takes
+some operands by keyword, ``positional`` names those plan() takes by position, the others
+by keyword as there (see ``mixed_apply``). The spec function
+raises the errors that name an operand; the backends build the spec's kernel
 (``backend.build(spec)``), so a new spec class needs its kernel families (or the
-reference backend's fallback) and nothing here.
+reference backend's fallback) and nothing here. ``tests/test_plan_ops.py`` asks for a
+case of every registered entry.
 
 Examples
 --------

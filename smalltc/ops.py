@@ -63,7 +63,8 @@ __all__ = ["Op", "OPS", "OPERATORS", "VERTEX_OPERATORS", "register", "Extents"]
 OPS: dict = {}
 #: the generalised operators by (qfunc, level), those of qfunc "mass" included
 OPERATORS: dict = {}
-#: the operators whose point data come from the element vertices, by (qfunc, level)
+#: the operators whose point data come from the element vertices, by (qfunc, level):
+#: ``"<qfunc>_<level>_vertices"`` to :func:`smalltc.plan.plan`
 VERTEX_OPERATORS: dict = {}
 
 
@@ -279,11 +280,12 @@ for _q, _data in _DATA.items():
         OPERATORS[_q, _level] = _op
         if _q != "mass":          # mass: the entries above ("action", "mass_apply", ...)
             register(_op)
-        if _q != "helmholtz" and _level in ("action", "apply"):
-            VERTEX_OPERATORS[_q, _level] = Op(
-                f"{_q}_{_level} (vertices)", ("B1d", "G1d", "X", "coef") + _rest,
+        if _q != "helmholtz" and _level in ("action", "apply"):     # vertices= (section 8)
+            VERTEX_OPERATORS[_q, _level] = register(Op(
+                f"{_q}_{_level}_vertices", ("B1d", "G1d", "X", "coef") + _rest,
                 partial(_vertex_operator, _q, _level), options=("deterministic",),
-                defaults=_FEM, omits=True, public=(_PUBLIC[_level],))
+                defaults=_FEM, omits=True, public=(_PUBLIC[_level],),
+                takes=f"B1d (or None), G1d (or None), X, coef and {', '.join(_rest)}"))
 
 FORCE = register(Op("force_apply", ("B_l2", "B1d", "G1d", "A", "e", "elem_dofs"),
                     partial(_force, False), options=("ndofs", "deterministic"),

@@ -402,7 +402,10 @@ def plan(op, *operands, backend="auto", method="auto", params=None, **options):
         ``mass_diagonal``); for the diffusion and Helmholtz operators
         ``"<qfunc>_<level>"``, qfunc "diffusion" or "helmholtz", level "action", "apply",
         "diagonal" or "assembly" (``diffusion_action``, ``diffusion_apply``,
-        ``diffusion_diagonal``, ``assemble_diffusion``); the corner force "force_apply"
+        ``diffusion_diagonal``, ``assemble_diffusion``); with the point data recomputed
+        from the element vertices (``vertices=``), ``"<qfunc>_<level>_vertices"``, qfunc
+        "mass" or "diffusion", level "action" or "apply" (operands ``(B1d, G1d, X, coef,
+        ...)``, ``coef`` an (E,) array); the corner force "force_apply"
         and "force_apply_transpose"; the general operator of mixed spaces "mixed_action"
         and "mixed_apply"; the basis application "interpolate" and "integrate".
     *operands : arrays

@@ -9,8 +9,9 @@ import pytest
 
 import smalltc
 import oracle as O
-from smalltc.ops import OPS, OPERATORS
+from smalltc.ops import OPS, OPERATORS, VERTEX_OPERATORS
 from smalltc.plan import _PLANS
+from smalltc.vertices import point_data
 
 from conftest import rel_err
 
@@ -111,6 +112,23 @@ for _q, _data in (("diffusion", (Q,)), ("helmholtz", (D, Q))):
          lambda _q=_q, _d=_d, **k: smalltc.assemble_operator(_q, B, G, _d, **k),
          lambda _q=_q, _D=_D, _Q=_Q: _dense_op(_q, _D, _Q)),
     ]
+# vertices (E, 2^dim, dim), tensor order, last axis fastest: distorted squares
+Xv = (np.array([[0.0, 0.0], [0.0, 0.5], [0.5, 0.0], [0.5, 0.6]])[None]
+      + rng.random((E, 1, DIM)) + 0.05 * rng.random((E, 2 ** DIM, DIM)))
+cv = 1.0 + rng.random(E)
+for _q, _G in (("mass", None), ("diffusion", G)):
+    _pd = point_data(_q, Xv, cv, NQ)
+    _D, _Q = (_pd, None) if _q == "mass" else (None, _pd)
+    CASES += [
+        (f"{_q}_action_vertices", f"{_q}_action_vertices", (B, _G, Xv, cv, V), {}, {},
+         lambda _q=_q, _G=_G, **k: smalltc.operator_action(_q, B, _G, None, V, vertices=Xv,
+                                                           coef=cv, **k),
+         lambda _q=_q, _D=_D, _Q=_Q: O.operator_action(_q, B, G, _D, _Q, V, DIM)),
+        (f"{_q}_apply_vertices", f"{_q}_apply_vertices", (B, _G, Xv, cv, x, M), {}, {},
+         lambda _q=_q, _G=_G, **k: smalltc.operator_apply(_q, B, _G, None, x, M, vertices=Xv,
+                                                          coef=cv, **k),
+         lambda _q=_q, _D=_D, _Q=_Q: O.operator_apply(_q, B, G, _D, _Q, x, M, DIM)),
+    ]
 _e = rng.standard_normal((E,) + (ND - 1,) * DIM)
 _w = rng.standard_normal((E, DIM) + (ND,) * DIM)
 _wg = rng.standard_normal((DIM, NDOFS))
@@ -202,6 +220,9 @@ def test_operators_of_every_qfunc_and_level_are_entries():
     assert sorted(OPERATORS) == sorted((q, lv) for q in ("mass", "diffusion", "helmholtz")
                                        for lv in ("action", "apply", "diagonal", "assembly"))
     assert all(OPS[f"{q}_{lv}"] is OPERATORS[q, lv] for q, lv in OPERATORS if q != "mass")
+    assert sorted(VERTEX_OPERATORS) == sorted((q, lv) for q in ("mass", "diffusion")
+                                              for lv in ("action", "apply"))
+    assert all(OPS[f"{q}_{lv}_vertices"] is op for (q, lv), op in VERTEX_OPERATORS.items())
 
 
 PLAN_ERRORS = [

@@ -278,3 +278,39 @@ def test_mixed_apply_names_its_field_by_the_input_map():
     entry = OPS["mixed_apply"]
     assert entry.operand_names((B, None, B, None, Qmix, V, None, M))[5] == "V"
     assert entry.operand_names((B, None, B, None, Qmix, x, M, M))[5] == "x"
+
+
+def test_a_cached_call_still_compares_what_its_key_leaves_out():
+    """A cache hit whose key vouches for types, shapes and dtypes (``Plan._signed``) still
+    copies a non-contiguous or read-only operand, refuses an ``out`` of another dtype or
+    overlapping an input, and checks a new map's range."""
+    _PLANS.clear()
+    want = O.operator_apply("mass", B, None, D, None, x, M, DIM)
+    assert rel_err(smalltc.mass_apply(B, D, x, M, backend="auto"), want) < 1e-12
+    (p,) = _PLANS.values()
+    assert p._signed and p.backend == "cpu"                  # kernels that need C order
+    Bf = np.asfortranarray(B)                                  # same shape, not C order
+    assert not Bf.flags.c_contiguous
+    assert rel_err(smalltc.mass_apply(Bf, D, x, M, backend="auto"), want) < 1e-12
+    xr = x.copy()
+    xr.flags.writeable = False
+    assert rel_err(smalltc.mass_apply(B, D, xr, M, backend="auto"), want) < 1e-12
+    with pytest.raises(TypeError, match=r"out has dtype float32, expected float64"):
+        smalltc.mass_apply(B, D, x, M, out=np.empty(NDOFS, np.float32), backend="auto")
+    with pytest.raises(ValueError, match=r"out overlaps the input x"):
+        smalltc.mass_apply(B, D, x, M, out=x, backend="auto")
+    with pytest.raises(ValueError, match=r"elem_dofs holds indices"):
+        smalltc.mass_apply(B, D, x, M + NDOFS, backend="auto")
+    out = np.full(NDOFS, np.nan)
+    assert smalltc.mass_apply(B, D, x, M, out=out, backend="auto") is out
+    assert rel_err(out, want) < 1e-12 and len(_PLANS) == 1
+
+
+def test_plans_of_other_arrays_or_scalars_compare_everything():
+    """GEMM (alpha, beta at call time) and a contraction with extents (reshaped operands)
+    never skip the plan's comparisons."""
+    _PLANS.clear()
+    smalltc.batched_gemm(Ag, Bg, Cg, beta=1.0, trans_b=True, backend="reference")
+    smalltc.contract("8a", X8.reshape(5, 6, 4), Y8, extents=dict(i=2, s=3, j=4, k=3, l=2),
+                     backend="reference")
+    assert [p._signed for p in _PLANS.values()] == [False, False]

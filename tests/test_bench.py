@@ -9,7 +9,7 @@ import pytest
 from smalltc.bench import cases as bench_cases
 from smalltc.bench import runner, suites
 from smalltc.bench.cases import Case, Impl
-from smalltc.cli import main
+from smalltc.app.cli import main
 
 TINY = ["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress",
         "--backend", "reference", "--device", "cpu"]

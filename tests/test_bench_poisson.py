@@ -11,7 +11,7 @@ import smalltc
 from smalltc import roofline
 from smalltc.bench import basis, poisson
 from smalltc.bench.cases import case_spec
-from smalltc.cli import main
+from smalltc.app.cli import main
 
 QUICK = ["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress", "--device",
          "cpu"]

@@ -1,8 +1,8 @@
 """``smalltc demo --quick``: projection, timing table against the bound, JSON and plot."""
 import json
 
-from smalltc.cli import main
-from smalltc.demo import timing_cases
+from smalltc.app.cli import main
+from smalltc.app.demo import timing_cases
 
 
 def test_demo_quick_runs(tmp_path, capsys):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from smalltc.cli import main
+from smalltc.app.cli import main
 from smalltc.tuning import cli
 from smalltc.tuning import tables as T
 from smalltc.tuning.measure import DryRunDevice

@@ -9,8 +9,6 @@ import pytest
 
 from smalltc import backends
 from smalltc._arrays import cupy_or_none, gpu_available
-# doctests that need a missing optional module (pyamg, meshio, mpi4py, ...) skip
-from optional_deps import pytest_collection_modifyitems  # noqa: F401
 
 
 def pytest_addoption(parser):

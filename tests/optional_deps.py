@@ -2,7 +2,7 @@
 
 A test that needs an optional module asks for it with ``pytest.importorskip(name,
 reason=REASON[name])`` (at the top of its file, or in the test); a docstring example
-cannot, so :func:`pytest_collection_modifyitems` (imported by ``conftest.py``) skips a
+cannot, so :func:`pytest_collection_modifyitems` (the repository's top ``conftest.py`` imports it) skips a
 doctest whose examples import a missing optional module, and turns the failure of one
 that reaches it indirectly (``fem.pmg``'s default AMG coarse solve needs pyamg) into a
 skip naming the module. Only a module of :data:`REASON` that does not import here is

@@ -17,6 +17,8 @@ import shutil
 import sys
 import textwrap
 
+from .. import __version__
+
 __all__ = ["main", "plain_text"]
 
 # name -> (module, help)
@@ -91,7 +93,6 @@ def plain_text(doc, width=None) -> str:
 
 def _version() -> str:
     """``smalltc X.Y.Z (python, numpy, numba)``: what ``smalltc --version`` prints."""
-    from .. import __version__
     parts = [f"python {platform.python_version()}"]
     for mod in ("numpy", "numba"):
         try:

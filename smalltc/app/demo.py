@@ -48,6 +48,8 @@ from ..bench.cases import Case
 from ..bench.plots import matplotlib_or_none, plot_fem
 from ..bench.report import environment, format_rate, rate_unit, write_json
 from ..bench.runner import run_case
+from ..fem import poisson_demo, projection_demo
+from ..fem.distributed import load_mpi
 from ..spec import MassApplySpec
 from .cli import plain_text
 
@@ -122,8 +124,6 @@ def _mesh_n(args, kind, nranks=1):
 def _projection(args, kind, comm=None):
     """Step 1; returns the fem layer's report (a dict). On a GPU the mesh is large enough
     (1.7M DoFs) for the solve to be measured, not its launches."""
-    from ..fem import projection_demo    # the FEM layer loads when the demo runs, not when
-                                        # the command line builds its parsers
     p = args.p if args.p is not None else (2 if args.quick else 4)
     n = _mesh_n(args, kind, 1 if comm is None else comm.Get_size())
     return projection_demo(dim=3, p=p, n=n, distortion=0.05, geom_order=2, backend=args.backend,
@@ -133,7 +133,6 @@ def _projection(args, kind, comm=None):
 def _poisson(args, kind):
     """Step 1b: the Poisson solve on the shipped curved .msh mesh, its VTU and PNGs (a dict;
     None, said why, when this build has no diffusion operator or meshio is missing)."""
-    from ..fem import poisson_demo       # (as above)
     quick = bool(args.quick)
     try:
         return poisson_demo(args.out, p=3 if quick else 4, ps=(1, 2) if quick else (1, 2, 3, 4),
@@ -261,7 +260,6 @@ def run(args) -> int:
 
 def run_mpi(args) -> int:
     """``smalltc demo --mpi``: the projection over MPI.COMM_WORLD; rank 0 prints and writes."""
-    from ..fem.distributed import load_mpi   # (as above)
     try:
         MPI = load_mpi()
     except RuntimeError as err:

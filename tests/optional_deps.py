@@ -1,12 +1,12 @@
 """The optional dependencies, and the doctests that need one skipping where it is missing.
 
-A test that needs an optional module asks for it with ``pytest.importorskip(name,
-reason=REASON[name])`` (at the top of its file, or in the test); a docstring example
-cannot, so :func:`pytest_collection_modifyitems` (the repository's top ``conftest.py`` imports it) skips a
-doctest whose examples import a missing optional module, and turns the failure of one
-that reaches it indirectly (``fem.pmg``'s default AMG coarse solve needs pyamg) into a
-skip naming the module. Only a module of :data:`REASON` that does not import here is
-skipped for: with every optional module installed, every doctest runs.
+A test that needs an optional module asks for it with :func:`needs` (``pytest.importorskip``
+with :data:`REASON`'s text), in the test or at the top of its file; a docstring example
+cannot, so :func:`pytest_collection_modifyitems` (the repository's top ``conftest.py``
+imports it) skips a doctest whose examples import a missing optional module, and turns the
+failure of one that reaches it indirectly (``fem.pmg``'s default AMG coarse solve needs
+pyamg) into a skip naming the module. Only a module of :data:`REASON` that does not import
+here is skipped for: with every optional module installed, every doctest runs.
 """
 import ast
 import functools

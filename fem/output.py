@@ -27,6 +27,7 @@ from ._device import to_host
 from ._ordering import HEX_TYPES, QUAD_TYPES, gmsh_reference, meshio_reference, to_tensor_permutation
 from .basis import lagrange_basis
 from .quadrature import gauss_lobatto
+from .space import H1Space
 
 __all__ = ["to_meshio", "write_vtu"]
 
@@ -87,7 +88,6 @@ def to_meshio(space, *, cells="vtk", **fields):
     """
     import meshio
 
-    from .space import H1Space
     if cells not in ("vtk", "gmsh"):
         raise ValueError(f"cells must be 'vtk' or 'gmsh', got {cells!r}")
     if not hasattr(space, "elem_dofs"):        # a mesh

@@ -3,9 +3,10 @@
 Every rule lives on the reference interval ``[-1, 1]``; weights therefore
 sum to 2. Nodes are returned in increasing order and are symmetric about 0
 to the last bit (each rule is computed on one half and mirrored). The
-kernels that hold a rule as constants (the vertex geometry,
-:mod:`smalltc.vertices`) take it from :func:`rule_1d`; :mod:`smalltc.fem`
-builds its bases on these rules and re-exports their names.
+kernels that hold a rule as constants (the backends' vertex-geometry
+kernels, :mod:`smalltc.vertices`) take it from :func:`rule_1d`;
+:mod:`smalltc.fem` builds its bases on these rules and re-exports their
+names.
 
 Both rules are found by Newton's method on Legendre polynomials, evaluated
 by the three-term recurrence, from asymptotic initial guesses, in

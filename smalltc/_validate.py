@@ -18,6 +18,7 @@ from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, 
 from .spec import (EVALS, FORCE_QFUNCS, QFUNCS, ActionSpec, AssemblySpec, ContractSpec,
                    GemmSpec, MassApplySpec, MassDiagonalSpec, MixedSpec, nsym,
                    BASIS_WHATS, BasisSpec)
+from .vertices import check_vertices
 
 __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec", "mass_apply_spec",
            "mass_diagonal_spec", "operator_spec", "force_spec", "mixed_spec", "basis_spec",
@@ -809,7 +810,6 @@ def vertex_operator_spec(level, qfunc, B1d, G1d, X, coef, *rest, deterministic=F
     ``spec.inputs``' order (``X`` (E, 2^dim, dim) and ``coef`` (E,) in place of D or Q).
     Levels "action" (``rest`` = V) and "apply" (x, elem_dofs); qfunc "mass" (G1d None)
     or "diffusion" (``B1d=None``: collocated, Gauss-Lobatto)."""
-    from .vertices import check_vertices
     if level not in ("action", "apply"):
         raise ValueError(f"vertices= is for the action and the fused apply; the {level} "
                          "takes stored point data (smalltc.vertices.point_data makes them)")

@@ -62,6 +62,8 @@ import functools
 import math
 import os
 import platform
+import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -612,7 +614,6 @@ def device_name(device=None) -> str:
 
 def device_slug(device=None) -> str:
     """A folder name for results: ``gpu-nvidia-h200``, ``cpu-amd-epyc-2c``."""
-    import re
     kind = device_kind(device)
     base = device_name(device) if kind == "gpu" else _cpu_model()
     base = re.sub(r"\(.*?\)|\b(r|tm)\b|processor|cpu|\d+-core", " ", base.lower())
@@ -659,7 +660,6 @@ def _cpu_bandwidth(reps=7) -> Probe:
     NumPy releases the GIL in the copy, so the threads run in parallel.
     Best of ``reps`` (after a warm-up that also touches the pages).
     """
-    import time
     n = _CPU_COPY_BYTES // 8
     src = np.random.default_rng(0).random(n)
     dst = np.empty_like(src)
@@ -681,7 +681,6 @@ def _cpu_bandwidth(reps=7) -> Probe:
 
 
 def _cpu_peak(dtype, reps=2) -> Probe:
-    import time
     n = 1536
     rng = np.random.default_rng(0)
     a = rng.random((n, n)).astype(dtype)
@@ -716,7 +715,6 @@ def _gpu_best(fn, reps):
 
 
 def _gpu_bandwidth(reps=10) -> Probe:
-    import time
     cp = cupy_or_none()
     t_all = time.perf_counter()
     n = _GPU_COPY_BYTES // 8
@@ -732,7 +730,6 @@ def _gpu_bandwidth(reps=10) -> Probe:
 
 
 def _gpu_peak(dtype, reps=5) -> Probe:
-    import time
     cp = cupy_or_none()
     t_all = time.perf_counter()
     n = 8192

@@ -40,7 +40,7 @@ def rule_1d(nq, collocated=False):
     >>> print(np.round(x * np.sqrt(3), 12), w)
     [-1.  1.] [1. 1.]
     """
-    from .fem.quadrature import quadrature_rule
+    from .quadrature import quadrature_rule
     x, w = quadrature_rule(int(nq), "gll" if collocated else "gauss")
     x, w = np.array(x, dtype=np.float64), np.array(w, dtype=np.float64)
     x.flags.writeable = w.flags.writeable = False

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import smalltc
+
+from .._timing import time_once
 from ..backends.reference import (action_einsum, assembly_einsum, contract_einsum,
                                   operator_assembly_einsum)
 from ..catalogue import STEPS
@@ -190,9 +193,6 @@ def reference(case, host_ops):
 
 def smalltc_impl(case, ops, xp, backend="auto", method="auto"):
     """Build the smalltc plan (timed, with its first call) and return the Impl."""
-    import smalltc
-
-    from .._timing import time_once
     s = case.sizes
     on_gpu = xp.__name__ == "cupy"
     spec = case_spec(case)

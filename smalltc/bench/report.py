@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
+import importlib.metadata
 import json
 import math
 import os
 import sys
+
+import numpy as np
+
+import smalltc
+
+from .. import roofline
+from ..info import collect
+from .baselines import skipped
 
 __all__ = ["SCHEMA", "environment", "write_json", "load", "table", "speed", "unit",
            "load_average", "format_rate", "rate_unit",
@@ -41,7 +50,6 @@ def _gpu_properties():
 
 
 def _cpu_properties():
-    from ..info import collect
     props = dict(collect()["cpu"])
     try:
         with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
@@ -53,19 +61,14 @@ def _cpu_properties():
 
 def environment(kind, probes) -> dict:
     """Everything about this run except the cases."""
-    import smalltc
-    from .. import roofline
-    from ..info import collect
-    from .baselines import skipped
     info = collect()
     versions = dict(info["versions"])
-    for mod in ("matplotlib", "tqdm", "torch", "llvmlite"):
+    for mod in ("matplotlib", "tqdm", "torch", "llvmlite"):   # installed, not imported
         try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:
+            versions[mod] = importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
             pass
     try:
-        import numpy as np
         cfg = np.show_config(mode="dicts")
         versions["blas"] = cfg["Build Dependencies"]["blas"].get("name", "?") + " " + \
             str(cfg["Build Dependencies"]["blas"].get("version", ""))
@@ -209,6 +212,7 @@ def table(doc, file=None) -> None:
     cases = doc["cases"]
     for suite in dict.fromkeys(c["suite"] for c in cases):
         rows = [c for c in cases if c["suite"] == suite]
+        # the suites' own tables: their modules import this one's formatting, so here
         if suite in ("bp1", "bp3", "bp5"):
             from .bp1 import table as bp1_table
             bp1_table(rows, file)

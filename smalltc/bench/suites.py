@@ -55,6 +55,12 @@ import math
 import numpy as np
 
 from ..catalogue import STEPS
+from .basis import cases as basis_cases
+from .bp1 import cases as bp_cases
+from .cases import Case
+from .force import cases as force_cases
+from .poisson import cases as poisson_cases
+from .solve import cases as solve_cases
 
 __all__ = ["SUITES", "DEFAULT_SUITES", "BP_SUITES", "ASSEMBLY_FORMS", "cases", "Sizing"]
 
@@ -116,7 +122,6 @@ def _gemm_item_bytes(d, s):
 
 
 def _gemm_cases(dtype, sz, sizes, quick):
-    from .cases import Case
     s = np.dtype(dtype).itemsize
     ns = list(range(2, 33)) if not quick else [2, 4, 8, 16, 32]
     rect = [dict(r) for r in RECT] if not quick else [dict(RECT[0]), dict(RECT[6])]
@@ -143,7 +148,6 @@ def _gemm_cases(dtype, sz, sizes, quick):
 
 
 def _action_cases(dtype, sz, ps, dims):
-    from .cases import Case
     out = []
     for dim in dims:
         for p in ps:
@@ -161,7 +165,6 @@ ASSEMBLY_FORMS = ("mass", "diffusion", "helmholtz", "diffusion+co", "helmholtz+c
 
 
 def _assembly_cases(dtype, sz, ps, dims, qfuncs=("mass",)):
-    from .cases import Case
     s = np.dtype(dtype).itemsize
     bad = [q for q in qfuncs if q not in ASSEMBLY_FORMS]
     if bad:
@@ -189,7 +192,6 @@ def _assembly_cases(dtype, sz, ps, dims, qfuncs=("mass",)):
 
 
 def _pairwise_cases(dtype, sz, ps):
-    from .cases import Case
     s = np.dtype(dtype).itemsize
     out = []
     for st in STEPS:
@@ -241,18 +243,13 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
         ps_ = ps or ([3] if quick else ([1, 2, 4, 7] if kind == "cpu" else list(range(1, 9))))
         return _pairwise_cases(dtype, sz, ps_)
     if suite in BP_SUITES:
-        from .bp1 import cases as bp_cases
         return bp_cases(dtype, kind, ps, quick, suite)
     if suite == "force":
-        from .force import cases as force_cases
         return force_cases(dtype, kind, ps, quick, dims)
     if suite == "solve":
-        from .solve import cases as solve_cases
         return solve_cases(dtype, kind, ps, quick, ndofs, mesh)
     if suite == "poisson":
-        from .poisson import cases as poisson_cases
         return poisson_cases(dtype, kind, ps, quick, ndofs, mesh, preconds)
     if suite == "basis":
-        from .basis import cases as basis_cases
         return basis_cases(dtype, kind, ps, quick, footprint)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

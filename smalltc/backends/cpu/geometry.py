@@ -55,7 +55,7 @@ class GeometryFamily(Family):
         render = dict(dtype=spec.dtype, dim=spec.dim, K=spec.nq ** spec.dim, what=spec.what,
                       weighted=int(spec.weighted), coef=int(spec.coef),
                       absdet=int(spec.absdet), nslots=spec.nslots, cof=cofactors(spec.dim),
-                      vbits=target.vector_bits, signature=self.signature(spec))
+                      vbits=target.vector_bits, signature=self.signature(spec), inline_body=True)
         return dict(dtype=spec.dtype, specialized=True, slp=False, render=render)
 
     def signature(self, spec):

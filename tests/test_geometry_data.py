@@ -263,3 +263,30 @@ def test_cuda_choice_and_params():
     assert CUDA_GEOMETRY.context(s, dict(tpe=8, threads=100)) is None
     pruned = {why for _, why in CUDA_GEOMETRY.space(s)}
     assert pruned == {None, "points", "resident"}
+
+
+def test_bench_suite_end_to_end(tmp_path, capsys):
+    """``smalltc bench --suite geometry`` at p = 1: every output, smalltc (cpu), the
+    reference path and linalg checked against the oracle and timed, against the bound."""
+    import json
+
+    from smalltc.bench import geometry as G
+    from smalltc.bench.cases import Case, case_spec
+    from smalltc.cli import main
+    assert main(["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress",
+                 "--device", "cpu", "--backend", "cpu", "--suite", "geometry", "--p", "1",
+                 "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "bench-geometry-p1-float64.json").read_text())
+    assert [c["sizes"]["label"] for c in doc["cases"]] == [w[0] for w in G.WHATS]
+    for c in doc["cases"]:
+        assert not c.get("error"), c.get("trace")
+        spec = case_spec(Case(c["suite"], c["op"], c["sizes"], c["dtype"]))
+        assert c["bound"]["bytes"] == roofline.counts(spec).bytes
+        im = c["impls"]
+        assert set(im) == {"smalltc", "reference", "linalg"}
+        for name, r in im.items():
+            assert r["status"] == "ok", (c["id"], name, r)
+            assert r["rel_err"] <= 1e-12 and 0 < r["fraction"] and r["dofs_per_s"] > 0
+        assert im["smalltc"]["poisoned"] and im["smalltc"]["backend"] == "cpu"
+        assert im["smalltc"]["kernel"].startswith("stc_geometry_")
+    assert "== geometry" in capsys.readouterr().out

@@ -369,8 +369,9 @@ class GpuDevice:
         idx = problem.samples
         spec = problem.spec.with_batch(len(idx))
         host = []
-        for (name, _, batched, _, _), a in zip(problem.spec.inputs, problem.big):
-            host.append(self.cp.asnumpy(a[idx] if batched else a).astype(np.float64))
+        for o, a in zip(problem.spec.inputs, problem.big):
+            h = self.cp.asnumpy(a[idx] if o.batched else a)
+            host.append(h if _is_index(o) else h.astype(np.float64))   # the map as it is
         ref = _reference(spec, host)
         return rel_err(self.cp.asnumpy(problem.out[idx]), ref)
 

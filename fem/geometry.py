@@ -311,23 +311,6 @@ def _apply_adjugate_t(adj, ref, i, out, tmp):
 
 # --- the geometry of a mesh, chunk by chunk -------------------------------------------------
 
-class _GeoChunk(NamedTuple):
-    """The geometry of the elements ``lo:hi`` at the points, on one array module."""
-
-    lo: int
-    hi: int
-    #: ``(n, dim, ng, ..., ng)`` the elements' nodes (on the device)
-    nodes: object
-    #: ``(dim, n, q...)`` coordinates (a view), or None
-    x: object
-    #: ``(n, dim, dim, q...)`` ``J[e, a, b] = dx_a/dxi_b`` (a view)
-    J: object
-    #: ``(n, q...)`` ``|J|`` (positive: checked)
-    detJ: object
-    #: ``(dim, dim, n, q...)`` ``adj J = |J| J^-1``, or None
-    adj: object
-
-
 def _floats_per_point(dim, coords, adjugate):
     """Float64 values a point of :func:`_geometry` holds at once (its interpolation with
     the reference path's temporaries, the adjugate and ``|J|``, two temporaries)."""
@@ -350,8 +333,8 @@ class _Jacobians(NamedTuple):
 
 class _Maps:
     """The chunks of a mesh's element maps at the tensor-product ``points`` on module
-    ``xp`` (iterate: :class:`_Jacobians`), and the check of the pointwise geometry's
-    report (:meth:`check`)."""
+    ``xp`` (iterate: :class:`_Jacobians`), and their pointwise geometry with the check of
+    its report (:meth:`data`)."""
 
     def __init__(self, mesh, points, xp, *, coords=True, adjugate=False, extra=0,
                  solution=None):

@@ -531,8 +531,8 @@ class _Field:
         if self.constant is not None:
             return xp.full(target, self.constant)
         val = self._call(x, args)
-        try:
-            val = xp.broadcast_to(val, target)
+        try:       # a full-shaped result as it is (a broadcast view is read-only: a copy)
+            val = val if tuple(val.shape) == target else xp.broadcast_to(val, target)
         except ValueError as err:
             raise ValueError(f"{self.name}(x) returned shape {tuple(val.shape)}, expected "
                              f"{target} for x of shape {tuple(x.shape)}") from err

@@ -30,7 +30,7 @@ from .._timing import time_once
 from ..backends.reference import (action_einsum, assembly_einsum, contract_einsum,
                                   operator_assembly_einsum)
 from ..catalogue import STEPS
-from ..spec import ActionSpec, AssemblySpec, BasisSpec, ContractSpec, GemmSpec
+from ..spec import ActionSpec, AssemblySpec, BasisSpec, ContractSpec, GemmSpec, GeometrySpec
 
 __all__ = ["Case", "Impl", "make_inputs", "batched_flags", "reference", "assembly_reference",
            "out_shape", "smalltc_impl", "step_spec", "case_spec"]
@@ -127,6 +127,9 @@ def case_spec(case):
         return BasisSpec(dim=s["dim"], nq=s["nq"], nd=s["p"] + 1, batch=E, dtype=dt,
                          what=s["what"], transpose=s["direction"] == "integrate",
                          ndofs=s["ndofs"])
+    if case.op == "geometry":
+        return GeometrySpec(dim=s["dim"], nq=s["nq"], batch=E, dtype=dt, what=s["what"],
+                            coef=bool(s["coef"]))
     raise ValueError(f"unknown case op {case.op!r}")
 
 

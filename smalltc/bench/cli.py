@@ -10,6 +10,7 @@ Examples of use::
     smalltc bench --merge X/bench-gemm-float64.json X/bench-action-float64.json
     smalltc bench --suite poisson --p 4 --mesh kershaw --precond pmg   # a Poisson solve by phase
     smalltc bench --suite basis --p 1-8        # smalltc.interpolate / integrate
+    smalltc bench --suite geometry --p 1-8     # smalltc.geometry_data
 
 A full run writes ``bench-<dtype>.json``; a run of some suites or with
 filters ``bench-<suite>[+<suite>][-n..][-p..][-dim..]-<dtype>.json`` (and
@@ -54,14 +55,15 @@ def add_arguments(parser):
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--suite", action="append", default=None,
                         help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve, force, "
-                             "poisson, basis (repeatable; default: the four kernel suites; "
+                             "poisson, basis, geometry (repeatable; default: the four kernel suites; "
                              "bp1, bp3, bp5 are the CEED bake-off problems: the FEM operators "
                              "and CG; solve: Jacobi-CG, Chebyshev and p-multigrid solves; "
                              "force: BLAST's corner force F and F^T; poisson: a user's "
                              "Poisson solve from mesh to VTU, phase by phase, cold and warm, "
                              "with the peak memory; basis: smalltc.interpolate and "
                              "smalltc.integrate against the bound, the reference path and the "
-                             "einsum chain)")
+                             "einsum chain; geometry: smalltc.geometry_data against the bound, "
+                             "the reference path and linalg)")
     parser.add_argument("--sizes", default=None,
                         help="square GEMM sizes n, comma separated; add 'rect' to keep the "
                              "rectangular cases (default: n = 2..32 and rectangular)")
@@ -311,6 +313,11 @@ def main_run(args) -> dict:
         if case.op == "basis":
             doc["cases"].append(run_basis(case, bound_args, xp=xp, backend=args.backend,
                                           repeats=repeats, warmup=args.warmup))
+            continue
+        if case.op == "geometry":
+            from .geometry import run_case as run_geometry
+            doc["cases"].append(run_geometry(case, bound_args, xp=xp, backend=args.backend,
+                                             repeats=repeats, warmup=args.warmup))
             continue
         if case.op == "solve":
             doc["cases"].append(run_solve(case, xp=xp, repeats=1 if kind == "cpu" or quick

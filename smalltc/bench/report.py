@@ -166,7 +166,7 @@ def format_rate(value, unit="DoF/s", digits=3) -> str:
 
 def unit(rec) -> tuple:
     """``(label, key, scale)``: FEM operations in GDoF/s, the rest in GFLOP/s."""
-    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force", "basis"):
+    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force", "basis", "geometry"):
         return "GDoF/s", "dofs_per_s", 1e-9
     return "GFLOP/s", "gflops", 1.0
 
@@ -232,6 +232,10 @@ def table(doc, file=None) -> None:
         if suite == "basis":
             from .basis import table as basis_table
             basis_table(rows, file)
+            continue
+        if suite == "geometry":
+            from .geometry import table as geometry_table
+            geometry_table(rows, file)
             continue
         base = baselines_in(rows)
         # speed() and _bound_rate() are in G units (GDoF/s, GFLOP/s); the table's prefix

@@ -34,6 +34,10 @@ basis      the basis application through the DoF map
            gradients, both), 3D p = 1..8, nq = p+2, against its bound, the
            reference path and the einsum chain (:mod:`.basis`); not in the
            default run
+geometry   the pointwise geometry (``smalltc.geometry_data``: |J|, the
+           adjugate, D, Q with and without a coefficient), 3D p = 1..8,
+           nq = p+2, against its bound, the reference path and linalg
+           (:mod:`.geometry`); not in the default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core
@@ -69,8 +73,9 @@ DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
 #: the CEED bake-off suites: the FEM operators and CG (:mod:`.bp1`)
 BP_SUITES = ("bp1", "bp3", "bp5")
 #: every suite: the kernels, the bake-off problems, the solves (:mod:`.solve`), the corner
-#: force, a user's Poisson solve by phase (:mod:`.poisson`) and the basis application
-SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force", "poisson", "basis")
+#: force, a user's Poisson solve by phase (:mod:`.poisson`), the basis application and the
+#: pointwise geometry
+SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force", "poisson", "basis", "geometry")
 
 MiB = 2 ** 20
 
@@ -252,4 +257,7 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
         return poisson_cases(dtype, kind, ps, quick, ndofs, mesh, preconds)
     if suite == "basis":
         return basis_cases(dtype, kind, ps, quick, footprint)
+    if suite == "geometry":
+        from .geometry import cases as geometry_cases
+        return geometry_cases(dtype, kind, ps, quick, footprint)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

@@ -38,6 +38,7 @@ def mass_operator(space, nq=None, rho=None, *, comm=None, **kwargs):
     (9, 9)
     """
     if _distributed(space, comm):
+        # the distributed layer loads for comm= only, not with every `import smalltc.fem`
         from .distributed.operators import distributed_mass_operator
         return distributed_mass_operator(space, nq, rho, comm=comm, **kwargs)
     return _operators.mass_operator(space, nq, rho, **kwargs)
@@ -65,7 +66,7 @@ def l2_project(mesh, p, f, *, comm=None, **kwargs):
     True
     """
     if _distributed(mesh, comm):
-        from .distributed.projection import l2_project_distributed
+        from .distributed.projection import l2_project_distributed   # (as above)
         return l2_project_distributed(mesh, p, f, comm=comm, **kwargs)
     return _projection.l2_project(mesh, p, f, **kwargs)
 
@@ -82,7 +83,7 @@ def cg(apply, b, *, comm=None, **kwargs):
     [0.090909 0.636364]
     """
     if comm is not None and not hasattr(comm, "sums"):
-        from .distributed.comm import Reducer, cuda_aware
+        from .distributed.comm import Reducer, cuda_aware   # (as above)
         xp = array_module(b)
         comm = Reducer(comm, device_buffers=xp is not np and cuda_aware()[0])
     return _solvers.cg(apply, b, comm=comm, **kwargs)

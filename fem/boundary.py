@@ -36,6 +36,7 @@ from smalltc._arrays import array_module
 from ._device import DeviceCache, resolve_device
 from .basis import lagrange_basis
 from .geometry import _adjugate, _chunk_elements, _det, _Field, _tensor_weights, evaluate_field
+from .operators import _like, linear_operator
 from .projection import _dof_map
 from .quadrature import gauss_lobatto, quadrature_rule
 from .topology import facet_slices
@@ -238,18 +239,15 @@ class ConstrainedOperator:
         return P * self.xp.asarray(self.op.diagonal(), dtype=self.dtype) + (1 - P)
 
     def matvec(self, x):
-        from .operators import _like
         return _like(x, self.apply(x.reshape(-1)).reshape(x.shape))
 
     def matmat(self, X):
-        from .operators import _like
         return _like(X, self.xp.stack([self.apply(c) for c in self.xp.asarray(X).T], axis=1))
 
     rmatvec, rmatmat = matvec, matmat
 
     def aslinearoperator(self):
         """As SciPy's (CuPy's, on the GPU) ``LinearOperator``."""
-        from .operators import linear_operator
         return linear_operator(self)
 
     def __repr__(self):

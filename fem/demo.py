@@ -104,7 +104,7 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
     if comm is None:
         mesh = box_mesh(dim, n, geom_order=geom_order, distortion=distortion)
     else:
-        from .distributed import distributed_box_mesh
+        from .distributed import distributed_box_mesh   # the MPI layer: loaded for comm=
         mesh = distributed_box_mesh(dim, n, comm, geom_order=geom_order, distortion=distortion)
     res = l2_project(mesh, p, smooth_function, nq=nq, operator=operator, tol=tol, backend=backend,
                      device=device)

@@ -17,10 +17,11 @@ tensor-product points ``q``:
   packed as the upper triangle row by row on axis 1: the ``Q`` of the
   diffusion operator (docs/math.md section 7).
 
-``x`` and ``J`` come from one call of :func:`smalltc.interpolate` on the element
-nodes (``what="both"``: the value slot is ``x``, the gradient slots the columns of
-``J``); ``|J|`` and the adjugate ``adj J = |J| J^{-1}`` are closed-form products at
-each point, so no matrix is ever inverted. Everything runs element chunk by chunk on
+``x`` and ``J`` come from :func:`smalltc.interpolate` on the element nodes (the values,
+and the gradients: the columns of ``J``); ``|J|``, the adjugate ``adj J = |J| J^{-1}``
+(closed-form cofactors, so no matrix is ever inverted), ``D`` and ``Q`` from one pass of
+:func:`smalltc.geometry_data` over ``J``, which also reports each element's smallest
+``|J|`` (a tangled element). Everything runs element chunk by chunk on
 the array module of the requested device (NumPy, or CuPy: only the chunk's nodes are
 copied to the GPU, the results stay there), chunks sized to a few times the caller's
 vector (and to the caches on the CPU, to the free memory on a GPU).
@@ -297,27 +298,6 @@ def _adjugate(J):
     return adj
 
 
-def _packed_q(adj, detJ, scale, out):
-    """``out[:, c] = scale / |J| sum_i adj[a, i] adj[b, i]`` (``= scale |J| (J^-1
-    J^-T)_{ab}``) for the upper triangle ``(a, b)``, row by row; ``out`` may be float32
-    (each entry rounded once)."""
-    xp = array_module(adj)
-    dim = adj.shape[0]
-    s = xp.divide(scale, detJ)
-    acc = xp.empty(detJ.shape)
-    tmp = xp.empty(detJ.shape) if dim > 1 else None
-    c = 0
-    for a in range(dim):
-        for b in range(a, dim):
-            xp.multiply(adj[a, 0], adj[b, 0], out=acc)
-            for i in range(1, dim):
-                xp.multiply(adj[a, i], adj[b, i], out=tmp)
-                acc += tmp
-            xp.multiply(acc, s, out=out[:, c])
-            c += 1
-    return out
-
-
 def _apply_adjugate_t(adj, ref, i, out, tmp):
     """``out = sum_b adj[b, i] ref[:, b]``: component ``i`` of ``|J| J^-T g`` for the
     reference gradient ``ref`` (n, dim, q...); ``tmp`` a temporary of ``out``'s shape."""
@@ -331,6 +311,79 @@ def _apply_adjugate_t(adj, ref, i, out, tmp):
 
 # --- the geometry of a mesh, chunk by chunk -------------------------------------------------
 
+def _floats_per_point(dim, coords, adjugate):
+    """Float64 values a point of :func:`_geometry` holds at once (its interpolation with
+    the reference path's temporaries, the adjugate and ``|J|``, two temporaries)."""
+    slots = dim * (dim + (1 if coords else 0))
+    return 3 * slots + (dim * dim if adjugate else 0) + 3
+
+
+class _Jacobians(NamedTuple):
+    """The element maps of the elements ``lo:hi`` at the points, on one array module."""
+
+    lo: int
+    hi: int
+    #: ``(n, dim, ng, ..., ng)`` the elements' nodes (on the device)
+    nodes: object
+    #: ``(dim, n, q...)`` coordinates (a view), or None
+    x: object
+    #: ``(n, dim, dim, q...)`` ``J[e, a, b] = dx_a/dxi_b`` (C-contiguous)
+    J: object
+
+
+class _Maps:
+    """The chunks of a mesh's element maps at the tensor-product ``points`` on module
+    ``xp`` (iterate: :class:`_Jacobians`), and their pointwise geometry with the check of
+    its report (:meth:`data`)."""
+
+    def __init__(self, mesh, points, xp, *, coords=True, adjugate=False, extra=0,
+                 solution=None):
+        self.mesh, self.xp, self.coords = mesh, xp, coords
+        self.Bg, self.Gg = _map_basis(mesh, points, xp)
+        K = self.Bg.shape[0] ** mesh.dim
+        self.step = _chunk_elements(xp, mesh.nelements,
+                                    K * (_floats_per_point(mesh.dim, coords, adjugate)
+                                         + extra), solution)
+
+    def __iter__(self):
+        xp, dim, E = self.xp, self.mesh.dim, self.mesh.nelements
+        for lo in range(0, E, self.step):
+            hi = min(E, lo + self.step)
+            nodes = xp.asarray(self.mesh.nodes[lo:hi])
+            J = smalltc.interpolate(self.Bg, self.Gg, nodes, what="gradients", dim=dim)
+            x = None
+            if self.coords:
+                x = xp.moveaxis(smalltc.interpolate(self.Bg, None, nodes, dim=dim), 1, 0)
+            yield _Jacobians(lo, hi, nodes, x, J)
+
+    def data(self, g, what, weights=None, coef=None, out=None):
+        """:func:`smalltc.geometry_data` of chunk ``g`` (into ``out``), then the check: a
+        tangled element raises :func:`check_jacobian`'s error (the message made on the
+        host, counting every bad element of the mesh)."""
+        jmin = self.xp.empty(g.hi - g.lo)
+        res = smalltc.geometry_data(g.J, weights, what=what, coef=coef, jmin=jmin, out=out)
+        if not bool(jmin.min() > 0):                        # NaN too
+            self._raise_tangled(g, jmin)
+        return res
+
+    def _raise_tangled(self, g, jmin):
+        """:func:`check_jacobian`'s error for the first bad element of chunk ``g``, after
+        counting the bad elements of the chunks after it."""
+        mesh, xp = self.mesh, self.xp
+        elems = np.flatnonzero(~(to_host(jmin) > 0))
+        e = int(elems[0])
+        nbad = elems.size
+        d = _det(to_host(g.J[e:e + 1])).reshape(-1)
+        for lo2 in range(g.hi, mesh.nelements, self.step):
+            nodes = xp.asarray(mesh.nodes[lo2:lo2 + self.step])
+            J = smalltc.interpolate(self.Bg, self.Gg, nodes, what="gradients", dim=mesh.dim)
+            m = xp.empty(J.shape[0])
+            smalltc.geometry_data(J, what="det", jmin=m)
+            nbad += int((~(to_host(m) > 0)).sum())
+        raise ValueError(_tangled_message(g.lo + e, int((~(d > 0)).sum()), np.min(d), nbad,
+                                          getattr(mesh, "shape", None)))
+
+
 class _GeoChunk(NamedTuple):
     """The geometry of the elements ``lo:hi`` at the points, on one array module."""
 
@@ -340,59 +393,29 @@ class _GeoChunk(NamedTuple):
     nodes: object
     #: ``(dim, n, q...)`` coordinates (a view), or None
     x: object
-    #: ``(n, dim, dim, q...)`` ``J[e, a, b] = dx_a/dxi_b`` (a view)
+    #: ``(n, dim, dim, q...)`` ``J[e, a, b] = dx_a/dxi_b``
     J: object
-    #: ``(n, q...)`` ``|J|`` (positive: checked)
+    #: ``(n, q...)`` ``|J|`` (positive: checked; a view)
     detJ: object
-    #: ``(dim, dim, n, q...)`` ``adj J = |J| J^-1``, or None
+    #: ``(dim, dim, n, q...)`` ``adj J = |J| J^-1`` (a view), or None
     adj: object
-
-
-def _floats_per_point(dim, coords, adjugate):
-    """Float64 values a point of :func:`_geometry` holds at once (its interpolation with
-    the reference path's temporaries, the adjugate, ``|J|`` and two temporaries)."""
-    slots = dim * (dim + (1 if coords else 0))
-    return 3 * slots + (dim * dim if adjugate else 0) + 3
 
 
 def _geometry(mesh, points, xp, *, coords=True, adjugate=True, extra=0, solution=None):
     """Yield the :class:`_GeoChunk` of every chunk of elements at the tensor-product
     ``points``, computed on module ``xp``; ``extra``: further floats a point the consumer
-    holds (for the chunk size). A tangled element raises :func:`check_jacobian`'s error
-    (the message made on the host, counting every bad element of the mesh)."""
-    dim, E = mesh.dim, mesh.nelements
-    Bg, Gg = _map_basis(mesh, points, xp)
-    K = Bg.shape[0] ** dim
-    step = _chunk_elements(xp, E, K * (_floats_per_point(dim, coords, adjugate) + extra),
-                           solution)
-    what = "both" if coords else "gradients"
-    for lo in range(0, E, step):
-        hi = min(E, lo + step)
-        nodes = xp.asarray(mesh.nodes[lo:hi])
-        H = smalltc.interpolate(Bg, Gg, nodes, what=what, dim=dim)
-        J = H[:, :, 1:] if coords else H
-        adj = _adjugate(J) if adjugate else None
-        detJ = _det(J, adj)
-        if not bool(detJ.min() > 0):                      # NaN too
-            _raise_tangled(mesh, Bg, Gg, xp, lo, detJ, step)
-        x = xp.moveaxis(H[:, :, 0], 1, 0) if coords else None
-        yield _GeoChunk(lo, hi, nodes, x, J, detJ, adj)
-
-
-def _raise_tangled(mesh, Bg, Gg, xp, lo, detJ, step):
-    """:func:`check_jacobian`'s error for the first bad element (in the chunk at ``lo``),
-    after counting the bad elements of the chunks after it."""
-    flat = to_host(detJ).reshape(detJ.shape[0], -1)
-    bad = ~(flat > 0)
-    elems = np.flatnonzero(bad.any(axis=1))
-    e = int(elems[0])
-    nbad = elems.size
-    for lo2 in range(lo + detJ.shape[0], mesh.nelements, step):
-        nodes = xp.asarray(mesh.nodes[lo2:lo2 + step])
-        d = to_host(_det(smalltc.interpolate(Bg, Gg, nodes, what="gradients", dim=mesh.dim)))
-        nbad += int((~(d.reshape(d.shape[0], -1) > 0)).any(axis=1).sum())
-    raise ValueError(_tangled_message(lo + e, int(bad[e].sum()), np.min(flat[e]), nbad,
-                                      getattr(mesh, "shape", None)))
+    holds (for the chunk size). A tangled element raises :func:`check_jacobian`'s error."""
+    maps = _Maps(mesh, points, xp, coords=coords, adjugate=adjugate, extra=extra,
+                 solution=solution)
+    dim = mesh.dim
+    for g in maps:
+        G = maps.data(g, "adjugate" if adjugate else "det")
+        adj = None
+        if adjugate:
+            n, q = G.shape[0], G.shape[2:]
+            adj = xp.moveaxis(G[:, 1:].reshape((n, dim, dim) + q), (1, 2), (0, 1))
+            G = G[:, 0]
+        yield _GeoChunk(g.lo, g.hi, g.nodes, g.x, g.J, G, adj)
 
 
 class QuadratureData(NamedTuple):
@@ -446,9 +469,10 @@ def quadrature_data(mesh, nq, *, quadrature="gauss", device="cpu"):
     dim, E = mesh.dim, mesh.nelements
     q = (len(points),) * dim
     x, detJ = xp.empty((dim, E) + q), xp.empty((E,) + q)
-    for g in _geometry(mesh, points, xp, adjugate=False):
+    maps = _Maps(mesh, points, xp)
+    for g in maps:
         x[:, g.lo:g.hi] = g.x
-        detJ[g.lo:g.hi] = g.detJ
+        maps.data(g, "det", out=detJ[g.lo:g.hi])
     return QuadratureData(points, weights, x, detJ, xp.asarray(_tensor_weights(weights, dim))
                           * detJ)
 
@@ -507,8 +531,8 @@ class _Field:
         if self.constant is not None:
             return xp.full(target, self.constant)
         val = self._call(x, args)
-        try:
-            val = xp.broadcast_to(val, target)
+        try:       # a full-shaped result as it is (a broadcast view is read-only: a copy)
+            val = val if tuple(val.shape) == target else xp.broadcast_to(val, target)
         except ValueError as err:
             raise ValueError(f"{self.name}(x) returned shape {tuple(val.shape)}, expected "
                              f"{target} for x of shape {tuple(x.shape)}") from err
@@ -575,7 +599,7 @@ def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, devic
     quadrature : str
         Rule name, ``"gauss"`` by default.
     dtype : numpy dtype
-        float64 (default) or float32; computed in float64, then cast.
+        float64 (default) or float32; computed in float64, rounded once.
     device : {"cpu", "gpu", "auto"}
         Where ``D`` is computed, element chunk by chunk, and returned (NumPy or
         CuPy): on a GPU only the chunks' element nodes are copied there, and a
@@ -605,16 +629,12 @@ def mass_data(mesh, nq, rho=None, *, quadrature="gauss", dtype=np.float64, devic
     xp = resolve_device(device)
     field = _Field(1.0 if rho is None else rho, "rho")
     points, weights = quadrature_rule(nq, quadrature)
-    w = xp.asarray(_tensor_weights(weights, mesh.dim))
+    w = _tensor_weights(weights, mesh.dim)
     D = xp.empty((mesh.nelements,) + w.shape, dtype=dt)
-    for g in _geometry(mesh, points, xp, coords=field.is_callable, adjugate=False):
-        d = g.detJ
-        d *= w
-        if field.is_callable:
-            d *= field(g.x)
-        elif field.constant != 1.0:
-            d *= field.constant
-        D[g.lo:g.hi] = d
+    w = xp.asarray(w if field.is_callable else w * field.constant)
+    maps = _Maps(mesh, points, xp, coords=field.is_callable)
+    for g in maps:
+        maps.data(g, "mass", w, field(g.x) if field.is_callable else None, D[g.lo:g.hi])
     return D
 
 
@@ -640,7 +660,7 @@ def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64
         Rule name, ``"gauss"`` by default; ``"gll"`` with ``nq = p + 1`` is the
         collocated form (BP5).
     dtype : numpy dtype
-        float64 (default) or float32; computed in float64, then cast.
+        float64 (default) or float32; computed in float64, rounded once.
     device : {"cpu", "gpu", "auto"}
         Where ``Q`` is computed, element chunk by chunk, and returned (as for
         :func:`mass_data`).
@@ -670,9 +690,11 @@ def diffusion_data(mesh, nq, kappa=None, *, quadrature="gauss", dtype=np.float64
     points, weights = quadrature_rule(nq, quadrature)
     dim = mesh.dim
     nsym = dim * (dim + 1) // 2
-    w = xp.asarray(_tensor_weights(weights, dim))
+    w = _tensor_weights(weights, dim)
     Q = xp.empty((mesh.nelements, nsym) + w.shape, dtype=dt)
-    for g in _geometry(mesh, points, xp, coords=field.is_callable, extra=3):
-        scale = w * (field(g.x) if field.is_callable else field.constant)
-        _packed_q(g.adj, g.detJ, scale, Q[g.lo:g.hi])
+    w = xp.asarray(w if field.is_callable else w * field.constant)
+    maps = _Maps(mesh, points, xp, coords=field.is_callable)
+    for g in maps:
+        maps.data(g, "diffusion", w, field(g.x) if field.is_callable else None,
+                  Q[g.lo:g.hi])
     return Q

@@ -38,11 +38,15 @@ CuPy's ``cupyx.scipy.sparse.linalg`` solvers take them as they are, and
 import numpy as np
 
 import smalltc
+from smalltc import vertices
 from smalltc._arrays import cupy_or_none, is_cupy
+from smalltc._validate import check_scalar
+from smalltc.backends.reference import operator_diagonal_einsum
 
 from ._device import resolve_device, to_host
 from .basis import basis_1d
 from .geometry import diffusion_data, mass_data
+from .quadrature import RULES
 
 __all__ = ["Operator", "AssembledOperator", "MassOperator", "AssembledMassOperator",
            "mass_operator", "diffusion_operator", "helmholtz_operator", "linear_operator",
@@ -316,7 +320,6 @@ class Operator(_SpaceOperator):
         if not self.fused:
             if self.qfunc == "mass":
                 return self.space.scatter(smalltc.integrate(self.B1d**2, None, self.D))
-            from smalltc.backends.reference import operator_diagonal_einsum
             d = operator_diagonal_einsum(self.qfunc, self.B1d, self.G1d, self.D, self.Q,
                                          self.space.dim)
             return self.space.scatter(d)
@@ -393,8 +396,7 @@ class VertexOperator(Operator):
 
     def point_data(self):
         """The stored form's D or Q of this operator (:func:`smalltc.vertices.point_data`)."""
-        from smalltc.vertices import point_data
-        return point_data(self.qfunc, self.X, self.coef, self.nq, self.collocated)
+        return vertices.point_data(self.qfunc, self.X, self.coef, self.nq, self.collocated)
 
     def apply(self, x, out=None):
         """``y = A x``, the point data recomputed in the kernel."""
@@ -450,8 +452,7 @@ def _point_data_operator(point_data, space, qfunc, data_fn, coefficient, name, n
         data = data_fn()
         return Float32DataOperator(space, xp.asarray(data), B1d, G1d, qfunc=qfunc,
                                    backend=backend, fused=True, deterministic=deterministic)
-    from smalltc.vertices import vertices_of_mesh
-    X = vertices_of_mesh(space.mesh, check_nq=nq)
+    X = vertices.vertices_of_mesh(space.mesh, check_nq=nq)
     coef = _coefficient(coefficient, space, name)
     return VertexOperator(space, xp.asarray(X), xp.asarray(coef), B1d, G1d, qfunc=qfunc,
                           backend=backend, deterministic=deterministic)
@@ -669,7 +670,6 @@ def mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gaus
 def _operator_basis(space, nq, quadrature, xp):
     """(B1d or None, G1d, nq): the collocated form (B1d None) where the rule's points are
     the nodes (Gauss-Lobatto with nq = p + 1)."""
-    from .quadrature import RULES
     b = basis_1d(space.p, nq, quadrature)
     collocated = RULES.get(quadrature) == "lobatto" and nq == space.p + 1
     return (None if collocated else xp.asarray(b.B1d)), xp.asarray(b.G1d)
@@ -766,7 +766,6 @@ def helmholtz_operator(space, alpha, nq=None, kappa=None, *, assembled=False,
     >>> bool(np.abs(sol.x - x).max() < 1e-8)
     True
     """
-    from smalltc._validate import check_scalar
     alpha = check_scalar("alpha", alpha)
     xp = resolve_device(device)
     nq = (space.p + (1 if quadrature in ("gll", "lobatto", "gauss-lobatto") else 2)

@@ -17,6 +17,13 @@ import numpy as np
 
 import smalltc
 
+from .basis import lagrange_basis
+from .meshes import demo_mesh_path
+from .output import write_vtu
+from .poisson import exact_gradient, solve_poisson
+from .quadrature import gauss_lobatto
+from .unstructured import read_mesh
+
 __all__ = ["poisson_demo", "manufactured"]
 
 
@@ -39,8 +46,6 @@ def manufactured():
 
 
 def _flux(u):
-    from .poisson import exact_gradient
-
     def h(x, n):
         return np.einsum("i...,i...->...", exact_gradient(u, x), n)
     return h
@@ -82,11 +87,6 @@ def poisson_demo(out="smalltc-demo", *, p=4, ps=(1, 2, 3, 4), refinements=2, dev
     >>> rep["elements"], round(rep["convergence"][1]["rate_l2"])
     (16, 2)
     """
-    from .meshes import demo_mesh_path
-    from .output import write_vtu
-    from .poisson import solve_poisson
-    from .unstructured import read_mesh
-
     os.makedirs(out, exist_ok=True)
     m = read_mesh(mesh if mesh is not None else demo_mesh_path(2))
     u, f = manufactured()
@@ -130,8 +130,6 @@ def poisson_demo(out="smalltc-demo", *, p=4, ps=(1, 2, 3, 4), refinements=2, dev
 
 def _plot_solution(plt, res, path, nsub=12):
     """The solution sampled on an ``nsub x nsub`` grid inside every (curved) element."""
-    from .basis import lagrange_basis
-    from .quadrature import gauss_lobatto
     space = res.space
     mesh = space.mesh
     t = np.linspace(-1, 1, nsub)

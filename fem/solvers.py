@@ -27,6 +27,9 @@ steps. The fused GPU iteration sums its per-block partial sums across the ranks
 before reducing them, so its stop test runs on the device as before.
 """
 
+import sys
+import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +37,9 @@ import numpy as np
 from smalltc._arrays import array_module
 from smalltc._errors import raise_pending
 
+from . import _cg_fused
 from ._device import to_host
+from .operators import _like, linear_operator
 
 __all__ = ["CGResult", "ConvergenceError", "Jacobi", "cg", "jacobi", "progress_log"]
 
@@ -111,14 +116,12 @@ class Jacobi:
     def matvec(self, r):
         """``r / diag(A)`` for one vector of shape ``(n,)`` or ``(n, 1)``, in r's shape and
         array module."""
-        from .operators import _like
         xp = self.xp
         z = xp.asarray(r).reshape(-1) * self.inv.reshape(-1)
         return _like(r, z.reshape(r.shape))
 
     def matmat(self, R):
         """``diag(A)^-1 R`` for ``R`` of shape ``(n, k)``."""
-        from .operators import _like
         return _like(R, self.xp.asarray(R) * self.inv.reshape(-1, 1))
 
     rmatvec, rmatmat = matvec, matmat
@@ -133,7 +136,6 @@ class Jacobi:
         >>> print(P.matvec(np.array([1.0, 1.0])))
         [0.5  0.25]
         """
-        from .operators import linear_operator
         return linear_operator(self)
 
     def __repr__(self):
@@ -215,8 +217,6 @@ def progress_log(every=10, file=None):
     ... # doctest: +ELLIPSIS
     cg: iteration 20, relative residual ...
     """
-    import sys
-    import time
     start = []
 
     def log(it, relres):
@@ -384,7 +384,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         raise ValueError(f"check_every must be a positive integer, got {check_every!r}")
     if fused and callback is None and (precond is None or isinstance(precond, Jacobi)) and \
             b.dtype in (np.float32, np.float64):
-        return _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp,
+        return _fused_cg(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp,
                          red)
     precond = (lambda r: r) if precond is None else precond
     if x0 is None:
@@ -446,14 +446,12 @@ def _outcome(result, tol, raise_on_failure, apply, b, xp, red):
     if raise_on_failure:
         raise ConvergenceError(msg, result)
     if note:                                       # unconverged, and A is not symmetric
-        import warnings
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
     return result
 
 
-def _cg_fused(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp, red=None):
+def _fused_cg(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp, red=None):
     """:func:`cg` through :mod:`._cg_fused` (the same stop tests and errors)."""
-    from . import _cg_fused
     if x0 is None:
         x = xp.zeros_like(b)
         r = b.copy()

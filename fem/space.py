@@ -422,6 +422,13 @@ class H1Space:
         x[:, flat] = np.moveaxis(X, 1, 0).reshape(self.dim, -1)
         return dofs, x[:, dofs]
 
+    def _one_copy(self):
+        """For each DoF the flat E-vector index of one of its copies (the last one, as a
+        scatter-assignment keeps)."""
+        one = np.empty(self.ndofs, dtype=np.int64)
+        one[self._flat] = np.arange(self._flat.size, dtype=np.int64)
+        return one
+
     def map_nodes(self, ref):
         """The element maps at the lattice of 1D reference nodes ``ref``, numbered as the DoFs.
 
@@ -457,7 +464,9 @@ class H1Space:
         """E-vector -> global vector, each DoF taking the value one of its elements holds.
 
         For a field continuous across elements (the element maps, a field sampled at
-        the nodes) this is its value at the DoF; one scatter-assignment, no sum.
+        the nodes) this is its value at the DoF; one gather through a kept index of one
+        copy of each DoF (the copy a scatter-assignment would keep), no sum. NumPy or
+        CuPy: the result is in the module of ``v``.
 
         Parameters
         ----------
@@ -474,15 +483,18 @@ class H1Space:
         >>> print(V.assign(np.array([[1.0, 2.0], [2.0, 3.0]])))
         [1. 2. 3.]
         """
-        v = np.asarray(v)
+        xp = array_module(v)
+        v = xp.asarray(v)
         shape = self.evector_shape
+        one = self._device.get(xp, "one_copy", lambda: xp.asarray(self._one_copy()))
         if v.shape == shape:
-            out = np.empty(self.ndofs, dtype=v.dtype)
-            out[self._flat] = v.reshape(-1)
-            return out
+            return v.reshape(-1)[one]
         if v.ndim == len(shape) + 1 and v.shape[0] == shape[0] and v.shape[2:] == shape[1:]:
-            out = np.empty((v.shape[1], self.ndofs), dtype=v.dtype)
-            out[:, self._flat] = np.moveaxis(v, 1, 0).reshape(v.shape[1], -1)
+            nc, n = v.shape[1], self._flat.size // shape[0]      # components, nodes an element
+            flat, first = v.reshape(-1), (one // n) * (nc * n) + one % n
+            out = xp.empty((nc, self.ndofs), dtype=v.dtype)
+            for c in range(nc):
+                out[c] = flat[first + c * n]
             return out
         raise ValueError(
             f"v has shape {v.shape}, expected {shape} or "

@@ -30,6 +30,7 @@ import smalltc
 
 from ._ordering import HEX_TYPES, QUAD_TYPES, cell_order, meshio_reference, to_tensor_permutation
 from .basis import lagrange_basis
+from .geometry import check_jacobian, det_jacobian, jacobian, quadrature_data
 from .topology import (boundary_facets_of, corner_multi_indices, facet_keys, facet_vertices,
                        unique_rows)
 
@@ -90,7 +91,6 @@ class UnstructuredMesh:
     @property
     def volume(self):
         """Measure of the meshed domain (a quadrature of ``|J|`` exact for the maps)."""
-        from .geometry import quadrature_data
         return float(quadrature_data(self, self.dim * self.geom_order // 2 + 2).wdetJ.sum())
 
     def boundary_facets(self, region=None):
@@ -252,7 +252,6 @@ def check_mesh(mesh, corners=None):
     ...
     ValueError: inverted element in the mesh from arrays: tangled mesh: |J| <= 0 at 9 quadrature point(s) of element 0 (min |J| = -0.25); 1 bad element(s) in all
     """
-    from .geometry import det_jacobian, jacobian, check_jacobian
     dim, src = mesh.dim, mesh.source
     v = mesh.vertices
     if v.shape != (mesh.nelements, 2 ** dim):

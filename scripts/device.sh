@@ -27,7 +27,7 @@
 #            bench against the current one: it is installed without -e into a separate
 #            folder (`pip install --no-deps --no-build-isolation --target /tmp/before`) and
 #            benched with the same options from outside the repository
-#            (`PYTHONPATH=/tmp/before python3 -m smalltc.cli bench ...`) into
+#            (`PYTHONPATH=/tmp/before python3 -m smalltc bench ...`) into
 #            before-<dtype>/, suite by suite alternating with the current tree (after,
 #            before; then before, after; ...) so both see the same machine state. Then
 #            `smalltc bench --compare before after` is written to compare-<dtype>.txt and
@@ -158,7 +158,7 @@ fi
 {
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | grep -q . && echo '(with local changes)')"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  python3 -m smalltc.cli info
+  python3 -m smalltc info
   echo
   nvidia-smi 2>&1 || true
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1 || true
@@ -234,7 +234,7 @@ if [ "${MPI:-}" = 1 ]; then
     [ "$rc" -eq 0 ] && note "mpi tests: PASS: $last" || { note "mpi tests: FAIL (rc $rc): $last"; FAILED=1; }
     t=$(box "${T_DEMO:-150}")
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-      timeout -k 10 "$t" mpiexec -n 2 python3 -m smalltc.cli demo --mpi --device gpu \
+      timeout -k 10 "$t" mpiexec -n 2 python3 -m smalltc demo --mpi --device gpu \
       --out "$W/demo-mpi" > "$W/demo-mpi.log" 2>&1
     rc=$?
     [ "$rc" -eq 0 ] && note "demo --mpi (2 ranks, one GPU): ok (demo-mpi.log)" \
@@ -256,11 +256,11 @@ bench_one() {  # bench_one after|before SUITE DTYPE
   fi
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
   if [ "$tree" = after ]; then
-    timeout -k 10 "$t" python3 -m smalltc.cli bench --no-progress --suite "$suite" --dtype "$dt" \
+    timeout -k 10 "$t" python3 -m smalltc bench --no-progress --suite "$suite" --dtype "$dt" \
       ${BENCH_ARGS:-} --out "$dir" > "$dir/$suite.log" 2>&1
   else
     (cd "$BEFORE_CWD" && PYTHONPATH="$BEFORE_SITE${PYTHONPATH:+:$PYTHONPATH}" timeout -k 10 "$t" \
-      python3 -m smalltc.cli bench --no-progress --suite "$suite" --dtype "$dt" \
+      python3 -m smalltc bench --no-progress --suite "$suite" --dtype "$dt" \
       ${BENCH_ARGS:-} --out "$dir") > "$dir/$suite.log" 2>&1
   fi
   rc=$?
@@ -280,10 +280,10 @@ merge_runs() {  # merge_runs after|before DTYPE: bench-<dtype>.json from the sui
   [ -e "${runs[0]}" ] || return 1
   case " ${BENCH_ARGS:-} " in *" --no-plot "*) plot=--no-plot;; esac
   if [ "$tree" = after ]; then
-    python3 -m smalltc.cli bench --merge "${runs[@]}" --out "$dir" $plot > "$dir/table.txt" 2>&1
+    python3 -m smalltc bench --merge "${runs[@]}" --out "$dir" $plot > "$dir/table.txt" 2>&1
   else
     (cd "$BEFORE_CWD" && PYTHONPATH="$BEFORE_SITE${PYTHONPATH:+:$PYTHONPATH}" \
-      python3 -m smalltc.cli bench --merge "${runs[@]}" --out "$dir" $plot) > "$dir/table.txt" 2>&1
+      python3 -m smalltc bench --merge "${runs[@]}" --out "$dir" $plot) > "$dir/table.txt" 2>&1
   fi
 }
 bench_summary() {  # per suite: cases, median and lowest % of the bound
@@ -334,7 +334,7 @@ if [ -n "${BENCH:-}" ]; then
     fi
     if [ -n "${BEFORE:-}" ] && merge_runs before "$dt" \
        && [ -f "$W/before-$dt/bench-$dt.json" ] && [ -f "$W/bench-$dt/bench-$dt.json" ]; then
-      python3 -m smalltc.cli bench --compare "$W/before-$dt/bench-$dt.json" \
+      python3 -m smalltc bench --compare "$W/before-$dt/bench-$dt.json" \
         "$W/bench-$dt/bench-$dt.json" > "$W/compare-$dt.txt" 2>&1
       cat "$W/compare-$dt.txt"
       note "compare $dt (B = this tree, A = $BEFORE; compare-$dt.txt):"
@@ -367,7 +367,7 @@ if [ -n "${TUNE:-}" ]; then
     budget=$(( t - ${T_TUNE_SLACK:-60} < secs ? t - ${T_TUNE_SLACK:-60} : secs ))
     [ "$budget" -lt 20 ] && budget=$(( t - 20 ))
     echo "=== tune $op $dt, budget ${budget} s ($(date -u +%H:%M:%S))" >> "$W/tune.log"
-    timeout -k 10 "$t" python3 -m smalltc.cli tune --op "$op" --dtype "$dt" --budget-seconds "$budget" \
+    timeout -k 10 "$t" python3 -m smalltc tune --op "$op" --dtype "$dt" --budget-seconds "$budget" \
       ${TUNE_SIZES:+--sizes "$TUNE_SIZES"} ${TUNE_ARGS:-} --resume --work build/tune \
       --out build/tune/tables \
       --no-progress --plot >> "$W/tune.log" 2>&1
@@ -407,7 +407,7 @@ if [ -n "${NCU:-}" ]; then
       --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
       ${NCU_SECTIONS:+$(printf -- '--section %s ' $NCU_SECTIONS)} \
-      python3 -m smalltc.cli bench --no-progress "${args[@]}" --dtype "$dtype" --repeats 1 \
+      python3 -m smalltc bench --no-progress "${args[@]}" --dtype "$dtype" --repeats 1 \
       --no-baselines --no-plot --out "$W/ncu/bench-$name" > "$W/ncu/$name.txt" 2>&1
     rc=$?
     n=$(grep -cE "^ +stc_" "$W/ncu/$name.txt")
@@ -427,7 +427,7 @@ if [ "${DEMO:-}" = 1 ]; then
   if [ "$t" -lt 20 ]; then
     note "demo: skipped (no time left)"; FAILED=1
   else
-    timeout -k 10 "$t" python3 -m smalltc.cli demo --out "$W/demo" > "$W/demo.log" 2>&1
+    timeout -k 10 "$t" python3 -m smalltc demo --out "$W/demo" > "$W/demo.log" 2>&1
     rc=$?
     [ "$rc" -eq 0 ] && note "demo: ok (demo.log, demo/)" || { note "demo: rc $rc (demo.log)"; FAILED=1; }
     pack

@@ -20,6 +20,8 @@ arrays (NVIDIA GPUs), with a plan/execute API:
 - :func:`interpolate`, :func:`integrate`: the basis application (CEED's ``EVAL_INTERP``,
   ``EVAL_GRAD`` and their transposes): fields at the quadrature points through the map,
   values and/or reference gradients, and the integration back to a global vector
+- :func:`geometry_data`: the pointwise geometry (``|J|``, the adjugate, the operators'
+  point data ``D`` and ``Q``) from the Jacobians at the points, in one pass
 - :func:`plan`: build once, call many times
 - :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
 
@@ -42,6 +44,7 @@ from .api import (assemble_diffusion, assemble_mass, assemble_operator, batched_
 from ._errors import check_errors
 from .aot import precompile
 from .evaluation import integrate, interpolate
+from .geometry import geometry_data
 from .mixed import force_apply, force_apply_transpose, mixed_action, mixed_apply
 from .catalogue import STEPS
 from .plan import Plan, plan
@@ -51,7 +54,7 @@ __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mas
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
            "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
-           "mixed_apply", "interpolate", "integrate", "plan", "precompile", "check_errors",
+           "mixed_apply", "interpolate", "integrate", "geometry_data", "plan", "precompile", "check_errors",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

@@ -42,6 +42,8 @@ import weakref
 
 import numpy as np
 
+from .maps import out_of_range
+
 __all__ = ["check_errors", "device_flag", "raise_pending", "record_map"]
 
 _FLAGS: dict = {}              # device id -> (numpy view of the 3 words, host pointer)
@@ -81,7 +83,6 @@ def raise_pending(device: int | None = None, elem_dofs=None):
     """Raise the ``ValueError`` of a bad map index a GPU kernel reported (without
     synchronising: the kernels that have finished), and clear the flag; ``elem_dofs``:
     the map of the call asking, used for the message when the report is about it."""
-    from .maps import out_of_range
     devices = list(_FLAGS) if device is None else [device]
     for dev in devices:
         hit = _FLAGS.get(dev)

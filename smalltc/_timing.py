@@ -1,4 +1,5 @@
-"""Timing functions shared by the roofline probes, ``smalltc bench`` and the demo.
+"""Timing functions shared by ``smalltc bench`` (and the demo), the tuner and the FEM
+layer's phase timings.
 
 docs/math.md section 5: warm-up first, then each call timed on its own, with CUDA
 events around the call on a GPU (CuPy arrays) and ``perf_counter_ns`` on the
@@ -18,20 +19,7 @@ import math
 import statistics
 import time
 
-__all__ = ["synchronize", "time_calls", "graph_times", "time_once", "median", "blas_call"]
-
-_BLAS_A = None
-
-
-def blas_call():
-    """A NumPy call through BLAS (a 128 x 128 float64 matrix product: multithreaded in
-    OpenBLAS), what a program does between smalltc's calls; its BLAS threads, spinning
-    afterwards, are what :mod:`smalltc.backends.cpu.threads` guards against."""
-    global _BLAS_A
-    import numpy as np
-    if _BLAS_A is None:
-        _BLAS_A = np.random.default_rng(0).random((128, 128))
-    return _BLAS_A @ _BLAS_A
+__all__ = ["synchronize", "time_calls", "graph_times", "time_once", "median"]
 
 
 def synchronize(on_gpu: bool) -> None:
@@ -56,8 +44,8 @@ def time_calls(fn, *, repeats: int = 20, warmup: int = 2, on_gpu: bool = False,
         short kernels are timed as a stream of calls (the device's time, not
         the gap while the host prepares a lone launch). A call whose host
         work outlasts its kernel still shows that cost. ``between`` (host only):
-        called untimed before each sample, e.g. :func:`blas_call`, the realistic
-        case of a program that calls NumPy between smalltc's calls.
+        called untimed before each sample, e.g. :func:`smalltc.bench.runner.blas_call`,
+        the realistic case of a program that calls NumPy between smalltc's calls.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

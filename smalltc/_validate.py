@@ -18,10 +18,12 @@ from ._arrays import (SUPPORTED_DTYPES, array_module, c_contiguous, data_range, 
 from .spec import (EVALS, FORCE_QFUNCS, QFUNCS, ActionSpec, AssemblySpec, ContractSpec,
                    GemmSpec, MassApplySpec, MassDiagonalSpec, MixedSpec, nsym,
                    BASIS_WHATS, BasisSpec)
+from .spec import GEOMETRY_WHATS, GeometrySpec
+from .vertices import check_vertices
 
 __all__ = ["action_spec", "assembly_spec", "gemm_spec", "contract_spec", "mass_apply_spec",
            "mass_diagonal_spec", "operator_spec", "force_spec", "mixed_spec", "basis_spec",
-           "OPERATOR_LEVELS",
+           "geometry_spec", "OPERATOR_LEVELS",
            "check_operands", "check_out", "reshape_like", "as_usable", "check_scalar"]
 
 
@@ -809,7 +811,6 @@ def vertex_operator_spec(level, qfunc, B1d, G1d, X, coef, *rest, deterministic=F
     ``spec.inputs``' order (``X`` (E, 2^dim, dim) and ``coef`` (E,) in place of D or Q).
     Levels "action" (``rest`` = V) and "apply" (x, elem_dofs); qfunc "mass" (G1d None)
     or "diffusion" (``B1d=None``: collocated, Gauss-Lobatto)."""
-    from .vertices import check_vertices
     if level not in ("action", "apply"):
         raise ValueError(f"vertices= is for the action and the fused apply; the {level} "
                          "takes stored point data (smalltc.vertices.point_data makes them)")
@@ -876,3 +877,67 @@ def _fused_spec(args, E, nd, dim, where, deterministic, common):
     return MassApplySpec(ndofs=x.shape[-1], ncomp=x.shape[0] if x.ndim == 2 else 1,
                          comp_axis=x.ndim == 2, index_dtype=index_dtype,
                          deterministic=bool(deterministic), **common)
+
+
+def geometry_spec(J, weights=None, coef=None, jmin=None, *, what="mass", dtype=None,
+                  absdet=False):
+    """Check the operands of the pointwise geometry (``smalltc.geometry_data``); return
+    ``(spec, xp, ops)`` with ``ops`` in ``spec.inputs``' order
+    (:class:`smalltc.spec.GeometrySpec`). ``dtype``: the outputs' (default J's)."""
+    if not isinstance(what, str) or what not in GEOMETRY_WHATS:
+        raise ValueError(f"what must be one of {GEOMETRY_WHATS}, got {what!r}")
+    J = _as_array("J", J)
+    xp = array_module(J)
+    jdtype = _dtype({"J": J})
+    dim = J.ndim - 3
+    if dim not in (1, 2, 3) or tuple(J.shape[1:3]) != (dim, dim) or \
+            len(set(J.shape[3:])) != 1:
+        raise ValueError(f"J has shape {tuple(J.shape)}, expected (E, dim, dim, nq, ..., nq) "
+                         "with dim in 1, 2, 3 tensor axes of nq points (J[e, a, b] = "
+                         "dx_a/dxi_b, as smalltc.interpolate's gradients of the coordinates)")
+    E, nq = J.shape[0], J.shape[3]
+    if nq < 1:
+        raise ValueError(f"J has shape {tuple(J.shape)}, expected nq >= 1 points an axis")
+    spec_dtype = jdtype if dtype is None else np.dtype(dtype).name
+    if spec_dtype not in ("float64", "float32"):
+        raise TypeError(f"the outputs' dtype must be float64 or float32, got {spec_dtype}")
+    weighted = what in ("mass", "diffusion", "both")
+    named = {"J": J}
+    if weighted:
+        if weights is None:
+            raise ValueError(f"what={what!r} needs weights, the tensor quadrature weights "
+                             f"{(nq,) * dim}")
+        w = _as_array("weights", weights)
+        if tuple(w.shape) != (nq,) * dim:
+            raise ValueError(f"weights has shape {tuple(w.shape)}, expected {(nq,) * dim} "
+                             "(the tensor weights; nq and dim from J)")
+        if w.dtype != np.float64:
+            raise TypeError(f"weights has dtype {w.dtype}, expected float64")
+        named["weights"] = w
+    elif weights is not None or coef is not None:
+        raise ValueError(f"weights and coef are for what 'mass', 'diffusion' or 'both'; "
+                         f"what={what!r} reads J alone")
+    if coef is not None:
+        c = _as_array("coef", coef)
+        want = (E,) + (nq,) * dim
+        if tuple(c.shape) != want:
+            raise ValueError(f"coef has shape {tuple(c.shape)}, expected {want} (E and the "
+                             "points from J)")
+        if c.dtype != J.dtype:
+            raise TypeError(f"coef has dtype {c.dtype}, expected J's {J.dtype}")
+        named["coef"] = c
+    if jmin is None:
+        raise TypeError("jmin is None; expected an array of shape (E,) for each element's "
+                        "smallest |J|")
+    m = _as_array("jmin", jmin)
+    if tuple(m.shape) != (E,) or m.dtype != np.float64:
+        raise ValueError(f"jmin has shape {tuple(m.shape)} and dtype {m.dtype}, expected "
+                         f"({E},) float64 (E from J)")
+    named["jmin"] = m
+    mods = {array_module(a).__name__ for a in named.values()}
+    if len(mods) > 1:
+        raise TypeError(f"the operands mix array libraries ({', '.join(sorted(mods))}); "
+                        "pass them all as NumPy or all as CuPy arrays")
+    spec = GeometrySpec(dim=dim, nq=nq, batch=E, dtype=spec_dtype, what=what,
+                        coef=coef is not None, jdtype=jdtype, absdet=bool(absdet))
+    return spec, xp, tuple(named[o.name] for o in spec.inputs)

@@ -11,9 +11,18 @@ True
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import platform
+
+import numpy as np
+
+from . import __version__, backends
+from . import tables as T
+from ._arrays import cupy_or_none, gpu_available
+from .aot import cache_report
+from .spec import QFUNCS
 
 __all__ = ["collect", "add_arguments", "run", "entry_kind"]
 
@@ -29,7 +38,7 @@ def _cpu():
     except OSError:
         pass
     cpu = {"name": name, "cores": os.cpu_count()}
-    try:
+    try:                 # Numba's LLVM, Numba and the CPU backend: loaded by the probe only
         import llvmlite.binding as llvm
         cpu["llvm_target"] = llvm.get_host_cpu_name()
         feats = llvm.get_host_cpu_features()
@@ -57,7 +66,6 @@ def _cpu():
 
 
 def _gpus():
-    from ._arrays import cupy_or_none, gpu_available
     if not gpu_available():
         cp = cupy_or_none()
         return [], ("cupy not installed" if cp is None else "cupy installed, no CUDA device")
@@ -83,7 +91,6 @@ def entry_kind(key):
     ...                          "helmholtz/mass_apply/3d/nd4nq6c1+q32")]
     ['gemm', 'action', 'diffusion/action+co', 'helmholtz/mass_apply+q32']
     """
-    from .spec import QFUNCS
     parts = key.split("/")
     pre = ""
     if parts[0] in QFUNCS and len(parts) > 2:
@@ -96,8 +103,6 @@ def _tables():
     """The tuning tables the backends would read: file, device, date, entries per op,
     and which device of this machine reads it (a GPU: its own model's table, or its
     architecture's; the CPU: its ISA's, ``cpu-avx512-float64.json``)."""
-    import collections
-    from . import tables as T
     dirs = T.table_dirs()
     out, seen = [], set()
     for d in dirs:
@@ -124,10 +129,6 @@ def _tables():
 
 def collect(kernels: bool = False) -> dict:
     """Everything ``smalltc info`` reports; ``kernels``: list the cached CPU kernels too."""
-    import numpy as np
-    from .aot import cache_report
-    import smalltc
-    from . import backends
     be = {}
     for name in backends.names():
         b = backends.get(name)
@@ -135,10 +136,9 @@ def collect(kernels: bool = False) -> dict:
                     "detail": b.describe()}
     gpus, gpu_note = _gpus()
     tables = _tables()
-    from .tables import table_names
     cpu = _cpu()
     for row in tables:                   # which GPU here reads it: its model's, its arch's
-        row["used_by"] = [g["id"] for g in gpus if "dtype" in row and row["file"] in table_names(
+        row["used_by"] = [g["id"] for g in gpus if "dtype" in row and row["file"] in T.table_names(
             "sm" + g["cc"].replace(".", ""), g["name"], row["dtype"])]
         if "dtype" in row and row.get("arch") == cpu.get("table_arch"):
             row["used_by"].append("cpu")
@@ -148,7 +148,7 @@ def collect(kernels: bool = False) -> dict:
             vers[mod] = __import__(mod).__version__
         except Exception:
             pass
-    return {"version": smalltc.__version__, "versions": vers, "backends": be,
+    return {"version": __version__, "versions": vers, "backends": be,
             "cpu": cpu, "gpus": gpus, "gpu_note": gpu_note, "tuning_tables": tables,
             "caches": cache_report(kernels)}
 

@@ -55,7 +55,7 @@ MAX_COLORS = 64
 
 def _greedy(emap, ndofs):
     """Numba kernel: colour of each element (-1: more than MAX_COLORS needed)."""
-    import numba
+    import numba      # here: ``import smalltc`` does not load Numba (a second or more)
 
     @numba.njit(cache=True)
     def greedy(emap, ndofs):

@@ -238,6 +238,11 @@ def _mixed_names(operands):
             "elem_dofs_in", "elem_dofs_out")
 
 
+def _geometry(J, weights=None, coef=None, jmin=None, *, what, absdet, dtype):
+    return _validate.geometry_spec(J, weights, coef, jmin, what=what, dtype=dtype,
+                                   absdet=absdet)
+
+
 def _basis(transpose, B1d, G1d, field, elem_dofs=None, *, what, dim, ndofs=None):
     return _validate.basis_spec(B1d, G1d, field, elem_dofs, what=what, transpose=transpose,
                                 ndofs=ndofs, dim=dim)
@@ -312,4 +317,8 @@ INTEGRATE = register(Op("integrate", ("B1d", "G1d", "H", "elem_dofs"), partial(_
                         options=("what", "ndofs", "dim"),
                         defaults=dict(what="values", ndofs=None, dim=None), required=3, omits=True,
                         public=("integrate",)))
+GEOMETRY = register(Op("geometry", ("J", "weights", "coef", "jmin"), _geometry,
+                       options=("what", "absdet", "dtype"),
+                       defaults=dict(what="mass", absdet=False, dtype=None), required=1,
+                       omits=True, public=("geometry_data",)))
 del _q, _data, _level, _rest, _op

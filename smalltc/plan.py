@@ -407,7 +407,10 @@ def plan(op, *operands, backend="auto", method="auto", params=None, **options):
         "mass" or "diffusion", level "action" or "apply" (operands ``(B1d, G1d, X, coef,
         ...)``, ``coef`` an (E,) array); the corner force "force_apply"
         and "force_apply_transpose"; the general operator of mixed spaces "mixed_action"
-        and "mixed_apply"; the basis application "interpolate" and "integrate".
+        and "mixed_apply"; the basis application "interpolate" and "integrate"; the pointwise
+        geometry "geometry" (:func:`smalltc.geometry_data`: operands ``(J[, weights, coef,
+        jmin])``, the tensor weights as the plan takes them; options ``what``, ``absdet``,
+        ``dtype``).
     *operands : arrays
         Examples with the shapes and dtype of later calls, in the entry's order (its
         ``operands``; ``smalltc.ops.OPS[op].describe()``): ``(B1d, D, V)``,

@@ -19,6 +19,7 @@ assembly, dim d    ``s*(q nq^d + nd^(2d))``                ``3*nq*sum_t c_t nd^(
 kernel 8a/8b       ``s*(isj + ksl + ijkl)``                ``2*s_ext*ijkl``
 kernel 9           ``s*(ksl + kilj)``                      ``3*s_ext*kilj``
 basis, dim d       ``s*(c*nd^d + c*S*nq^d)``               :func:`_basis_flops`
+geometry, dim d    ``nq^d (j d^2 + s S) + 8``              :func:`_geometry_point_flops` ``nq^d``
 =================  ======================================  ==========================================
 
 (sums over ``t = 1..d``.) The action formula is the 3D line of docs/math.md section 4 generalised:
@@ -41,7 +42,9 @@ once and writes the point values once; through the element-to-DoF map the field 
 global vector, ``s*c*ndofs`` in all, plus the map (``index_bytes*nd^d`` an element). Its
 transpose (:func:`smalltc.integrate`) reads the point values once and writes the element
 vectors, or through the map reads and writes the global vector (``2*s*c*ndofs``) and reads
-the map.
+the map. The pointwise geometry (:func:`smalltc.geometry_data`) reads ``J`` (``j`` bytes a
+value) and the coefficient once, and writes its ``S`` values a point and each element's
+smallest ``|J|`` once.
 
 Examples
 --------
@@ -62,6 +65,8 @@ import functools
 import math
 import os
 import platform
+import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -402,6 +407,45 @@ def _basis_counts(sizes, s):
     return Counts("basis", points + field + ib * E * nd ** dim + basis, flops, E, nc * ndofs)
 
 
+def _geometry_point_flops(dim, what, coef):
+    """Flops at one point of the pointwise geometry: the cofactors (all ``dim^2``, or the
+    first column's ``dim`` for "det" and "mass"; 3 flops each in 3D, 2D its negations),
+    ``|J|`` by the first row (``2 dim - 1``), then the inverse's ``dim^2`` divisions, D's
+    product (and the coefficient's), Q's division and its ``nsym`` entries of ``2 dim``
+    flops each; the minimum's comparison.
+
+    >>> _geometry_point_flops(3, "diffusion", True), _geometry_point_flops(3, "det", False)
+    (71, 15)
+    """
+    ncof = dim if what in ("det", "mass") else dim * dim
+    f = {1: 0, 2: ncof // 2, 3: 3 * ncof}[dim] + 2 * dim - 1 + 1
+    if what == "inverse":
+        f += dim * dim
+    if what in ("mass", "diffusion", "both"):
+        f += int(bool(coef))
+    if what in ("mass", "both"):
+        f += 1
+    if what in ("diffusion", "both"):
+        f += 1 + dim * (dim + 1) // 2 * 2 * dim
+    return f
+
+
+def _geometry_counts(sizes, s):
+    """The pointwise geometry (:class:`smalltc.spec.GeometrySpec`): ``J`` (``jbytes`` a
+    value, ``dim^2`` a point) and the coefficient read once, the ``nslots`` outputs a point
+    written once, the tensor weights read once, ``jmin`` (float64, one an element) written
+    once. ``dofs``: the points."""
+    dim, nq = _need(sizes, "dim", "geometry"), _need(sizes, "nq", "geometry")
+    E, jb = int(sizes.get("batch", 1)), int(sizes.get("jbytes", 8))
+    what, coef = sizes.get("what", "mass"), bool(sizes.get("coef", False))
+    weighted = what in ("mass", "diffusion", "both")
+    nslots = int(sizes.get("nslots", 1))
+    K = nq ** dim
+    nbytes = E * K * (jb * dim * dim + jb * coef + s * nslots) + 8 * K * weighted + 8 * E
+    return Counts("geometry", nbytes, E * K * _geometry_point_flops(dim, what, coef), E,
+                  E * K)
+
+
 def _mass_diagonal_counts(sizes, s):
     """The diagonal of the global mass matrix: D and the map read once, y written once;
     the sum-factorised count (three contractions with B^2, as the action's second half)."""
@@ -419,7 +463,7 @@ def _mass_diagonal_counts(sizes, s):
 _COUNTS = {"gemm": _gemm_counts, "action": _action_counts, "assembly": _assembly_counts,
            "contract": _contract_counts, "step": _step_counts,
            "mass_apply": _mass_apply_counts, "mass_diagonal": _mass_diagonal_counts,
-           "basis": _basis_counts}
+           "basis": _basis_counts, "geometry": _geometry_counts}
 
 
 def counts(op, sizes=None, dtype="float64") -> Counts:
@@ -612,7 +656,6 @@ def device_name(device=None) -> str:
 
 def device_slug(device=None) -> str:
     """A folder name for results: ``gpu-nvidia-h200``, ``cpu-amd-epyc-2c``."""
-    import re
     kind = device_kind(device)
     base = device_name(device) if kind == "gpu" else _cpu_model()
     base = re.sub(r"\(.*?\)|\b(r|tm)\b|processor|cpu|\d+-core", " ", base.lower())
@@ -659,7 +702,6 @@ def _cpu_bandwidth(reps=7) -> Probe:
     NumPy releases the GIL in the copy, so the threads run in parallel.
     Best of ``reps`` (after a warm-up that also touches the pages).
     """
-    import time
     n = _CPU_COPY_BYTES // 8
     src = np.random.default_rng(0).random(n)
     dst = np.empty_like(src)
@@ -681,7 +723,6 @@ def _cpu_bandwidth(reps=7) -> Probe:
 
 
 def _cpu_peak(dtype, reps=2) -> Probe:
-    import time
     n = 1536
     rng = np.random.default_rng(0)
     a = rng.random((n, n)).astype(dtype)
@@ -716,7 +757,6 @@ def _gpu_best(fn, reps):
 
 
 def _gpu_bandwidth(reps=10) -> Probe:
-    import time
     cp = cupy_or_none()
     t_all = time.perf_counter()
     n = _GPU_COPY_BYTES // 8
@@ -732,7 +772,6 @@ def _gpu_bandwidth(reps=10) -> Probe:
 
 
 def _gpu_peak(dtype, reps=5) -> Probe:
-    import time
     cp = cupy_or_none()
     t_all = time.perf_counter()
     n = 8192

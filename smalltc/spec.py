@@ -54,7 +54,7 @@ __all__ = ["Operand", "GemmSpec", "ContractSpec", "ActionSpec", "AssemblySpec",
            "MassApplySpec", "MassDiagonalSpec", "CONTRACT_KINDS", "SPEC_TYPES", "QFUNCS",
            "QDTYPES", "GEOMETRIES", "FORCE_QFUNCS", "MixedSpec", "EVALS", "BasisSpec",
            "BASIS_WHATS",
-           "nsym", "spec_from_dict"]
+           "nsym", "spec_from_dict", "GeometrySpec", "GEOMETRY_WHATS"]
 
 #: kernels (8a), (8b), (9) of docs/math.md section 3: output axis order per kind.
 CONTRACT_KINDS = {
@@ -946,3 +946,118 @@ def spec_from_dict(d: dict):
     if op not in SPEC_TYPES:
         raise ValueError(f"not a spec: op {op!r} (expected one of {sorted(SPEC_TYPES)})")
     return SPEC_TYPES[op](**d)
+
+
+#: what :class:`GeometrySpec` writes at each point, slot by slot (``nsym`` the packed upper
+#: triangle): ``det`` |J|; ``adjugate`` |J| then adj J (row-major); ``inverse`` |J| then
+#: J^-1; ``mass`` D = w c |J|; ``diffusion`` Q = w c adj J adj J^T / |J|, packed;
+#: ``both`` D then Q
+GEOMETRY_WHATS = ("det", "adjugate", "inverse", "mass", "diffusion", "both")
+
+
+@dataclass(frozen=True)
+class GeometrySpec(_Spec):
+    """The pointwise geometry: from the reference Jacobians ``J[e, a, b] = dx_a/dxi_b`` at
+    the tensor-product points (the layout :func:`smalltc.interpolate` gives the coordinate
+    field with ``what="gradients"``), in one pass, the determinant, the closed-form
+    adjugate or inverse, or the operators' point data ``D = w c |J|`` and ``Q = w c adj J
+    adj J^T / |J|`` (packed upper triangle, docs/math.md section 7), ``w`` the tensor
+    weights (a tensor ``(nq,) * dim``) and ``c`` an optional coefficient at every point; and
+    each element's smallest ``|J|`` (``jmin``, written: an inverted element has one <= 0).
+
+    ``dtype`` is the outputs' (float64 or float32), ``jdtype`` that of ``J`` and of the
+    coefficient; the arithmetic is float64. ``absdet``: ``|det J|`` in place of ``det J``
+    in D and Q (elements of either orientation; ``jmin`` stays signed).
+
+    >>> s = GeometrySpec(dim=3, nq=4, batch=10, dtype="float32", what="diffusion", coef=True)
+    >>> [(o.name, o.shape, o.dtype) for o in s.inputs]       # doctest: +NORMALIZE_WHITESPACE
+    [('J', (10, 3, 3, 4, 4, 4), 'float64'), ('weights', (4, 4, 4), 'float64'),
+     ('coef', (10, 4, 4, 4), 'float64'), ('jmin', (10,), 'float64')]
+    >>> s.out_shape, s.size_key, str(s)
+    ((10, 6, 4, 4, 4), 'geometry/3d/nq4+diffusion+c', 'geometry_3d nq=4 diffusion coef E=10 float32')
+    >>> GeometrySpec(dim=2, nq=3, batch=5, dtype="float64", what="adjugate").out_shape
+    (5, 5, 3, 3)
+    """
+
+    dim: int
+    nq: int
+    batch: int
+    dtype: str
+    what: str = "mass"
+    coef: bool = False
+    jdtype: str = "float64"
+    absdet: bool = False
+    op = "geometry"
+    qfunc = "geometry"        # not a field: no operator instance of the FEM families
+
+    def __post_init__(self):
+        if self.what not in GEOMETRY_WHATS:
+            raise ValueError(f"what must be one of {GEOMETRY_WHATS}, got {self.what!r}")
+        if self.dim not in (1, 2, 3):
+            raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
+        for name in ("dtype", "jdtype"):
+            if getattr(self, name) not in ("float64", "float32"):
+                raise ValueError(f"{name} must be 'float64' or 'float32', got "
+                                 f"{getattr(self, name)!r}")
+        if self.coef and not self.weighted:
+            raise ValueError(f"coef is for what 'mass', 'diffusion' or 'both' (point data), "
+                             f"not {self.what!r}")
+
+    @property
+    def weighted(self):
+        """Whether the outputs are point data (weights and coefficient read)."""
+        return self.what in ("mass", "diffusion", "both")
+
+    @property
+    def nsym(self):
+        return nsym(self.dim)
+
+    @property
+    def nslots(self):
+        """Values a point: 1 (det, mass), nsym, 1 + nsym, or 1 + dim^2."""
+        return {"det": 1, "mass": 1, "diffusion": self.nsym, "both": 1 + self.nsym,
+                "adjugate": 1 + self.dim ** 2, "inverse": 1 + self.dim ** 2}[self.what]
+
+    @property
+    def points(self):
+        return (self.nq,) * self.dim
+
+    @property
+    def out_shape(self):
+        """``(E, nq, ..., nq)`` for one slot (det, mass), else ``(E, nslots, nq, ..., nq)``."""
+        slot = () if self.what in ("det", "mass") else (self.nslots,)
+        return (self.batch,) + slot + self.points
+
+    @property
+    def inputs(self):
+        ops = [Operand("J", (self.batch, self.dim, self.dim) + self.points, True, False,
+                       self.jdtype)]
+        if self.weighted:
+            ops.append(Operand("weights", self.points, False, True, "float64"))
+        if self.coef:
+            ops.append(Operand("coef", (self.batch,) + self.points, True, True, self.jdtype))
+        ops.append(Operand("jmin", (self.batch,), True, False, "float64"))
+        return tuple(ops)
+
+    def kernel_key(self):
+        return (self.op, self.dim, self.nq, self.dtype, self.what, self.coef, self.jdtype,
+                self.absdet)
+
+    @property
+    def size_key(self):
+        return (f"geometry/{self.dim}d/nq{self.nq}+{self.what}" + ("+c" if self.coef else "")
+                + ("+abs" if self.absdet else "")
+                + ("" if self.jdtype == "float64" else "+j32"))
+
+    def sizes(self):
+        return dict(dim=self.dim, nq=self.nq, batch=self.batch, what=self.what,
+                    coef=self.coef, nslots=self.nslots,
+                    jbytes=8 if self.jdtype == "float64" else 4)
+
+    def __str__(self):
+        extra = (" coef" if self.coef else "") + (" absdet" if self.absdet else "") + (
+            "" if self.jdtype == "float64" else f" J {self.jdtype}")
+        return f"geometry_{self.dim}d nq={self.nq} {self.what}{extra} E={self.batch} {self.dtype}"
+
+
+SPEC_TYPES["geometry"] = GeometrySpec

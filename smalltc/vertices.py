@@ -14,7 +14,8 @@ one coefficient ``coef[e]`` (rho for mass, kappa for diffusion). At each quadrat
 The quadrature is the one the operators' ``B1d`` and ``G1d`` are evaluated at: Gauss-Legendre
 with ``nq`` points, Gauss-Lobatto on the nodes when collocated (``fem.basis_1d(p, nq)`` and
 ``fem.basis_1d(p, p + 1, "gll")``). The kernels hold these 1D values and weights as constants.
-:func:`point_data` is the einsum form: the reference backend's path and the tests' oracle.
+:func:`point_data` is the unfused form (``J`` by :func:`smalltc.interpolate` of the vertices,
+then :func:`smalltc.geometry_data`): the reference backend's path and the tests' oracle.
 
 >>> import numpy as np
 >>> X = np.array([[[0., 0.], [0., 2.], [1., 0.], [1., 2.]]])   # [0, 1] x [0, 2]
@@ -28,60 +29,68 @@ import functools
 
 import numpy as np
 
+from ._arrays import array_module
+from .quadrature import rule_1d
+
 __all__ = ["rule_1d", "point_data", "vertices_of_mesh", "check_vertices"]
 
 
-@functools.lru_cache(maxsize=None)
-def rule_1d(nq, collocated=False):
-    """Points and weights of the 1D rule the vertex kernels assume: ``nq`` Gauss-Legendre
-    points, or Gauss-Lobatto when ``collocated`` (read-only arrays).
-
-    >>> x, w = rule_1d(2)
-    >>> print(np.round(x * np.sqrt(3), 12), w)
-    [-1.  1.] [1. 1.]
-    """
-    from .fem.quadrature import quadrature_rule
-    x, w = quadrature_rule(int(nq), "gll" if collocated else "gauss")
-    x, w = np.array(x, dtype=np.float64), np.array(w, dtype=np.float64)
-    x.flags.writeable = w.flags.writeable = False
-    return x, w
+def _linear_basis(x, xp):
+    """``N`` and ``dN`` (nq, 2) of the vertices on [-1, 1] at the points ``x``: ``(1 - x) /
+    2``, ``(1 + x) / 2`` and their derivatives, on module ``xp``."""
+    N = np.stack([(1 - x) / 2, (1 + x) / 2], axis=1)
+    dN = np.tile([-0.5, 0.5], (len(x), 1))
+    return xp.asarray(N), xp.asarray(dN)
 
 
-def _xp(x):
-    from ._arrays import array_module
-    return array_module(x)
+def _vertex_field(X):
+    """The vertices ``X`` (E, 2^dim, dim) as element vectors (E, dim, 2, ..., 2), float64."""
+    E, _, dim = X.shape
+    Xr = X.astype(np.float64).reshape((E,) + (2,) * dim + (dim,))
+    return array_module(X).ascontiguousarray(array_module(X).moveaxis(Xr, -1, 1))
 
 
 def point_data(qfunc, X, coef, nq, collocated=False):
     """D (mass) or Q (diffusion) at the quadrature points, from the vertices ``X`` (E,
     2^dim, dim) and the coefficient ``coef`` (E,), in ``X``'s dtype (computed in
-    float64); NumPy or CuPy (``X``'s library).
+    float64); NumPy or CuPy (``X``'s library). ``J`` is :func:`smalltc.interpolate` of the
+    vertices in the linear basis, the point data :func:`smalltc.geometry_data` of it with
+    ``|det J|`` (either orientation).
 
     >>> X = np.array([[[0., 0.], [0., .5], [.5, 0.], [.5, .5]]])   # a square of side 1/2
     >>> Q = point_data("diffusion", X, np.ones(1), 3)
     >>> print(np.round(Q[0, :, 1, 1], 6))       # as fem.diffusion_data(box_mesh(2, 2), 3)
     [0.790123 0.       0.790123]
     """
-    xp = _xp(X)
-    E, nv, dim = X.shape
+    xp = array_module(X)
+    E, _, dim = X.shape
     x, w = rule_1d(nq, collocated)
-    N = np.stack([(1 - x) / 2, (1 + x) / 2], axis=1)                # (nq, 2)
-    dN = np.tile([-0.5, 0.5], (nq, 1))
-    N, dN = xp.asarray(N), xp.asarray(dN)
-    Xr = X.astype(xp.float64).reshape((E,) + (2,) * dim + (dim,))
-    ks, vs = "klm"[:dim], "uvw"[:dim]
-    expr = ",".join(f"{k}{v}" for k, v in zip(ks, vs)) + f",e{vs}i->e{ks}i"
-    J = xp.stack([xp.einsum(expr, *[dN if d == a else N for d in range(dim)], Xr)
-                  for a in range(dim)], axis=-1)                    # (E, nq.., i, a)
-    det = xp.linalg.det(J)
-    W = xp.asarray(functools.reduce(np.multiply.outer, [w] * dim))
-    scale = W[None] * xp.abs(det) * coef.astype(xp.float64).reshape((E,) + (1,) * dim)
-    if qfunc == "mass":
-        return scale.astype(X.dtype)
-    Ji = xp.linalg.inv(J)                                           # (E, nq.., a, i)
-    M = xp.einsum("...ai,...bi->...ab", Ji, Ji) * scale[..., None, None]
-    iu = np.triu_indices(dim)
-    return xp.ascontiguousarray(xp.moveaxis(M[..., iu[0], iu[1]], -1, 1).astype(X.dtype))
+    N, dN = _linear_basis(x, xp)
+    from .evaluation import interpolate      # a cycle: the checks import check_vertices
+    from .geometry import geometry_data
+    J = interpolate(N, dN, _vertex_field(X), what="gradients", dim=dim)   # (E, i, a, q..)
+    W = functools.reduce(np.multiply.outer, [w] * dim)
+    c = xp.ascontiguousarray(xp.broadcast_to(
+        coef.astype(xp.float64).reshape((E,) + (1,) * dim), (E,) + (nq,) * dim))
+    return geometry_data(J, W, what=qfunc, coef=c, dtype=X.dtype, absdet=True,
+                         jmin=xp.empty(E))
+
+
+def _lagrange_values(nodes, points):
+    """``B[k, i]``: the Lagrange basis of ``nodes`` at ``points``, by the product formula
+    (exact at the nodes).
+
+    >>> _lagrange_values(np.array([-1.0, 0.0, 1.0]), np.array([-1.0, 0.5]))
+    array([[ 1.   ,  0.   , -0.   ],
+           [-0.125,  0.75 ,  0.375]])
+    """
+    n = len(nodes)
+    B = np.ones((len(points), n))
+    for i in range(n):
+        for j in range(n):
+            if j != i:
+                B[:, i] *= (points - nodes[j]) / (nodes[i] - nodes[j])
+    return B
 
 
 def check_vertices(X, coef, E=None, dim_hint=None):
@@ -118,14 +127,18 @@ def vertices_of_mesh(mesh, check_nq=None):
            [0.5, 0. ],
            [0.5, 0.5]])
     """
-    from .fem.geometry import map_points
-    corners = np.array([-1.0, 1.0])
-    P = np.asarray(map_points(mesh, corners))                       # (E, dim, 2, ...)
+    from .evaluation import interpolate      # a cycle: the checks import check_vertices
+    nodes, geo = np.asarray(mesh.geom_nodes, dtype=np.float64), np.asarray(mesh.nodes)
+    dim = mesh.dim
+
+    def map_points(points):                                         # (E, dim, nq, ...)
+        return interpolate(_lagrange_values(nodes, points), None, geo, dim=dim)
+    P = map_points(np.array([-1.0, 1.0]))                          # (E, dim, 2, ...)
     E, dim = P.shape[0], P.shape[1]
     X = np.ascontiguousarray(np.moveaxis(P.reshape(E, dim, 2 ** dim), 1, 2))
     if check_nq:
         x, _ = rule_1d(check_nq)
-        own = np.asarray(map_points(mesh, x))                       # (E, dim, nq, ...)
+        own = map_points(x)                                         # (E, dim, nq, ...)
         N = np.stack([(1 - x) / 2, (1 + x) / 2], axis=1)
         ks, vs = "klm"[:dim], "uvw"[:dim]
         expr = ",".join(f"{k}{v}" for k, v in zip(ks, vs)) + f",e{vs}i->ei{ks}"

@@ -17,7 +17,7 @@ import pytest
 import smalltc
 from smalltc import aot
 from smalltc._arrays import gpu_available
-from smalltc.cli import main
+from smalltc.app.cli import main
 
 # a first call in a fresh process: the seconds it took and the cache files it wrote
 FIRST_CALL = r"""
@@ -62,7 +62,7 @@ def _first_call(env, device):
 def test_second_process_after_precompile_compiles_nothing(tmp_path, device):
     env = _env(tmp_path, "warm")
     records = tmp_path / "records.json"
-    subprocess.run([sys.executable, "-m", "smalltc.cli", "precompile", "--ops", "action",
+    subprocess.run([sys.executable, "-m", "smalltc", "precompile", "--ops", "action",
                     "--p", "1", "--nq", "2", "--dims", "2", "--device", device,
                     "--no-progress", "--json", str(records)], env=env, check=True,
                    capture_output=True)

@@ -6,10 +6,11 @@ import math
 import numpy as np
 import pytest
 
+from optional_deps import needs
 from smalltc.bench import cases as bench_cases
 from smalltc.bench import runner, suites
 from smalltc.bench.cases import Case, Impl
-from smalltc.cli import main
+from smalltc.app.cli import main
 
 TINY = ["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress",
         "--backend", "reference", "--device", "cpu"]
@@ -60,6 +61,7 @@ def test_json_has_the_required_fields(run_dir):
 
 
 def test_plots_are_written(run_dir):
+    needs("matplotlib")
     for stem in ("gemm-square", "fem-dofs", "fraction"):
         path = run_dir / f"n2_4_rect-p1-dim2-{stem}-float64.png"
         assert path.exists() and path.stat().st_size > 10_000, stem
@@ -245,6 +247,7 @@ def test_merge_joins_split_runs(run_dir, tmp_path, capsys):
 
 
 def test_split_run_names_its_files(tmp_path):
+    needs("matplotlib")
     assert main(TINY + ["--suite", "assembly", "--p", "1", "--dim", "2", "--no-baselines",
                         "--out", str(tmp_path)]) == 0
     assert (tmp_path / "bench-assembly-p1-dim2-float64.json").exists()
@@ -262,6 +265,7 @@ def test_gpu_asked_for_without_one_says_so():
 def test_bp1_suite_end_to_end(tmp_path, capsys):
     """bp1 on the CPU, tiny: every implementation checked and timed, the two bounds, the
     table and the plot; the fused apply checked against the unfused path."""
+    needs("matplotlib")
     assert main(TINY[:-4] + ["--device", "cpu", "--suite", "bp1", "--p", "1", "--out",
                              str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "bench-bp1-p1-float64.json").read_text())
@@ -290,6 +294,7 @@ def test_bp3_bp5_suites_end_to_end(tmp_path, capsys, suite, rule):
     """bp3 and bp5 on the CPU, tiny: the diffusion operator (collocated for bp5) checked
     against the unfused path and timed, with the einsum chain and a Jacobi-CG iteration;
     the bound counts Q's six entries per point; the table and the plot."""
+    needs("matplotlib")
     assert main(TINY[:-4] + ["--device", "cpu", "--suite", suite, "--p", "1", "--out",
                              str(tmp_path)]) == 0
     doc = json.loads((tmp_path / f"bench-{suite}-p1-float64.json").read_text())
@@ -344,6 +349,7 @@ def test_solve_suite_end_to_end(tmp_path, capsys):
     """solve on the CPU, tiny: the three preconditioners reach 1e-8 on the same problem,
     p-multigrid in the fewest iterations, with its hierarchy and V-cycle cost; the table
     and the plot of iterations against p."""
+    needs("matplotlib", "scipy", "pyamg")
     assert main(TINY[:-4] + ["--device", "cpu", "--suite", "solve", "--p", "2", "--profile",
                              "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "bench-solve-p2-float64.json").read_text())
@@ -387,6 +393,7 @@ def test_force_suite_end_to_end(tmp_path, capsys):
     """force on the CPU, tiny (the reference backend: no compile): both directions at 2D
     p = 2, the element level, the fused form and the einsum chain checked and timed, each
     against its own bound; the table and the plot."""
+    needs("matplotlib")
     assert main(TINY + ["--suite", "force", "--p", "2", "--dim", "2", "--out",
                         str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "bench-force-p2-dim2-float64.json").read_text())

@@ -7,11 +7,12 @@ import sys
 import numpy as np
 import pytest
 
+from optional_deps import needs
 import smalltc
 from smalltc import roofline
 from smalltc.bench import basis, poisson
 from smalltc.bench.cases import case_spec
-from smalltc.cli import main
+from smalltc.app.cli import main
 
 QUICK = ["bench", "--quick", "--repeats", "2", "--warmup", "1", "--no-progress", "--device",
          "cpu"]
@@ -28,6 +29,7 @@ def test_poisson_suite_end_to_end(tmp_path, capsys):
     """Box mesh, p = 2, Jacobi and p-multigrid: every phase timed in the cold and the warm
     run, the solve converged, the errors of the exact solution, the VTU written, the peak
     memory; the pieces are fem.poisson_problem's; the table and the stacked-bar plot."""
+    needs("meshio", "scipy", "pyamg", "matplotlib")
     assert main(QUICK + ["--suite", "poisson", "--p", "2", "--mesh", "box", "--out",
                          str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "bench-poisson-p2-meshbox-float64.json").read_text())
@@ -106,6 +108,7 @@ def test_basis_suite_end_to_end(tmp_path, capsys):
     """p = 2, every what and both directions through the map: smalltc, the reference path
     and the einsum chain checked against the oracle and timed, against the bound; the
     table and the plots."""
+    needs("matplotlib")
     assert main(QUICK + ["--backend", "reference", "--suite", "basis", "--p", "2", "--out",
                          str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "bench-basis-p2-float64.json").read_text())

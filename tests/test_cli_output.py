@@ -8,8 +8,8 @@ import re
 import pytest
 
 from smalltc.bench import bp1, plots, report
-from smalltc.cli import SUBCOMMANDS, main, plain_text
-from smalltc.demo import _print_mpi
+from smalltc.app.cli import SUBCOMMANDS, main, plain_text
+from smalltc.app.demo import _print_mpi
 
 # (rate per second, unit, text)
 RATE_CASES = [

@@ -19,9 +19,11 @@ from smalltc.backends.cuda.assembly import ASSEMBLY, assembly_ctx
 from smalltc.backends.cuda.basis import BASIS
 from smalltc.backends.cuda.contract9 import contract9_ctx
 from smalltc.backends.cuda.force import FORCE
+from smalltc.backends.cuda.geometry import GEOMETRY
 from smalltc.backends.cuda.layout import generic_ctx, layout_ctx
 from smalltc.backends.cuda.mass_apply import MASS_APPLY, MASS_DIAGONAL
-from smalltc.spec import ActionSpec, AssemblySpec, BasisSpec, MassApplySpec, MassDiagonalSpec
+from smalltc.spec import (ActionSpec, AssemblySpec, BasisSpec, GeometrySpec, MassApplySpec,
+                          MassDiagonalSpec)
 from smalltc.backends.cuda.runtime import SmalltcCompileError, render, template_names
 
 NVCC = shutil.which("nvcc")
@@ -194,6 +196,16 @@ def _configs():
                       ncomp=nc, comp_axis=nc > 1, ndofs=None if it is None else 1,
                       index_dtype=it or "int32")
         out.append(("basis.cu.j2", BASIS.context(b)))
+    # the pointwise geometry: 1D-3D, every output, a coefficient, float32 out and J, |det J|
+    for dim, nq, what, coef, dt, jdt, ab in ((1, 3, "mass", True, "float64", "float64", False),
+                                             (2, 4, "inverse", False, "float32", "float64",
+                                              False),
+                                             (3, 4, "diffusion", True, "float64", "float64",
+                                              False),
+                                             (3, 6, "both", False, "float32", "float32", True)):
+        out.append(("geometry.cu.j2", GEOMETRY.context(GeometrySpec(
+            dim=dim, nq=nq, batch=1, dtype=dt, what=what, coef=coef, jdtype=jdt,
+            absdet=ab))))
     # device CG (fixed entry names with C linkage: one configuration in the translation unit)
     out.insert(20, ("cg.cu.j2", dict(dtype="float64", threads=256, blocks=1024, jacobi=1)))
     # the deterministic FEM operator's sum through the transposed map

@@ -1,11 +1,13 @@
 """``smalltc demo --quick``: projection, timing table against the bound, JSON and plot."""
 import json
 
-from smalltc.cli import main
-from smalltc.demo import timing_cases
+from optional_deps import needs
+from smalltc.app.cli import main
+from smalltc.app.demo import timing_cases
 
 
 def test_demo_quick_runs(tmp_path, capsys):
+    needs("matplotlib")
     rc = main(["demo", "--quick", "--device", "cpu", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out

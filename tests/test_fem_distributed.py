@@ -224,10 +224,10 @@ def test_serial_runs_never_import_mpi4py():
 
 
 def test_demo_mpi_without_mpi_says_what_is_missing():
-    res = _run("import sys\nsys.modules['mpi4py'] = None\nfrom smalltc.cli import main\n"
+    res = _run("import sys\nsys.modules['mpi4py'] = None\nfrom smalltc.app.cli import main\n"
                "sys.exit(main(['demo', '--mpi', '--quick']))\n")
     assert res.returncode == 2 and "pip install 'smalltc[mpi]'" in res.stderr, res.stderr
-    res = _run("import sys\nfrom smalltc.cli import main\n"
+    res = _run("import sys\nfrom smalltc.app.cli import main\n"
                "sys.exit(main(['demo', '--mpi', '--quick']))\n",
                MPI4PY_LIBMPI="/nonexistent/libmpi.so")
     assert res.returncode == 2 and "loads no MPI library" in res.stderr, res.stderr

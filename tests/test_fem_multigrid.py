@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import array_modules, to_numpy, xp_of
+from optional_deps import needs
 from smalltc import fem
 from smalltc.fem.chebyshev import Chebyshev, estimate_lambda_max
 from smalltc.fem.coarse import AMGSolver, CGSolver, assemble_csr
@@ -68,6 +69,7 @@ def test_transfer_errors():
 
 @pytest.mark.parametrize("dim, p", [(2, 1), (2, 2), (3, 1)])
 def test_assemble_csr_by_probing_matches_the_assembled_matrix(dim, p):
+    needs("scipy")
     V = fem.H1Space(fem.box_mesh(dim, 3, distortion=0.05), p)
     ref = fem.mass_operator(V, assembled=True).to_dense()
     A = assemble_csr(fem.mass_operator(V), V)           # matrix-free: probed
@@ -77,6 +79,7 @@ def test_assemble_csr_by_probing_matches_the_assembled_matrix(dim, p):
 
 
 def test_constrained_operator_is_identity_on_fixed_dofs_and_idempotent():
+    needs("scipy")
     V = fem.H1Space(fem.box_mesh(2, 3, distortion=0.05), 2)
     K = fem.diffusion_operator(V)
     free = ~boundary_mask(V)
@@ -172,6 +175,7 @@ PMG_CASES = [
 
 @pytest.mark.parametrize("dim, n, p, coarse, cycle, smoother", PMG_CASES)
 def test_pmg_cg_converges_fast_to_the_direct_solution(dim, n, p, coarse, cycle, smoother):
+    needs("scipy", *(["pyamg"] if coarse == "amg" else []))
     import scipy.sparse.linalg as sla
     V = fem.H1Space(fem.box_mesh(dim, n, distortion=0.05), p)
     M = fem.pmg(V, kind="diffusion", constrained="boundary", coarse=coarse,
@@ -190,6 +194,7 @@ def test_pmg_cg_converges_fast_to_the_direct_solution(dim, n, p, coarse, cycle, 
 
 
 def test_pmg_is_a_symmetric_positive_definite_preconditioner():
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(2, 2, distortion=0.05), 3)
     M = fem.pmg(V, kind="diffusion", constrained="boundary", amg_cycle="portable")
     Z = np.stack([M(np.eye(V.ndofs)[j]) for j in range(V.ndofs)], axis=1)
@@ -198,6 +203,7 @@ def test_pmg_is_a_symmetric_positive_definite_preconditioner():
 
 
 def test_pmg_on_a_mass_operator_with_scipy_cg_and_print():
+    needs("scipy", "pyamg")
     from scipy.sparse.linalg import cg
     V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
     op = fem.mass_operator(V)
@@ -233,6 +239,7 @@ def test_pmg_errors():
     "smalltc._arrays", fromlist=["gpu_available"]).gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("p", [2, 4])
 def test_pmg_on_the_gpu_matches_the_cpu(p):
+    needs("scipy", "pyamg")
     cp = xp_of("cupy")
     V = fem.H1Space(fem.box_mesh(3, 3, distortion=0.05), p)
     cpu = fem.pmg(V, kind="diffusion", constrained="boundary", amg_cycle="portable")
@@ -251,6 +258,7 @@ def test_pmg_on_the_gpu_matches_the_cpu(p):
 def test_pmg_graph_replays_the_vcycle():
     """The V-cycle captured as a CUDA graph (AMG with levels below the dense solve) gives
     the launch-by-launch V-cycle's result for new inputs, and the same solve."""
+    needs("scipy", "pyamg")
     cp = xp_of("cupy")
     V = fem.H1Space(fem.box_mesh(3, 8, distortion=0.05), 3)
     eager = fem.pmg(V, kind="diffusion", constrained="boundary", device="gpu", graph=False)
@@ -269,6 +277,7 @@ def test_pmg_graph_replays_the_vcycle():
 
 
 def test_pmg_graph_option():
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(2, 3), 2)
     with pytest.raises(ValueError, match="graph must be"):
         fem.pmg(V, kind="diffusion", graph="yes")
@@ -279,6 +288,7 @@ def test_pmg_graph_option():
 def test_pmg_and_probing_on_an_unstructured_mesh():
     """Elements rotated by 180 degrees (their own node orders): the transfers, the
     boundary and the distance-2 colouring of the probing work through the DoF map."""
+    needs("scipy", "pyamg")
     from smalltc.fem.unstructured import from_elements
     nodes = fem.box_mesh(2, 4, distortion=0.05).nodes.copy()
     nodes[::2] = nodes[::2][..., ::-1, ::-1]
@@ -296,6 +306,7 @@ def test_pmg_and_probing_on_an_unstructured_mesh():
 
 
 def test_cg_callback_logs_every_iteration_of_a_pmg_solve(capsys):
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(2, 3, distortion=0.05), 2)
     M = fem.pmg(V, kind="diffusion", constrained="boundary")
     b = M.operator(np.ones(V.ndofs))
@@ -313,6 +324,7 @@ def test_cg_callback_logs_every_iteration_of_a_pmg_solve(capsys):
 def test_solve_poisson_with_chebyshev_and_pmg(precond):
     """The same solution as Jacobi-CG (to the tolerance), in fewer iterations; pmg built from
     the problem's ConstrainedOperator (its Dirichlet DoFs, the operator's quadrature)."""
+    needs("scipy", "pyamg")
     u = lambda x: np.sin(np.pi * x[0]) * x[1] + x[2] ** 2          # noqa: E731
     mesh = fem.box_mesh(3, 3, distortion=0.05)
     kw = dict(dirichlet=u, device="cpu", tol=1e-10)
@@ -336,6 +348,7 @@ def test_solve_poisson_with_chebyshev_and_pmg(precond):
     (lambda V: fem.diffusion_operator(V, kappa=lambda x: 1 + x[0] ** 2), dict(kappa=lambda x: 1 + x[0] ** 2)),
 ])
 def test_pmg_levels_are_built_like_the_given_operator(make, kw):
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
     op = make(V)
     M = fem.pmg(op, constrained="boundary", coarse_nq_offset=None, **kw)
@@ -351,6 +364,7 @@ def test_pmg_levels_are_built_like_the_given_operator(make, kw):
 
 
 def test_pmg_coarse_levels_take_q_plus_1_points_by_default():
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
     op = fem.diffusion_operator(V)                                   # nq = p + 2
     M = fem.pmg(op, constrained="boundary")
@@ -382,6 +396,7 @@ def test_fused_transfer_kernels_match_the_array_path(dim, n, q, p, dtype):
 
 
 def test_the_amg_level_is_assembled_and_matches_the_probed_matrix():
+    needs("scipy", "pyamg")
     from smalltc.fem.multigrid import Constrained
     V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 2)
     M = fem.pmg(V, kind="diffusion", constrained="boundary")
@@ -469,6 +484,7 @@ def _plain_vcycle(M, l, b):
 @pytest.mark.parametrize("xp_name", array_modules())
 @pytest.mark.parametrize("p", [2, 4])
 def test_fused_vcycle_matches_the_plain_vcycle(xp_name, p):
+    needs("scipy", "pyamg")
     _gpu_or_skip(xp_name)
     xp = xp_of(xp_name)
     V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), p)
@@ -483,6 +499,7 @@ def test_fused_vcycle_matches_the_plain_vcycle(xp_name, p):
 
 
 def test_profile_times_every_part_of_every_level():
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
     M = fem.pmg(V, kind="diffusion", constrained="boundary")
     prof = M.profile(np.ones(V.ndofs), repeats=2)
@@ -497,6 +514,7 @@ def test_profile_times_every_part_of_every_level():
 
 
 def test_element_matrices_sum_to_the_csr_of_to_csr():
+    needs("scipy")
     V = fem.H1Space(fem.box_mesh(3, 3, distortion=0.1), 1)
     op = fem.diffusion_operator(V, nq=2, assembled=True)
     A = assemble_csr(op, V)
@@ -507,6 +525,7 @@ def test_element_matrices_sum_to_the_csr_of_to_csr():
 
 
 def test_pmg_degree_per_level():
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(3, 2, distortion=0.05), 4)
     M = fem.pmg(V, kind="diffusion", constrained="boundary", degree=[4, 2])
     assert [lev.smoother.degree for lev in M.levels[:-1]] == [4, 2]
@@ -538,6 +557,7 @@ def test_compiled_host_transfers_match_the_array_path(dim, n, q, p, dtype):
 @pytest.mark.skipif(xp_of("cupy") is None or not __import__(
     "smalltc._arrays", fromlist=["gpu_available"]).gpu_available(), reason="no CUDA device")
 def test_amg_csr_kernel_matches_cupyx_on_the_gpu():
+    needs("scipy", "pyamg")
     cp = xp_of("cupy")
     V = fem.H1Space(fem.box_mesh(3, 9, distortion=0.05), 1)
     A = assemble_csr(fem.diffusion_operator(V, nq=2), V) + __import__("scipy.sparse").sparse.eye(V.ndofs)
@@ -553,6 +573,7 @@ def test_amg_csr_kernel_matches_cupyx_on_the_gpu():
 
 
 def test_amg_portable_cycle_options():
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(3, 11, distortion=0.05), 1)
     A = assemble_csr(fem.diffusion_operator(V, nq=2), V)
     import scipy.sparse as sp
@@ -568,6 +589,7 @@ def test_amg_setup_is_reproducible_and_leaves_numpy_random_alone():
     """pyamg's setup draws random start vectors from NumPy's global generator: AMGSolver
     seeds it for the setup (the same matrix, the same hierarchy and result bits) and
     restores the caller's state."""
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(3, 5, distortion=0.05), 1)
     A = assemble_csr(fem.diffusion_operator(V, nq=2, device="cpu"), V)
     x = np.random.default_rng(1).standard_normal(V.ndofs)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import array_modules, to_numpy, xp_of
+from optional_deps import needs
 from smalltc import fem
 from smalltc._arrays import gpu_available
 from smalltc.fem.chebyshev import Chebyshev, estimate_lambda_max
@@ -41,6 +42,7 @@ def _global_matrix(V, mass):
 
 @pytest.mark.parametrize("dim, p, overlap, mass", LOCAL_CASES)
 def test_local_inverse_is_the_dense_inverse_of_the_extended_element(dim, p, overlap, mass):
+    needs("scipy")
     m = 5 if p == 1 else 3               # p = 1: the extension reaches the next elements
     mesh = fem.box_mesh(dim, m, upper=2.0)           # equal boxes of side 2/m
     V = fem.H1Space(mesh, p)
@@ -61,6 +63,7 @@ def test_local_inverse_is_the_dense_inverse_of_the_extended_element(dim, p, over
 def test_local_inverse_at_a_constrained_corner(dim, p):
     """A corner element of a Dirichlet box: its boundary nodes are decoupled, the rest is
     the principal submatrix of the global matrix on its free extended nodes."""
+    needs("scipy")
     V = fem.H1Space(fem.box_mesh(dim, 3), p)
     free = ~boundary_mask(V)
     P = Schwarz(V, free=free)
@@ -173,6 +176,7 @@ def test_estimate_with_a_preconditioner():
 
 @pytest.mark.parametrize("p", [2, 3])
 def test_pmg_schwarz_converges_to_the_jacobi_cg_solution(p):
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(3, 3, distortion=0.05), p)
     A = fem.diffusion_operator(V)
     M = fem.pmg(A, constrained="boundary", relaxation="schwarz")
@@ -190,6 +194,7 @@ def test_pmg_schwarz_converges_to_the_jacobi_cg_solution(p):
 def test_pmg_schwarz_beats_jacobi_on_kershaw():
     """Kershaw eps = 0.3, 6^3 elements, p = 4, the defaults otherwise (degree 3): measured
     31 (Jacobi) against 17 (Schwarz) iterations to 1e-8."""
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.kershaw_mesh(6, 0.3), 4)
     A = fem.diffusion_operator(V)
     its = {}
@@ -204,6 +209,7 @@ def test_pmg_schwarz_beats_jacobi_on_kershaw():
 
 
 def test_pmg_schwarz_options_and_errors():
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.box_mesh(2, 3), 2)
     M = fem.pmg(V, kind="diffusion", constrained="boundary", relaxation="schwarz",
                 schwarz_options=dict(overlap=0, mass="lumped"))
@@ -242,6 +248,7 @@ def test_schwarz_errors():
 
 
 def test_solve_poisson_passes_pmg_options():
+    needs("scipy", "pyamg")
     from smalltc.fem.poisson import solve_poisson
     u = lambda x: x[0] ** 2 + x[1] * x[2]            # -laplace(u) = -2
     res = solve_poisson(fem.box_mesh(3, 2, distortion=0.05), 3, -2.0, dirichlet=u, exact=u,
@@ -256,6 +263,7 @@ def test_solve_poisson_passes_pmg_options():
 @GPU
 @pytest.mark.parametrize("p", [2, 3])
 def test_schwarz_on_the_gpu_matches_the_cpu(p):
+    needs("scipy", "pyamg")
     cp = xp_of("cupy")
     V = fem.H1Space(fem.kershaw_mesh(6, 0.3), p)
     free = ~boundary_mask(V)
@@ -322,6 +330,7 @@ def test_host_kernel_matches_the_array_path(dim, p, overlap):
 def test_pmg_with_float32_local_solves():
     """float32 Schwarz inside a float64 V-cycle: the smoother's vectors stay float64 and
     the iterations are those of float64 local solves (to 1e-8)."""
+    needs("scipy", "pyamg")
     V = fem.H1Space(fem.kershaw_mesh(6, 0.3), 3)
     A = fem.diffusion_operator(V)
     its = []
@@ -342,6 +351,7 @@ def test_pmg_with_float32_local_solves():
 def test_local_inverse_with_coefficients(dim, p):
     """kappa and alpha: the extended element's block of the assembled Helmholtz matrix
     ``alpha M + kappa K`` (equal boxes, exact quadrature)."""
+    needs("scipy")
     kappa, alpha = 0.5, 3.0
     V = fem.H1Space(fem.box_mesh(dim, 3, upper=2.0), p)
     P = Schwarz(V, kappa=kappa, alpha=alpha)

@@ -489,6 +489,49 @@ def test_to_meshio_samples_match_einsum(k, p):
         np.testing.assert_allclose(m.point_data[name].reshape(want.shape), want, atol=1e-13)
 
 
+@pytest.mark.parametrize("k", [1, 4, len(SPACE_MESHES) - 1])
+def test_raw_vtu_reads_back_as_meshio_writes_it(tmp_path, k):
+    meshio = pytest.importorskip("meshio", reason="the VTU files are read back by meshio")
+    V = fem.H1Space(SPACE_MESHES[k], 2)
+    x = V.dof_coordinates()
+    fields = dict(u=np.sin(x[0]) + x[1] ** 2, w=np.stack([x[0], x[1] ** 3]))
+    raw = meshio.read(fem.write_vtu(str(tmp_path / "raw.vtu"), V, **fields))
+    ref = meshio.read(fem.write_vtu(str(tmp_path / "zlib.vtu"), V, compression="zlib",
+                                    **fields))
+    np.testing.assert_array_equal(raw.points, ref.points)
+    assert [c.type for c in raw.cells] == [c.type for c in ref.cells]
+    np.testing.assert_array_equal(raw.cells[0].data, ref.cells[0].data)
+    assert sorted(raw.point_data) == ["u", "w"]
+    for name in ("u", "w"):
+        assert raw.point_data[name].shape == ref.point_data[name].shape
+        np.testing.assert_array_equal(raw.point_data[name], ref.point_data[name])
+
+
+def _assign_oracle(V, v):
+    """The scatter-assignment: every copy of a DoF written, the last one kept."""
+    v = np.asarray(v)
+    if v.ndim == V.elem_dofs.ndim:
+        out = np.full(V.ndofs, np.nan)
+        out[V.elem_dofs.ravel()] = v.ravel()
+        return out
+    out = np.full((v.shape[1], V.ndofs), np.nan)
+    out[:, V.elem_dofs.ravel()] = np.moveaxis(v, 1, 0).reshape(v.shape[1], -1)
+    return out
+
+
+@pytest.mark.parametrize("k", [0, len(SPACE_MESHES) - 1])
+@pytest.mark.parametrize("ncomp", [None, 1, 3])
+def test_assign_keeps_the_copy_a_scatter_assignment_keeps(k, ncomp):
+    V = fem.H1Space(SPACE_MESHES[k], 2)
+    shape = V.evector_shape if ncomp is None else V.evector_shape[:1] + (ncomp,) + \
+        V.evector_shape[1:]
+    v = np.random.default_rng(k).standard_normal(shape)      # discontinuous on purpose
+    np.testing.assert_array_equal(V.assign(v), _assign_oracle(V, v))
+    if gpu_available():
+        cp = cupy_or_none()
+        np.testing.assert_array_equal(cp.asnumpy(V.assign(cp.asarray(v))), _assign_oracle(V, v))
+
+
 @pytest.mark.parametrize("dim", [2, 3])
 def test_gmsh_facet_cells_match_the_facet_loop(dim):
     mesh = FILE_MESHES[dim - 2]

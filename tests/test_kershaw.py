@@ -3,6 +3,7 @@ definition, volume, boundary, Jacobians, exactness of the multilinear elements, 
 import numpy as np
 import pytest
 
+from optional_deps import needs
 from smalltc.fem import H1Space, Kershaw, box_mesh, kershaw_mesh
 from smalltc.fem.geometry import det_jacobian, jacobian, map_points, quadrature_data
 
@@ -169,6 +170,7 @@ def _pmg_iterations(p, n, **kw):
 
 
 def test_pmg_is_robust_on_kershaw():
+    needs("scipy", "pyamg")
     # the targets on the benchmarks' mesh (eps 0.3): <= 30 iterations to 1e-8,
     # growing <= 1.5x under one refinement and when p doubles, with the optimised
     # fourth-kind smoother of degree max(3, p) on the finest level and 3 below

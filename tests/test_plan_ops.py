@@ -181,6 +181,28 @@ CASES += [
      lambda: scatter(sum(H.reshape(E, DIM, -1)[:, s] @ Mi for s, Mi in
                          enumerate(evals(B, G, "grad")))[:, None], M, NDOFS)[0]),
 ]
+# the pointwise geometry: J near the identity (positive |J|), the 1D weights' tensor
+Jg = 0.3 * np.eye(DIM)[None, :, :, None, None] + 0.05 * rng.random((E, DIM, DIM, NQ, NQ))
+w1 = rng.random(NQ)
+jmin = np.full(E, np.nan)
+
+
+def geometry_oracle():
+    """``D = w |J|`` and ``Q = w adj J adj J^T / |J|`` (packed 11, 12, 22), float64."""
+    Jm = np.moveaxis(Jg, (1, 2), (-2, -1))                          # (E, nq, nq, 2, 2)
+    det = np.linalg.det(Jm)
+    adj = det[..., None, None] * np.linalg.inv(Jm)
+    W = np.multiply.outer(w1, w1)
+    Qf = W[..., None, None] * adj @ np.swapaxes(adj, -1, -2) / det[..., None, None]
+    packed = [Qf[..., a, b] for a, b in O.sym_pairs(DIM)]
+    return np.stack([W * det] + packed, axis=1)
+
+
+CASES += [
+    ("geometry", "geometry", (Jg, np.multiply.outer(w1, w1), None, jmin), dict(what="both"),
+     {}, lambda **k: smalltc.geometry_data(Jg, w1, what="both", jmin=jmin, **k),
+     geometry_oracle),
+]
 IDS = [c[0] for c in CASES]
 
 
@@ -207,11 +229,12 @@ def test_plan_matches_the_public_function_and_the_oracle(case, backend):
 
 
 def test_the_public_call_caches_the_plan_plan_builds():
-    """The plan a public call caches has the spec and backend of ``smalltc.plan``'s."""
+    """The plan a public call caches under its entry has the spec of ``smalltc.plan``'s."""
     for _, op, operands, kw, _, public, _ in CASES:
         _PLANS.clear()
         public(backend="reference")
-        (cached,) = _PLANS.values()
+        (cached,) = [p for k, p in _PLANS.items() if k[0] is OPS[op]]   # the reference path
+        # of the vertex operators caches plans of its own (interpolate, geometry_data)
         pl = smalltc.plan(op, *operands, backend="reference", **kw)
         assert cached.spec == pl.spec, op
 

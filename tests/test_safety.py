@@ -211,7 +211,7 @@ def test_cg_non_symmetric_operator_is_named(fused):
 
 
 def test_version_flag(capsys):
-    from smalltc.cli import main
+    from smalltc.app.cli import main
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from smalltc.cli import main
+from optional_deps import needs
+from smalltc.app.cli import main
 from smalltc.tuning import cli
 from smalltc.tuning import tables as T
 from smalltc.tuning.measure import DryRunDevice
@@ -39,6 +40,7 @@ class TickingDevice(DryRunDevice):
 
 
 def test_dry_run_end_to_end(tmp_path, capsys):
+    needs("matplotlib")
     rc = main(["tune", "--op", "gemm", "--sizes", "4", "8", "--dry-run", "--work",
                str(tmp_path), "--compiler", "none", "--jobs", "1", "--plot",
                "--no-progress"])
@@ -55,6 +57,7 @@ def test_dry_run_end_to_end(tmp_path, capsys):
 
 
 def test_mock_device_budget_then_resume(tmp_path, capsys):
+    needs("matplotlib")
     clock = Clock()
     common = ("--op", "action", "--sizes", "3:1-2:p+1", "--work", str(tmp_path / "w"),
               "--out", str(tmp_path / "tables"), "--compiler", "none", "--jobs", "1",

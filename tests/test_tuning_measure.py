@@ -13,7 +13,7 @@ import pytest
 from smalltc import _timing
 from smalltc.backends import get
 from smalltc.backends.cuda import family_of
-from smalltc.spec import ActionSpec, AssemblySpec, ContractSpec, GemmSpec
+from smalltc.spec import ActionSpec, AssemblySpec, BasisSpec, ContractSpec, GemmSpec
 from smalltc.tuning import measure as M
 from smalltc.tuning.search import Search
 
@@ -83,6 +83,8 @@ SPECS = [
     GemmSpec(batch=37, m=4, n=3, k=5, dtype="float64", beta_zero=False, shared_b=True),
     GemmSpec(batch=37, m=4, n=4, k=4, dtype="float32", trans_a=True),
     ContractSpec(kind="8b", batch=37, i=3, s=3, j=4, k=4, l=3, dtype="float64", shared_y=True),
+    # the basis application through a map: the sampled check gathers with the map's integers
+    BasisSpec(dim=3, nq=4, nd=3, batch=27, dtype="float64", what="both", ndofs=7 ** 3),
 ]
 
 
@@ -90,10 +92,12 @@ SPECS = [
 def test_prepare_and_verify(spec):
     dev = _device(spec.dtype)
     prob = dev.prepare(spec)
-    for (name, shape, _, positive, _), a in zip(spec.inputs, prob.big):
-        assert a.shape == shape and a.dtype == np.dtype(spec.dtype)
-        assert np.all(a != 0) and (not positive or a.min() >= 0.5)
-    assert prob.check_out.shape[0] >= 3 and prob.samples[0] == 0 and prob.samples[-1] == 36
+    for (name, shape, _, positive, dt), a in zip(spec.inputs, prob.big):
+        assert a.shape == shape and a.dtype == np.dtype(dt or spec.dtype)
+        if dt is None:                                   # the map's integers start at 0
+            assert np.all(a != 0) and (not positive or a.min() >= 0.5)
+    assert prob.check_out.shape[0] >= 3 and prob.samples[0] == 0 and (
+        prob.samples[-1] == spec.batch - 1)
     ex = dev.build(spec, None)
     assert ex.source == "heuristic"
     assert dev.verify(prob, ex) <= M.TOL[spec.dtype]

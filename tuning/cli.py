@@ -25,6 +25,7 @@ from smalltc.tables import shipped_dir
 
 from . import tables as T
 from .measure import FOOTPRINT, DryRunDevice, GpuDevice, sized
+from .plot import pick_size, plot_search
 from .search import Search
 from .sizes import DEFAULT_SIZES, OPS, parse
 from .space import MAX_LOCAL_BYTES
@@ -129,7 +130,7 @@ def run(args, device=None, clock=None) -> int:
         if args.device == "cpu":
             if args.dry_run:
                 return _fail("--dry-run is for the GPU tuner; --device cpu measures")
-            from .cpu import CpuDevice
+            from .cpu import CpuDevice     # the CPU backend, Numba: loaded for --device cpu
             device = CpuDevice(args.dtype, repeats=args.repeats, footprint=footprint)
         elif args.dry_run:
             device = DryRunDevice(args.dtype, cc=args.cc, repeats=args.repeats,
@@ -192,7 +193,6 @@ def run(args, device=None, clock=None) -> int:
         print(f"table: {path} ({len(table['entries'])} entries); evidence: {evidence}")
     if args.plot and search.results:
         try:
-            from .plot import pick_size, plot_search
             res = pick_size(search.results, args.plot)
             png = work / f"search-{arch}-{args.dtype}-{_slug(res['key'])}.png"
             work.mkdir(parents=True, exist_ok=True)

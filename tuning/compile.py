@@ -28,6 +28,11 @@ import subprocess
 import tempfile
 import time
 
+from smalltc.backends import get
+from smalltc.backends.cuda import family_of
+from smalltc.backends.cuda.family import DEFAULT_DEVICE
+from smalltc.backends.cuda.runtime import render
+
 __all__ = ["compile_cuda", "compile_cpu", "compile_nvcc", "compile_none", "parse_ptxas",
            "nvcc_resources", "COMPILERS"]
 
@@ -106,9 +111,6 @@ def _entry(spec):
 
 def compile_nvcc(spec, params, arch="sm_90", smem_optin=227 * 1024):
     """Worker: render the candidate and compile it with nvcc; its resources (no GPU)."""
-    from smalltc.backends.cuda import family_of
-    from smalltc.backends.cuda.family import DEFAULT_DEVICE
-    from smalltc.backends.cuda.runtime import render
     t0 = time.perf_counter()
     fam = family_of(spec)
     ctx = None if fam is None else fam.context(spec, params,
@@ -131,7 +133,6 @@ def compile_cuda(spec, params, arch=None, smem_optin=None):
     ``params`` None builds the heuristic's kernel. ``arch`` and
     ``smem_optin`` are the device's (taken from the device, ignored here).
     """
-    from smalltc.backends import get
     t0 = time.perf_counter()
     try:
         ex = get("cuda").build(spec, params="heuristic" if params is None else params)
@@ -145,7 +146,6 @@ def compile_cuda(spec, params, arch=None, smem_optin=None):
 def compile_cpu(spec, params, arch=None, smem_optin=None):
     """Worker (CPU): build the candidate through the CPU backend (``params`` None: the
     heuristic); the compiled kernel lands in Numba's disk cache for the parent to load."""
-    from smalltc.backends import get
     t0 = time.perf_counter()
     try:
         ex = get("cpu").build(spec, params="heuristic" if params is None else params)

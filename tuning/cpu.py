@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 import os
 
+import numba
 import numpy as np
 
-from smalltc import roofline
+from smalltc import _timing, roofline
+from smalltc.backends import get
 from smalltc.backends.cpu import family_of
 from smalltc.backends.cpu.target import host
 
@@ -43,14 +45,12 @@ class CpuDevice:
     family_of = staticmethod(family_of)
 
     def __init__(self, dtype, repeats=20, warmup=3, footprint=FOOTPRINT):
-        from smalltc.backends import get
         self.backend = get("cpu")
         self.dtype, self.repeats, self.warmup, self.footprint = dtype, repeats, warmup, footprint
         self.target = host()
         self._bw = self._peak = None
 
     def info(self) -> dict:
-        import numba
         if self._bw is None:
             self._bw = roofline.bandwidth("cpu")
             self._peak = roofline.peak(self.dtype, "cpu")
@@ -124,7 +124,6 @@ class CpuDevice:
         return rel_err(problem.out[idx], _reference(spec, host64))
 
     def time(self, problem, ex, form="separate") -> list:
-        from smalltc._timing import time_calls
         spec, ops, out = problem.spec, problem.big, problem.out
         if form == "double":
             spec = spec.with_batch(2 * spec.batch)
@@ -134,6 +133,6 @@ class CpuDevice:
             ops, out = problem.double
         elif form != "separate":
             raise ValueError(f"unknown CPU timing form {form!r}")
-        return time_calls(lambda: self._run(ex.big, spec, ops, out), repeats=self.repeats,
+        return _timing.time_calls(lambda: self._run(ex.big, spec, ops, out), repeats=self.repeats,
                           warmup=self.warmup)
 

@@ -30,11 +30,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import sys
 import zlib
 
 import numpy as np
 
-from smalltc import roofline
+from smalltc import _timing, roofline
+from smalltc.backends import get
+from smalltc.backends.cuda import runtime as RT
 from smalltc.backends.cuda import family_of
 from smalltc.backends.cuda.family import DEFAULT_DEVICE
 
@@ -221,7 +224,6 @@ def _reference(spec, host64, xp=np):
     """The float64 reference output of ``spec`` on float64 operands (einsum), host arrays
     or, with ``xp`` CuPy, device arrays (the fused operator's timed size: the host's
     einsums took about 100 s a size for the vertex geometry)."""
-    from smalltc.backends import get
     s64 = dataclasses.replace(spec, dtype="float64")
     ex = get("reference").build(s64)
     out = xp.empty(s64.out_shape)
@@ -268,14 +270,12 @@ class GpuDevice:
 
     def __init__(self, dtype, repeats=20, warmup=3, footprint=FOOTPRINT):
         import cupy
-        from smalltc.backends import get
-        from smalltc.backends.cuda.runtime import device_info
         self.cp, self.backend = cupy, get("cuda")
         if not self.backend.available():
             raise RuntimeError("no CUDA device: smalltc tune needs one (or --dry-run)")
         self.dtype, self.repeats, self.warmup, self.footprint = dtype, repeats, warmup, footprint
         self._dev = cupy.cuda.runtime.getDevice()
-        self._info = dict(device_info(self._dev))
+        self._info = dict(RT.device_info(self._dev))
         self._bw = self._peak = None
 
     def info(self) -> dict:
@@ -332,7 +332,6 @@ class GpuDevice:
         """Free the size's arrays, and its compiled variants (one module per variant)."""
         problem.big = problem.out = problem.check_dev = problem.check_out = None
         problem.double = None
-        from smalltc.backends.cuda import runtime as RT
         RT.clear_cache()                     # CuPy's disk cache keeps them: rebuilt in ms
         self.cp.get_default_memory_pool().free_all_blocks()
 
@@ -369,13 +368,13 @@ class GpuDevice:
         idx = problem.samples
         spec = problem.spec.with_batch(len(idx))
         host = []
-        for (name, _, batched, _, _), a in zip(problem.spec.inputs, problem.big):
-            host.append(self.cp.asnumpy(a[idx] if batched else a).astype(np.float64))
+        for o, a in zip(problem.spec.inputs, problem.big):
+            h = self.cp.asnumpy(a[idx] if o.batched else a)
+            host.append(h if _is_index(o) else h.astype(np.float64))   # the map as it is
         ref = _reference(spec, host)
         return rel_err(self.cp.asnumpy(problem.out[idx]), ref)
 
     def time(self, problem, ex, form="separate") -> list:
-        from smalltc._timing import time_calls
         spec, ops, out, run = problem.spec, problem.big, problem.out, ex.big
         if form == "inplace":
             out = ops[2]                 # out=C; beta = 0.5 keeps the values bounded
@@ -400,24 +399,22 @@ class GpuDevice:
             return self._graph_times(lambda: self._run(ex.small, spec, ops, out))
         elif form != "separate":
             raise ValueError(f"unknown timing form {form!r}")
-        return time_calls(lambda: self._run(run, spec, ops, out), repeats=self.repeats,
-                          warmup=self.warmup, on_gpu=True)
+        return _timing.time_calls(lambda: self._run(run, spec, ops, out),
+                                  repeats=self.repeats, warmup=self.warmup, on_gpu=True)
 
     def _graph_times(self, fn, calls=50):
         """Nanoseconds per call of ``fn``, ``repeats`` samples, each a replay of a captured
         CUDA graph of ``calls`` calls: the device's time. Where capture fails, the event
         timer (``graph_fallbacks`` counts it)."""
-        from smalltc._timing import graph_times, time_calls
         try:
-            return graph_times(fn, repeats=self.repeats, warmup=self.warmup, calls=calls,
-                               cp=self.cp)
+            return _timing.graph_times(fn, repeats=self.repeats, warmup=self.warmup,
+                                       calls=calls, cp=self.cp)
         except Exception as err:              # no graph capture here: the host-bound timer
             self.graph_fallbacks = getattr(self, "graph_fallbacks", 0) + 1
             if self.graph_fallbacks == 1:
-                import sys
                 print(f"smalltc tune: the 'small' form times with CUDA events, not a graph "
                       f"({type(err).__name__}: {err})", file=sys.stderr)
-            return time_calls(fn, repeats=self.repeats, warmup=self.warmup, on_gpu=True)
+            return _timing.time_calls(fn, repeats=self.repeats, warmup=self.warmup, on_gpu=True)
 
 
 class _DryExecutor:

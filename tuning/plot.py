@@ -1,6 +1,8 @@
 """A picture of one search: every timed variant of one size, sorted, winner and heuristic marked."""
 from __future__ import annotations
 
+import numpy as np
+
 __all__ = ["plot_search", "pick_size"]
 
 
@@ -25,7 +27,6 @@ def plot_search(result: dict, path, device_name=""):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     ok = sorted((r for r in result["candidates"] if r["status"] == "ok"),
                 key=lambda r: r.get("first_time_s", r["time_s"]))

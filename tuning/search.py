@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 import statistics
 import sys
@@ -60,7 +61,7 @@ class _Bar:
         self.enabled = enabled and total > 0
         self._shown = -1
         if self.enabled:
-            try:
+            try:         # here: a bar only when asked for, and none without tqdm
                 from tqdm.auto import tqdm
                 self._bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
             except ImportError:
@@ -367,7 +368,6 @@ class Search:
                     bar.update()
                 return
             if self._pool is None:
-                import multiprocessing
                 self._pool = ProcessPoolExecutor(
                     max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
             futs = {self._pool.submit(self.compile_fn, spec, c.params, *args): c for c in todo}

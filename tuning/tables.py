@@ -37,8 +37,11 @@ import json
 import os
 import pathlib
 
+import smalltc
 from smalltc import tables as core
 from smalltc.backends.cuda import family_of as cuda_family_of
+
+from .measure import now_iso
 
 __all__ = ["table_name", "load", "validate", "new_table", "add_results", "demote", "save",
            "compact", "evidence_dir", "evidence_path"]
@@ -70,7 +73,7 @@ def table_name(info: dict, dtype: str, arch: bool = False) -> str:
 def family_of(table):
     """The ``family_of`` of the backend a table is for (its ``arch``: ``cpu-*`` or ``sm*``)."""
     if str(table.get("arch", "")).startswith("cpu-"):
-        from smalltc.backends.cpu import family_of as cpu_family_of
+        from smalltc.backends.cpu import family_of as cpu_family_of   # loads Numba: here
         return cpu_family_of
     return cuda_family_of
 
@@ -133,8 +136,6 @@ def load(path, evidence=None) -> dict:
 
 def new_table(info: dict, dtype: str, dry_run=False) -> dict:
     """An empty table for the device ``info`` (from a device's ``info()``)."""
-    import smalltc
-    from .measure import now_iso
     if str(info.get("arch", "")).startswith("cpu-"):            # a CPU: its ISA's table
         arch = info["arch"]
         device = {k: info.get(k) for k in ("name", "isa", "llvm_cpu", "vector_bytes",

@@ -19,7 +19,8 @@ __all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_ein
            "operator_assembly_einsum", "operator_diagonal_einsum", "operator_apply_unfused",
            "operator_diagonal_unfused", "sym_index", "einsum_executor", "force_einsum",
            "force_t_einsum", "force_apply_unfused", "force_t_apply_unfused",
-           "mixed_action_sumfac", "mixed_apply_unfused", "basis_apply_unfused"]
+           "mixed_action_sumfac", "mixed_apply_unfused", "basis_apply_unfused",
+           "cofactors", "geometry_closed_form"]
 
 
 def _xp(x):
@@ -553,6 +554,100 @@ def _basis_path(spec):
     return f"basis ({spec.what}): {what}", _Into(basis_apply_unfused, spec)
 
 
+# --- the pointwise geometry: |J|, adj J, D and Q in closed form ----------------------------
+
+def cofactors(dim):
+    """``adj[a][i]`` (the cofactor of ``J[i][a]``, ``J adj(J) = |J| I``) as products of
+    entries of ``J``: ``((r0, c0), (r1, c1), (r2, c2), (r3, c3))`` for ``J[r0][c0] J[r1][c1]
+    - J[r2][c2] J[r3][c3]`` (3D), ``((r, c), sign)`` for ``sign J[r][c]`` (2D; ``sign``
+    -1 written ``0 - J[r][c]``, a zero entry +0), ``None`` for the 1 of 1D. The order of
+    every kernel and of the oracle.
+
+    >>> cofactors(2)[0][1]
+    ((0, 1), -1)
+    >>> cofactors(3)[1][0]          # adj[1][0] = J[1][2] J[2][0] - J[1][0] J[2][2]
+    ((1, 2), (2, 0), (1, 0), (2, 2))
+    """
+    if dim == 1:
+        return [[None]]
+    if dim == 2:
+        return [[((1, 1), 1), ((0, 1), -1)], [((1, 0), -1), ((0, 0), 1)]]
+    out = [[None] * 3 for _ in range(3)]
+    for i in range(3):
+        r = [k for k in range(3) if k != i]
+        for a in range(3):
+            c = [k for k in range(3) if k != a]
+            t, u = ((r[0], c[0]), (r[1], c[1])), ((r[0], c[1]), (r[1], c[0]))
+            out[a][i] = t + u if (a + i) % 2 == 0 else u + t
+    return out
+
+
+def _adj_closed_form(xp, j, dim):
+    """``adj[a][i]`` of the entries ``j[r][c]`` (arrays), :func:`cofactors`' formulas."""
+    table = cofactors(dim)
+    if dim == 1:
+        return [[xp.ones_like(j[0][0])]]
+    if dim == 2:
+        return [[j[r][c] if s > 0 else 0.0 - j[r][c] for (r, c), s in row] for row in table]
+    return [[j[p[0]][p[1]] * j[q[0]][q[1]] - j[u[0]][u[1]] * j[v[0]][v[1]]
+             for p, q, u, v in row] for row in table]
+
+
+def geometry_closed_form(spec, *operands, out=None):
+    """The pointwise geometry of a :class:`smalltc.spec.GeometrySpec` on its operands
+    (``spec.inputs``' order), elementwise on the whole batch in float64: ``|J|`` by the
+    first row's cofactors, ``adj J`` by :func:`cofactors`, ``D = |J| w c``, ``Q = (w c /
+    |J|) sum_i adj[a][i] adj[b][i]`` (packed upper triangle), each element's smallest
+    ``|J|`` into ``jmin`` (NaN where one is NaN); the outputs rounded once to their dtype.
+    NumPy or CuPy; the oracle of the kernels and their fallback."""
+    a = dict(zip((o.name for o in spec.inputs), operands))
+    J, jmin = a["J"], a["jmin"]
+    xp = _xp(J)
+    dim, E, K = spec.dim, spec.batch, spec.nq ** spec.dim
+    if out is None:
+        out = xp.empty(spec.out_shape, dtype=spec.dtype)
+    if E == 0:
+        return out
+    Jf = J.reshape(E, dim, dim, K).astype(np.float64, copy=False)
+    j = [[Jf[:, r, c] for c in range(dim)] for r in range(dim)]
+    adj = _adj_closed_form(xp, j, dim)
+    det = j[0][0] * adj[0][0]
+    for c in range(1, dim):
+        det = det + j[0][c] * adj[c][0]
+    jmin[...] = det.min(axis=1)                     # NaN propagates
+    res = out.reshape(E, spec.nslots, K)
+    if spec.what in ("det", "adjugate", "inverse"):
+        res[:, 0] = det
+        for r in range(dim if spec.what != "det" else 0):
+            for c in range(dim):
+                res[:, 1 + r * dim + c] = adj[r][c] if spec.what == "adjugate" else \
+                    adj[r][c] / det
+        return out
+    scale = a["weights"].reshape(1, K) * (a["coef"].reshape(E, K).astype(np.float64, copy=False)
+                               if spec.coef else 1.0)
+    d = xp.abs(det) if spec.absdet else det
+    slot = 0
+    if spec.what in ("mass", "both"):
+        res[:, 0] = d * scale
+        slot = 1
+    if spec.what in ("diffusion", "both"):
+        s = scale / d
+        for r in range(dim):
+            for c in range(r, dim):
+                acc = adj[r][0] * adj[c][0]
+                for i in range(1, dim):
+                    acc = acc + adj[r][i] * adj[c][i]
+                res[:, slot] = acc * s
+                slot += 1
+    return out
+
+
+def _pointwise_geometry_path(spec):
+    """(kernel text, function of the operands) for a :class:`smalltc.spec.GeometrySpec`."""
+    return (f"geometry ({spec.what}): closed-form |J| and adjugate, elementwise passes",
+            _Into(geometry_closed_form, spec))
+
+
 def _operator_path(spec):
     """(kernel text, function of the operands) for a non-mass ``spec``."""
     if spec.qfunc in ("force", "force_t"):
@@ -561,6 +656,8 @@ def _operator_path(spec):
         return _mixed_path(spec)
     if spec.qfunc == "basis":
         return _basis_path(spec)
+    if spec.qfunc == "geometry":
+        return _pointwise_geometry_path(spec)
     names = [o.name for o in spec.inputs]
     q, dim = spec.qfunc, spec.dim
 

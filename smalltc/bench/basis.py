@@ -41,9 +41,14 @@ import traceback
 
 import numpy as np
 
+import smalltc
+
 from .. import roofline
 from .._timing import median, time_calls, time_once
+from ..fem import H1Space, basis_1d, box_mesh
+from ..spec import BasisSpec
 from .cases import Case
+from .runner import _sample_indices
 
 __all__ = ["cases", "run_case", "table", "plot", "WHATS", "DIRECTIONS", "oracle"]
 
@@ -150,10 +155,6 @@ def _plan_info(plan):
 
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
     """Measure one case; the record has the bench's layout (``impls``, ``bound``)."""
-    import smalltc
-    from ..fem import H1Space, basis_1d, box_mesh
-    from ..spec import BasisSpec
-    from .runner import _sample_indices
     on_gpu = xp.__name__ == "cupy"
     s = case.sizes
     p, nq, what, dt = s["p"], s["nq"], s["what"], case.dtype

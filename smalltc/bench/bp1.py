@@ -44,13 +44,22 @@ solve), which ``smalltc precompile`` shortens.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import traceback
 
 import numpy as np
 
-from .. import roofline
+import smalltc
+
+from .. import fem, roofline
 from .._timing import median, synchronize, time_calls, time_once
+from ..fem import (H1Space, Operator, basis_1d, box_mesh, diffusion_data, jacobi,
+                   mass_data)
+from ..fem._cg_fused import VECTOR_PASSES
+from ..spec import MassApplySpec
+from ..vertices import vertices_of_mesh
 from .cases import Case
 from .report import rate_unit
 
@@ -91,7 +100,6 @@ def cases(dtype, kind, ps=None, quick=False, suite="bp1") -> list:
 def _cg_bound(apply_bound, ndofs, s, jacobi=True):
     """The bound of one fused CG iteration: the apply plus the vector passes (13 with the
     Jacobi preconditioner, 11 without: the inverse diagonal is not read)."""
-    from ..fem._cg_fused import VECTOR_PASSES
     nbytes = apply_bound.bytes + (VECTOR_PASSES - (0 if jacobi else 2)) * s * ndofs
     flops = apply_bound.flops + 12 * ndofs
     tmin = max(nbytes / apply_bound.bandwidth, flops / apply_bound.peak)
@@ -126,12 +134,11 @@ def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
     the long solve and the seconds of the first (warm-up) solve. Raises RuntimeError when a
     timed solve stopped before its ``maxiter`` (a time of fewer iterations is no
     iteration's time)."""
-    from ..fem import cg
 
     def solve(n, probe=False):
-        r, t = time_once(lambda: cg(M, rhs, tol=1e-300, maxiter=n, precond=P,
-                                    raise_on_failure=False, fused=fused,
-                                    check_every=CG_BASE), on_gpu=on_gpu)
+        r, t = time_once(lambda: fem.cg(M, rhs, tol=1e-300, maxiter=n, precond=P,
+                                        raise_on_failure=False, fused=fused,
+                                        check_every=CG_BASE), on_gpu=on_gpu)
         if probe:
             return r.iterations
         if r.iterations != n:
@@ -163,7 +170,6 @@ def _unchecked(plan, b, ops, y, checked_times, repeats, warmup, on_gpu, op_name,
     median over the unchecked one, minus 1 (a ratio per pair, so a drift of the machine
     between pairs cancels); ``check_cost_range``: the pairs' quartiles. ``ops``: the
     plan's operands (any qfunc)."""
-    import copy
     try:
         bare = copy.copy(plan)
         bare.executor = plan.executor.unchecked()
@@ -194,10 +200,6 @@ def _point_data_impls(rec, forms, *, qfunc, mesh, nq, collocated, B1d, G1d, data
     against its own bound (``bound`` in its record): ``float32-data`` (D/Q in float32,
     checked against the float64 result to 1e-5: the data's rounding), ``vertices`` (the
     geometry from the element vertices and a coefficient of 1, to 1e-12)."""
-    import dataclasses
-
-    import smalltc
-    from ..vertices import vertices_of_mesh
     for form in forms:
         name = {"float32": "float32-data", "vertices": "vertices"}[form]
         if dtype != "float64":
@@ -244,11 +246,6 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
     """Measure one bake-off case; the record has the bench's layout (``impls``,
     ``bound``) and the CG iteration's bound under ``cg_bound``; ``point_data``: the
     forms with less point data also timed (:func:`_point_data_impls`)."""
-    import smalltc
-    from ..fem import (H1Space, Operator, basis_1d, box_mesh, diffusion_data, jacobi,
-                       mass_data)
-    from ..fem._cg_fused import VECTOR_PASSES
-    from ..spec import MassApplySpec
     on_gpu = xp.__name__ == "cupy"
     s = case.sizes
     p, nq, n = s["p"], s["nq"], s["n"]

@@ -24,10 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import smalltc
+
+from .._timing import time_once
 from ..backends.reference import (action_einsum, assembly_einsum, contract_einsum,
                                   operator_assembly_einsum)
 from ..catalogue import STEPS
-from ..spec import ActionSpec, AssemblySpec, BasisSpec, ContractSpec, GemmSpec
+from ..spec import ActionSpec, AssemblySpec, BasisSpec, ContractSpec, GemmSpec, GeometrySpec
 
 __all__ = ["Case", "Impl", "make_inputs", "batched_flags", "reference", "assembly_reference",
            "out_shape", "smalltc_impl", "step_spec", "case_spec"]
@@ -124,6 +127,9 @@ def case_spec(case):
         return BasisSpec(dim=s["dim"], nq=s["nq"], nd=s["p"] + 1, batch=E, dtype=dt,
                          what=s["what"], transpose=s["direction"] == "integrate",
                          ndofs=s["ndofs"])
+    if case.op == "geometry":
+        return GeometrySpec(dim=s["dim"], nq=s["nq"], batch=E, dtype=dt, what=s["what"],
+                            coef=bool(s["coef"]))
     raise ValueError(f"unknown case op {case.op!r}")
 
 
@@ -190,9 +196,6 @@ def reference(case, host_ops):
 
 def smalltc_impl(case, ops, xp, backend="auto", method="auto"):
     """Build the smalltc plan (timed, with its first call) and return the Impl."""
-    import smalltc
-
-    from .._timing import time_once
     s = case.sizes
     on_gpu = xp.__name__ == "cupy"
     spec = case_spec(case)

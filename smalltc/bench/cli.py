@@ -10,6 +10,7 @@ Examples of use::
     smalltc bench --merge X/bench-gemm-float64.json X/bench-action-float64.json
     smalltc bench --suite poisson --p 4 --mesh kershaw --precond pmg   # a Poisson solve by phase
     smalltc bench --suite basis --p 1-8        # smalltc.interpolate / integrate
+    smalltc bench --suite geometry --p 1-8     # smalltc.geometry_data
 
 A full run writes ``bench-<dtype>.json``; a run of some suites or with
 filters ``bench-<suite>[+<suite>][-n..][-p..][-dim..]-<dtype>.json`` (and
@@ -20,7 +21,25 @@ into ``bench-<dtype>.json`` with its table and plots.
 from __future__ import annotations
 
 import os
+import re
 import sys
+
+import numpy as np
+
+from .. import roofline
+from .._arrays import gpu_available
+from .basis import run_case as run_basis
+from .baselines import skipped
+from .bp1 import run_case as run_bp1
+from .cases import footprint as case_bytes
+from .compare import compare_files
+from .force import run_case as run_force
+from .plots import plot_all
+from .poisson import run_case as run_poisson
+from .report import environment, load, load_average, table, write_json
+from .runner import run_case
+from .solve import run_case as run_solve
+from .suites import BP_SUITES, DEFAULT_SUITES, SUITES, cases
 
 __all__ = ["add_arguments", "run", "main_run"]
 
@@ -36,14 +55,15 @@ def add_arguments(parser):
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--suite", action="append", default=None,
                         help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve, force, "
-                             "poisson, basis (repeatable; default: the four kernel suites; "
+                             "poisson, basis, geometry (repeatable; default: the four kernel suites; "
                              "bp1, bp3, bp5 are the CEED bake-off problems: the FEM operators "
                              "and CG; solve: Jacobi-CG, Chebyshev and p-multigrid solves; "
                              "force: BLAST's corner force F and F^T; poisson: a user's "
                              "Poisson solve from mesh to VTU, phase by phase, cold and warm, "
                              "with the peak memory; basis: smalltc.interpolate and "
                              "smalltc.integrate against the bound, the reference path and the "
-                             "einsum chain)")
+                             "einsum chain; geometry: smalltc.geometry_data against the bound, "
+                             "the reference path and linalg)")
     parser.add_argument("--sizes", default=None,
                         help="square GEMM sizes n, comma separated; add 'rect' to keep the "
                              "rectangular cases (default: n = 2..32 and rectangular)")
@@ -154,7 +174,7 @@ def _progress(items, enabled):
     items = list(items)
     if not enabled:
         return items
-    try:
+    try:                 # here: without tqdm (a broken install) the fallback prints lines
         from tqdm import tqdm
         return tqdm(items, unit="case", file=sys.stderr, dynamic_ncols=True)
     except Exception:
@@ -211,7 +231,6 @@ def _numba_state():
 
 
 def _kind(args):
-    from .._arrays import gpu_available
     if args.device:
         return args.device
     if args.backend == "cuda":
@@ -223,17 +242,8 @@ def _kind(args):
 
 def main_run(args) -> dict:
     """Run the suites of ``args``; return the JSON document (also written)."""
-    import numpy as np
-
-    from .. import roofline
-    from .baselines import skipped
-    from .report import environment, load_average
-    from .runner import run_case
-    from .suites import BP_SUITES, DEFAULT_SUITES, SUITES, cases
-
     kind = _kind(args)
     threads = _set_threads(args.threads)
-    from .._arrays import gpu_available
     if kind == "gpu" and not gpu_available():
         raise SystemExit("smalltc bench: --device gpu / --backend cuda asked for, but no CUDA "
                          "device answers here (see `smalltc info`)")
@@ -283,7 +293,6 @@ def main_run(args) -> dict:
     doc["equivalent_command"] = _equivalent_command(args)
     doc["cases"] = []
     bar = _progress(todo, not args.no_progress)
-    from .bp1 import run_case as run_bp1
     for case in bar:
         if hasattr(bar, "set_description"):
             bar.set_description(case.id[:40])
@@ -294,22 +303,23 @@ def main_run(args) -> dict:
                                             getattr(args, "point_data", None))))
             continue
         if case.op == "force":
-            from .force import run_case as run_force
             doc["cases"].append(run_force(case, bound_args, xp=xp, backend=args.backend,
                                           repeats=repeats, warmup=args.warmup,
                                           variants=getattr(args, "variants", None)))
             continue
         if case.op == "poisson":
-            from .poisson import run_case as run_poisson
             doc["cases"].append(run_poisson(case, xp=xp))
             continue
         if case.op == "basis":
-            from .basis import run_case as run_basis
             doc["cases"].append(run_basis(case, bound_args, xp=xp, backend=args.backend,
                                           repeats=repeats, warmup=args.warmup))
             continue
+        if case.op == "geometry":
+            from .geometry import run_case as run_geometry
+            doc["cases"].append(run_geometry(case, bound_args, xp=xp, backend=args.backend,
+                                             repeats=repeats, warmup=args.warmup))
+            continue
         if case.op == "solve":
-            from .solve import run_case as run_solve
             doc["cases"].append(run_solve(case, xp=xp, repeats=1 if kind == "cpu" or quick
                                           else 3, profile=getattr(args, "profile", False),
                                           pmg_options=_pmg_options(args)))
@@ -368,7 +378,6 @@ def _qfuncs(value):
 
 def _tag(args, suites, all_suites) -> str:
     """File-name prefix of a partial run: its suites and filters (empty for a full run)."""
-    import re
     parts = [] if set(suites) == set(all_suites) else ["+".join(suites)]
     for flag, value in (("n", args.sizes), ("p", args.p), ("dim", args.dim),
                         ("mesh", getattr(args, "mesh", None)),
@@ -384,12 +393,10 @@ def _tag(args, suites, all_suites) -> str:
 
 def _finish(doc, out_dir, tag, plot=True):
     """Write the JSON, print the table, draw the plots."""
-    from .report import table, write_json
     path = write_json(os.path.join(out_dir, f"bench-{tag}{doc['options']['dtype']}.json"), doc)
     table(doc)
     print(f"\nwrote {path}")
     if plot:
-        from .plots import plot_all
         made = plot_all(doc, out_dir, prefix=tag)
         if made:
             print("plots: " + ", ".join(made))
@@ -399,7 +406,6 @@ def _finish(doc, out_dir, tag, plot=True):
 
 def merge(paths, out_dir=None, plot=True) -> dict:
     """Join bench runs of one device and dtype; later runs win for a repeated case id."""
-    from .report import load
     docs = [load(p) for p in paths]
     first = docs[0]
     for p, d in zip(paths, docs):
@@ -426,15 +432,13 @@ def merge(paths, out_dir=None, plot=True) -> dict:
 def _warn_in_cache(kind, todo, doc):
     """On a CPU: say when cases fit in the last-level cache (their fraction of the DRAM
     copy bound can then exceed 1) and record it in the JSON (``in_cache_cases``)."""
-    from .cases import footprint
-    from .suites import BP_SUITES
     if kind != "cpu":
         return
     llc = _llc_bytes(doc["device"].get("properties", {}).get("l3"))
     if not llc:
         return
     small = [c.id for c in todo if c.op not in BP_SUITES + ("solve", "force", "poisson")
-             and footprint(c) < llc]
+             and case_bytes(c) < llc]
     doc["in_cache_cases"] = dict(llc_bytes=llc, cases=len(small))
     if small:
         print(f"  note: {len(small)} of {len(todo)} cases fit in the {llc >> 20} MiB last-level "
@@ -473,7 +477,6 @@ def _equivalent_command(args) -> str:
 
 def run(args) -> int:
     if args.compare:
-        from .compare import compare_files
         return compare_files(*args.compare, impl=args.impl)
     if args.merge:
         merge(args.merge, args.out, plot=not args.no_plot)

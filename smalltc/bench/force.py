@@ -30,8 +30,12 @@ import traceback
 
 import numpy as np
 
+import smalltc
+
 from .. import roofline
-from .._timing import time_calls, time_once
+from .._timing import median, time_calls, time_once
+from ..fem import H1Space, basis_1d, box_mesh
+from ..spec import ActionSpec, MassApplySpec
 from .cases import Case
 from .plots import bound_line, p_axis
 
@@ -112,7 +116,6 @@ def cases(dtype, kind, ps=None, quick=False, dims=None) -> list:
 
 
 def _rec(b, times, what, **extra):
-    from .._timing import median
     t = median(times)
     return dict(what=what, status="ok", repeats=len(times), times_ns=times, median_s=t,
                 min_s=min(times) * 1e-9, fraction=b.tmin / t, dofs_per_s=b.dofs / t,
@@ -125,9 +128,6 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
     fused form's bound under ``fused_bound``). ``variants``: ``--variants``' text (CUDA
     only; each variant a pair of implementations ``smalltc:NAME``, ``fused:NAME``; one
     whose parameters do not fit the size is recorded as skipped)."""
-    import smalltc
-    from ..fem import H1Space, basis_1d, box_mesh
-    from ..spec import ActionSpec, MassApplySpec
     on_gpu = xp.__name__ == "cupy"
     s = case.sizes
     dim, p, nq, n, t = s["dim"], s["p"], s["nq"], s["n"], s["direction"] == "FT"

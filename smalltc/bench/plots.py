@@ -266,6 +266,8 @@ def plot_bp1(doc, path, plt, suite="bp1"):
     return path
 
 
+# the suites' own plots: their modules import this one's helpers (bound_line, p_axis), so
+# each is imported where it is drawn
 def _plot_force(doc, path, plt):
     from .force import plot
     return plot(doc, path, plt)

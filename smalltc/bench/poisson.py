@@ -63,8 +63,11 @@ import traceback
 
 import numpy as np
 
+from .. import fem
 from .._timing import synchronize, time_once
+from ..fem._device import to_host
 from .cases import Case
+from .solve import _kershaw_shape
 
 __all__ = ["cases", "run_case", "table", "plot", "parse_meshes", "PHASES", "PRECONDS",
            "TOL", "exact_u", "exact_grad", "source"]
@@ -146,7 +149,6 @@ def cases(dtype, kind, ps=None, quick=False, ndofs=None, mesh=None, preconds=Non
     poisson kershaw jacobi dim=3 p=2 nq=4 float64 [6, 8, 8] 3757
     poisson kershaw pmg dim=3 p=2 nq=4 float64 [6, 8, 8] 3757
     """
-    from .solve import _kershaw_shape
     if dtype != "float64":
         raise ValueError(f"the poisson suite runs in float64 (fem's solvers), not {dtype}")
     target = int(ndofs) if ndofs else TARGET[1 if quick else 0][0 if kind == "gpu" else 1]
@@ -226,7 +228,6 @@ def _rss_peak() -> int:
 
 
 def _build_mesh(s):
-    from .. import fem
     name, _, eps = s["mesh"].partition(":")
     if name == "kershaw":
         return fem.kershaw_mesh(tuple(s["shape"]), float(eps))
@@ -236,8 +237,6 @@ def _build_mesh(s):
 def _run(case, xp, folder) -> tuple:
     """One run of the case's phases; ``(record, problem)`` (the problem for the
     comparison with ``fem.poisson_problem``)."""
-    from .. import fem
-    from ..fem._device import to_host
     on_gpu = xp.__name__ == "cupy"
     device = "gpu" if on_gpu else "cpu"
     s = case.sizes
@@ -321,7 +320,6 @@ def run_case(case, *, xp) -> dict:
 def _whole(rec, prob, case, xp, on_gpu):
     """``fem.poisson_problem`` in one call (the warm run's space .. precond phases), and
     its right-hand side against the pieces'."""
-    from .. import fem
     s = case.sizes
     mesh = prob.space.mesh
     pp, t = time_once(lambda: fem.poisson_problem(mesh, s["p"], source, nq=s["nq"],

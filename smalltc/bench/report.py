@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
+import importlib.metadata
 import json
 import math
 import os
 import sys
+
+import numpy as np
+
+import smalltc
+
+from .. import roofline
+from ..info import collect
+from .baselines import skipped
 
 __all__ = ["SCHEMA", "environment", "write_json", "load", "table", "speed", "unit",
            "load_average", "format_rate", "rate_unit",
@@ -41,7 +50,6 @@ def _gpu_properties():
 
 
 def _cpu_properties():
-    from ..info import collect
     props = dict(collect()["cpu"])
     try:
         with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
@@ -53,19 +61,14 @@ def _cpu_properties():
 
 def environment(kind, probes) -> dict:
     """Everything about this run except the cases."""
-    import smalltc
-    from .. import roofline
-    from ..info import collect
-    from .baselines import skipped
     info = collect()
     versions = dict(info["versions"])
-    for mod in ("matplotlib", "tqdm", "torch", "llvmlite"):
+    for mod in ("matplotlib", "tqdm", "torch", "llvmlite"):   # installed, not imported
         try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:
+            versions[mod] = importlib.metadata.version(mod)
+        except importlib.metadata.PackageNotFoundError:
             pass
     try:
-        import numpy as np
         cfg = np.show_config(mode="dicts")
         versions["blas"] = cfg["Build Dependencies"]["blas"].get("name", "?") + " " + \
             str(cfg["Build Dependencies"]["blas"].get("version", ""))
@@ -163,7 +166,7 @@ def format_rate(value, unit="DoF/s", digits=3) -> str:
 
 def unit(rec) -> tuple:
     """``(label, key, scale)``: FEM operations in GDoF/s, the rest in GFLOP/s."""
-    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force", "basis"):
+    if rec["op"] in ("action", "assembly", "bp1", "bp3", "bp5", "force", "basis", "geometry"):
         return "GDoF/s", "dofs_per_s", 1e-9
     return "GFLOP/s", "gflops", 1.0
 
@@ -209,6 +212,7 @@ def table(doc, file=None) -> None:
     cases = doc["cases"]
     for suite in dict.fromkeys(c["suite"] for c in cases):
         rows = [c for c in cases if c["suite"] == suite]
+        # the suites' own tables: their modules import this one's formatting, so here
         if suite in ("bp1", "bp3", "bp5"):
             from .bp1 import table as bp1_table
             bp1_table(rows, file)
@@ -228,6 +232,10 @@ def table(doc, file=None) -> None:
         if suite == "basis":
             from .basis import table as basis_table
             basis_table(rows, file)
+            continue
+        if suite == "geometry":
+            from .geometry import table as geometry_table
+            geometry_table(rows, file)
             continue
         base = baselines_in(rows)
         # speed() and _bound_rate() are in G units (GDoF/s, GFLOP/s); the table's prefix

@@ -34,7 +34,9 @@ import traceback
 
 import numpy as np
 
+from .. import fem
 from .._timing import median, synchronize, time_calls, time_once
+from ..fem.multigrid import Constrained, _factory, boundary_mask
 from .cases import Case
 from .plots import p_axis
 
@@ -93,7 +95,6 @@ def mesh_label(name, param):
 
 def build_mesh(name, param, shape):
     """The case's mesh: ``shape`` elements per direction."""
-    from .. import fem
     if name == "kershaw":
         return fem.kershaw_mesh(tuple(shape), param)
     return fem.box_mesh(3, tuple(shape), distortion=param)
@@ -141,7 +142,6 @@ def cases(dtype, kind, ps=None, quick=False, ndofs=None, mesh=None) -> list:
 
 
 def _operator_factory(device):
-    from ..fem.multigrid import _factory
     return _factory("diffusion", None, device)
 
 
@@ -178,7 +178,6 @@ def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
     in the pmg record's ``profile``; ``pmg_options``: keyword arguments of
     :func:`smalltc.fem.pmg` (``smoother``, ``degree``), recorded as ``pmg_options``."""
     pmg_options = resolve_pmg_options(pmg_options, case.sizes["p"])
-    from .. import fem
     on_gpu = xp.__name__ == "cupy"
     device = "gpu" if on_gpu else "cpu"
     s = case.sizes
@@ -194,7 +193,6 @@ def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
         space = fem.H1Space(mesh, s["p"])
         make = _operator_factory(device)
         raw = make(space)
-        from ..fem.multigrid import Constrained, boundary_mask
         A = Constrained(raw, xp.asarray(raw.diagonal()), ~boundary_mask(space))
         rec["operator"] = repr(raw)
         xstar = xp.asarray(np.random.default_rng(0).standard_normal(space.ndofs))

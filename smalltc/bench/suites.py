@@ -34,6 +34,10 @@ basis      the basis application through the DoF map
            gradients, both), 3D p = 1..8, nq = p+2, against its bound, the
            reference path and the einsum chain (:mod:`.basis`); not in the
            default run
+geometry   the pointwise geometry (``smalltc.geometry_data``: |J|, the
+           adjugate, D, Q with and without a coefficient), 3D p = 1..8,
+           nq = p+2, against its bound, the reference path and linalg
+           (:mod:`.geometry`); not in the default run
 =========  ===================================================================
 
 The sizes above are for a GPU. On a CPU the problems are smaller (a 2-core
@@ -55,6 +59,12 @@ import math
 import numpy as np
 
 from ..catalogue import STEPS
+from .basis import cases as basis_cases
+from .bp1 import cases as bp_cases
+from .cases import Case
+from .force import cases as force_cases
+from .poisson import cases as poisson_cases
+from .solve import cases as solve_cases
 
 __all__ = ["SUITES", "DEFAULT_SUITES", "BP_SUITES", "ASSEMBLY_FORMS", "cases", "Sizing"]
 
@@ -63,8 +73,9 @@ DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
 #: the CEED bake-off suites: the FEM operators and CG (:mod:`.bp1`)
 BP_SUITES = ("bp1", "bp3", "bp5")
 #: every suite: the kernels, the bake-off problems, the solves (:mod:`.solve`), the corner
-#: force, a user's Poisson solve by phase (:mod:`.poisson`) and the basis application
-SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force", "poisson", "basis")
+#: force, a user's Poisson solve by phase (:mod:`.poisson`), the basis application and the
+#: pointwise geometry
+SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force", "poisson", "basis", "geometry")
 
 MiB = 2 ** 20
 
@@ -116,7 +127,6 @@ def _gemm_item_bytes(d, s):
 
 
 def _gemm_cases(dtype, sz, sizes, quick):
-    from .cases import Case
     s = np.dtype(dtype).itemsize
     ns = list(range(2, 33)) if not quick else [2, 4, 8, 16, 32]
     rect = [dict(r) for r in RECT] if not quick else [dict(RECT[0]), dict(RECT[6])]
@@ -143,7 +153,6 @@ def _gemm_cases(dtype, sz, sizes, quick):
 
 
 def _action_cases(dtype, sz, ps, dims):
-    from .cases import Case
     out = []
     for dim in dims:
         for p in ps:
@@ -161,7 +170,6 @@ ASSEMBLY_FORMS = ("mass", "diffusion", "helmholtz", "diffusion+co", "helmholtz+c
 
 
 def _assembly_cases(dtype, sz, ps, dims, qfuncs=("mass",)):
-    from .cases import Case
     s = np.dtype(dtype).itemsize
     bad = [q for q in qfuncs if q not in ASSEMBLY_FORMS]
     if bad:
@@ -189,7 +197,6 @@ def _assembly_cases(dtype, sz, ps, dims, qfuncs=("mass",)):
 
 
 def _pairwise_cases(dtype, sz, ps):
-    from .cases import Case
     s = np.dtype(dtype).itemsize
     out = []
     for st in STEPS:
@@ -241,18 +248,16 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
         ps_ = ps or ([3] if quick else ([1, 2, 4, 7] if kind == "cpu" else list(range(1, 9))))
         return _pairwise_cases(dtype, sz, ps_)
     if suite in BP_SUITES:
-        from .bp1 import cases as bp_cases
         return bp_cases(dtype, kind, ps, quick, suite)
     if suite == "force":
-        from .force import cases as force_cases
         return force_cases(dtype, kind, ps, quick, dims)
     if suite == "solve":
-        from .solve import cases as solve_cases
         return solve_cases(dtype, kind, ps, quick, ndofs, mesh)
     if suite == "poisson":
-        from .poisson import cases as poisson_cases
         return poisson_cases(dtype, kind, ps, quick, ndofs, mesh, preconds)
     if suite == "basis":
-        from .basis import cases as basis_cases
         return basis_cases(dtype, kind, ps, quick, footprint)
+    if suite == "geometry":
+        from .geometry import cases as geometry_cases
+        return geometry_cases(dtype, kind, ps, quick, footprint)
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

@@ -20,6 +20,7 @@ family            module                  templates (``templates/cpu/``)
 ``mass_diagonal``  :mod:`.mass_apply`     ``mass_diagonal.py.j2``
 ``force``         :mod:`.force`           ``force.py.j2``, ``_lanes.j2`` (the corner force)
 ``basis``         :mod:`.basis`           ``basis.py.j2`` (interpolate, integrate)
+``geometry``      :mod:`.geometry`        ``geometry.py.j2`` (``smalltc.geometry_data``)
 ================  ======================  ==========================================
 
 What no family claims (sizes beyond the specialised kernels' limits) runs
@@ -65,12 +66,13 @@ if numba is not None:
     from .contract import CONTRACT, generic_executor
     from .force import FORCE
     from .gemm import GEMM
+    from .geometry import GEOMETRY
     from .mass_apply import MASS_APPLY, MASS_DIAGONAL
     from .target import host, resolve
 
     #: the kernel families, in the order they are asked
     FAMILIES = (GEMM, FORCE, ACTION, ASSEMBLY, CONTRACT, MASS_APPLY, MASS_DIAGONAL,
-                BASIS)
+                BASIS, GEOMETRY)
 else:  # pragma: no cover
     FAMILIES = ()
 

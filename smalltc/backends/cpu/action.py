@@ -455,7 +455,7 @@ def _operator_heuristic(spec, target):
 def _vertex_render(spec, data_args):
     """The template data of the vertex geometry (``_lanes.j2``'s ``vertex_data``): no data
     gathered, the arguments XV and CF in place of D or Q, the 1D rule's constants."""
-    from ...vertices import rule_1d
+    from ...quadrature import rule_1d
     x, w = rule_1d(spec.nq, bool(spec.collocated))
     lit = (lambda v: [repr(float(a)) for a in v])
     args = data_args.replace("Q", "XV, CF") if spec.qfunc != "mass" else \

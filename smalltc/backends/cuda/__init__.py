@@ -20,6 +20,7 @@ family           module                           templates
 ``mass_diagonal``  :mod:`.mass_apply`             ``mass_diagonal.cu.j2`` (Jacobi)
 ``basis``        :mod:`.basis`                    ``basis.cu.j2`` (``smalltc.interpolate``,
                                                   ``smalltc.integrate``)
+``geometry``     :mod:`.geometry`                 ``geometry.cu.j2`` (``smalltc.geometry_data``)
 ===============  ===============================  =========================================
 
 What no family fits runs a generic path and says so (``specialized=False``):
@@ -52,6 +53,7 @@ from .assembly import ASSEMBLY
 from .basis import BASIS, MAX_EXTENT as BASIS_MAX_EXTENT
 from .contract9 import CONTRACT9
 from .force import FORCE
+from .geometry import GEOMETRY
 from .layout import LAYOUT, generic_executor
 from .mass_apply import MASS_APPLY, MASS_DIAGONAL
 from .runtime import SmalltcCompileError
@@ -59,7 +61,8 @@ from .runtime import SmalltcCompileError
 __all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "KERNELS", "family_of", "choose"]
 
 #: the kernel families, in the order they are asked
-FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL, BASIS)
+FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL, BASIS,
+            GEOMETRY)
 
 
 class CudaKernels(Kernels):

@@ -606,7 +606,7 @@ def vertex_ctx(ctx, spec, rebuild):
             ctx = new
         if bad(ctx):
             return None
-    from ...vertices import rule_1d
+    from ...quadrature import rule_1d
     x, w = rule_1d(spec.nq, bool(getattr(spec, "collocated", False)))
     lit = (lambda v: [repr(float(a)) for a in v])
     return dict(ctx, geometry=1, vx_n0=lit((1 - x) / 2), vx_n1=lit((1 + x) / 2), vx_w=lit(w))

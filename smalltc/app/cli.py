@@ -1,26 +1,31 @@
 """The ``smalltc`` command: ``info``, ``demo``, ``bench``, ``tune``, ``precompile``.
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and
-``run(args) -> int``; this file only routes. A subcommand's ``--help`` shows its
-module's docstring (up to its first section, such as Examples) as plain text.
+``run(args) -> int``; this file only routes, and imports only the module of the
+subcommand named. A subcommand's ``--help`` shows its module's docstring (up to its
+first section, such as Examples) as plain text.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import inspect
 import logging
+import platform
 import re
 import shutil
 import sys
 import textwrap
+
+from .. import __version__
 
 __all__ = ["main", "plain_text"]
 
 # name -> (module, help)
 SUBCOMMANDS = {
     "info": ("smalltc.info", "version, backends, devices and tuning tables"),
-    "demo": ("smalltc.demo", "FEM demo (an L2 projection, a Poisson problem on a curved mesh) "
+    "demo": ("smalltc.app.demo", "FEM demo (an L2 projection, a Poisson problem on a curved mesh) "
                              "and roofline report"),
     "bench": ("smalltc.bench.cli", "benchmark suites against the roofline and baselines"),
     "tune": ("smalltc.tuning.cli", "autotune kernels and write lookup tables"),
@@ -89,41 +94,43 @@ def plain_text(doc, width=None) -> str:
 
 def _version() -> str:
     """``smalltc X.Y.Z (python, numpy, numba)``: what ``smalltc --version`` prints."""
-    import platform
-
-    from . import __version__
     parts = [f"python {platform.python_version()}"]
-    for mod in ("numpy", "numba"):
-        try:
-            parts.append(f"{mod} {__import__(mod).__version__}")
-        except ImportError:                       # pragma: no cover
+    for mod in ("numpy", "numba"):               # from the metadata: importing numba costs
+        try:                                     # a third of a second on every command
+            parts.append(f"{mod} {importlib.metadata.version(mod)}")
+        except importlib.metadata.PackageNotFoundError:      # pragma: no cover
             pass
     return f"smalltc {__version__} ({', '.join(parts)})"
 
 
+def _chosen(argv) -> str | None:
+    """The subcommand named on the command line: the first word that is not an option
+    (the top-level options take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="smalltc", description=plain_text(
         __doc__.split("\n\n")[0]))
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
+    # only the chosen subcommand's module is imported (with the layers it needs: the
+    # benchmark suites, the FEM layer, the tuner); the others are listed by name and help
+    chosen, mod = _chosen(argv), None
     for name, (modname, help_) in SUBCOMMANDS.items():
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as err:
-            if err.name != modname:
-                raise
-            continue                      # subcommand not built in this version
+        if name != chosen:
+            sub.add_parser(name, help=help_)
+            continue
+        mod = importlib.import_module(modname)
         p = sub.add_parser(name, help=help_, description=plain_text(mod.__doc__) or help_,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
-        modules[name] = mod
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(message)s")
-    return int(modules[args.command].run(args) or 0)
-
+    return int(mod.run(args) or 0)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -34,11 +34,24 @@ measures weak scaling.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
 
-from .bench.report import format_rate, rate_unit
+import numpy as np
+
+from .. import roofline
+from .._arrays import gpu_available
+from ..bench.bp1 import _cg_bound
+from ..bench.cases import Case
+from ..bench.plots import matplotlib_or_none, plot_fem
+from ..bench.report import environment, format_rate, rate_unit, write_json
+from ..bench.runner import run_case
+from ..fem import poisson_demo, projection_demo
+from ..fem.distributed import load_mpi
+from ..spec import MassApplySpec
+from .cli import plain_text
 
 __all__ = ["add_arguments", "run", "timing_cases"]
 
@@ -76,7 +89,6 @@ def add_arguments(parser):
 
 def timing_cases(kind, dtype, quick=False):
     """The demo's cases: 3D action p = 1..8 and 3D assembly p = 1..6, nq = p+2."""
-    from .bench.cases import Case
     gpu = kind == "gpu"
     # CPU: just beyond a 32 MiB L3, so the DRAM bound applies
     dofs = (2 ** 24 if gpu else 2 ** 20) // (256 if quick else 1)
@@ -112,7 +124,6 @@ def _mesh_n(args, kind, nranks=1):
 def _projection(args, kind, comm=None):
     """Step 1; returns the fem layer's report (a dict). On a GPU the mesh is large enough
     (1.7M DoFs) for the solve to be measured, not its launches."""
-    from .fem import projection_demo
     p = args.p if args.p is not None else (2 if args.quick else 4)
     n = _mesh_n(args, kind, 1 if comm is None else comm.Get_size())
     return projection_demo(dim=3, p=p, n=n, distortion=0.05, geom_order=2, backend=args.backend,
@@ -121,13 +132,12 @@ def _projection(args, kind, comm=None):
 
 def _poisson(args, kind):
     """Step 1b: the Poisson solve on the shipped curved .msh mesh, its VTU and PNGs (a dict;
-    None, said why, when this build has no diffusion operator)."""
-    from .fem import poisson_demo
+    None, said why, when this build has no diffusion operator or meshio is missing)."""
     quick = bool(args.quick)
     try:
         return poisson_demo(args.out, p=3 if quick else 4, ps=(1, 2) if quick else (1, 2, 3, 4),
                             refinements=1 if quick else 2, device=kind, plot=not args.no_plot)
-    except RuntimeError as err:
+    except (RuntimeError, ImportError) as err:     # no diffusion operator; no meshio
         print(f"  skipped: {err}")
         return None
 
@@ -135,9 +145,6 @@ def _poisson(args, kind):
 def _solve_rate(proj, bandwidth, peak):
     """The CG solve's unique DoFs per second per iteration, and its roofline bound (the fused
     operator's traffic plus the fused iteration's vector passes: :mod:`smalltc.bench.bp1`)."""
-    from . import roofline
-    from .bench.bp1 import _cg_bound
-    from .spec import MassApplySpec
     spec = MassApplySpec(dim=proj["dim"], nq=proj["nq"], nd=proj["p"] + 1,
                          batch=proj["elements"], dtype="float64", ndofs=proj["dofs"])
     b = roofline.bound(spec, bandwidth=bandwidth, peak=peak)
@@ -151,12 +158,6 @@ def run(args) -> int:
         return run_mpi(args)
     if args.weak is not None:
         raise SystemExit("smalltc demo: --weak goes with --mpi")
-    import numpy as np
-
-    from . import roofline
-    from ._arrays import gpu_available
-    from .bench.report import environment, write_json
-    from .bench.runner import run_case
 
     t_start = time.perf_counter()
     kind = args.device or ("gpu" if gpu_available() else "cpu")
@@ -245,7 +246,6 @@ def run(args) -> int:
     path = write_json(os.path.join(args.out, "demo.json"), doc)
     print(f"\nwrote {path}")
     if not args.no_plot:
-        from .bench.plots import matplotlib_or_none, plot_fem
         plt = matplotlib_or_none()
         if plt is None:
             print("plots: skipped (matplotlib not importable)")
@@ -260,7 +260,6 @@ def run(args) -> int:
 
 def run_mpi(args) -> int:
     """``smalltc demo --mpi``: the projection over MPI.COMM_WORLD; rank 0 prints and writes."""
-    from .fem.distributed import load_mpi
     try:
         MPI = load_mpi()
     except RuntimeError as err:
@@ -282,7 +281,6 @@ def run_mpi(args) -> int:
     if rank != 0:
         return 0
     _print_mpi(every)
-    from .bench.report import write_json
     doc = {"schema": "smalltc-demo-mpi/1", "command": " ".join(sys.argv),
            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "ranks": every}
     path = write_json(os.path.join(args.out, "demo-mpi.json"), doc)
@@ -324,8 +322,6 @@ def _print_mpi(every):
 
 
 if __name__ == "__main__":  # pragma: no cover
-    import argparse
-    from .cli import plain_text
     ap = argparse.ArgumentParser(prog="smalltc demo", description=plain_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-
 from functools import partial
 
 import numpy as np

@@ -20,6 +20,10 @@ arrays (NVIDIA GPUs), with a plan/execute API:
 - :func:`interpolate`, :func:`integrate`: the basis application (CEED's ``EVAL_INTERP``,
   ``EVAL_GRAD`` and their transposes): fields at the quadrature points through the map,
   values and/or reference gradients, and the integration back to a global vector
+- :func:`vector_update`, :func:`pcg_iterate`, :func:`pmg_transfer`, :func:`csr_spmv`,
+  :func:`schwarz_fdm`: the solver kernels (:mod:`smalltc.solver`): Chebyshev and V-cycle
+  vector updates, fused Jacobi-PCG, p-multigrid transfers, CSR products, Schwarz
+  fast-diagonalisation solves
 - :func:`plan`: build once, call many times
 - :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
 
@@ -45,13 +49,15 @@ from .aot import precompile
 from .evaluation import integrate, interpolate
 from .catalogue import STEPS
 from .plan import Plan, plan
+from .solver import csr_spmv, pcg_iterate, pmg_transfer, schwarz_fdm, vector_update
 
 __version__ = "0.1.0"
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
            "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
-           "mixed_apply", "interpolate", "integrate", "plan", "precompile", "check_errors",
+           "mixed_apply", "interpolate", "integrate", "vector_update", "pcg_iterate",
+           "pmg_transfer", "csr_spmv", "schwarz_fdm", "plan", "precompile", "check_errors",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

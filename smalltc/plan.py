@@ -17,6 +17,7 @@ from ._arrays import is_array
 from .maps import map_info
 from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
+from .spec import SOLVER_OPS
 
 __all__ = ["Plan", "plan", "build_plan", "cached_plan"]
 
@@ -282,7 +283,7 @@ _OPERATOR_OPS = {f"{q}_{level}": (q, level) for q in ("diffusion", "helmholtz")
 
 def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
          trans_a=False, trans_b=False, kind=None, extents=None, params=None,
-         deterministic=False, ndofs=None, what="values", dim=None):
+         deterministic=False, ndofs=None, what="values", dim=None, mode=None, free=None):
     """Build a reusable plan for ``op`` from example operands.
 
     Every call builds a new :class:`Plan` (compiled kernels are cached
@@ -301,7 +302,10 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
         e or w[, elem_dofs])``, ``ndofs`` for the fused ``F``); the basis application
         "interpolate" and "integrate" (:func:`smalltc.interpolate`,
         :func:`smalltc.integrate`: operands ``(B1d, G1d or None, x or H[, elem_dofs])``,
-        keywords ``what``, ``dim`` and, for ``integrate`` through the map, ``ndofs``).
+        keywords ``what``, ``dim`` and, for ``integrate`` through the map, ``ndofs``); the
+        solver kernels "vector_update" (keywords ``mode``, ``free``), "pcg",
+        "pmg_transfer", "csr_spmv", "schwarz_fdm" (:func:`smalltc.solver.plan`: a
+        :class:`smalltc.solver.SolverPlan`).
     *operands : arrays
         Examples with the shapes and dtype of later calls: ``(B1d, D, V)``,
         ``(B1d, D)``, ``(A, B[, C])``, ``(X, Y)``, ``(B1d, D, x, elem_dofs)`` or
@@ -361,6 +365,10 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     >>> str(q.spec), q.out_shape
     ('interp_3d p=1 nq=3 values E=1 ndofs=8 float64', (1, 3, 3, 3))
     """
+    if op in SOLVER_OPS:
+        from . import solver
+        return solver.plan(op, *operands, mode=mode, free=free, backend=backend,
+                           params=params)
     if op == "action":
         spec, xp, _ = _validate.action_spec(*operands)
     elif op == "assembly":

@@ -20,6 +20,9 @@ family           module                           templates
 ``mass_diagonal``  :mod:`.mass_apply`             ``mass_diagonal.cu.j2`` (Jacobi)
 ``basis``        :mod:`.basis`                    ``basis.cu.j2`` (``smalltc.interpolate``,
                                                   ``smalltc.integrate``)
+solver kernels   :mod:`.solver`                   ``pmg_vector.cu.j2``, ``cg.cu.j2``,
+                                                  ``pmg_transfer.cu.j2``, ``csr_spmv.cu.j2``,
+                                                  ``schwarz_fdm.cu.j2`` (:mod:`smalltc.solver`)
 ===============  ===============================  =========================================
 
 What no family fits runs a generic path and says so (``specialized=False``):
@@ -55,11 +58,13 @@ from .force import FORCE
 from .layout import LAYOUT, generic_executor
 from .mass_apply import MASS_APPLY, MASS_DIAGONAL
 from .runtime import SmalltcCompileError
+from .solver import SOLVER_FAMILIES
 
 __all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "family_of", "choose"]
 
 #: the kernel families, in the order they are asked
-FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL, BASIS)
+FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL,
+            BASIS) + SOLVER_FAMILIES
 
 
 def family_of(spec):

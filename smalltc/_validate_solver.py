@@ -8,10 +8,10 @@ Examples
 ...                          np.ones(1), np.ones(3))
 >>> str(spec)
 'csr_spmv n=1 nnz=1 float64'
->>> pcg_spec(np.ones(3), np.ones(3), np.ones(4), None)
+>>> pcg_spec(np.ones(3), np.ones(4), None)
 Traceback (most recent call last):
 ...
-ValueError: r has shape (4,), expected (3,) (the length of b)
+ValueError: r has shape (4,), expected (3,) (the length of x)
 """
 from __future__ import annotations
 
@@ -82,9 +82,9 @@ def vector_update_spec(mode, vectors, free=None):
                             masked=free is not None), xp
 
 
-def pcg_spec(b, x, r, inv=None):
+def pcg_spec(x, r, inv=None):
     """The :class:`~smalltc.spec.PcgSpec` of the flat vectors (``inv`` None: no Jacobi)."""
-    named = dict(b=b, x=x, r=r)
+    named = dict(x=x, r=r)
     if inv is not None:
         named["inv"] = inv
     xp = _arrays(named)
@@ -146,8 +146,15 @@ def schwarz_spec(S, inv, idx, r, w):
             raise ValueError(f"{name} has shape {tuple(a.shape)}, expected {want} (E, dim, "
                              "n from S)")
     ndofs = _vectors(dict(r=r, w=w))
-    return SchwarzSpec(dim=dim, n=n, batch=E, dtype=_dtype(dict(S=S, inv=inv, r=r, w=w)),
-                       ndofs=ndofs, index_dtype=_index("idx", idx)), xp
+    dtype = _dtype(dict(S=S, inv=inv, w=w))
+    rdtype = None
+    if r.dtype != dtype:
+        if not (dtype == "float32" and r.dtype == np.float64):
+            raise TypeError(f"r has dtype {r.dtype} but S, inv and w are {dtype}; r may be "
+                            "float64 with float32 local solves, else of their dtype")
+        rdtype = "float64"
+    return SchwarzSpec(dim=dim, n=n, batch=E, dtype=dtype, ndofs=ndofs,
+                       index_dtype=_index("idx", idx), rdtype=rdtype), xp
 
 
 def check_maps(spec, operands):

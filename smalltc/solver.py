@@ -126,8 +126,8 @@ def _spec(op, operands, mode=None, free=None):
     if op == "vector_update":
         return V.vector_update_spec(mode, operands, free)
     if op == "pcg":
-        if len(operands) not in (3, 4):
-            raise TypeError(f"op 'pcg' takes b, x, r and optionally inv; got {len(operands)} "
+        if len(operands) not in (2, 3):
+            raise TypeError(f"op 'pcg' takes x, r and optionally inv; got {len(operands)} "
                             "operands")
         return V.pcg_spec(*operands)
     fns = {"pmg_transfer": (V.transfer_spec, "M, x, in_map, in_w, out_map, out_w"),
@@ -150,7 +150,7 @@ def plan(op, *operands, mode=None, free=None, backend="auto", params=None):
         The op (the functions of this module).
     *operands : arrays
         As the op's function takes them (``vector_update``: the mode's vectors, the mask
-        as ``free=``; ``pcg``: ``b, x, r[, inv]``).
+        as ``free=``; ``pcg``: ``x, r[, inv]``).
     mode : str
         ``vector_update``'s mode ("start", "step", "residual", "last").
     free : array, optional
@@ -259,8 +259,8 @@ def vector_update(mode, *vectors, free=None, c0=0.0, c1=1.0, beta=1.0, xzero=Fal
     return p(*ops, out=out, c0=c0, c1=c1, beta=beta, xzero=xzero)
 
 
-def pcg_iterate(apply, b, x, r, inv=None, *, tol, maxiter, bnorm, history, check_every=8,
-                reducer=None, backend="auto"):
+def pcg_iterate(apply, x, r, inv=None, *, tol, maxiter, bnorm, history, shape=None,
+                check_every=8, reducer=None, backend="auto"):
     """Preconditioned conjugate gradients from ``x`` with residual ``r = b - A x``, the
     vector updates fused: on the host two passes an iteration besides ``p.Ap``; on a GPU
     five kernels whose scalars stay on the device (the host reads them every
@@ -269,9 +269,9 @@ def pcg_iterate(apply, b, x, r, inv=None, *, tol, maxiter, bnorm, history, check
     Parameters
     ----------
     apply : callable
-        ``p -> A p`` in ``b``'s shape.
-    b, x, r : arrays of shape (n,)
-        The right-hand side, the iterate and its residual (``x``, ``r`` updated in place).
+        ``p -> A p`` on arrays of ``shape``.
+    x, r : arrays of shape (n,)
+        The iterate and its residual, updated in place.
     inv : array of shape (n,), optional
         The Jacobi preconditioner ``1 / diag(A)``; None: no preconditioner.
     tol : float
@@ -282,6 +282,9 @@ def pcg_iterate(apply, b, x, r, inv=None, *, tol, maxiter, bnorm, history, check
     history : list of float
         The relative residuals so far (its last entry the current one); one entry is
         appended an iteration.
+    shape : tuple, optional
+        The shape ``apply`` takes (``(ncomp, ndofs)``: a vector field); ``(n,)`` by
+        default.
     check_every : int
         GPU: iterations queued between reads of the device's state.
     reducer : object, optional
@@ -296,17 +299,17 @@ def pcg_iterate(apply, b, x, r, inv=None, *, tol, maxiter, bnorm, history, check
     Examples
     --------
     >>> import numpy as np, smalltc
-    >>> A = np.diag([1.0, 2.0, 4.0]); b = np.ones(3); x = np.zeros(3); r = b.copy()
-    >>> it, code, _ = smalltc.pcg_iterate(lambda v: A @ v, b, x, r, 1 / np.diag(A),
+    >>> A = np.diag([1.0, 2.0, 4.0]); x = np.zeros(3); r = np.ones(3)
+    >>> it, code, _ = smalltc.pcg_iterate(lambda v: A @ v, x, r, 1 / np.diag(A),
     ...                                   tol=1e-12, maxiter=10, bnorm=np.sqrt(3),
     ...                                   history=[1.0])
     >>> it, smalltc.solver.STOP_CODES[code], bool(np.allclose(x, [1, 0.5, 0.25]))
     (1, 'converged', True)
     """
-    ops = (b, x, r) if inv is None else (b, x, r, inv)
+    ops = (x, r) if inv is None else (x, r, inv)
     p = _cached("pcg", ops, backend=backend)
     return p(*ops, apply=apply, tol=tol, maxiter=maxiter, bnorm=bnorm, history=history,
-             check_every=check_every, red=reducer)
+             shape=shape, check_every=check_every, red=reducer)
 
 
 def pmg_transfer(M, x, in_map, in_w, out_map, out_w, *, out=None, add=False,

@@ -1035,7 +1035,7 @@ class PcgSpec(_Spec):
 
     >>> s = PcgSpec(batch=100, dtype="float64", jacobi=True)
     >>> [o.name for o in s.inputs], s.size_key, str(s)
-    (['b', 'x', 'r', 'inv'], 'pcg/jacobi/n100', 'pcg n=100 jacobi float64')
+    (['x', 'r', 'inv'], 'pcg/jacobi/n100', 'pcg n=100 jacobi float64')
     """
 
     batch: int
@@ -1048,7 +1048,7 @@ class PcgSpec(_Spec):
 
     @property
     def inputs(self):
-        vec = [Operand(n, (self.batch,), True) for n in ("b", "x", "r")]
+        vec = [Operand(n, (self.batch,), True) for n in ("x", "r")]
         if self.jacobi:
             vec.append(Operand("inv", (self.batch,), True))
         return tuple(vec)
@@ -1181,7 +1181,8 @@ class SchwarzSpec(_Spec):
     local solves: ``z[i] = w[i] sum_e (K_e^-1 (w r)[idx[e, :]])[slot of i]``, ``K_e^-1 =
     (S_0 x ... x S_{dim-1}) diag(inv[e]) (S_0 x ... x S_{dim-1})^T`` on the ``n^dim``
     extended nodes of each of the ``batch`` elements (an index ``ndofs`` is a pad: no
-    DoF).
+    DoF). ``rdtype``: the residual's dtype where it is not ``dtype`` (float64 residuals of
+    float32 local solves: ``w r`` is formed in float64, then rounded).
 
     >>> s = SchwarzSpec(dim=2, n=4, batch=3, dtype="float64", ndofs=20)
     >>> [(o.name, o.shape) for o in s.inputs][:3], s.out_shape, s.size_key
@@ -1194,6 +1195,7 @@ class SchwarzSpec(_Spec):
     dtype: str
     ndofs: int
     index_dtype: str = "int32"
+    rdtype: str | None = None
     op = "schwarz_fdm"
 
     def __post_init__(self):
@@ -1202,6 +1204,8 @@ class SchwarzSpec(_Spec):
             raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.rdtype not in (None, "float64"):
+            raise ValueError(f"rdtype must be None or 'float64', got {self.rdtype!r}")
 
     @property
     def inputs(self):
@@ -1209,7 +1213,7 @@ class SchwarzSpec(_Spec):
         return (Operand("S", (E, d, n, n), True),
                 Operand("inv", (E,) + (n,) * d, True),
                 Operand("idx", (E,) + (n,) * d, True, False, self.index_dtype),
-                Operand("r", (self.ndofs,), False),
+                Operand("r", (self.ndofs,), False, False, self.rdtype),
                 Operand("w", (self.ndofs,), False))
 
     @property
@@ -1217,11 +1221,11 @@ class SchwarzSpec(_Spec):
         return (self.ndofs,)
 
     def kernel_key(self):
-        return (self.op, self.dim, self.n, self.dtype, self.index_dtype)
+        return (self.op, self.dim, self.n, self.dtype, self.index_dtype, self.rdtype)
 
     @property
     def size_key(self):
-        return f"schwarz_fdm/{self.dim}d/n{self.n}"
+        return f"schwarz_fdm/{self.dim}d/n{self.n}" + ("+r64" if self.rdtype else "")
 
     def sizes(self):
         return dict(dim=self.dim, n=self.n, batch=self.batch, ndofs=self.ndofs)

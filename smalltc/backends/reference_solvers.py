@@ -98,17 +98,19 @@ def _dot(xp, a, b):
     return float(xp.dot(a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)))
 
 
-def pcg_ref(spec, b, x, r, inv=None, *, apply, tol, maxiter, bnorm, history, check_every=8,
-            red=None):
+def pcg_ref(spec, x, r, inv=None, *, apply, tol, maxiter, bnorm, history, shape=None,
+            check_every=8, red=None):
     """Jacobi-PCG iterations from ``x`` with residual ``r`` (both updated in place) until
     the stop test: ``history`` (relative residuals, its last entry the current one) gets one
-    entry an iteration. Returns ``(iterations, code, value)``: the stop code
+    entry an iteration; ``apply`` takes and returns arrays of ``shape`` (default
+    ``x``'s). Returns ``(iterations, code, value)``: the stop code
     (:data:`STOP_CODES`) and the scalar that caused it. ``red``: a reducer whose ``sums``
     adds scalars across ranks. The array expressions of the textbook iteration, inner
     products in float64."""
     xp = _xp(r)
     jacobi = inv is not None
     dtype = r.dtype.type
+    shape = x.shape if shape is None else tuple(shape)
     z = r * inv if jacobi else r
     rz = _dot(xp, r, z)
     if red is not None:
@@ -122,7 +124,7 @@ def pcg_ref(spec, b, x, r, inv=None, *, apply, tol, maxiter, bnorm, history, che
             return it, 2, history[-1]
         if not rz > 0:
             return it, 4, rz
-        Ap = _apply_checked(xp, apply, p, b.shape)
+        Ap = _apply_checked(xp, apply, p, shape)
         pAp = _dot(xp, p, Ap)
         if red is not None:
             (pAp,) = red.sums(pAp)
@@ -235,15 +237,15 @@ def schwarz_ref(spec, S, inv, idx, r, w, *, out=None):
     ``ndofs``), gathered, the local solves, summed through ``idx`` and weighted again."""
     xp = _xp(r)
     n = spec.ndofs
-    rp = xp.zeros(n + 1, dtype=r.dtype)
+    rp = xp.zeros(n + 1, dtype=spec.dtype)
     rp[:n] = r * w
     U = schwarz_local(S, inv, rp[idx], spec.n, spec.dim)
     if xp is np:
         z = np.bincount(idx.reshape(-1).astype(np.intp), weights=U.reshape(-1),
-                        minlength=n + 1)[:n].astype(r.dtype, copy=False)
+                        minlength=n + 1)[:n].astype(spec.dtype, copy=False)
     else:
         import cupyx
-        zp = xp.zeros(n + 1, dtype=r.dtype)
+        zp = xp.zeros(n + 1, dtype=spec.dtype)
         cupyx.scatter_add(zp, idx.reshape(-1), U.reshape(-1))
         z = zp[:n]
     z *= w

@@ -154,11 +154,12 @@ class PcgExecutor(_Built):
         passive_openmp()        # spinning OpenMP and BLAS threads beside these loops
         coordinate()            # made them 4-100x slower (.threads)
 
-    def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, check_every=8,
-            red=None):
-        b, x, r = operands[:3]
+    def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, shape=None,
+            check_every=8, red=None):
+        x, r = operands[:2]
+        shape = x.shape if shape is None else tuple(shape)
         jacobi = self.spec.jacobi
-        inv = operands[3] if jacobi else r            # a placeholder of the right type
+        inv = operands[2] if jacobi else r            # a placeholder of the right type
         dtype = r.dtype.type
         z = r * inv if jacobi else r
         rz = pcg_dot(r, z)
@@ -173,10 +174,10 @@ class PcgExecutor(_Built):
                 return it, 2, history[-1]
             if not rz > 0:
                 return it, 4, rz
-            Ap = np.asarray(apply(p.reshape(b.shape)))
-            if Ap.shape != b.shape:
+            Ap = np.asarray(apply(p.reshape(shape)))
+            if Ap.shape != shape:
                 raise ValueError(f"the operator returned an array of shape {Ap.shape} for a "
-                                 f"vector of shape {b.shape}: apply(x) must return A x in "
+                                 f"vector of shape {shape}: apply(x) must return A x in "
                                  "x's shape")
             Ap = Ap.reshape(-1)
             pAp = pcg_dot(p, Ap)

@@ -217,13 +217,14 @@ class PcgExecutor(_Launches):
     ``check_every`` iterations (``templates/cuda/cg.cu.j2``). ``red``: sums the per-block
     partial sums across ranks (each sum waits for the device)."""
 
-    def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, check_every=8,
-            red=None):
+    def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, shape=None,
+            check_every=8, red=None):
         import cupy as cp
 
         from ..._errors import raise_pending
-        b, x, r = operands[:3]
-        inv = operands[3] if self.spec.jacobi else None
+        x, r = operands[:2]
+        shape = x.shape if shape is None else tuple(shape)
+        inv = operands[2] if self.spec.jacobi else None
         k = {e: self._k(e) for e in _CG_ENTRIES}
         NT, NB = self.ctx["threads"], self.ctx["blocks"]
         n = np.int64(r.size)
@@ -245,10 +246,10 @@ class PcgExecutor(_Launches):
         done, seen = 0, 0
         while not done:
             for _ in range(check_every):
-                Ap = cp.asarray(apply(p.reshape(b.shape)))
-                if Ap.shape != b.shape:
+                Ap = cp.asarray(apply(p.reshape(shape)))
+                if Ap.shape != shape:
                     raise ValueError(f"the operator returned an array of shape {Ap.shape} "
-                                     f"for a vector of shape {b.shape}: apply(x) must "
+                                     f"for a vector of shape {shape}: apply(x) must "
                                      "return A x in x's shape")
                 Ap = Ap.reshape(-1)
                 k["stc_cg_dot"](grid, blk, (p, Ap, part1, ST, n))
@@ -405,6 +406,7 @@ class SchwarzExecutor(_Launches):
         import cupy as cp
         S, inv, idx, r, w = operands
         n = self.spec.ndofs
+        r = r.astype(self.spec.dtype, copy=False)
         z = cp.zeros(n, dtype=self.spec.dtype) if out is None else out
         if out is not None:
             z.fill(0)

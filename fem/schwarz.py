@@ -334,10 +334,34 @@ class Schwarz(_Preconditioner):
         if host_kernel is None:
             host_kernel = _numba_present()
         self.host_kernel = bool(host_kernel) and xp is np
-        # the compiled family where there is one (the host's Numba kernel; on a GPU one
-        # kernel an application where the element's buffers fit 48 KiB, else the
-        # reference path, reported); the array path without Numba or with host_kernel=False
-        self._backend = "auto" if self.host_kernel or xp is not np else "reference"
+        self._device_kernel = None
+
+    @property
+    def device_kernel(self):
+        """On a GPU: whether an application is one kernel (the ``schwarz_fdm`` family of
+        the CUDA backend, where an element's buffers fit 48 KiB of shared memory) rather
+        than the array path; settable (False: the array path). False on the host."""
+        if self._device_kernel is None:
+            self._device_kernel = self.xp is not np and self._plan("auto").backend == "cuda"
+        return self._device_kernel
+
+    @device_kernel.setter
+    def device_kernel(self, value):
+        self._device_kernel = bool(value) and self.xp is not np
+
+    def _backend(self):
+        """The compiled family where there is one (the host's Numba kernel, the GPU's
+        fused kernel), else the array path (the reference backend: no Numba,
+        ``host_kernel=False``, ``device_kernel = False``)."""
+        if self.xp is np:
+            return "auto" if self.host_kernel else "reference"
+        return "auto" if self._device_kernel is not False else "reference"
+
+    def _plan(self, backend):
+        """The plan of an application (:func:`smalltc.plan`, op ``"schwarz_fdm"``)."""
+        r = self.xp.zeros(self.n, dtype=self.dtype)
+        return smalltc.plan("schwarz_fdm", self.S, self.inv_eig, self.idx, r, self.w,
+                            backend=backend)
 
     def _apply_1d(self, U, MatsT):
         """``U`` (E, n, .., n) with the element's matrix ``MatsT[:, d]^T`` applied along
@@ -378,7 +402,7 @@ class Schwarz(_Preconditioner):
             rr = rr.astype(self.dtype)
         rr = xp.ascontiguousarray(rr)
         z = smalltc.schwarz_fdm(self.S, self.inv_eig, self.idx, rr, self.w,
-                                backend=self._backend)
+                                backend=self._backend())
         if self.fixed is not None:
             z += self.fixed * r
         return z

@@ -41,12 +41,12 @@ import logging as _logging
 
 from .api import (assemble_diffusion, assemble_mass, assemble_operator, batched_contract,
                   batched_gemm, contract, diffusion_action, diffusion_apply,
-                  diffusion_diagonal, force_apply, force_apply_transpose, mass_apply,
-                  mass_diagonal, mixed_action, mixed_apply, operator_action, operator_apply,
-                  operator_diagonal)
+                  diffusion_diagonal, mass_apply, mass_diagonal, operator_action,
+                  operator_apply, operator_diagonal)
 from ._errors import check_errors
 from .aot import precompile
 from .evaluation import integrate, interpolate
+from .mixed import force_apply, force_apply_transpose, mixed_action, mixed_apply
 from .catalogue import STEPS
 from .plan import Plan, plan
 from .solver import csr_spmv, pcg_iterate, pmg_transfer, schwarz_fdm, vector_update

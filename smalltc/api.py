@@ -1,27 +1,43 @@
-"""The public operations: thin wrappers that fetch (or build) a plan and call it.
+"""The public operations: thin wrappers that run their entry of :mod:`smalltc.ops`.
 
-Each keys the plan cache (:func:`smalltc.plan.cached_plan`) on its call
-signature: the operation, the flags that choose the spec, and each operand's
-type, shape and dtype. A repeated call is a dictionary lookup and the plan's
-call, whose plain comparisons recheck everything a signature leaves out
-(contiguity, ``out``, scalars). A miss, or operands that are not arrays, goes
-through :mod:`smalltc._validate` to the spec first; arrays of another library
-(torch, JAX: any DLPack producer) go through :mod:`smalltc._interop`, which calls
-the same function with NumPy/CuPy views of them and returns the result in their
-library.
+The mass operator and the layouts (:func:`batched_contract` to :func:`mass_diagonal`),
+the family of operators of one space (mass, diffusion, Helmholtz: :func:`operator_apply`
+and friends); the operators of mixed spaces are in :mod:`smalltc.mixed`, the basis
+application in :mod:`smalltc.evaluation`.
+
+Each hands its operands and the options that choose its spec to
+:func:`smalltc.plan.call`, which keys the plan cache (:func:`smalltc.plan.cached_plan`)
+on the call signature: the operation, its options, and each operand's type, shape and
+dtype. A repeated call is a dictionary lookup and the plan's call, whose plain
+comparisons recheck everything a signature leaves out (contiguity, ``out``, scalars).
+A miss, or operands that are not arrays, goes through the entry's spec function
+(:mod:`smalltc._validate`) first; arrays of another library (torch, JAX: any DLPack
+producer) go through :mod:`smalltc._interop`, which runs the same call with NumPy/CuPy
+views of them and returns the result in their library.
 """
 from __future__ import annotations
 
 from functools import partial
 
 from . import _interop, _validate
-from .plan import _PLANS, cached_plan
+from ._arrays import array_module
+from .ops import (ACTION, ASSEMBLY, CONTRACT, GEMM, MASS_APPLY, MASS_DIAGONAL, OPERATORS,
+                  VERTEX_OPERATORS, Extents)
+from .plan import call
 
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
-           "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
-           "mixed_apply"]
+           "assemble_operator"]
+
+
+def _is_zero(beta):
+    """``beta == 0`` for GEMM's choice of operands (False for what is not a number: the
+    spec function says what is wrong)."""
+    try:
+        return bool(beta == 0)
+    except (TypeError, ValueError):
+        return False
 
 
 def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stream=None):
@@ -94,20 +110,7 @@ def batched_contract(B1d, D, V, *, out=None, backend="auto", method="auto", stre
     >>> bool(np.allclose(M @ V.reshape(100, -1, 1), U.reshape(100, -1, 1)))
     True
     """
-    try:
-        key = ("action", backend, method, type(B1d), B1d.shape, B1d.dtype, type(D), D.shape,
-               D.dtype, type(V), V.shape, V.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):      # not arrays, or an unhashable argument
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(B1d, D, V, out):
-            return _interop.call(partial(batched_contract, backend=backend, method=method),
-                                 ("B1d", "D", "V"), (B1d, D, V), out, stream)
-        spec, xp, ops = _validate.action_spec(B1d, D, V)
-        p = cached_plan(key, (B1d, D, V), spec, xp, backend, method)
-        B1d, D, V = ops
-    return p(B1d, D, V, out=out, stream=stream)
+    return call(ACTION, (B1d, D, V), (), out, stream, backend, method)
 
 
 def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=None):
@@ -136,20 +139,7 @@ def assemble_mass(B1d, D, *, out=None, backend="auto", method="auto", stream=Non
     array([[1.25, 0.25],
            [0.25, 1.25]])
     """
-    try:
-        key = ("assembly", backend, method, type(B1d), B1d.shape, B1d.dtype, type(D), D.shape,
-               D.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(B1d, D, out):
-            return _interop.call(partial(assemble_mass, backend=backend, method=method),
-                                 ("B1d", "D"), (B1d, D), out, stream)
-        spec, xp, ops = _validate.assembly_spec(B1d, D)
-        p = cached_plan(key, (B1d, D), spec, xp, backend, method)
-        B1d, D = ops
-    return p(B1d, D, out=out, stream=stream)
+    return call(ASSEMBLY, (B1d, D), (), out, stream, backend, method)
 
 
 def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
@@ -182,26 +172,8 @@ def batched_gemm(A, B, C=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     array([[ 8., 10.],
            [12., 14.]])
     """
-    beta_zero = beta == 0                      # no C among the operands
-    try:
-        key = ("gemm", backend, trans_a, trans_b, type(A), A.shape, A.dtype, type(B), B.shape,
-               B.dtype, None if beta_zero else (type(C), C.shape, C.dtype))
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError, ValueError):   # ValueError: an array's truth value
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(A, B, C, out):
-            return _interop.call(partial(batched_gemm, alpha=alpha, beta=beta, trans_a=trans_a,
-                                         trans_b=trans_b, backend=backend),
-                                 ("A", "B", "C"), (A, B, C), out, stream)
-        spec, xp, ops = _validate.gemm_spec(A, B, C, alpha=alpha, beta=beta, trans_a=trans_a,
-                                            trans_b=trans_b)
-        given = (A, B) if spec.beta_zero else (A, B, C)
-        p = cached_plan(key, given, spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream, alpha=alpha, beta=beta)
-    if beta_zero:
-        return p(A, B, out=out, stream=stream, alpha=alpha, beta=beta)
-    return p(A, B, C, out=out, stream=stream, alpha=alpha, beta=beta)
+    given = (A, B) if _is_zero(beta) else (A, B, C)      # C is read when beta != 0
+    return call(GEMM, given, (trans_a, trans_b), out, stream, backend, "auto", (alpha, beta))
 
 
 def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None):
@@ -237,20 +209,7 @@ def contract(kind, X, Y, *, extents=None, out=None, backend="auto", stream=None)
     >>> bool(np.allclose(A.reshape(7, 3, 3, 4), np.einsum('kc,eabc->eabk', B1d, V)))
     True
     """
-    try:
-        key = ("contract", backend, kind, None if extents is None else tuple(extents.items()),
-               type(X), X.shape, X.dtype, type(Y), Y.shape, Y.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(X, Y, out):
-            return _interop.call(partial(contract, kind, extents=extents, backend=backend),
-                                 ("X", "Y"), (X, Y), out, stream)
-        spec, xp, ops = _validate.contract_spec(kind, X, Y, extents=extents)
-        p = cached_plan(key, (X, Y), spec, xp, backend, "auto", extents is not None)
-        X, Y = ops
-    return p(X, Y, out=out, stream=stream)
+    return call(CONTRACT, (X, Y), (kind, Extents.of(extents)), out, stream, backend)
 
 
 def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="auto",
@@ -316,23 +275,8 @@ def mass_apply(B1d, D, x, elem_dofs, *, out=None, deterministic=False, backend="
     if vertices is not None or coef is not None:
         return _operator("apply", "mass", B1d, None, D, (x, elem_dofs), out, stream, backend,
                          deterministic, vertices=vertices, coef=coef)
-    try:
-        key = ("mass_apply", backend, bool(deterministic), type(B1d), B1d.shape, B1d.dtype,
-               type(D), D.shape, D.dtype, type(x), x.shape, x.dtype, type(elem_dofs),
-               elem_dofs.shape, elem_dofs.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(B1d, D, x, elem_dofs, out):
-            return _interop.call(partial(mass_apply, deterministic=deterministic,
-                                         backend=backend),
-                                 ("B1d", "D", "x", "elem_dofs"), (B1d, D, x, elem_dofs), out,
-                                 stream)
-        spec, xp, ops = _validate.mass_apply_spec(B1d, D, x, elem_dofs, deterministic)
-        p = cached_plan(key, (B1d, D, x, elem_dofs), spec, xp, backend, "auto")
-        B1d, D, x, elem_dofs = ops
-    return p(B1d, D, x, elem_dofs, out=out, stream=stream)
+    return call(MASS_APPLY, (B1d, D, x, elem_dofs), (bool(deterministic),), out, stream,
+                backend)
 
 
 def mass_diagonal(B1d, D, elem_dofs, ndofs, *, out=None, deterministic=False,
@@ -363,39 +307,11 @@ def mass_diagonal(B1d, D, elem_dofs, ndofs, *, out=None, deterministic=False,
     >>> print(smalltc.mass_diagonal(B1d, D, elem_dofs, 3) * 24)
     [ 5. 10.  5.]
     """
-    try:
-        key = ("mass_diagonal", backend, bool(deterministic), ndofs, type(B1d), B1d.shape,
-               B1d.dtype, type(D), D.shape, D.dtype, type(elem_dofs), elem_dofs.shape,
-               elem_dofs.dtype)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    if p is None:
-        if _interop.any_foreign(B1d, D, elem_dofs, out):
-            return _interop.call(partial(mass_diagonal, ndofs=ndofs,
-                                         deterministic=deterministic, backend=backend),
-                                 ("B1d", "D", "elem_dofs"), (B1d, D, elem_dofs), out, stream)
-        spec, xp, ops = _validate.mass_diagonal_spec(B1d, D, elem_dofs, ndofs, deterministic)
-        p = cached_plan(key, (B1d, D, elem_dofs), spec, xp, backend, "auto")
-        B1d, D, elem_dofs = ops
-    return p(B1d, D, elem_dofs, out=out, stream=stream)
+    return call(MASS_DIAGONAL, (B1d, D, elem_dofs), (ndofs, bool(deterministic)), out, stream,
+                backend)
 
 
 # --- the generalised operators (docs/math.md section 7) --------------------------------------
-
-def _sig(x):
-    """An operand's part of a plan-cache key (None stays None; a pair of data arrays is a
-    pair); AttributeError for what is not an array (no key then)."""
-    if x is None:
-        return None
-    if isinstance(x, tuple):
-        return tuple(_sig(a) for a in x)
-    return (type(x), x.shape, x.dtype)
-
-
-_REST_NAMES = {"action": ("V",), "apply": ("x", "elem_dofs"), "diagonal": ("elem_dofs",),
-               "assembly": ()}
-
 
 _COEFS: dict = {}
 
@@ -406,7 +322,6 @@ def _coef_array(coef, X, like):
     read by the kernel)."""
     if hasattr(coef, "shape") and getattr(coef, "ndim", 0) > 0:
         return coef
-    from ._arrays import array_module
     xp = array_module(like)
     E = X.shape[0] if getattr(X, "ndim", 0) == 3 else 0
     dev = None
@@ -419,6 +334,19 @@ def _coef_array(coef, X, like):
             _COEFS.clear()
         a = _COEFS[key] = xp.full((E,), float(coef), dtype=like.dtype)
     return a
+
+
+def _entry(table, key, check):
+    """The operator entry of ``key`` (qfunc, level) in ``table``; where there is none,
+    ``check()`` (the spec function) raises the error that says why."""
+    try:
+        op = table.get(key)
+    except TypeError:                            # an unhashable qfunc
+        op = None
+    if op is None:
+        check()
+        raise ValueError(f"no operator {key[0]!r} at level {key[1]!r}")
+    return op
 
 
 def _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out, stream, backend,
@@ -434,69 +362,48 @@ def _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out, st
     if not hasattr(vertices, "shape"):
         raise TypeError(f"vertices must be an array (E, 2^dim, dim), got "
                         f"{type(vertices).__name__}")
+    op = _entry(VERTEX_OPERATORS, (qfunc, level), partial(
+        _validate.vertex_operator_spec, level, qfunc, B1d, G1d, vertices, coef, *rest,
+        deterministic=deterministic))
     if _interop.any_foreign(B1d, G1d, vertices, coef, *rest, out):
-        scalar = not hasattr(coef, "shape")      # a constant: made in the views' library
-
-        def fn(B1d, G1d, X, *arrays, out):
-            c, arrays = (coef, arrays) if scalar else (arrays[0], arrays[1:])
-            return _vertex_operator(level, qfunc, B1d, G1d, None, X, c, arrays, out, None,
-                                    backend, deterministic)
-        names = ("B1d", "G1d", "X") + (() if scalar else ("coef",)) + _REST_NAMES[level]
+        # a constant coef is made in the views' library (_coef_array), after the import
+        scalar = not hasattr(coef, "shape")
+        names = tuple(n for n in op.operands if not (scalar and n == "coef"))
         flat = (B1d, G1d, vertices) + (() if scalar else (coef,)) + tuple(rest)
-        return _interop.call(fn, names, flat, out, stream)
+        return _interop.call(partial(_vertex_views, level, qfunc, backend, deterministic,
+                                     coef if scalar else None), names, flat, out, stream)
     coef = _coef_array(coef, vertices, rest[0])
-    try:
-        key = ("vertex operator", level, qfunc, backend, bool(deterministic), _sig(B1d),
-               _sig(G1d), _sig(vertices), _sig(coef)) + tuple(_sig(r) for r in rest)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    flat = (B1d, G1d, vertices, coef) + tuple(rest)
-    if p is None:
-        spec, xp, ops = _validate.vertex_operator_spec(level, qfunc, B1d, G1d, vertices, coef,
-                                                       *rest, deterministic=deterministic)
-        p = cached_plan(key, [x for x in flat if x is not None], spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*(x for x in flat if x is not None), out=out, stream=stream)
+    return call(op, (B1d, G1d, vertices, coef) + tuple(rest), (bool(deterministic),), out,
+                stream, backend)
+
+
+def _vertex_views(level, qfunc, backend, deterministic, coef, B1d, G1d, X, *arrays, out):
+    if coef is None:
+        coef, arrays = arrays[0], arrays[1:]
+    return _vertex_operator(level, qfunc, B1d, G1d, None, X, coef, arrays, out, None, backend,
+                            deterministic)
 
 
 def _operator(level, qfunc, B1d, G1d, data, rest, out, stream, backend, deterministic=False,
               ndofs=None, vertices=None, coef=None):
-    """The public operators' common body: the plan of (level, qfunc, call signature),
-    built on the first call; arrays of another library through :mod:`._interop`."""
+    """The public operators' common body: the entry of (qfunc, level) run through
+    :func:`smalltc.plan.call`; the point data ``(D, Q)`` of Helmholtz are two operands."""
     if vertices is not None or coef is not None:
         if vertices is None:
             raise TypeError("coef= goes with vertices= (the coefficient of the vertex "
                             "geometry); with stored point data it is part of D or Q")
         return _vertex_operator(level, qfunc, B1d, G1d, data, vertices, coef, rest, out,
                                 stream, backend, deterministic)
-    try:
-        key = ("operator", level, qfunc, backend, bool(deterministic), ndofs, _sig(B1d),
-               _sig(G1d), _sig(data)) + tuple(_sig(r) for r in rest)
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    pair = isinstance(data, (tuple, list))
-    datas = tuple(data) if pair else (data,)
-    flat = (B1d, G1d) + datas + tuple(rest)
-    if p is None:
-        if _interop.any_foreign(*flat, out):
-            dnames = ("D", "Q") if qfunc == "helmholtz" else (("Q",) if qfunc == "diffusion"
-                                                            else ("D",))
-            names = ("B1d", "G1d") + (dnames if len(dnames) == len(datas) else
-                                      tuple(f"data[{i}]" for i in range(len(datas))))
-            names += _REST_NAMES.get(level, ())[:len(rest)]
-
-            def fn(B1d, G1d, *arrays, out):
-                d = tuple(arrays[:len(datas)])
-                return _operator(level, qfunc, B1d, G1d, d if pair else d[0],
-                                 arrays[len(datas):], out, None, backend, deterministic, ndofs)
-            return _interop.call(fn, names, flat, out, stream)
-        spec, xp, ops = _validate.operator_spec(level, qfunc, B1d, G1d, data, *rest,
-                                                deterministic=deterministic, ndofs=ndofs)
-        p = cached_plan(key, [x for x in flat if x is not None], spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*(x for x in flat if x is not None), out=out, stream=stream)
+    datas = tuple(data) if isinstance(data, (tuple, list)) else (data,)
+    check = partial(_validate.operator_spec, level, qfunc, B1d, G1d, data, *rest,
+                    deterministic=deterministic, ndofs=ndofs)
+    op = _entry(OPERATORS, (qfunc, level), check)
+    if len(datas) != len(op.operands) - 2 - len(rest):       # D, Q or the pair (D, Q)
+        check()
+        data_names = op.operands[2:len(op.operands) - len(rest)]
+        raise TypeError(f"data for qfunc {qfunc!r} is {', '.join(data_names)}")
+    return call(op, (B1d, G1d) + datas + tuple(rest), (bool(deterministic), ndofs), out,
+                stream, backend)
 
 
 def operator_action(qfunc, B1d, G1d, data, V, *, out=None, backend="auto", stream=None,
@@ -729,329 +636,3 @@ def assemble_diffusion(B1d, G1d, Q, *, out=None, backend="auto", stream=None):
     ((3, 9, 9), True)
     """
     return _operator("assembly", "diffusion", B1d, G1d, Q, (), out, stream, backend)
-
-
-# --- the corner force: mixed spaces H1^d and L2 (docs/math.md section 7) ---------------------
-
-def _force(transpose, B_l2, B1d, G1d, A, field, elem_dofs, ndofs, out, deterministic,
-           backend, stream):
-    """The corner force's common body (both directions, element level and fused): the plan
-    of the call signature, built on the first call; other libraries through
-    :mod:`._interop`."""
-    if elem_dofs is not None and ndofs is None and not transpose and out is not None:
-        ndofs = getattr(out, "shape", (None,))[-1]          # F: y's length from out
-    try:
-        key = ("force", bool(transpose), backend, bool(deterministic), ndofs, _sig(B_l2),
-               _sig(B1d), _sig(G1d), _sig(A), _sig(field), _sig(elem_dofs))
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    fname = "w" if transpose else "e"
-    flat = (B_l2, B1d, G1d, A, field) + (() if elem_dofs is None else (elem_dofs,))
-    if p is None:
-        if _interop.any_foreign(*flat, out):
-            names = ("B_l2", "B1d", "G1d", "A", fname, "elem_dofs")[:len(flat)]
-
-            def fn(*arrays, out):
-                m = arrays[5] if len(arrays) > 5 else None
-                return _force(transpose, *arrays[:5], m, ndofs, out, deterministic, backend,
-                              None)
-            return _interop.call(fn, names, flat, out, stream)
-        spec, xp, ops = _validate.force_spec(transpose, B_l2, B1d, G1d, A, field, elem_dofs,
-                                             ndofs, deterministic)
-        p = cached_plan(key, flat, spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*flat, out=out, stream=stream)
-
-
-def force_apply(B_l2, B1d, G1d, A, e, *, elem_dofs=None, ndofs=None, out=None,
-                deterministic=False, backend="auto", stream=None):
-    """BLAST's corner force ``F e`` (H1^d <- L2; Laghos' ``ForceMult``), matrix-free.
-
-    Per element and kinematic component ``c`` (docs/math.md section 7):
-    ``(F e)_c = sum_a G_a^T (A[c, a] * (B_L2 e))``, with ``B_L2 e`` the thermodynamic
-    (L2, order ``p - 1``) field at the quadrature points (``B_l2`` on every axis) and
-    ``G_a`` the reference gradient of the kinematic (H1, order ``p``) basis along tensor
-    axis ``a`` (``G1d`` on axis ``a``, ``B1d`` on the others). With ``elem_dofs`` the
-    kinematic side is global: the element results are added into ``y`` of shape
-    ``(d, ndofs)`` through the map (as :func:`mass_apply`); the L2 side is always per
-    element (discontinuous).
-
-    Parameters
-    ----------
-    B_l2 : array, shape (nq, p)
-        The L2 basis (order ``p - 1``) at the quadrature points.
-    B1d, G1d : arrays, shape (nq, p + 1)
-        The H1 basis (order ``p``) and its derivative on [-1, 1].
-    A : array, shape (E, d, d, nq, ..., nq)
-        ``A[e, c, a, k...]``: the ``d x d`` matrix of each quadrature point (in BLAST
-        ``w |J| sigma J^-T``; not symmetric). Its rank sets the dimension d (1 to 3).
-    e : array, shape (E, p, ..., p)
-        The thermodynamic field per element.
-    elem_dofs : int32 or int64 array, shape (E, p + 1, ..., p + 1), optional
-        The kinematic element-to-DoF map (per component; every index in ``[0, ndofs)``).
-    ndofs : int, optional
-        With ``elem_dofs``: the global vector's length per component (or given by
-        ``out``'s shape).
-    out : array, optional
-        The result buffer (overwritten, not added to).
-    deterministic : bool
-        With ``elem_dofs``: the additions in a fixed order (see :func:`mass_apply`).
-    backend, stream : as for :func:`batched_contract`.
-
-    Returns
-    -------
-    array, shape (E, d, p + 1, ..., p + 1), or (d, ndofs) with ``elem_dofs``
-
-    Raises
-    ------
-    ValueError
-        Shapes that do not fit together (the message names the operand and the expected
-        shape), an index of ``elem_dofs`` out of range, ``ndofs`` missing with
-        ``elem_dofs``.
-    TypeError
-        Mixed dtypes or array libraries, ``elem_dofs`` not int32/int64.
-
-    Examples
-    --------
-    >>> import numpy as np, smalltc
-    >>> from smalltc import fem
-    >>> p, nq = 2, 4
-    >>> h1, l2 = fem.basis_1d(p, nq), fem.basis_1d(p - 1, nq)    # Gauss points, nq = 2p
-    >>> rng = np.random.default_rng(0)
-    >>> A = rng.random((5, 2, 2, nq, nq)); e = rng.random((5, p, p))
-    >>> Fe = smalltc.force_apply(l2.B1d, h1.B1d, h1.G1d, A, e)
-    >>> Fe.shape
-    (5, 2, 3, 3)
-    >>> w = rng.random(Fe.shape)                                  # W . (F e) == (F^T W) . e
-    >>> FTw = smalltc.force_apply_transpose(l2.B1d, h1.B1d, h1.G1d, A, w)
-    >>> bool(np.isclose(np.vdot(w, Fe), np.vdot(FTw, e)))
-    True
-    """
-    return _force(False, B_l2, B1d, G1d, A, e, elem_dofs, ndofs, out, deterministic,
-                  backend, stream)
-
-
-def force_apply_transpose(B_l2, B1d, G1d, A, w, *, elem_dofs=None, out=None,
-                          backend="auto", stream=None):
-    """The transposed corner force ``F^T w`` (L2 <- H1^d; Laghos' ``ForceMultTranspose``).
-
-    Per element: ``F^T w = B_L2^T (sum_{c,a} A[c, a] * (G_a w_c))`` (docs/math.md section
-    7; operands as for :func:`force_apply`). With ``elem_dofs``, ``w`` is the global
-    kinematic vector ``(d, ndofs)`` and each element's values are gathered through the map
-    (the element vectors never reach memory in the fused kernels).
-
-    Parameters
-    ----------
-    B_l2, B1d, G1d, A : as for :func:`force_apply`.
-    w : array, shape (E, d, p + 1, ..., p + 1), or (d, ndofs) with ``elem_dofs``
-    elem_dofs : int32 or int64 array, shape (E, p + 1, ..., p + 1), optional
-    out, backend, stream : as for :func:`batched_contract`.
-
-    Returns
-    -------
-    array, shape (E, p, ..., p)
-
-    Examples
-    --------
-    >>> import numpy as np, smalltc
-    >>> from smalltc import fem
-    >>> space = fem.H1Space(fem.box_mesh(2, 2), p=2)             # 4 elements, 25 DoFs
-    >>> h1, l2 = fem.basis_1d(2, 4), fem.basis_1d(1, 4)
-    >>> A = np.random.default_rng(1).random((4, 2, 2, 4, 4))
-    >>> ones = np.ones((2, space.ndofs))          # a constant velocity has no gradient
-    >>> r = smalltc.force_apply_transpose(l2.B1d, h1.B1d, h1.G1d, A, ones,
-    ...                                   elem_dofs=space.dof_map())
-    >>> r.shape, float(abs(r).max()) < 1e-12
-    ((4, 2, 2), True)
-    """
-    return _force(True, B_l2, B1d, G1d, A, w, elem_dofs, None, out, False, backend, stream)
-
-
-# --- the general operator of mixed spaces (docs/math.md section 7) ---------------------------
-
-def _mixed(B_in, B_out, Q, field, G_in, G_out, eval_in, eval_out, elem_dofs_in, elem_dofs_out,
-           ndofs_out, out, backend, stream):
-    """The general operator's common body (element level and fused): the plan of the call
-    signature, built on the first call; other libraries through :mod:`._interop`."""
-    if elem_dofs_out is not None and ndofs_out is None and out is not None:
-        ndofs_out = getattr(out, "shape", (None,))[-1]        # y's length from out
-    try:
-        key = ("mixed", eval_in, eval_out, backend, ndofs_out, _sig(B_in), _sig(G_in),
-               _sig(B_out), _sig(G_out), _sig(Q), _sig(field), _sig(elem_dofs_in),
-               _sig(elem_dofs_out))
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    names = ("B_in", "G_in", "B_out", "G_out", "Q", "V" if elem_dofs_in is None else "x",
-             "elem_dofs_in", "elem_dofs_out")
-    given = (B_in, G_in, B_out, G_out, Q, field, elem_dofs_in, elem_dofs_out)
-    flat = tuple(x for x in given if x is not None)
-    if p is None:
-        if _interop.any_foreign(*flat, out):
-            where = [i for i, x in enumerate(given) if x is not None]
-
-            def fn(*arrays, out):
-                a = [None] * len(given)
-                for i, x in zip(where, arrays):
-                    a[i] = x
-                return _mixed(a[0], a[2], a[4], a[5], a[1], a[3], eval_in, eval_out, a[6],
-                              a[7], ndofs_out, out, backend, None)
-            return _interop.call(fn, tuple(names[i] for i in where), flat, out, stream)
-        spec, xp, ops = _validate.mixed_spec(
-            B_in, B_out, Q, field, G_in=G_in, G_out=G_out, eval_in=eval_in,
-            eval_out=eval_out, elem_dofs_in=elem_dofs_in, elem_dofs_out=elem_dofs_out,
-            ndofs_out=ndofs_out)
-        p = cached_plan(key, flat, spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*flat, out=out, stream=stream)
-
-
-def mixed_action(B_in, B_out, Q, V, *, G_in=None, G_out=None, eval_in="value",
-                 eval_out="value", out=None, backend="auto", stream=None):
-    """The general linear operator of mixed spaces on element vectors,
-    ``U_e = E_out^T (Q_e . E_in V_e)`` (docs/math.md section 7).
-
-    The input field has its own basis (``B_in``, ``G_in``: ``nq x nd_in``), the output
-    field another (``B_out``, ``G_out``: ``nq x nd_out``), at a common quadrature of nq
-    points per axis. ``E_in`` evaluates, for each of the ``ncomp_in`` input components,
-    what ``eval_in`` selects at every point: its value (``B_in`` on every axis) and/or its
-    ``dim`` reference derivatives ``d/dxi_a`` (``G_in`` on axis ``a``, ``B_in`` on the
-    others); these are the input *slots*. ``Q[e, r, s, k1, ..., kd]`` couples output slot
-    ``r`` with input slot ``s`` at each point, and ``E_out^T`` applies the transposed
-    output evaluations (``B_out^T``, ``G_out^T``) and sums over the output slots:
-
-        U[e, c', i] = sum_{r(c', j'), s, k} E_out[j'][k, i] Q[e, r, s, k] (E_in V_e)[s, k]
-
-    Slots are component-major: slot ``c * nper + j``, ``nper`` evaluations a component in
-    the order value (if selected), then ``d/dxi_1, ..., d/dxi_dim`` (if selected), so
-    ``nper`` is 1 (``"value"``), ``dim`` (``"grad"``) or ``1 + dim`` (``"both"``). Q has
-    ``ncomp_out * nper_out`` rows and ``ncomp_in * nper_in`` columns a point; the
-    component counts are read from them. The derivatives are reference ones (on
-    [-1, 1]^dim): the geometry (``J^-1``, ``|J|``, weights) belongs in Q.
-
-    Instances: the mass operator is value/value with ``Q[e, 0, 0] = D`` and diffusion
-    grad/grad with ``Q[e, a, b] = Q^{ab}``, both with ``B_in = B_out``
-    (:func:`operator_action` runs them with size-specialised kernels); BLAST's corner force
-    ``F`` is value (L2, 1 component) to grad (H1, ``dim`` components) with ``Q[e, c*dim+a,
-    0] = A[e, c, a]`` and ``F^T`` its transpose (:func:`force_apply`,
-    :func:`force_apply_transpose`: specialised kernels). This function is the general
-    path: sum-factorised one-axis contractions (one GEMM each on the whole batch: BLAS on
-    the host, cuBLAS on a GPU; evaluations share partial sums), the pointwise Q product,
-    then the transposed contractions; never a dense element matrix, and no size-specialised
-    kernel on any backend (``plan.specialized`` is False and the plan logs it).
-
-    Parameters
-    ----------
-    B_in : array, shape (nq, nd_in)
-        The input basis at the quadrature points, ``B_in[k, j] = phi_j(x_k)``.
-    B_out : array, shape (nq, nd_out)
-        The output basis at the same points.
-    Q : array, shape (E, nslots_out, nslots_in, nq, ..., nq)
-        The coupling per element and point; its rank sets the dimension (1 to 3).
-    V : array, shape (E, nd_in, ..., nd_in) or (E, ncomp_in, nd_in, ..., nd_in)
-        The input element vectors (the axis may be left out for one component).
-    G_in, G_out : arrays, shape (nq, nd_in) and (nq, nd_out)
-        The bases' derivatives on [-1, 1], needed exactly where the side evaluates
-        gradients (given with ``"value"``: an error).
-    eval_in, eval_out : {"value", "grad", "both"}
-        What each side evaluates of each component.
-    out : array, optional
-        The result buffer (overwritten), shape as returned.
-    backend, stream : as for :func:`batched_contract`.
-
-    Returns
-    -------
-    U : array, shape (E, ncomp_out, nd_out, ..., nd_out), or (E, nd_out, ..., nd_out) for
-        one output component
-
-    Raises
-    ------
-    ValueError
-        Shapes that do not fit together (the message names the operand, its shape and the
-        expected one), an unknown ``eval_in``/``eval_out``, a ``G`` missing or not wanted.
-    TypeError
-        Mixed dtypes or array libraries.
-
-    Examples
-    --------
-    The corner force ``F e`` (H1^2 <- L2) as the general operator:
-
-    >>> import numpy as np, smalltc
-    >>> from smalltc import fem
-    >>> h1, l2 = fem.basis_1d(2, 4), fem.basis_1d(1, 4)           # p = 2, nq = 2p
-    >>> rng = np.random.default_rng(0)
-    >>> A = rng.random((5, 2, 2, 4, 4)); e = rng.random((5, 2, 2))
-    >>> Fe = smalltc.mixed_action(l2.B1d, h1.B1d, A.reshape(5, 4, 1, 4, 4), e,
-    ...                           G_out=h1.G1d, eval_out="grad")
-    >>> Fe.shape
-    (5, 2, 3, 3)
-    >>> bool(np.allclose(Fe, smalltc.force_apply(l2.B1d, h1.B1d, h1.G1d, A, e)))
-    True
-    """
-    return _mixed(B_in, B_out, Q, V, G_in, G_out, eval_in, eval_out, None, None, None, out,
-                  backend, stream)
-
-
-def mixed_apply(B_in, B_out, Q, x, *, G_in=None, G_out=None, eval_in="value",
-                eval_out="value", elem_dofs_in=None, elem_dofs_out=None, ndofs_out=None,
-                out=None, backend="auto", stream=None):
-    """The general operator of mixed spaces between global vectors,
-    ``y = sum_e R_out,e^T E_out^T (Q_e . E_in R_in,e x)``; either side may instead be
-    element-local (discontinuous, L2: no map).
-
-    ``R_in,e`` gathers element ``e``'s input values from ``x`` through ``elem_dofs_in``
-    (``x[..., elem_dofs_in[e]]``), the element action is :func:`mixed_action`'s (``B_in``,
-    ``B_out``, ``Q``, ``G_in``, ``G_out``, ``eval_in``, ``eval_out`` as there, and the same
-    slot convention), and ``R_out,e^T`` adds the element results into ``y`` through
-    ``elem_dofs_out``. Without ``elem_dofs_in``, ``x`` is the input element vectors (E,
-    [ncomp_in,] nd_in, ...); without ``elem_dofs_out`` the result is per element (as
-    :func:`mixed_action`). The general path: gather, the sum-factorised action, scatter-add
-    (float64 sums per DoF), not a fused kernel.
-
-    Parameters
-    ----------
-    B_in, B_out, Q : as for :func:`mixed_action`.
-    x : array, shape (ndofs_in,) or (ncomp_in, ndofs_in) with ``elem_dofs_in``, else the
-        element vectors (E, [ncomp_in,] nd_in, ..., nd_in)
-    G_in, G_out, eval_in, eval_out : as for :func:`mixed_action`.
-    elem_dofs_in : int32 or int64 array, shape (E, nd_in, ..., nd_in), optional
-        The input side's element-to-DoF map (every index in ``[0, ndofs_in)``).
-    elem_dofs_out : int32 or int64 array, shape (E, nd_out, ..., nd_out), optional
-        The output side's map (every index in ``[0, ndofs_out)``); for a square operator
-        pass the same map on both sides.
-    ndofs_out : int, optional
-        With ``elem_dofs_out``: the length of ``y`` per component (or given by ``out``).
-    out : array, optional
-        ``y``, overwritten (not added to).
-    backend, stream : as for :func:`batched_contract`.
-
-    Returns
-    -------
-    y : array, shape (ndofs_out,) or (ncomp_out, ndofs_out) with ``elem_dofs_out``, else
-        as :func:`mixed_action` returns
-
-    Raises
-    ------
-    ValueError
-        As :func:`mixed_action`; a map of the wrong shape, or an index outside its vector
-        (the message names ``elem_dofs_in`` or ``elem_dofs_out``; every call checks it);
-        ``ndofs_out`` missing with ``elem_dofs_out`` or given without it.
-    TypeError
-        Mixed dtypes or array libraries, a map not int32/int64.
-
-    Examples
-    --------
-    The 1D stiffness matrix of two linear elements, ``y = K x``, as grad/grad:
-
-    >>> import numpy as np, smalltc
-    >>> B = np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])       # P1 at 3 points
-    >>> G = np.array([[-0.5, 0.5]] * 3)                          # d phi / d xi
-    >>> Q = np.full((2, 1, 1, 3), 2 / 3) * np.array([1, 4, 1])   # w / J, J = 1/2
-    >>> m = np.array([[0, 1], [1, 2]], dtype=np.int32)
-    >>> print(smalltc.mixed_apply(B, B, Q, np.array([0., 1., 0.]), G_in=G, G_out=G,
-    ...       eval_in="grad", eval_out="grad", elem_dofs_in=m, elem_dofs_out=m, ndofs_out=3))
-    [-1.  2. -1.]
-    """
-    return _mixed(B_in, B_out, Q, x, G_in, G_out, eval_in, eval_out, elem_dofs_in,
-                  elem_dofs_out, ndofs_out, out, backend, stream)

@@ -9,46 +9,16 @@ summed into a global vector through the map. FEM codes build everything that is 
 operator from these: geometry (``x`` and ``J`` from the mesh nodes), load vectors, errors,
 output sampling.
 
-Both are thin wrappers of a plan (:func:`smalltc.plan.cached_plan`), like the operators
-of :mod:`smalltc.api`.
+Both run their entry of :mod:`smalltc.ops` through :func:`smalltc.plan.call` (the plan
+cache, other libraries' arrays, ``out``, ``stream``), like the operators of
+:mod:`smalltc.api`.
 """
 from __future__ import annotations
 
-from . import _interop, _validate
-from .api import _sig
-from .plan import _PLANS, cached_plan
+from .ops import INTEGRATE, INTERPOLATE
+from .plan import call
 
 __all__ = ["interpolate", "integrate"]
-
-
-def _basis(transpose, B1d, G1d, field, elem_dofs, what, ndofs, dim, out, backend, stream):
-    """The common body: the plan of the call signature, built on the first call; other
-    libraries' arrays through :mod:`._interop`."""
-    if transpose and elem_dofs is not None and ndofs is None and out is not None:
-        ndofs = getattr(out, "shape", (None,))[-1]           # y's length from out
-    try:
-        key = ("basis", transpose, what, ndofs, dim, backend, _sig(B1d), _sig(G1d),
-               _sig(field), _sig(elem_dofs))
-        p = _PLANS.get(key)
-    except (AttributeError, TypeError):
-        key = p = None
-    given = tuple(x for x in (B1d, G1d, field, elem_dofs) if x is not None)
-    if p is None:
-        if _interop.any_foreign(*given, out):
-            names = [n for n, x in zip(("B1d", "G1d", "H" if transpose else "x", "elem_dofs"),
-                                       (B1d, G1d, field, elem_dofs)) if x is not None]
-
-            def fn(*arrays, out):
-                a = dict(zip(names, arrays))
-                return _basis(transpose, a["B1d"], a.get("G1d"), a[names[2 if G1d is not None
-                                                                           else 1]],
-                              a.get("elem_dofs"), what, ndofs, dim, out, backend, None)
-            return _interop.call(fn, tuple(names), given, out, stream)
-        spec, xp, ops = _validate.basis_spec(B1d, G1d, field, elem_dofs, what=what,
-                                             transpose=transpose, ndofs=ndofs, dim=dim)
-        p = cached_plan(key, given, spec, xp, backend, "auto")
-        return p(*ops, out=out, stream=stream)
-    return p(*given, out=out, stream=stream)
 
 
 def interpolate(B1d, G1d, x, elem_dofs=None, *, what="values", dim=None, out=None,
@@ -114,7 +84,7 @@ def interpolate(B1d, G1d, x, elem_dofs=None, *, what="values", dim=None, out=Non
     [[0.25 0.25]
      [0.75 0.25]]
     """
-    return _basis(False, B1d, G1d, x, elem_dofs, what, None, dim, out, backend, stream)
+    return call(INTERPOLATE, (B1d, G1d, x, elem_dofs), (what, dim), out, stream, backend)
 
 
 def integrate(B1d, G1d, H, elem_dofs=None, *, what="values", ndofs=None, dim=None, out=None,
@@ -169,4 +139,6 @@ def integrate(B1d, G1d, H, elem_dofs=None, *, what="values", ndofs=None, dim=Non
     >>> print(smalltc.integrate(B, None, np.full((2, 1), 0.5), m, ndofs=3))
     [0.25 0.5  0.25]
     """
-    return _basis(True, B1d, G1d, H, elem_dofs, what, ndofs, dim, out, backend, stream)
+    if elem_dofs is not None and ndofs is None and out is not None:
+        ndofs = getattr(out, "shape", (None,))[-1]           # y's length from out
+    return call(INTEGRATE, (B1d, G1d, H, elem_dofs), (what, ndofs, dim), out, stream, backend)

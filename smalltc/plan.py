@@ -10,16 +10,19 @@ from __future__ import annotations
 import logging
 import math
 
+from functools import partial
+
 import numpy as np
 
 from . import _interop, _memory, _validate
 from ._arrays import is_array
 from .maps import map_info
+from .ops import OPS
 from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
 from .spec import SOLVER_OPS
 
-__all__ = ["Plan", "plan", "build_plan", "cached_plan"]
+__all__ = ["Plan", "plan", "build_plan", "cached_plan", "call"]
 
 log = logging.getLogger("smalltc")
 
@@ -90,6 +93,9 @@ class Plan:
         self._array_type, self._alloc = xp.ndarray, xp.empty
         # a result from 64 MiB on is checked against the free memory before each allocation
         self._big = math.prod(self._out_shape) * dtype.itemsize >= _memory.MIN_BYTES
+        # True once the public operations' cache holds this plan under a call signature
+        # whose types, shapes and dtypes are exactly the planned ones (:meth:`_matches`)
+        self._signed = False
 
     kernel = property(lambda self: self.executor.kernel)
     params = property(lambda self: dict(self.executor.params))
@@ -179,6 +185,39 @@ class Plan:
         if self._gemm:
             self.executor.run(operands + self._pad, out, alpha=alpha, beta=beta)
         else:
+            self.executor.run(operands, out)
+        return out
+
+    def _matches(self, operands):
+        """Whether ``operands`` have exactly the planned types, shapes and dtypes, so that
+        a call keyed on their signature may skip comparing them (:meth:`_signed_call`):
+        NumPy plans without scalars or reshaped operands."""
+        if self._on_gpu or self._gemm or self.reshape_inputs or len(operands) != self._nargs:
+            return False
+        return all(type(x) is self._array_type and x.shape == shape and x.dtype == dt
+                   for x, (shape, dt) in zip(operands, self._sig))
+
+    def _signed_call(self, operands, out):
+        """The call of :func:`call` when the cache key has vouched for the operands' types,
+        shapes and dtypes (``_signed``): what the key does not hold (contiguity, ``out``)
+        is compared here, and anything unusual takes :meth:`__call__`."""
+        for x in operands:
+            if not x.flags.carray:
+                return self(*operands, out=out)
+        if out is None:
+            if self._big:
+                _memory.guard(self.spec.op, self._out_shape, self._dtype, on_gpu=False)
+            out = self._alloc(self._out_shape, dtype=self._dtype)
+        elif type(out) is not self._array_type or out.shape != self._out_shape \
+                or out.dtype != self._dtype or not out.flags.carray:
+            return self(*operands, out=out)
+        else:
+            for x in operands:
+                if np.may_share_memory(out, x):
+                    return self(*operands, out=out)
+        if self._map is not None:
+            map_info(operands[self._map], self.spec.ndofs)      # the range, once per map
+        if not self._no_work:
             self.executor.run(operands, out)
         return out
 
@@ -276,14 +315,80 @@ def _warn_once(key, msg, *args):
         log.warning(msg, *args)
 
 
-#: the generalised operators' plan names: ``diffusion_apply`` -> ("diffusion", "apply")
-_OPERATOR_OPS = {f"{q}_{level}": (q, level) for q in ("diffusion", "helmholtz")
-                 for level in ("action", "apply", "diagonal", "assembly")}
+def call(op, operands, options=(), out=None, stream=None, backend="auto", method="auto",
+         scalars=None):
+    """Run registered operation ``op`` (:class:`smalltc.ops.Op`) on ``operands`` (in the
+    entry's order, ``None`` for one left out) with ``options`` (values in the entry's
+    ``options`` order): what every public operation does.
+
+    The plan comes from the cache of call signatures (the entry, ``backend``,
+    ``method``, ``options`` and each operand's type, shape and dtype), built on a miss
+    (:func:`cached_plan`); operands of another library (torch, JAX) run through NumPy/CuPy
+    views of them (:mod:`smalltc._interop`). ``scalars``: GEMM's ``(alpha, beta)``.
+    """
+    try:
+        # the signature, flat; spelled out for the usual operand counts (a host-bound call
+        # of a few microseconds feels every step), a comprehension for the others
+        if op.omits or not 2 <= len(operands) <= 4:
+            key = (op, backend, method, options,
+                   *[None if x is None else (type(x), x.shape, x.dtype) for x in operands])
+        elif len(operands) == 3:
+            a, b, c = operands
+            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+                   b.dtype, type(c), c.shape, c.dtype)
+        elif len(operands) == 4:
+            a, b, c, d = operands
+            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+                   b.dtype, type(c), c.shape, c.dtype, type(d), d.shape, d.dtype)
+        else:
+            a, b = operands
+            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+                   b.dtype)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError, ValueError):   # not arrays, an unhashable option
+        key = p = None
+    if p is None:
+        return _miss(op, key, operands, options, out, stream, backend, method, scalars)
+    if op.omits:
+        operands = tuple([x for x in operands if x is not None])
+    if p._signed and stream is None:
+        return p._signed_call(operands, out)
+    if scalars is None:
+        return p(*operands, out=out, stream=stream)
+    return p(*operands, out=out, stream=stream, alpha=scalars[0], beta=scalars[1])
 
 
-def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
-         trans_a=False, trans_b=False, kind=None, extents=None, params=None,
-         deterministic=False, ndofs=None, what="values", dim=None, mode=None, free=None):
+def _miss(op, key, operands, options, out, stream, backend, method, scalars):
+    """:func:`call` without a cached plan: other libraries' arrays through their views,
+    else the spec (which checks the operands) and a new plan."""
+    if _interop.any_foreign(*operands, out):
+        return _interop.call(partial(_in_views, op, options, backend, method, scalars),
+                             op.operand_names(operands), operands, out, stream)
+    named = dict(zip(op.options, options))
+    if scalars is not None:
+        named.update(alpha=scalars[0], beta=scalars[1])
+    spec, xp, ops = op.spec(*operands, **named)
+    given = [x for x in operands if x is not None]
+    p = cached_plan(key, given, spec, xp, backend, method,
+                    op.reshape is not None and op.reshape(options))
+    if key is not None and not p._signed:
+        p._signed = p._matches(given)
+    if scalars is None:
+        return p(*ops, out=out, stream=stream)
+    return p(*ops, out=out, stream=stream, alpha=scalars[0], beta=scalars[1])
+
+
+def _in_views(op, options, backend, method, scalars, *arrays, out):
+    return call(op, arrays, options, out, None, backend, method, scalars)
+
+
+#: keywords :func:`plan` took for every op before the entries declared theirs, and their
+#: defaults: accepted (and ignored) at these values by an op that has no such option
+_ANY_OP = dict(alpha=1.0, beta=0.0, trans_a=False, trans_b=False, kind=None, extents=None,
+               deterministic=False, ndofs=None, what="values", dim=None)
+
+
+def plan(op, *operands, backend="auto", method="auto", params=None, **options):
     """Build a reusable plan for ``op`` from example operands.
 
     Every call builds a new :class:`Plan` (compiled kernels are cached
@@ -292,39 +397,46 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     Parameters
     ----------
     op : str
-        What to plan: "action", "assembly", "gemm", "contract", "mass_apply" or
-        "mass_diagonal" (``batched_contract``, ``assemble_mass``, ``batched_gemm``,
-        ``contract``, ``mass_apply``, ``mass_diagonal``); for the diffusion and
-        Helmholtz operators ``"<qfunc>_<level>"``, qfunc "diffusion" or "helmholtz",
-        level "action", "apply", "diagonal" or "assembly" (``diffusion_action``,
-        ``diffusion_apply``, ``diffusion_diagonal``, ``assemble_diffusion``); the corner
-        force "force_apply" and "force_apply_transpose" (operands ``(B_l2, B1d, G1d, A,
-        e or w[, elem_dofs])``, ``ndofs`` for the fused ``F``); the basis application
-        "interpolate" and "integrate" (:func:`smalltc.interpolate`,
-        :func:`smalltc.integrate`: operands ``(B1d, G1d or None, x or H[, elem_dofs])``,
-        keywords ``what``, ``dim`` and, for ``integrate`` through the map, ``ndofs``); the
-        solver kernels "vector_update" (keywords ``mode``, ``free``), "pcg",
+        A registered operation (:data:`smalltc.ops.OPS`): "action", "assembly", "gemm",
+        "contract", "mass_apply" or "mass_diagonal" (``batched_contract``,
+        ``assemble_mass``, ``batched_gemm``, ``contract``, ``mass_apply``,
+        ``mass_diagonal``); for the diffusion and Helmholtz operators
+        ``"<qfunc>_<level>"``, qfunc "diffusion" or "helmholtz", level "action", "apply",
+        "diagonal" or "assembly" (``diffusion_action``, ``diffusion_apply``,
+        ``diffusion_diagonal``, ``assemble_diffusion``); the corner force "force_apply"
+        and "force_apply_transpose"; the general operator of mixed spaces "mixed_action"
+        and "mixed_apply"; the basis application "interpolate" and "integrate"; the
+        solver kernels "vector_update" (options ``mode``, ``free``), "pcg",
         "pmg_transfer", "csr_spmv", "schwarz_fdm" (:func:`smalltc.solver.plan`: a
         :class:`smalltc.solver.SolverPlan`).
     *operands : arrays
-        Examples with the shapes and dtype of later calls: ``(B1d, D, V)``,
-        ``(B1d, D)``, ``(A, B[, C])``, ``(X, Y)``, ``(B1d, D, x, elem_dofs)`` or
+        Examples with the shapes and dtype of later calls, in the entry's order (its
+        ``operands``; ``smalltc.ops.OPS[op].describe()``): ``(B1d, D, V)``,
+        ``(B1d, D)``, ``(A, B[, C])``, ``(X, Y)``, ``(B1d, D, x, elem_dofs)``,
         ``(B1d, D, elem_dofs)``; for the operators ``(B1d, G1d, Q, ...)`` and
         ``(B1d, G1d, D, Q, ...)`` (Helmholtz) with the level's operands, ``B1d``
-        None for the collocated form (the plan is then called with or without it).
+        None for the collocated form (the plan is then called with or without it);
+        ``(B_l2, B1d, G1d, A, e or w[, elem_dofs])`` for the corner force;
+        ``(B1d, G1d or None, x or H[, elem_dofs])`` for the basis application; for the
+        mixed operators ``(B_in, B_out, Q, V or x)`` as the public function takes them,
+        ``G_in``, ``G_out``, ``elem_dofs_in`` and ``elem_dofs_out`` by keyword (the plan
+        is called with the given ones in the order ``B_in, G_in, B_out, G_out, Q, x,
+        elem_dofs_in, elem_dofs_out``).
     backend : str
         "auto", "reference", "cpu" or "cuda".
     method : {"auto", "fused", "pairwise"}
         For the action and assembly: one fused kernel ("auto"), or the
         catalogue's pairwise steps.
-    alpha, beta, trans_a, trans_b : GEMM options (``beta != 0`` needs C).
-    kind, extents : for ``op="contract"``: "8a", "8b" or "9", and optional
-        reshaping extents (dict i, s, j, k, l).
-    deterministic, ndofs : for the FEM operators: additions in a fixed order (see
-        :func:`smalltc.mass_apply`); ``ndofs``, the global vector's length, for
-        ``op="mass_diagonal"`` and ``"integrate"``.
-    what, dim : for ``op="interpolate"``/``"integrate"``: "values", "gradients" or
-        "both", and the dimension where the operands do not give it.
+    options : keyword arguments (``**options``)
+        The entry's options (``smalltc.ops.OPS[op].options``), named as in the public
+        function, and operands the public function takes by keyword: ``alpha``, ``beta``, ``trans_a``, ``trans_b`` (GEMM; ``beta != 0``
+        needs C); ``kind`` ("8a", "8b" or "9") and ``extents`` (dict i, s, j, k, l) for
+        ``op="contract"``; ``deterministic`` and ``ndofs`` for the FEM operators
+        (additions in a fixed order, see :func:`smalltc.mass_apply`; the global vector's
+        length for ``"mass_diagonal"``, the diagonals, the fused corner force and
+        ``"integrate"``); ``eval_in``, ``eval_out`` and ``ndofs_out`` for the mixed
+        operators; ``what`` ("values", "gradients" or "both") and ``dim`` for the basis
+        application.
     params : dict, optional
         Tuning parameters of the kernel family (tile and thread-block shapes,
         items per block, ...), passed to the backend's ``build``: for experts
@@ -340,7 +452,8 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     ------
     ValueError, TypeError
         Operands that do not fit together (the message names the operand), an
-        unknown ``op``, ``method`` or backend, ``params`` that do not fit.
+        unknown ``op``, option, ``method`` or backend, ``params`` that do not fit, too
+        few or too many operands.
 
     Examples
     --------
@@ -365,55 +478,25 @@ def plan(op, *operands, backend="auto", method="auto", alpha=1.0, beta=0.0,
     >>> str(q.spec), q.out_shape
     ('interp_3d p=1 nq=3 values E=1 ndofs=8 float64', (1, 3, 3, 3))
     """
-    if op in SOLVER_OPS:
+    if op in SOLVER_OPS:                 # the solver kernels' plans (smalltc.solver)
         from . import solver
-        return solver.plan(op, *operands, mode=mode, free=free, backend=backend,
-                           params=params)
-    if op == "action":
-        spec, xp, _ = _validate.action_spec(*operands)
-    elif op == "assembly":
-        spec, xp, _ = _validate.assembly_spec(*operands)
-    elif op == "gemm":
-        A, B, *rest = operands
-        spec, xp, _ = _validate.gemm_spec(A, B, rest[0] if rest else None, alpha=alpha,
-                                          beta=beta, trans_a=trans_a, trans_b=trans_b)
-    elif op == "contract":
-        spec, xp, _ = _validate.contract_spec(kind, *operands, extents=extents)
-    elif op == "mass_apply":
-        spec, xp, _ = _validate.mass_apply_spec(*operands, deterministic=deterministic)
-    elif op == "mass_diagonal":
-        spec, xp, _ = _validate.mass_diagonal_spec(*operands, ndofs, deterministic=deterministic)
-    elif op in ("force_apply", "force_apply_transpose"):
-        if len(operands) not in (5, 6):
-            raise TypeError(f"op {op!r} takes B_l2, B1d, G1d, A, the field "
-                            f"({'w' if op.endswith('transpose') else 'e'}) and optionally "
-                            f"elem_dofs; got {len(operands)} operands")
-        spec, xp, _ = _validate.force_spec(op.endswith("transpose"), *operands[:5],
-                                           operands[5] if len(operands) == 6 else None,
-                                           ndofs, deterministic)
-    elif op in ("interpolate", "integrate"):
-        if len(operands) not in (3, 4):
-            raise TypeError(f"op {op!r} takes B1d, G1d (or None), "
-                            f"{'H' if op == 'integrate' else 'x'} and optionally elem_dofs; "
-                            f"got {len(operands)} operands")
-        spec, xp, _ = _validate.basis_spec(*operands[:3], operands[3] if len(operands) == 4
-                                           else None, what=what,
-                                           transpose=op == "integrate", ndofs=ndofs, dim=dim)
-    elif op in _OPERATOR_OPS:
-        qfunc, level = _OPERATOR_OPS[op]
-        ndata = 2 if qfunc == "helmholtz" else 1
-        if len(operands) < 2 + ndata:
-            raise TypeError(f"op {op!r} takes B1d (or None), G1d, "
-                            f"{'D, Q' if ndata == 2 else 'Q'} and the level's operands; got "
-                            f"{len(operands)} operands")
-        B1d, G1d, *rest = operands
-        data = tuple(rest[:2]) if ndata == 2 else rest[0]
-        spec, xp, _ = _validate.operator_spec(level, qfunc, B1d, G1d, data, *rest[ndata:],
-                                              deterministic=deterministic, ndofs=ndofs)
-    else:
-        raise ValueError(f"op must be 'action', 'assembly', 'gemm', 'contract', 'mass_apply' "
-                         f"or 'mass_diagonal', the corner force's 'force_apply' or "
-                         f"'force_apply_transpose', the basis application's 'interpolate' or "
-                         f"'integrate', or an operator's '<qfunc>_<level>' "
-                         f"({', '.join(sorted(_OPERATOR_OPS))}), got {op!r}")
-    return build_plan(spec, xp, backend, method, params, reshape_inputs=extents is not None)
+        return solver.plan(op, *operands, backend=backend, params=params, **options)
+    entry = OPS.get(op) if isinstance(op, str) else None
+    if entry is None:
+        first = ", ".join(repr(n) for n in list(OPS)[:5])
+        raise ValueError(f"op must be {first} or {list(OPS)[5]!r}, or one of "
+                         f"{', '.join(repr(n) for n in list(OPS)[6:])}, got {op!r}")
+    operands, opts = entry.bind(operands, options)
+    named = dict(zip(entry.options, opts))
+    if entry.scalars:
+        named.update(alpha=options.pop("alpha", 1.0), beta=options.pop("beta", 0.0))
+    for name, value in options.items():
+        if name not in _ANY_OP:
+            raise TypeError(f"plan() got an unexpected keyword {name!r} (op {op!r} takes "
+                            f"{', '.join(entry.options) or 'no options'})")
+        if value != _ANY_OP[name]:
+            raise TypeError(f"op {op!r} takes no option {name!r} (its options: "
+                            f"{', '.join(entry.options) or 'none'})")
+    spec, xp, _ = entry.spec(*operands, **named)
+    return build_plan(spec, xp, backend, method, params,
+                      reshape_inputs=entry.reshape is not None and entry.reshape(opts))

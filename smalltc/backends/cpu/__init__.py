@@ -46,9 +46,10 @@ import os
 from ... import tables
 from .. import register
 from ..base import Backend, Unsupported
+from ..family import Kernels
 from ..reference import einsum_executor
 
-__all__ = ["CpuBackend", "set_num_threads", "FAMILIES", "family_of", "choose"]
+__all__ = ["CpuBackend", "set_num_threads", "FAMILIES", "KERNELS", "family_of", "choose"]
 
 from .threads import passive_openmp
 
@@ -64,7 +65,6 @@ if numba is not None:
     from .assembly import ASSEMBLY
     from .basis import BASIS
     from .contract import CONTRACT, generic_executor
-    from .family import Choice
     from .force import FORCE
     from .gemm import GEMM
     from .mass_apply import MASS_APPLY, MASS_DIAGONAL
@@ -77,71 +77,65 @@ if numba is not None:
 else:  # pragma: no cover
     FAMILIES = ()
 
+    def resolve(where):
+        return where
+
 
 def set_num_threads(n: int):
     """Threads the CPU kernels use from now on (at most the cores Numba saw)."""
     numba.set_num_threads(int(n))
 
 
-def family_of(spec):
-    """The family whose specialised kernel runs ``spec``, or None (only a generic path)."""
-    for fam in FAMILIES:
-        if fam.claims(spec):
-            return fam if fam.supports(spec) else None
-    return None
+class CpuKernels(Kernels):
+    """The CPU backend's choice (:class:`smalltc.backends.family.Kernels`): on a target
+    (:func:`.target.resolve`: None is the host's), the ISA's tuning tables
+    (``cpu-<isa>-<dtype>.json``), parameters the family names only; a kernel with
+    run-time sizes reports the source "generic", one without parameters "fixed"."""
 
+    name = "cpu"
 
-def choose(spec, target=None, params=None):
-    """What :meth:`CpuBackend.build` builds for ``spec`` on ``target`` (default: the
-    host's, :func:`.target.host`), decided without compiling: a :class:`.family.Choice`,
-    or None when only a generic path runs it.
+    def resolve(self, where):
+        return resolve(where)
 
-    ``params`` None: the ISA's tuning table (:mod:`smalltc.tables`,
-    ``cpu-<isa>-<dtype>.json``), else the family's heuristic; ``"heuristic"``: the
-    heuristic without the tables; a dict: those parameters, ``ValueError`` when they do
-    not fit.
-    """
-    target = resolve(target)
-    fam = family_of(spec)
-    if fam is None:
+    def lookup(self, fam, spec, target):
+        """The first hit among the ISA's tables (``cpu-avx512-float64.json``) tuned for the
+        same default vector width (a table tuned where LLVM prefers 256-bit vectors, an
+        Intel AVX-512 core, does not answer for a 512-bit one, AMD Zen 4/5)."""
+        if not fam.params:
+            return None
+        for t in tables.tables_for(target.arch, None, spec.dtype):
+            if t.device.get("vector_bits", target.vector_bits) != target.vector_bits:
+                continue
+            hit = t.lookup(spec, fam)
+            if hit is not None:
+                return hit
         return None
-    ctx, source, table = None, "params", None
-    if params == "heuristic":
-        ctx, source = fam.context(spec, None, target), "heuristic"
-    elif params is not None:
-        unknown = set(params) - set(fam.params)
-        ctx = None if unknown else fam.context(spec, dict(params), target)
-        if ctx is None:
-            names = ", ".join(fam.params) or "none"
-            raise ValueError(f"params {params} do not fit {spec} on the cpu backend ({fam.name} "
-                             f"family, {target.isa}; parameters: {names})")
-    else:
-        hit = _lookup(spec, fam, target) if fam.params else None
-        if hit is not None:
-            ctx, source, table = fam.context(spec, hit.params, target), hit.source, hit.table
-        if ctx is None:
-            ctx, source, table = fam.context(spec, None, target), "heuristic", None
-    if ctx is None:
-        return None
-    if not ctx.get("specialized", True):
-        source = "generic"
-    elif not fam.params:
-        source = "fixed"
-    return Choice(fam, spec, fam.template(ctx), fam.entry(spec, ctx), ctx, source, table,
-                  target)
+
+    def accepts(self, fam, params):
+        return not set(params) - set(fam.params)
+
+    def misfit(self, fam, spec, params, target):
+        names = ", ".join(fam.params) or "none"
+        return (f"params {params} do not fit {spec} on the cpu backend ({fam.name} family, "
+                f"{target.isa}; parameters: {names})")
+
+    def source(self, fam, ctx, source):
+        if not ctx.get("specialized", True):
+            return "generic"
+        return source if fam.params else "fixed"
+
+    def target(self, where):
+        return where
 
 
-def _lookup(spec, fam, target):
-    """The first hit among the ISA's tables (``cpu-avx512-float64.json``) tuned for the
-    same default vector width (a table tuned where LLVM prefers 256-bit vectors, an Intel
-    AVX-512 core, does not answer for a 512-bit one, AMD Zen 4/5)."""
-    for t in tables.tables_for(target.arch, None, spec.dtype):
-        if t.device.get("vector_bits", target.vector_bits) != target.vector_bits:
-            continue
-        hit = t.lookup(spec, fam)
-        if hit is not None:
-            return hit
-    return None
+KERNELS = CpuKernels(FAMILIES)
+#: the family whose specialised kernel runs a spec, or None (only a generic path)
+family_of = KERNELS.family_of
+#: ``choose(spec, target=None, params=None)``: what :meth:`CpuBackend.build` builds for
+#: ``spec`` on ``target`` (default: the host's), decided without compiling: a
+#: :class:`.family.Choice`, or None when only a generic path runs it
+#: (:meth:`smalltc.backends.family.Kernels.choose`)
+choose = KERNELS.choose
 
 
 class CpuBackend(Backend):

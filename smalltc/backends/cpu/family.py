@@ -1,24 +1,12 @@
-"""What every CPU kernel family has: the :class:`Family` interface and the executor base.
+"""What every CPU kernel family has: the CPU :class:`Family` base and the executor base.
 
-The CPU families follow the CUDA ones (:mod:`smalltc.backends.cuda.family`): one
-module per kernel design, beside its templates, holding in one place
-
-=========================  ==================================================
-``claims(spec)``           which specs it runs
-``context(spec, p, t)``    the rendering context for tuning parameters ``p``
-                           (None: the measured heuristic) on target ``t``
-                           (:class:`.target.Target`), or None when they do not
-                           fit; every size and parameter a constant
-``template(ctx)``          which template renders it
-``entry(spec, ctx)``       the kernel's name (``stc_mass_action_3d_f64_nd5_nq6``)
-``executor(choice)``       the object that runs it
-``params``, ``optional``   its tuning parameters (a table entry's keys), and the
-                           value an older entry's missing optional one means
-``space(spec, t)``         the raw search space: ``(params, reason)`` pairs,
-                           ``reason`` a cause to prune before compiling or None
-``adapt(...)``             a table entry's parameters carried to a nearby size
-``max_distance``           how near that size must be (:func:`smalltc.tables.distance`)
-=========================  ==================================================
+The CPU families follow the CUDA ones: one module per kernel design, beside its
+templates, with the backends' common interface, :class:`Choice` and choice among the
+families (:mod:`smalltc.backends.family`). Here contexts are made for a target
+(:class:`.target.Target`: None is the host's), every size and parameter a constant
+of the rendered module; a table entry names its target by its device record
+(``isa``), and its parameters, with the family's defaults for optional ones it lacks,
+are carried to another size by ``carry`` (default: the same parameters where they fit).
 
 The heuristics depend on the target's vector width and register count, not on
 a chip: ``lanes`` (elements per chunk, a SIMD lane each) is one or two vector
@@ -26,11 +14,10 @@ registers of elements, register blocks are sized to the register file.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numba
 
 from ..base import Executor
+from ..family import Choice, Family as _Family
 from .runtime import load_kernel
 from .target import resolve, target_of
 from .threads import coordinate
@@ -38,46 +25,13 @@ from .threads import coordinate
 __all__ = ["Family", "Choice", "CpuExecutor"]
 
 
-class Choice(NamedTuple):
-    """What the backend builds for a spec, decided without compiling anything."""
-
-    family: "Family"
-    spec: object
-    template: str
-    entry: str
-    ctx: dict
-    source: str           # "heuristic", "table-exact", "table-nearest" or "params"
-    table: str | None     # the table's file name when one answered
-    target: object        # the .target.Target it is generated for
-
-
-class Family:
+class Family(_Family):
     """Base of the CPU kernel families; see the module docstring."""
 
-    name = "?"
-    templates: tuple = ()
-    params: tuple = ()
-    optional: dict = {}
-    max_distance = 2.0
-
-    def claims(self, spec) -> bool:
-        raise NotImplementedError
-
-    def supports(self, spec) -> bool:
-        """Whether its kernels run the spec's operator instance (``qfunc``, ``collocated``:
-        docs/math.md section 7); default the mass operator only. A claimed spec it does not
-        support runs elsewhere: the backend has no kernel for it, and the plan falls back to
-        the reference backend and says so."""
-        return getattr(spec, "qfunc", "mass") == "mass" and not getattr(spec, "collocated",
-                                                                        False)
+    def resolve(self, where):
+        return resolve(where)
 
     def context(self, spec, params=None, target=None):
-        raise NotImplementedError
-
-    def template(self, ctx) -> str:
-        return self.templates[0]
-
-    def entry(self, spec, ctx) -> str:
         raise NotImplementedError
 
     def executor(self, choice):
@@ -85,15 +39,6 @@ class Family:
 
     def space(self, spec, target=None):
         raise NotImplementedError
-
-    def public(self, ctx) -> dict:
-        """The parameters an executor reports (and a table stores)."""
-        return {k: ctx[k] for k in self.params if k in ctx}
-
-    def heuristic_params(self, spec, target=None):
-        """The heuristic's choice in this family's parameters (None: nothing fits)."""
-        ctx = self.context(spec, None, resolve(target))
-        return None if ctx is None else self.public(ctx)
 
     def adapt(self, spec, entry_spec, params, device=None):
         """Parameters tuned for ``entry_spec`` carried over to ``spec``, or None.

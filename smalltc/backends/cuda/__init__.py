@@ -47,72 +47,51 @@ from ... import tables
 from ..._arrays import gpu_available
 from .. import register
 from ..base import Backend, Executor, Unsupported
+from ..family import Kernels
 from ..reference import einsum_executor
 from . import runtime as RT
 from .action import ACTION, qfunc_of
 from .assembly import ASSEMBLY
 from .basis import BASIS, MAX_EXTENT as BASIS_MAX_EXTENT
 from .contract9 import CONTRACT9
-from .family import Choice
 from .force import FORCE
 from .layout import LAYOUT, generic_executor
 from .mass_apply import MASS_APPLY, MASS_DIAGONAL
 from .runtime import SmalltcCompileError
 from .solver import SOLVER_FAMILIES
 
-__all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "family_of", "choose"]
+__all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "KERNELS", "family_of", "choose"]
 
 #: the kernel families, in the order they are asked
 FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL,
             BASIS) + SOLVER_FAMILIES
 
 
-def family_of(spec):
-    """The family whose specialised kernel runs ``spec``, or None (only a generic path)."""
-    for fam in FAMILIES:
-        if fam.claims(spec):
-            return fam if fam.supports(spec) else None
-    return None
+class CudaKernels(Kernels):
+    """The CUDA backend's choice (:class:`smalltc.backends.family.Kernels`): on a device
+    dict (:func:`.runtime.device_info`), the device's tuning tables."""
 
+    name = "cuda"
 
-def choose(spec, device, params=None):
-    """What :meth:`CudaBackend.build` builds for ``spec`` on ``device`` (a
-    :func:`.runtime.device_info` dict), decided without compiling: a :class:`.family.Choice`,
-    or None when only a generic path runs it.
-
-    ``params`` None: the device's tuning tables (:mod:`smalltc.tables`), else the
-    family's heuristic; ``"heuristic"``: the heuristic without the tables; a dict:
-    those parameters, ``ValueError`` when they do not fit.
-    """
-    fam = family_of(spec)
-    if fam is None:
-        return None
-    t = fam.tuned_spec(spec)
-    ctx, source, table = None, "params", None
-    if params == "heuristic":
-        ctx, source = fam.context(t, None, device), "heuristic"
-        if ctx is None:
-            return None
-    elif params is not None:
-        ctx = fam.context(t, dict(params), device)
-        if ctx is None:
-            raise ValueError(f"params {params} do not fit {t} on this device "
-                             f"({fam.name} family; parameters {', '.join(fam.params)})")
-    else:
+    def lookup(self, fam, spec, device):
         # the operator family's instances (mass, diffusion, helmholtz, collocated) and the
         # corner force each have their own keys (``diffusion/action/3d/nd5nq6c1``,
         # ``force/mass_apply/2d/nd6nq10c2``); a family's carry keeps to one instance, so a
         # mass entry never answers for a diffusion spec or the reverse
-        hit = (tables.lookup(t, fam, f"sm{device['cc']}", device.get("name"))
-               if qfunc_of(t) == ("mass", False)
-               or fam in (ACTION, ASSEMBLY, MASS_APPLY, FORCE, BASIS) else None)
-        if hit is not None:
-            ctx, source, table = fam.context(t, hit.params, device), hit.source, hit.table
-        if ctx is None:
-            ctx, source, table = fam.context(t, None, device), "heuristic", None
-        if ctx is None:
-            return None
-    return Choice(fam, t, fam.template(ctx), fam.entry(t, ctx), ctx, source, table)
+        if qfunc_of(spec) == ("mass", False) or fam in (ACTION, ASSEMBLY, MASS_APPLY, FORCE,
+                                                        BASIS):
+            return tables.lookup(spec, fam, f"sm{device['cc']}", device.get("name"))
+        return None
+
+
+KERNELS = CudaKernels(FAMILIES)
+#: the family whose specialised kernel runs a spec, or None (only a generic path)
+family_of = KERNELS.family_of
+#: ``choose(spec, device, params=None)``: what :meth:`CudaBackend.build` builds for
+#: ``spec`` on ``device`` (a :func:`.runtime.device_info` dict), decided without
+#: compiling: a :class:`.family.Choice`, or None when only a generic path runs it
+#: (:meth:`smalltc.backends.family.Kernels.choose`)
+choose = KERNELS.choose
 
 
 class _PairwiseFallback(Executor):

@@ -1,26 +1,13 @@
-"""What every CUDA kernel family has: the :class:`Family` interface and the executor base.
+"""What every CUDA kernel family has: the CUDA :class:`Family` base and the executor base.
 
 A *family* is one kernel design and everything about it, in one module beside
 its templates (:mod:`.layout`, :mod:`.contract9`, :mod:`.action`,
-:mod:`.assembly`):
-
-=======================  ====================================================
-``claims(spec)``         which specs it runs
-``context(spec, p, d)``  the rendering context for tuning parameters ``p``
-                         (None: the measured heuristic) on device ``d``, or
-                         None when they do not fit; sizes and parameters are
-                         compile-time constants, plus ``threads``,
-                         ``per_block`` and ``smem_bytes`` for the launch
-``template(ctx)``        which template renders it (variants of a family)
-``entry(spec, ctx)``     the ``extern "C"`` name (``stc_gemm_nn_f64_m8n8k8``)
-``executor(...)``        the object that launches it
-``params``, ``optional`` its tuning parameters (a table entry's keys), and the
-                         value an older entry's missing optional one means
-``space(spec)``          the raw search space: ``(params, reason)`` pairs,
-                         ``reason`` a cause to prune before compiling or None
-``adapt(...)``           a table entry's parameters carried to a nearby size
-``max_distance``         how near that size must be (:func:`smalltc.tables.distance`)
-=======================  ====================================================
+:mod:`.assembly`, ...); the interface, :class:`Choice` and the choice among the
+families are the backends' common ones (:mod:`smalltc.backends.family`). Here:
+contexts are made for a device, and carry the launch (``threads``, ``per_block``,
+``smem_bytes``) besides the compile-time sizes and parameters; the parameters an
+executor reports include that geometry (``public_keys``); a table entry's
+parameters are carried to another size by each family's ``carry``.
 
 The backend (:mod:`smalltc.backends.cuda`) asks the families in turn and
 builds what the first one that claims a spec chooses; the tuner
@@ -34,11 +21,11 @@ A *device* here is the dict of :func:`.runtime.device_info` (``name``, ``cc``,
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 
 from ..base import Executor
+from ..family import Choice, Family as _Family
 from . import runtime as RT
 
 __all__ = ["Family", "Choice", "KernelExecutor", "DEFAULT_DEVICE", "ITEMSIZE", "DT",
@@ -68,54 +55,19 @@ def even(n):
     return n + (n % 2)
 
 
-class Choice(NamedTuple):
-    """What the backend builds for a spec, decided without compiling anything."""
+class Family(_Family):
+    """Base of the CUDA kernel families: contexts on a device dict (default
+    :data:`DEFAULT_DEVICE`), the launch geometry among the parameters an executor reports;
+    see :mod:`smalltc.backends.family` for the interface."""
 
-    family: "Family"
-    spec: object          # the spec the kernel is specialised for (see Family.tuned_spec)
-    template: str
-    entry: str
-    ctx: dict
-    source: str           # "heuristic", "table-exact", "table-nearest" or "params"
-    table: str | None     # the table's file name when one answered
-
-
-class Family:
-    """Base of the kernel families; see the module docstring for the interface."""
-
-    name = "?"
-    templates: tuple = ()
-    params: tuple = ()
-    optional: dict = {}
-    max_distance = 2.0
-    #: what an executor reports as its parameters (those of its context that exist)
     public_keys = ("BLK_M", "BLK_N", "BLK_K", "dim_x", "dim_y", "thr_m", "thr_n", "T",
                    "per_block", "threads", "smem_bytes", "min_blocks", "rows", "pad", "rb",
                    "line", "prefetch", "stages")
 
-    def claims(self, spec) -> bool:
-        raise NotImplementedError
-
-    def supports(self, spec) -> bool:
-        """Whether its kernels run the spec's operator instance (``qfunc``, ``collocated``:
-        docs/math.md section 7); default the mass operator only. A claimed spec it does not
-        support runs elsewhere: the backend has no kernel for it, and the plan falls back to
-        the reference backend and says so."""
-        return getattr(spec, "qfunc", "mass") == "mass" and not getattr(spec, "collocated",
-                                                                        False)
-
-    def tuned_spec(self, spec):
-        """The spec the kernel, the table entry and the parameters describe (usually
-        ``spec`` itself; kernel (9) folds large slabs into the batch)."""
-        return spec
+    def resolve(self, where):
+        return DEFAULT_DEVICE if where is None else where
 
     def context(self, spec, params=None, device=DEFAULT_DEVICE):
-        raise NotImplementedError
-
-    def template(self, ctx) -> str:
-        return self.templates[0]
-
-    def entry(self, spec, ctx) -> str:
         raise NotImplementedError
 
     def executor(self, choice, device):
@@ -123,14 +75,6 @@ class Family:
 
     def space(self, spec):
         raise NotImplementedError
-
-    def public(self, ctx) -> dict:
-        return {k: ctx[k] for k in self.public_keys if k in ctx}
-
-    def heuristic_params(self, spec, device=DEFAULT_DEVICE):
-        """The heuristic's choice in this family's parameters (None: nothing fits)."""
-        ctx = self.context(spec, None, device)
-        return None if ctx is None else {k: ctx[k] for k in self.params if k in ctx}
 
     def adapt(self, spec, entry_spec, params, device=DEFAULT_DEVICE):
         """Parameters tuned for ``entry_spec`` carried over to ``spec``, or None.

@@ -185,11 +185,17 @@ def plan(op, *operands, mode=None, free=None, backend="auto", params=None):
 
 
 def _cached(op, operands, mode=None, free=None, backend="auto"):
-    """The plan of a call signature, built on the first call."""
+    """The plan of a call signature, built on the first call. The vector ops (every
+    operand of one shape and dtype) are keyed on their first vector: the plan's call
+    compares the others."""
     try:
-        key = (op, mode, backend, free is None) + tuple(
-            (type(a), a.shape, a.dtype) for a in operands)
-    except AttributeError:
+        if op in ("vector_update", "pcg"):
+            a = operands[0]
+            key = (op, mode, backend, free is None, len(operands), type(a), a.shape,
+                   a.dtype)
+        else:
+            key = (op, backend) + tuple((type(a), a.shape, a.dtype) for a in operands)
+    except (AttributeError, IndexError):
         key = None
     p = _PLANS.get(key) if key is not None else None
     if p is None:

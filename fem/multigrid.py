@@ -166,10 +166,13 @@ class Transfer:
             self._w = (cw, np.ascontiguousarray(fw.astype(self.dtype)))
 
     def _maps(self):
-        """The element-to-DoF maps of both spaces, shaped (E, nd, ..., nd)."""
-        E, dim = self.fine.nelements, self.fine.dim
-        return tuple(s.dof_map(self.xp).reshape((E,) + (s.nd,) * dim)
-                     for s in (self.coarse, self.fine))
+        """The element-to-DoF maps of both spaces, shaped (E, nd, ..., nd): made once and
+        kept (the transfers' range checks are once per map object)."""
+        if "_map_views" not in self.__dict__:
+            E, dim = self.fine.nelements, self.fine.dim
+            self._map_views = tuple(s.dof_map(self.xp).reshape((E,) + (s.nd,) * dim)
+                                    for s in (self.coarse, self.fine))
+        return self._map_views
 
     def _transfer(self, forward, x, out=None):
         """The transfer as one :func:`smalltc.pmg_transfer` (the ``pmg_transfer`` kernel

@@ -445,3 +445,12 @@ def test_pmg_without_pyamg_falls_back_to_jacobi_cg(monkeypatch, caplog):
     assert res.converged
     with pytest.raises(ImportError, match="pyamg"):
         fem.pmg(V, kind="diffusion", constrained="boundary", coarse="amg")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="smalltc"):
+        sol = fem.solve_poisson(fem.box_mesh(2, 3), 2, lambda x: 1.0 + 0 * x[0],
+                                dirichlet=0.0, precond="pmg", device="cpu")
+    ref = fem.solve_poisson(fem.box_mesh(2, 3), 2, lambda x: 1.0 + 0 * x[0],
+                            dirichlet=0.0, precond="jacobi", device="cpu")
+    assert sum("pyamg" in r.getMessage() for r in caplog.records) == 1
+    assert isinstance(sol.problem.precond.coarse, CGSolver)
+    np.testing.assert_allclose(sol.u, ref.u, atol=1e-8 * np.abs(ref.u).max())

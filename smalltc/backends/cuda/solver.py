@@ -261,7 +261,7 @@ class PcgExecutor(_Launches):
                     red.sum_array(part2)
                 k["stc_cg_beta"](one, blk, (part2, ST, hist))
                 k["stc_cg_direction"](grid, blk, (p, r, invv, ST, n))
-            st, h = ST.get(), hist.get()
+            st, h = cp.asnumpy(ST), cp.asnumpy(hist)
             raise_pending()              # a bad map index the operator's kernels reported
             done, it = int(st[9]), int(st[8])
             history.extend(h[(i - 1) % check_every] for i in range(seen + 1, it + 1))

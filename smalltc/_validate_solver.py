@@ -69,7 +69,7 @@ def vector_update_spec(mode, vectors, free=None):
     order, without the mask) and ``free``."""
     if mode not in VECTOR_MODES:
         raise ValueError(f"mode must be one of {VECTOR_MODES}, got {mode!r}")
-    names = VectorUpdateSpec._NAMES[mode]
+    names = VectorUpdateSpec.OPERANDS[mode]
     if len(vectors) != len(names):
         raise TypeError(f"mode {mode!r} takes {len(names)} vectors ({', '.join(names)}), got "
                         f"{len(vectors)}")

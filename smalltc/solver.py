@@ -34,6 +34,7 @@ import numpy as np
 
 from . import _validate_solver as V
 from .backends import Unsupported, candidates
+from .backends.reference_solvers import STOP_CODES
 from .spec import SOLVER_OPS
 
 __all__ = ["SolverPlan", "plan", "vector_update", "pcg_iterate", "pmg_transfer", "csr_spmv",
@@ -43,8 +44,6 @@ log = logging.getLogger("smalltc")
 
 #: the ops of this module, as :func:`smalltc.plan` names them
 OPS = SOLVER_OPS
-#: what a PCG stop code means
-STOP_CODES = {1: "converged", 2: "maxiter", 3: "pAp", 4: "rz", 5: "nonfinite"}
 
 _PLANS: dict = {}
 _MAX_PLANS = 256

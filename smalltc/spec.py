@@ -1003,12 +1003,13 @@ class VectorUpdateSpec(_Spec):
             raise ValueError(f"mode must be one of {VECTOR_MODES}, got {self.mode!r}")
         _check_common(self)
 
-    _NAMES = {"start": ("r", "inv"), "step": ("y", "r", "x", "d", "dm", "inv"),
+    #: the vectors of each mode, in order (the mask ``f`` follows where ``masked``)
+    OPERANDS = {"start": ("r", "inv"), "step": ("y", "r", "x", "d", "dm", "inv"),
               "residual": ("b", "y", "x"), "last": ("d", "x")}
 
     @property
     def inputs(self):
-        names = self._NAMES[self.mode] + (("f",) if self.masked else ())
+        names = self.OPERANDS[self.mode] + (("f",) if self.masked else ())
         return tuple(Operand(n, (self.batch,), True) for n in names)
 
     @property

@@ -195,7 +195,7 @@ def test_vector_update_launches(fake_gpu, mode, masked, xzero, beta):
     n = 23
     rng = np.random.default_rng(0)
     spec = VectorUpdateSpec(mode=mode, batch=n, dtype="float64", masked=masked)
-    names = VectorUpdateSpec._NAMES[mode]
+    names = VectorUpdateSpec.OPERANDS[mode]
     v = {k: rng.standard_normal(n) for k in names}
     f = (rng.random(n) < 0.6).astype(float) if masked else None
     ref = vector_oracle(mode, {k: a.copy() for k, a in v.items()}, f, 0.3, 1.4, beta, xzero)

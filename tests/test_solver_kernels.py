@@ -127,7 +127,7 @@ def test_vector_update_matches_the_oracle(xp_name, backend, case):
     xp = xp_of(xp_name)
     rng = np.random.default_rng(1)
     n = 37
-    names = VectorUpdateSpec._NAMES[mode]
+    names = VectorUpdateSpec.OPERANDS[mode]
     host = {k: rng.standard_normal(n).astype(dtype) for k in names}
     host["inv"] = (rng.random(n) + 0.5).astype(dtype)
     f = (rng.random(n) < 0.7).astype(dtype) if masked else None

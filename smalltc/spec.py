@@ -1005,7 +1005,7 @@ class VectorUpdateSpec(_Spec):
 
     #: the vectors of each mode, in order (the mask ``f`` follows where ``masked``)
     OPERANDS = {"start": ("r", "inv"), "step": ("y", "r", "x", "d", "dm", "inv"),
-              "residual": ("b", "y", "x"), "last": ("d", "x")}
+                "residual": ("b", "y", "x"), "last": ("d", "x")}
 
     @property
     def inputs(self):

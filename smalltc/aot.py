@@ -410,7 +410,7 @@ def run(args) -> int:
     folder = cache_dirs()["cpu" if where == "cpu" else "cuda"]
     print(f"{len(records)} builds on the {where.upper()} in {total:.1f} s: {new} compiled now, "
           f"{len(records) - new - none} already cached"
-          + (f", {none} with nothing to compile (reference backend)" if none else "")
+          + (f", {none} with nothing to compile (array code)" if none else "")
           + f"; cache: {folder}")
     for r in records:
         if not r["specialized"]:

@@ -50,6 +50,7 @@ import math
 
 import numpy as np
 
+import smalltc
 from smalltc._arrays import array_module
 
 __all__ = ["Chebyshev", "chebyshev", "estimate_lambda_max", "KINDS", "OPT_FOURTH_BETAS",
@@ -164,14 +165,10 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
     return float(ev[-1])
 
 
-#: threads per block of the fused vector updates (``templates/cuda/pmg_vector.cu.j2``)
-_VECTOR_THREADS = 256
-
-
 class VectorOps:
     """The vector updates of a Chebyshev smoothing (and a V-cycle's residual) on one
-    level, in place: NumPy array operations on the host, one fused kernel each on the
-    GPU (``templates/cuda/pmg_vector.cu.j2``).
+    level, in place, through :func:`smalltc.vector_update`: NumPy array operations on the
+    host, one fused kernel each on the GPU (``templates/cuda/pmg_vector.cu.j2``).
 
     ``free`` is the free mask ``f`` of a constrained operator ``A_c v = f A(f v) + (1 -
     f) v`` (None: no constraints); ``y`` below is always the raw ``A(f v)``.
@@ -199,95 +196,30 @@ class VectorOps:
             free = self.xp.asarray(free, dtype=self.dtype)
         self.free = free
         self.fixed = None if free is None else 1 - free
-        if self.gpu:
-            self._f = free if free is not None else self.xp.ones(self.n, dtype=self.dtype)
-            dev = self.xp.cuda.runtime.getDevice()
-            sms = self.xp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
-            self._grid = (int(max(1, min(-(-self.n // _VECTOR_THREADS), 8 * sms))),)
-            self._block = (_VECTOR_THREADS,)
-            self._n = np.int64(self.n)
-            self._real = np.float64 if self.dtype == np.float64 else np.float32
-
-    def _kernel(self, mode):
-        from smalltc.backends.cuda import runtime as RT
-        tag = "f64" if self.dtype == np.float64 else "f32"
-        return RT.get_kernel("pmg_vector.cu.j2", f"stc_pmg_{mode}_{tag}",
-                             dict(dtype=np.dtype(self.dtype).name, mode=mode,
-                                  threads=_VECTOR_THREADS, min_blocks=0))
 
     def empty_like(self, v):
         """A new vector (uninitialised)."""
         return self.xp.empty_like(v)
 
     def start(self, r, c1):
-        """``d = c1 D^-1 r``; returns ``(d, f d)`` (the same array without a mask)."""
-        if self.gpu:
-            d, dm = self.xp.empty_like(r), self.xp.empty_like(r)
-            self._kernel("start")(self._grid, self._block,
-                                  (r, self.inv, self._f, d, dm, self._real(c1), self._n))
-            return d, dm
-        d = self.inv * r
-        d *= c1
-        return d, (d if self.free is None else d * self.free)
+        """``d = c1 D^-1 r``; returns ``(d, f d)`` (the same array without a mask on the
+        host)."""
+        return smalltc.vector_update("start", r, self.inv, free=self.free, c1=c1)
 
     def step(self, y, r, x, d, dm, c0, c1, xzero, beta=1.0):
         """``r -= A_c d`` (``y = A(f d)``), ``x += beta d`` (``x = beta d`` when
         ``xzero``), ``d = c0 d + c1 D^-1 r``, ``dm = f d``: all in place."""
-        if self.gpu:
-            self._kernel("step")(self._grid, self._block,
-                                 (y, r, x, d, dm, self.inv, self._f, self._real(c0),
-                                  self._real(c1), self._real(beta), np.int32(bool(xzero)),
-                                  self._n))
-            return
-        if self.free is None:
-            r -= y
-        else:
-            y *= self.free
-            r -= y
-            r -= self.fixed * d
-        if beta == 1:
-            if xzero:
-                x[...] = d
-            else:
-                x += d
-        elif xzero:
-            np.multiply(d, beta, out=x)
-        else:
-            x += beta * d
-        d *= c0
-        t = self.inv * r
-        t *= c1
-        d += t
-        if dm is not d:
-            np.multiply(d, self.free, out=dm)
+        smalltc.vector_update("step", y, r, x, d, dm, self.inv, free=self.free, c0=c0, c1=c1,
+                              beta=beta, xzero=bool(xzero))
 
     def last(self, d, x, xzero, beta=1.0):
         """``x += beta d`` (``x = beta d`` when ``xzero``); returns ``(x, f x)``."""
-        if self.gpu:
-            xm = self.xp.empty_like(d)
-            self._kernel("last")(self._grid, self._block,
-                                 (d, x, xm, self._f, self._real(beta), np.int32(bool(xzero)),
-                                  self._n))
-            return x, xm
-        if beta != 1:
-            d = d * beta
-        if xzero:
-            x = d
-        else:
-            x += d
-        return x, (x if self.free is None else x * self.free)
+        return smalltc.vector_update("last", d, x, free=self.free, beta=beta,
+                                     xzero=bool(xzero))
 
     def residual(self, b, y, x):
         """``r = b - A_c x`` from ``y = A(f x)``: a new vector."""
-        if self.gpu:
-            r = self.xp.empty_like(b)
-            self._kernel("residual")(self._grid, self._block, (b, y, x, self._f, r, self._n))
-            return r
-        if self.free is None:
-            return b - y
-        r = b - y * self.free
-        r -= self.fixed * x
-        return r
+        return smalltc.vector_update("residual", b, y, x, free=self.free)
 
 
 class PreconditionedVectorOps(VectorOps):

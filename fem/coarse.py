@@ -21,6 +21,7 @@
 
 import numpy as np
 
+import smalltc
 from smalltc._arrays import array_module
 
 from ._device import to_host
@@ -170,14 +171,11 @@ def _pyamg():
     return pyamg
 
 
-#: threads per block of the CSR product kernel (``templates/cuda/csr_spmv.cu.j2``)
-_SPMV_THREADS = 256
-
-
 class _SparseLevel:
     """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``. On
-    the GPU the product is one launch of ``templates/cuda/csr_spmv.cu.j2`` (``kernel``
-    True) or cupyx's (cuSPARSE, with its host set-up on every call)."""
+    the GPU the product is one launch of :func:`smalltc.csr_spmv`
+    (``templates/cuda/csr_spmv.cu.j2``; ``kernel`` True) or cupyx's (cuSPARSE, with its
+    host set-up on every call)."""
 
     def __init__(self, A, xp, kernel=False):
         A = A.tocsr()
@@ -196,24 +194,15 @@ class _SparseLevel:
             self.kernel = self._spmv_kernel()
 
     def _spmv_kernel(self):
-        from smalltc.backends.cuda import runtime as RT
+        """``x -> A x`` by :func:`smalltc.csr_spmv` (None where the index arrays' dtypes
+        differ)."""
         A = self.A
-        it = "int" if A.indices.dtype == np.int32 else "long long"
         if A.indptr.dtype != A.indices.dtype:
             return None
-        dt = np.dtype(A.data.dtype).name
-        entry = f"stc_csr_spmv_{'f64' if dt == 'float64' else 'f32'}_{'i32' if it == 'int' else 'i64'}"
-        kern = RT.get_kernel("csr_spmv.cu.j2", entry, dict(dtype=dt, index_t=it,
-                                                           threads=_SPMV_THREADS, min_blocks=0))
-        rows = A.shape[0]
-        grid = (int(max(1, min(-(-rows // _SPMV_THREADS), 65535))),)
-        args = (A.indptr, A.indices, A.data)
-        nrows = np.int64(rows)
+        ops = (A.indptr, A.indices, A.data)
 
         def mv(x):
-            y = self.xp.empty(rows, dtype=A.data.dtype)
-            kern(grid, (_SPMV_THREADS,), args + (self.xp.ascontiguousarray(x), y, nrows))
-            return y
+            return smalltc.csr_spmv(*ops, self.xp.ascontiguousarray(x), backend="cuda")
         return mv
 
     def __matmul__(self, x):

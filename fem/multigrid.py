@@ -27,6 +27,7 @@ A coarse DoF is constrained when its basis function is nonzero at a constrained 
 DoF: exact for constraints on whole boundary faces.
 """
 
+import logging
 import math
 
 import numpy as np
@@ -81,16 +82,20 @@ def boundary_mask(space, region=None):
     return np.any((idx == 0) | (idx == (L - 1)[:, None]), axis=0)
 
 
+def _pyamg_present():
+    try:
+        import pyamg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _numba_present():
     try:
         import numba  # noqa: F401
     except ImportError:
         return False
     return True
-
-
-#: threads per block of the fused transfer kernels (one element per block)
-_TRANSFER_THREADS = 128
 
 
 class Transfer:
@@ -108,14 +113,15 @@ class Transfer:
     dtype : dtype
         Of the vectors.
     fused : bool or None
-        CuPy vectors: one kernel each way (``templates/cuda/pmg_transfer.cu.j2``: gather,
+        CuPy vectors: one kernel each way (:func:`smalltc.pmg_transfer`,
+        ``templates/cuda/pmg_transfer.cu.j2``: gather,
         the sum-factorised interpolation in shared memory, weighted atomic scatter-add);
         False: the same with :func:`smalltc.interpolate` (gather, sum-factorised GEMMs,
         strided adds).
         None (default): fused on the GPU.
     host_kernel : bool or None
-        NumPy vectors: the element part compiled with Numba
-        (``templates/cpu/pmg_transfer.py.j2``: gather, the sum-factorised interpolation,
+        NumPy vectors: :func:`smalltc.pmg_transfer`, the element part compiled with
+        Numba (``templates/cpu/pmg_transfer.py.j2``: gather, the sum-factorised interpolation,
         the weights; then ``numpy.bincount``), 3-10x faster than the array path
         (:func:`smalltc.interpolate` on the gathered E-vectors); False: the array path.
         None (default): compiled where Numba imports.
@@ -149,91 +155,42 @@ class Transfer:
             xp.asarray(np.asarray(to_host(coarse_free), dtype=self.dtype))
         self.fused = (xp is not np) if fused is None else bool(fused) and xp is not np
         self.host_kernel = _numba_present() if host_kernel is None else bool(host_kernel)
-        if self.fused:
-            self._fine_w = xp.asarray(w.astype(self.dtype))            # per fine DoF
-            self._coarse_w = (xp.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
-                              else self.coarse_free)
+        self._w = None
+        if self.fused:                   # weights per DoF: the coarse, the fine
+            self._w = ((xp.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
+                        else self.coarse_free), xp.asarray(w.astype(self.dtype)))
+        elif xp is np and self.host_kernel:
+            cw = (np.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
+                  else self.coarse_free)
+            fw = self.fine.scatter(self.weights) / self.fine.multiplicity()
+            self._w = (cw, np.ascontiguousarray(fw.astype(self.dtype)))
 
-    def _kernel(self, forward):
-        """The fused transfer kernel (CuPy), compiled once per size and direction."""
-        from smalltc.backends.cuda import runtime as RT
-        nc, nf = self.coarse.nd, self.fine.nd
-        itype = np.dtype(self.fine.dof_map(self.xp).dtype)
-        ctx = dict(dtype=self.dtype.name, dim=self.fine.dim, nin=nc if forward else nf,
-                   nout=nf if forward else nc, threads=_TRANSFER_THREADS, min_blocks=0,
-                   index_t="int" if itype == np.int32 else "long long")
-        entry = (f"stc_pmg_{'prolong' if forward else 'restrict'}_{self.fine.dim}d_"
-                 f"{'f64' if self.dtype == np.float64 else 'f32'}_q{self.coarse.p}p{self.fine.p}"
-                 f"_{'i32' if itype == np.int32 else 'i64'}")
-        return RT.get_kernel("pmg_transfer.cu.j2", entry, ctx)
+    def _maps(self):
+        """The element-to-DoF maps of both spaces, shaped (E, nd, ..., nd): made once and
+        kept (the transfers' range checks are once per map object)."""
+        if "_map_views" not in self.__dict__:
+            E, dim = self.fine.nelements, self.fine.dim
+            self._map_views = tuple(s.dof_map(self.xp).reshape((E,) + (s.nd,) * dim)
+                                    for s in (self.coarse, self.fine))
+        return self._map_views
 
-    def _fused(self, forward, x, out=None):
+    def _transfer(self, forward, x, out=None):
+        """The transfer as one :func:`smalltc.pmg_transfer` (the ``pmg_transfer`` kernel
+        family: fused on the GPU, the compiled element part and ``numpy.bincount`` on the
+        host); ``out``: added to."""
         xp = self.xp
         x = xp.ascontiguousarray(xp.asarray(x, dtype=self.dtype))
+        (cmap, fmap), (cw, fw) = self._maps(), self._w
         if forward:
-            M, src, dst = self.I1d, self.coarse, self.fine
-            w_in, w_out = self._coarse_w, self._fine_w
+            ops = (self.I1d, x, cmap, cw, fmap, fw)
         else:
-            M, src, dst = self.I1dT, self.fine, self.coarse
-            w_in, w_out = self._fine_w, self._coarse_w
-        y = xp.zeros(dst.ndofs, dtype=self.dtype) if out is None else out
-        E = self.fine.nelements
-        grid = (int(min(E, 65535 * 8)),)
-        self._kernel(forward)(grid, (_TRANSFER_THREADS,),
-                              (M, x, src.dof_map(xp), w_in, dst.dof_map(xp), w_out, y,
-                               np.int64(E)))
-        return y
-
-    def _host_kernel(self, forward):
-        """The compiled element part of a transfer on the host
-        (``templates/cpu/pmg_transfer.py.j2``: one kernel per dimension, dtype and index
-        type, sizes at run time), or None without Numba."""
-        key = "_hk_f" if forward else "_hk_r"
-        if key not in self.__dict__:
-            try:
-                from smalltc.backends.cpu.runtime import NB_TYPES, load_kernel
-            except ImportError:
-                self.__dict__[key] = None
-                return None
-            itype = np.dtype(self.fine.dof_map(np).dtype).name
-            a = f"{NB_TYPES[self.dtype.name]}[:, ::1]"
-            m = f"{itype}[:, ::1]"
-            sig = f"void({a}, {a}, {m}, {a}, {m}, {a}, {a}, int64, int64)"
-            entry = (f"stc_pmg_transfer_{self.fine.dim}d_"
-                     f"{'f64' if self.dtype == np.float64 else 'f32'}_"
-                     f"{'i32' if itype == 'int32' else 'i64'}")
-            fn, _ = load_kernel("pmg_transfer.py.j2", entry, dim=self.fine.dim,
-                                dtype=self.dtype.name, vbits=0, signature=sig)
-            if self.coarse_free is None:
-                self._cw = np.ones((1, self.coarse.ndofs), dtype=self.dtype)
-            else:
-                self._cw = self.coarse_free.reshape(1, -1)
-            w = self.fine.scatter(self.weights) / self.fine.multiplicity()
-            self._fw = np.ascontiguousarray(w.reshape(1, -1).astype(self.dtype))
-            self.__dict__[key] = fn
-        return self.__dict__[key]
-
-    def _host(self, forward, x):
-        """The host transfer: the compiled element part, then ``numpy.bincount``."""
-        import numba
-        fn = self._host_kernel(forward)
-        M = np.ascontiguousarray(self.I1d if forward else self.I1dT)
-        src, dst = (self.coarse, self.fine) if forward else (self.fine, self.coarse)
-        w_in, w_out = (self._cw, self._fw) if forward else (self._fw, self._cw)
-        E = self.fine.nelements
-        imap, omap = src.dof_map(np).reshape(E, -1), dst.dof_map(np).reshape(E, -1)
-        U = np.empty(omap.shape, dtype=self.dtype)
-        X = np.ascontiguousarray(x, dtype=self.dtype).reshape(1, -1)
-        fn(M, X, imap, w_in, omap, w_out, U, E, min(E, numba.get_num_threads()))
-        y = np.bincount(omap.ravel(), weights=U.ravel(), minlength=dst.ndofs)
-        return y.astype(self.dtype, copy=False)
+            ops = (self.I1dT, x, fmap, fw, cmap, cw)
+        return smalltc.pmg_transfer(*ops, out=out, add=out is not None)
 
     def prolong(self, xc):
         """``x_fine = P x_coarse`` (shape (ndofs_coarse,) -> (ndofs_fine,))."""
-        if self.fused:
-            return self._fused(True, xc)
-        if self.xp is np and self.host_kernel:
-            return self._host(True, xc)
+        if self._w is not None:
+            return self._transfer(True, xc)
         if self.coarse_free is not None:
             xc = xc * self.coarse_free
         v = smalltc.interpolate(self.I1d, None, self.coarse.gather(
@@ -244,16 +201,14 @@ class Transfer:
         """``x += P x_coarse`` in place (the fused kernel adds into ``x`` directly);
         returns ``x``."""
         if self.fused and x.dtype == self.dtype and x.flags.c_contiguous:
-            return self._fused(True, xc, out=x)
+            return self._transfer(True, xc, out=x)
         x += self.prolong(xc)
         return x
 
     def restrict(self, rf):
         """``r_coarse = P^T r_fine`` (shape (ndofs_fine,) -> (ndofs_coarse,))."""
-        if self.fused:
-            return self._fused(False, rf)
-        if self.xp is np and self.host_kernel:
-            return self._host(False, rf)
+        if self._w is not None:
+            return self._transfer(False, rf)
         v = smalltc.interpolate(self.I1dT, None, self.fine.gather(
             self.xp.asarray(rf, dtype=self.dtype)) * self.weights)
         rc = self.coarse.scatter(v)
@@ -463,7 +418,6 @@ class PMultigrid(_Preconditioner):
     def _capture(self, r):
         """``(input, output, Graph, pool)`` of the V-cycle on inputs like ``r``, or False
         (logged) where CuPy or the driver refuses the capture."""
-        import logging
         xp = self.xp
         try:
             gin = xp.empty_like(r)
@@ -666,7 +620,7 @@ def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficien
 
 
 def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fourth",
-        constrained=None, coarse="amg", coarse_tol=1e-10, amg_cycle="auto",
+        constrained=None, coarse="auto", coarse_tol=1e-10, amg_cycle="auto",
         operator_factory=None, device=None, nq_offset=None, coarse_nq_offset=1,
         quadrature=None, kappa=None,
         alpha=None, rho=None, lambda_steps=10, graph="auto", relaxation="jacobi",
@@ -713,9 +667,10 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
     constrained : array of bool or int, "boundary", region name(s) or None
         The constrained (Dirichlet) DoFs of the finest level: a mask, indices,
         the whole boundary, or boundary regions (``space.boundary_dofs(region)``).
-    coarse : {"amg", "cg"}
+    coarse : {"auto", "amg", "cg"}
         The order-1 solve: one AMG V-cycle (pyamg hierarchy) or Jacobi-CG to
-        ``coarse_tol``.
+        ``coarse_tol``. ``"auto"`` (the default): the AMG where pyamg imports, else
+        Jacobi-CG, said in one log line.
     amg_cycle : {"auto", "pyamg", "portable"}
         See :class:`smalltc.fem.coarse.AMGSolver`.
     operator_factory : callable, optional
@@ -762,7 +717,7 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         For bad orders, kinds, masks; from the smoothers (an operator that is not
         positive definite).
     ImportError
-        ``coarse="amg"`` without pyamg.
+        ``coarse="amg"`` (asked for by name) without pyamg.
 
     Examples
     --------
@@ -804,8 +759,15 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         raise ValueError(f"orders must decrease strictly from p={space.p} to 1, got {orders}")
     if smoother not in KINDS:
         raise ValueError(f"smoother must be one of {list(KINDS)}, got {smoother!r}")
-    if coarse not in COARSE_SOLVERS:
-        raise ValueError(f"coarse must be one of {list(COARSE_SOLVERS)}, got {coarse!r}")
+    if coarse not in COARSE_SOLVERS + ("auto",):
+        raise ValueError(f"coarse must be one of {['auto', *COARSE_SOLVERS]}, got "
+                         f"{coarse!r}")
+    if coarse == "auto":
+        coarse = "amg" if _pyamg_present() else "cg"
+        if coarse == "cg":
+            logging.getLogger("smalltc").warning(
+                "smalltc: pyamg is not installed; the p-multigrid's coarse solve is "
+                "Jacobi-CG (coarse='cg'; pip install pyamg for the AMG V-cycle)")
     if relaxation not in RELAXATIONS:
         raise ValueError(f"relaxation must be one of {list(RELAXATIONS)}, got {relaxation!r}")
     if schwarz_options is not None and relaxation != "schwarz":

@@ -41,7 +41,6 @@ import smalltc
 from smalltc import vertices
 from smalltc._arrays import cupy_or_none, is_cupy
 from smalltc._validate import check_scalar
-from smalltc.backends.reference import operator_diagonal_einsum
 
 from ._device import resolve_device, to_host
 from .basis import basis_1d
@@ -320,9 +319,9 @@ class Operator(_SpaceOperator):
         if not self.fused:
             if self.qfunc == "mass":
                 return self.space.scatter(smalltc.integrate(self.B1d**2, None, self.D))
-            d = operator_diagonal_einsum(self.qfunc, self.B1d, self.G1d, self.D, self.Q,
-                                         self.space.dim)
-            return self.space.scatter(d)
+            return smalltc.operator_diagonal(self.qfunc, self.B1d, self.G1d, self.data,
+                                             self.space.dof_map(self.xp), self.space.ndofs,
+                                             backend="reference")
         if self.qfunc == "mass":
             return smalltc.mass_diagonal(self.B1d, self.D, self.dof_map, self.space.ndofs,
                                          deterministic=self.deterministic,

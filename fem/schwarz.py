@@ -47,13 +47,11 @@ host round trip.
 
 import numpy as np
 
+import smalltc
 from ._device import to_host
 from .basis import lagrange_basis
 from .chebyshev import _Preconditioner
 from .quadrature import gauss_legendre, gauss_lobatto
-
-#: the static shared memory of a block (the GPU kernel's buffers must fit it)
-_SMEM_STATIC = 48 * 1024
 
 __all__ = ["Schwarz", "schwarz", "element_lengths", "reference_matrices", "fdm_pair",
            "WEIGHTS", "MASSES"]
@@ -159,11 +157,6 @@ def _local_1d(K1, M1, h, hl, hr, left, right, overlap):
     if overlap == 0:
         return A[:, 1:-1, 1:-1].copy(), M[:, 1:-1, 1:-1].copy()
     return A, M
-
-
-#: elements per chunk of the compiled local solves (one per SIMD lane: two AVX2 vectors
-#: of float64)
-_LANES = 8
 
 
 def _numba_present():
@@ -330,9 +323,9 @@ class Schwarz(_Preconditioner):
         w = 1.0 / np.sqrt(count) if weights == "sqrt" else np.ones(self.n)
         if fixed is not None:
             w = w * ~fixed
-        self.idx = xp.asarray(idx)
-        # numpy.bincount takes intp indices (an int32 map would be converted per call)
-        self._flat = flat if xp is np else self.idx.reshape(-1)
+        # the host's numpy.bincount takes intp indices (an int32 map would be converted
+        # on every application)
+        self.idx = xp.asarray(idx) if xp is not np else idx.astype(np.intp)
         self.S = xp.asarray(np.ascontiguousarray(np.stack(Ss, axis=1)).astype(self.dtype))
         self.ST = xp.ascontiguousarray(xp.swapaxes(self.S, -1, -2))
         self.inv_eig = xp.asarray((1.0 / D).astype(self.dtype))
@@ -341,54 +334,34 @@ class Schwarz(_Preconditioner):
         if host_kernel is None:
             host_kernel = _numba_present()
         self.host_kernel = bool(host_kernel) and xp is np
-        self._hk = None
-        # on a GPU: one kernel an application where the element's buffers fit 48 KiB
-        self.device_kernel = (xp is not np and (2 * nloc ** dim + dim * nloc ** 2)
-                              * self.dtype.itemsize <= _SMEM_STATIC)
+        self._device_kernel = None
 
-    def _host_kernel(self):
-        """The compiled local solves (``templates/cpu/schwarz_fdm.py.j2``: one kernel per
-        extended size, dimension, dtype and index type)."""
-        if self._hk is None:
-            from smalltc.backends.cpu.runtime import NB_TYPES, load_kernel
-            itype = np.dtype(self.idx.dtype).name
-            a = f"{NB_TYPES[self.dtype.name]}[:, ::1]"
-            sig = f"void({a}, {a}, {itype}[:, ::1], {a}, {a}, int64, int64)"
-            entry = (f"stc_schwarz_fdm_{self.space.dim}d_n{self.nloc}_"
-                     f"{'f64' if self.dtype == np.float64 else 'f32'}_"
-                     f"{'i32' if itype == 'int32' else 'i64'}")
-            fn, _ = load_kernel("schwarz_fdm.py.j2", entry, dim=self.space.dim, n=self.nloc,
-                                W=_LANES,
-                                dtype=self.dtype.name, vbits=0, signature=sig)
-            E = self.space.nelements
-            self._hk = (fn, np.ascontiguousarray(self.S.reshape(E, -1)),
-                        self.idx.reshape(E, -1), self.inv_eig.reshape(E, -1))
-        return self._hk
+    @property
+    def device_kernel(self):
+        """On a GPU: whether an application is one kernel (the ``schwarz_fdm`` family of
+        the CUDA backend, where an element's buffers fit 48 KiB of shared memory) rather
+        than the array path; settable (False: the array path). False on the host."""
+        if self._device_kernel is None:
+            self._device_kernel = self.xp is not np and self._plan("auto").backend == "cuda"
+        return self._device_kernel
 
-    def _host(self, rp):
-        """The local solves of the padded weighted residual ``rp`` on the host (compiled),
-        as element vectors (E, nloc^dim)."""
-        import numba
-        fn, S, idx, inv = self._host_kernel()
-        E = self.space.nelements
-        U = np.empty(idx.shape, dtype=self.dtype)
-        chunks = -(-E // _LANES)
-        fn(S, rp.reshape(1, -1), idx, inv, U, chunks, min(chunks, numba.get_num_threads()))
-        return U
+    @device_kernel.setter
+    def device_kernel(self, value):
+        self._device_kernel = bool(value) and self.xp is not np
 
-    def _device_kernel(self):
-        """The fused application on a GPU (``templates/cuda/schwarz_fdm.cu.j2``: gather,
-        the local solve in shared memory, atomic scatter-add), one kernel per extended
-        size, dimension, dtype and index type."""
-        from smalltc.backends.cuda import runtime as RT
-        dim, n = self.space.dim, self.nloc
-        itype = np.dtype(self.idx.dtype)
-        threads = min(128, 32 * -(-n ** dim // 32))
-        ctx = dict(dtype=self.dtype.name, dim=dim, n=n, threads=threads,
-                   index_t="int" if itype == np.int32 else "long long")
-        entry = (f"stc_schwarz_fdm_{dim}d_n{n}_{'f64' if self.dtype == np.float64 else 'f32'}"
-                 f"_{'i32' if itype == np.int32 else 'i64'}")
-        return RT.get_kernel("schwarz_fdm.cu.j2", entry, ctx), threads
+    def _backend(self):
+        """The compiled family where there is one (the host's Numba kernel, the GPU's
+        fused kernel), else the array path (the reference backend: no Numba,
+        ``host_kernel=False``, ``device_kernel = False``)."""
+        if self.xp is np:
+            return "auto" if self.host_kernel else "reference"
+        return "auto" if self._device_kernel is not False else "reference"
+
+    def _plan(self, backend):
+        """The plan of an application (:func:`smalltc.plan`, op ``"schwarz_fdm"``)."""
+        r = self.xp.zeros(self.n, dtype=self.dtype)
+        return smalltc.plan("schwarz_fdm", self.S, self.inv_eig, self.idx, r, self.w,
+                            backend=backend)
 
     def _apply_1d(self, U, MatsT):
         """``U`` (E, n, .., n) with the element's matrix ``MatsT[:, d]^T`` applied along
@@ -424,29 +397,12 @@ class Schwarz(_Preconditioner):
         if r.shape != (self.n,):
             raise ValueError(f"r has shape {r.shape}, expected ({self.n},)")
         self.applications += 1
-        if self.device_kernel:
-            kern, threads = self._device_kernel()
-            rr = xp.ascontiguousarray(xp.asarray(r, dtype=self.dtype))
-            z = xp.zeros(self.n, dtype=self.dtype)
-            E = self.space.nelements
-            kern((int(min(E, 65535 * 8)),), (threads,),
-                 (self.S, self.inv_eig, self.idx, rr, self.w, z, np.int64(self.n),
-                  np.int64(E)))
-            if self.fixed is not None:
-                z += self.fixed * rr
-            return z
-        rp = xp.zeros(self.n + 1, dtype=self.dtype)
-        rp[:self.n] = r * self.w
-        U = self._host(rp) if self.host_kernel else self.local_solve(rp[self.idx])
-        if xp is np:
-            z = np.bincount(self._flat, weights=U.reshape(-1), minlength=self.n + 1)
-            z = z[:self.n].astype(self.dtype, copy=False)
-        else:
-            import cupyx
-            zp = xp.zeros(self.n + 1, dtype=self.dtype)
-            cupyx.scatter_add(zp, self._flat, U.reshape(-1))
-            z = zp[:self.n]
-        z *= self.w
+        rr = xp.asarray(r)
+        if rr.dtype != self.dtype and not (rr.dtype == np.float64 and self.dtype == np.float32):
+            rr = rr.astype(self.dtype)
+        rr = xp.ascontiguousarray(rr)
+        z = smalltc.schwarz_fdm(self.S, self.inv_eig, self.idx, rr, self.w,
+                                backend=self._backend())
         if self.fixed is not None:
             z += self.fixed * r
         return z

@@ -475,12 +475,8 @@ def _fused_cg(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every
         return CGResult(xp.zeros_like(b), 0, np.zeros(1), True, 0.0)
     history = [np.sqrt(rr) / bnorm]
     xf, rf = x.reshape(-1), r.reshape(-1)
-    if xp is np:
-        it, code, value = _cg_fused.cg_cpu(apply, b, xf, rf, inv, tol, maxiter, bnorm, history,
-                                           red)
-    else:
-        it, code, value = _cg_fused.cg_gpu(apply, b, xf, rf, inv, tol, maxiter, bnorm, history,
-                                           check_every, red)
+    it, code, value = _cg_fused.iterate(apply, b, xf, rf, inv, tol, maxiter, bnorm, history,
+                                        check_every, red)
     if code == 3:
         raise ValueError(f"operator is not positive definite: p^T A p = {value:.3e} at "
                          f"iteration {it}" + _asymmetry(apply, b, xp, red))

@@ -22,6 +22,10 @@ arrays (NVIDIA GPUs), with a plan/execute API:
   values and/or reference gradients, and the integration back to a global vector
 - :func:`geometry_data`: the pointwise geometry (``|J|``, the adjugate, the operators'
   point data ``D`` and ``Q``) from the Jacobians at the points, in one pass
+- :func:`vector_update`, :func:`pcg_iterate`, :func:`pmg_transfer`, :func:`csr_spmv`,
+  :func:`schwarz_fdm`: the solver kernels (:mod:`smalltc.solver`): Chebyshev and V-cycle
+  vector updates, fused Jacobi-PCG, p-multigrid transfers, CSR products, Schwarz
+  fast-diagonalisation solves
 - :func:`plan`: build once, call many times
 - :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
 
@@ -48,13 +52,16 @@ from .geometry import geometry_data
 from .mixed import force_apply, force_apply_transpose, mixed_action, mixed_apply
 from .catalogue import STEPS
 from .plan import Plan, plan
+from .solver import csr_spmv, pcg_iterate, pmg_transfer, schwarz_fdm, vector_update
 
 __version__ = "0.1.0"
 __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mass_apply",
            "mass_diagonal", "diffusion_action", "diffusion_apply", "diffusion_diagonal",
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
            "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
-           "mixed_apply", "interpolate", "integrate", "geometry_data", "plan", "precompile", "check_errors",
+           "mixed_apply", "interpolate", "integrate", "geometry_data", "vector_update",
+           "pcg_iterate", "pmg_transfer", "csr_spmv", "schwarz_fdm", "plan", "precompile",
+           "check_errors",
            "Plan", "STEPS", "__version__"]
 
 _logging.getLogger("smalltc").addHandler(_logging.NullHandler())

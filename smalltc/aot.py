@@ -38,11 +38,18 @@ import numpy as np
 
 from ._arrays import cupy_or_none, gpu_available
 
-__all__ = ["precompile", "cache_report", "cache_dirs", "OPS", "parse_nq",
+__all__ = ["precompile", "cache_report", "cache_dirs", "OPS", "SOLVER_OPS", "parse_nq",
            "add_arguments", "run"]
 
 #: the operations :func:`precompile` builds (names as for :func:`smalltc.plan`)
 OPS = ("action", "assembly", "mass_apply", "mass_diagonal")
+#: the solver kernels it builds too (:mod:`smalltc.solver`): the vector updates (every
+#: mode), the PCG iteration and the CSR product do not depend on ``p`` or ``dim``; the
+#: transfers are built for the p-multigrid's first coarsening from ``p``
+#: (``ceil(p/2)``, both ways), the Schwarz solve for the extended elements of ``p``
+#: (``p + 3`` nodes a direction: overlap 1)
+SOLVER_OPS = ("vector_update", "pcg", "pmg_transfer", "csr_spmv", "schwarz_fdm")
+_SIZELESS = ("vector_update", "pcg", "csr_spmv")
 _E = 2                                       # elements of the problem each build runs
 
 
@@ -161,6 +168,48 @@ def _problem(op, dim, p, nq, dtype, ncomp, index_dtype, xp):
     raise ValueError(f"op must be one of {OPS}, got {op!r}")
 
 
+def _solver_problems(op, dim, p, dtype, index_dtype, xp):
+    """``[(operands, plan keywords, call keywords)]``: the builds of solver op ``op``."""
+    rng = np.random.default_rng(0)
+
+    def rand(*shape):
+        return xp.asarray(rng.random(shape).astype(dtype) + 0.5)
+    n = 8
+    if op == "vector_update":
+        v = [rand(n) for _ in range(7)]
+        f = xp.ones(n, dtype=dtype)
+        names = {"start": 2, "step": 6, "residual": 3, "last": 2}
+        return [(tuple(v[:k]), dict(mode=m, free=f), dict(c0=0.5, c1=0.5))
+                for m, k in names.items()]
+    if op == "pcg":
+        return [((rand(n), rand(n), rand(n)), {},
+                 dict(apply=lambda x: x, tol=0.0, maxiter=1, bnorm=1.0, history=[1.0]))]
+    if op == "csr_spmv":
+        ip = xp.asarray(np.arange(n + 1, dtype=index_dtype))
+        return [((ip, xp.asarray(np.arange(n, dtype=index_dtype)), rand(n), rand(n)), {}, {})]
+    if op == "pmg_transfer":
+        q = (p + 1) // 2
+        nf, nc = p + 1, q + 1
+        emap = {k: xp.asarray(np.arange(_E * k ** dim, dtype=index_dtype).reshape(
+            (_E,) + (k,) * dim)) for k in (nc, nf)}
+        ndof = {k: _E * k ** dim for k in (nc, nf)}
+        M = rand(nf, nc)
+        MT = xp.ascontiguousarray(M.T)
+        return [((M, rand(ndof[nc]), emap[nc], rand(ndof[nc]), emap[nf], rand(ndof[nf])), {},
+                 {}),
+                ((MT, rand(ndof[nf]), emap[nf], rand(ndof[nf]), emap[nc], rand(ndof[nc])), {},
+                 {})]
+    if op == "schwarz_fdm":
+        if xp is np:          # the host's Schwarz keeps an intp map (numpy.bincount's index)
+            index_dtype = "int64"
+        k = p + 3
+        ndofs = _E * k ** dim
+        idx = xp.asarray(np.arange(ndofs, dtype=index_dtype).reshape((_E,) + (k,) * dim))
+        return [((rand(_E, dim, k, k), rand(_E, *(k,) * dim), idx, rand(ndofs), rand(ndofs)),
+                 {}, {})]
+    raise ValueError(f"op must be one of {OPS + SOLVER_OPS}, got {op!r}")
+
+
 def _module(device):
     if device not in ("auto", "cpu", "gpu"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
@@ -178,6 +227,16 @@ def _items(ops, p, nq, dims, dtypes, ncomp, deterministic, index_dtypes):
             ops, dims, p, nq if nq is not None else ("p+1", "p+2"), dtypes, ncomp,
             deterministic, index_dtypes):
         fem = op in ("mass_apply", "mass_diagonal")
+        if op in SOLVER_OPS:
+            sizeless = op in _SIZELESS
+            item = dict(op=op, dim=None if sizeless else int(dim),
+                        p=None if sizeless else int(pp), nq=None, dtype=str(dt), ncomp=1,
+                        deterministic=False,
+                        index_dtype=str(it) if op != "vector_update" and op != "pcg"
+                        else None)
+            if item not in seen:
+                seen.append(item)
+            continue
         item = dict(op=op, dim=int(dim), p=int(pp), nq=parse_nq(q, int(pp)), dtype=str(dt),
                     ncomp=int(nc) if op in ("action", "mass_apply") else 1,
                     deterministic=bool(det) if fem else False,
@@ -194,9 +253,10 @@ def precompile(ops=OPS, p=range(1, 9), nq=None, dims=(3,), dtypes=("float64",), 
 
     Parameters
     ----------
-    ops : iterable of {"action", "assembly", "mass_apply", "mass_diagonal"}
-        The operations, named as for :func:`smalltc.plan` (``batched_contract``,
-        ``assemble_mass``, ``mass_apply``, ``mass_diagonal``).
+    ops : iterable of str
+        The operations, named as for :func:`smalltc.plan` (:data:`OPS`:
+        ``batched_contract``, ``assemble_mass``, ``mass_apply``, ``mass_diagonal``; and
+        the solver kernels of :data:`SOLVER_OPS`, :mod:`smalltc.solver`).
     p : iterable of int
         Polynomial orders (``nd = p + 1``).
     nq : iterable of int or str, optional
@@ -241,8 +301,8 @@ def precompile(ops=OPS, p=range(1, 9), nq=None, dims=(3,), dtypes=("float64",), 
     where = "cpu" if xp is np else "gpu"
     folder = cache_dirs()["cpu" if xp is np else "cuda"]
     for op in ops:
-        if op not in OPS:
-            raise ValueError(f"op must be one of {OPS}, got {op!r}")
+        if op not in OPS + SOLVER_OPS:
+            raise ValueError(f"op must be one of {OPS + SOLVER_OPS}, got {op!r}")
     items = _items(list(ops), list(p), None if nq is None else list(nq), list(dims),
                    list(dtypes), list(ncomp), list(deterministic), list(index_dtypes))
     bar = None
@@ -255,23 +315,36 @@ def precompile(ops=OPS, p=range(1, 9), nq=None, dims=(3,), dtypes=("float64",), 
             label = f"{it['op']} {it['dim']}d p={it['p']} nq={it['nq']} {it['dtype']}"
             if bar is not None:
                 bar.set_postfix_str(label)
-            ops_, kw = _problem(it["op"], it["dim"], it["p"], it["nq"], it["dtype"],
-                                it["ncomp"], it["index_dtype"], xp)
-            if it["index_dtype"] is not None:
-                kw["deterministic"] = it["deterministic"]
+            if it["op"] in SOLVER_OPS:
+                builds = _solver_problems(it["op"], it["dim"], it["p"], it["dtype"],
+                                          it["index_dtype"] or "int32", xp)
+            else:
+                ops_, kw = _problem(it["op"], it["dim"], it["p"], it["nq"], it["dtype"],
+                                    it["ncomp"], it["index_dtype"], xp)
+                if it["index_dtype"] is not None:
+                    kw["deterministic"] = it["deterministic"]
+                builds = [(ops_, kw, {})]
             before = _files(folder)
             t0 = time.perf_counter()
-            plan = smalltc.plan(it["op"], *ops_, backend=backend, **kw)
-            plan(*ops_)
+            plans = []
+            for ops_, kw, call in builds:
+                plan = smalltc.plan(it["op"], *ops_, backend=backend, **kw)
+                if "free" in kw:
+                    ops_ = ops_ + (kw["free"],)
+                plan(*ops_, **call)
+                plans.append(plan)
             if xp is not np:
                 xp.cuda.get_current_stream().synchronize()
             seconds = time.perf_counter() - t0
             after = _files(folder)
             new = sum(1 for f, st in after.items() if before.get(f) != st)
-            records.append(dict(it, device=where, backend=plan.backend, kernel=str(plan.kernel),
-                                specialized=bool(plan.specialized), seconds=round(seconds, 4),
+            records.append(dict(it, device=where, backend=plan.backend,
+                                kernel=", ".join(dict.fromkeys(str(p.kernel) for p in plans)),
+                                specialized=all(p.specialized for p in plans),
+                                seconds=round(seconds, 4),
                                 new_files=new, compiled=new > 0,
-                                nothing_to_compile=plan.backend == "reference"))
+                                nothing_to_compile=all(str(p.kernel).startswith("reference")
+                                                       for p in plans)))
             if bar is not None:
                 bar.update()
     finally:
@@ -300,7 +373,8 @@ def _words(text):
 
 def add_arguments(parser):
     parser.add_argument("--ops", default=",".join(OPS),
-                        help=f"operations, comma separated (default {','.join(OPS)})")
+                        help=f"operations, comma separated (default {','.join(OPS)}; the "
+                             f"solver kernels: {','.join(SOLVER_OPS)})")
     parser.add_argument("--p", default="1-8", help="polynomial orders, e.g. 1,2,3 or 1-8 "
                                                    "(default 1-8)")
     parser.add_argument("--nq", default="p+1,p+2",
@@ -336,7 +410,7 @@ def run(args) -> int:
     folder = cache_dirs()["cpu" if where == "cpu" else "cuda"]
     print(f"{len(records)} builds on the {where.upper()} in {total:.1f} s: {new} compiled now, "
           f"{len(records) - new - none} already cached"
-          + (f", {none} with nothing to compile (reference backend)" if none else "")
+          + (f", {none} with nothing to compile (array code)" if none else "")
           + f"; cache: {folder}")
     for r in records:
         if not r["specialized"]:

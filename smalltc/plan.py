@@ -19,6 +19,7 @@ from .maps import map_info
 from .ops import OPS
 from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
+from .spec import SOLVER_OPS
 
 __all__ = ["Plan", "plan", "build_plan", "cached_plan", "call"]
 
@@ -409,7 +410,9 @@ def plan(op, *operands, backend="auto", method="auto", params=None, **options):
         and "mixed_apply"; the basis application "interpolate" and "integrate"; the pointwise
         geometry "geometry" (:func:`smalltc.geometry_data`: operands ``(J[, weights, coef,
         jmin])``, the tensor weights as the plan takes them; options ``what``, ``absdet``,
-        ``dtype``).
+        ``dtype``); the solver kernels "vector_update" (options ``mode``, ``free``), "pcg",
+        "pmg_transfer", "csr_spmv", "schwarz_fdm" (:func:`smalltc.solver.plan`: a
+        :class:`smalltc.solver.SolverPlan`).
     *operands : arrays
         Examples with the shapes and dtype of later calls, in the entry's order (its
         ``operands``; ``smalltc.ops.OPS[op].describe()``): ``(B1d, D, V)``,
@@ -479,6 +482,9 @@ def plan(op, *operands, backend="auto", method="auto", params=None, **options):
     >>> str(q.spec), q.out_shape
     ('interp_3d p=1 nq=3 values E=1 ndofs=8 float64', (1, 3, 3, 3))
     """
+    if op in SOLVER_OPS:                 # the solver kernels' plans (smalltc.solver)
+        from . import solver
+        return solver.plan(op, *operands, backend=backend, params=params, **options)
     entry = OPS.get(op) if isinstance(op, str) else None
     if entry is None:
         first = ", ".join(repr(n) for n in list(OPS)[:5])

@@ -120,10 +120,6 @@ def test_no_import_of_a_higher_layer(path):
     assert violations(path, FORBIDDEN[_layer(path)]) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the FEM layer's solver kernels (the fused CG, the "
-                   "p-multigrid transfers, the Chebyshev smoother, the Schwarz smoother, the CSR "
-                   "coarse operator) still call backend modules directly, and the unfused "
-                   "Operator.diagonal the reference backend's einsum, not the core's public API")
 def test_fem_imports_no_backend_module():
     found = [v for p in sources("fem") for v in violations(p, ("smalltc.backends",))]
     assert found == []

@@ -11,7 +11,10 @@ import string
 import numpy as np
 
 from . import register
+from ..spec import SOLVER_OPS
 from .base import Backend, Executor, Unsupported
+from .reference_solvers import (csr_spmv_ref, pcg_ref, schwarz_ref, solver_executor,
+                                transfer_ref, vector_update_ref)
 
 __all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_einsum",
            "operator_assembly_gemm",
@@ -20,7 +23,8 @@ __all__ = ["ReferenceBackend", "action_einsum", "assembly_einsum", "contract_ein
            "operator_diagonal_unfused", "sym_index", "einsum_executor", "force_einsum",
            "force_t_einsum", "force_apply_unfused", "force_t_apply_unfused",
            "mixed_action_sumfac", "mixed_apply_unfused", "basis_apply_unfused",
-           "cofactors", "geometry_closed_form"]
+           "cofactors", "geometry_closed_form", "vector_update_ref", "pcg_ref", "transfer_ref",
+           "csr_spmv_ref", "schwarz_ref", "solver_executor"]
 
 
 def _xp(x):
@@ -786,6 +790,8 @@ class ReferenceBackend(Backend):
         if params not in (None, "heuristic"):
             raise ValueError(f"the reference backend has no tuning parameters; got params "
                              f"{params}")
+        if spec.op in SOLVER_OPS:
+            return solver_executor(spec)
         if getattr(spec, "geometry", None):
             return _Run(*_geometry_path(spec))
         if getattr(spec, "qfunc", "mass") != "mass":

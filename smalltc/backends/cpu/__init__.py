@@ -21,6 +21,8 @@ family            module                  templates (``templates/cpu/``)
 ``force``         :mod:`.force`           ``force.py.j2``, ``_lanes.j2`` (the corner force)
 ``basis``         :mod:`.basis`           ``basis.py.j2`` (interpolate, integrate)
 ``geometry``      :mod:`.geometry`        ``geometry.py.j2`` (``smalltc.geometry_data``)
+solver kernels    :mod:`.solver`          ``pmg_transfer.py.j2``, ``schwarz_fdm.py.j2``
+                                          (and Numba loops, array code: :mod:`smalltc.solver`)
 ================  ======================  ==========================================
 
 What no family claims (sizes beyond the specialised kernels' limits) runs
@@ -68,11 +70,12 @@ if numba is not None:
     from .gemm import GEMM
     from .geometry import GEOMETRY
     from .mass_apply import MASS_APPLY, MASS_DIAGONAL
+    from .solver import SOLVER_FAMILIES
     from .target import host, resolve
 
     #: the kernel families, in the order they are asked
     FAMILIES = (GEMM, FORCE, ACTION, ASSEMBLY, CONTRACT, MASS_APPLY, MASS_DIAGONAL,
-                BASIS, GEOMETRY)
+                BASIS, GEOMETRY) + SOLVER_FAMILIES
 else:  # pragma: no cover
     FAMILIES = ()
 

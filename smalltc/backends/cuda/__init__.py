@@ -21,6 +21,9 @@ family           module                           templates
 ``basis``        :mod:`.basis`                    ``basis.cu.j2`` (``smalltc.interpolate``,
                                                   ``smalltc.integrate``)
 ``geometry``     :mod:`.geometry`                 ``geometry.cu.j2`` (``smalltc.geometry_data``)
+solver kernels   :mod:`.solver`                   ``pmg_vector.cu.j2``, ``cg.cu.j2``,
+                                                  ``pmg_transfer.cu.j2``, ``csr_spmv.cu.j2``,
+                                                  ``schwarz_fdm.cu.j2`` (:mod:`smalltc.solver`)
 ===============  ===============================  =========================================
 
 What no family fits runs a generic path and says so (``specialized=False``):
@@ -57,12 +60,13 @@ from .geometry import GEOMETRY
 from .layout import LAYOUT, generic_executor
 from .mass_apply import MASS_APPLY, MASS_DIAGONAL
 from .runtime import SmalltcCompileError
+from .solver import SOLVER_FAMILIES
 
 __all__ = ["CudaBackend", "SmalltcCompileError", "FAMILIES", "KERNELS", "family_of", "choose"]
 
 #: the kernel families, in the order they are asked
 FAMILIES = (LAYOUT, CONTRACT9, FORCE, ACTION, ASSEMBLY, MASS_APPLY, MASS_DIAGONAL, BASIS,
-            GEOMETRY)
+            GEOMETRY) + SOLVER_FAMILIES
 
 
 class CudaKernels(Kernels):

@@ -1,0 +1,329 @@
+"""The solver kernel families on the host: Jacobi-PCG, p-multigrid transfers, Schwarz.
+
+The CPU side of :mod:`smalltc.backends.cuda.solver`:
+
+=================  ====================  ===============================  ==================
+family             spec                  what runs                        parameters
+=================  ====================  ===============================  ==================
+``pcg``            PcgSpec               Numba loops (this module): ``x``,  none
+                                         ``r`` and ``r.r``, ``r.z`` in one
+                                         pass, ``p`` in another
+``pmg_transfer``   TransferSpec          ``pmg_transfer.py.j2`` (sizes at   none
+                                         run time), then ``numpy.bincount``
+``schwarz_fdm``    SchwarzSpec           ``schwarz_fdm.py.j2`` (a chunk of  ``lanes``
+                                         elements a SIMD lane each), then
+                                         ``numpy.bincount``
+``vector_update``  VectorUpdateSpec      NumPy array expressions (the       none
+                                         reference path: memory-bound,
+                                         nothing to fuse on the host)
+``csr_spmv``       CsrSpmvSpec           the reference path                 none
+=================  ====================  ===============================  ==================
+
+Examples
+--------
+>>> from smalltc.spec import SchwarzSpec
+>>> from smalltc.backends.cpu.target import TARGETS
+>>> s = SchwarzSpec(dim=3, n=5, batch=10, dtype="float64", ndofs=100)
+>>> c = SCHWARZ_FDM.context(s, None, TARGETS["avx512"])
+>>> SCHWARZ_FDM.entry(s, c), SCHWARZ_FDM.public(c)
+('stc_schwarz_fdm_3d_n5_f64_i32', {'lanes': 8})
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ..base import Executor
+from ..reference_solvers import solver_executor
+from .family import Family
+from .runtime import NB_TYPES, SHORT, load_kernel
+from .target import resolve
+from .threads import coordinate, passive_openmp
+
+__all__ = ["PCG", "TRANSFER", "SCHWARZ_FDM", "VECTOR_UPDATE", "CSR_SPMV", "SOLVER_FAMILIES"]
+
+
+class _SolverFamily(Family):
+    op = "?"
+
+    def claims(self, spec):
+        return spec.op == self.op
+
+    def supports(self, spec):
+        return True
+
+    def space(self, spec, target=None):
+        yield {}, None
+
+
+class _Built(Executor):
+    """The common attributes of a choice's executor."""
+
+    def __init__(self, choice):
+        self.choice, self.spec, self.ctx = choice, choice.spec, choice.ctx
+        self.kernel, self.source, self.table = choice.entry, choice.source, choice.table
+        self.params = dict(choice.family.public(choice.ctx), isa=choice.target.isa)
+
+
+# ---- the array families: the reference path ---------------------------------------------
+
+class _ArrayFamily(_SolverFamily):
+    """An op whose host path is the array code of :mod:`..reference_solvers`."""
+
+    params = ()
+    templates = ("",)
+
+    def context(self, spec, params=None, target=None):
+        return None if params else dict(dtype=spec.dtype, render={})
+
+    def entry(self, spec, ctx):
+        return solver_executor(spec).kernel
+
+    def executor(self, choice):
+        ex = solver_executor(choice.spec)
+        ex.source = choice.source
+        return ex
+
+
+class VectorUpdateFamily(_ArrayFamily):
+    name = op = "vector_update"
+
+
+class CsrSpmvFamily(_ArrayFamily):
+    name = op = "csr_spmv"
+
+
+# ---- Jacobi-PCG -------------------------------------------------------------------------
+
+@numba.njit(parallel=True, fastmath=False, cache=True)
+def pcg_update(x, r, p, Ap, inv, alpha, jacobi):
+    """``x += alpha p``, ``r -= alpha Ap``; returns ``(r.r, r.z)`` (float64 sums)."""
+    rr = 0.0
+    rz = 0.0
+    for i in numba.prange(x.size):
+        x[i] += alpha * p[i]
+        ri = r[i] - alpha * Ap[i]
+        r[i] = ri
+        zi = ri * inv[i] if jacobi else ri
+        rr += float(ri) * float(ri)
+        rz += float(ri) * float(zi)
+    return rr, rz
+
+
+@numba.njit(parallel=True, fastmath=False, cache=True)
+def pcg_direction(p, r, inv, beta, jacobi):
+    """``p = z + beta p``."""
+    for i in numba.prange(p.size):
+        p[i] = (r[i] * inv[i] if jacobi else r[i]) + beta * p[i]
+
+
+@numba.njit(parallel=True, fastmath=False, cache=True)
+def pcg_dot(a, b):
+    """``a . b`` (float64 sum)."""
+    s = 0.0
+    for i in numba.prange(a.size):
+        s += float(a[i]) * float(b[i])
+    return s
+
+
+class PcgFamily(_SolverFamily):
+    """The fused PCG iteration (the Numba loops of this module)."""
+
+    name = op = "pcg"
+    params = ()
+    templates = ("",)
+
+    def context(self, spec, params=None, target=None):
+        return None if params else dict(dtype=spec.dtype, render={})
+
+    def entry(self, spec, ctx):
+        return f"pcg_update_{SHORT[spec.dtype]}{'_jacobi' if spec.jacobi else ''}"
+
+    def executor(self, choice):
+        return PcgExecutor(choice)
+
+
+class PcgExecutor(_Built):
+    """Iterate on NumPy vectors (flat) until the stop test; returns ``(iterations, code,
+    value)``. ``red``: sums the inner products across ranks."""
+
+    def __init__(self, choice):
+        super().__init__(choice)
+        passive_openmp()        # spinning OpenMP and BLAS threads beside these loops
+        coordinate()            # made them 4-100x slower (.threads)
+
+    def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, shape=None,
+            check_every=8, red=None):
+        x, r = operands[:2]
+        shape = x.shape if shape is None else tuple(shape)
+        jacobi = self.spec.jacobi
+        inv = operands[2] if jacobi else r            # a placeholder of the right type
+        dtype = r.dtype.type
+        z = r * inv if jacobi else r
+        rz = pcg_dot(r, z)
+        if red is not None:
+            (rz,) = red.sums(rz)
+        p = np.array(z, copy=True)
+        it = 0
+        while True:
+            if history[-1] <= tol:
+                return it, 1, history[-1]
+            if it >= maxiter:
+                return it, 2, history[-1]
+            if not rz > 0:
+                return it, 4, rz
+            Ap = np.asarray(apply(p.reshape(shape)))
+            if Ap.shape != shape:
+                raise ValueError(f"the operator returned an array of shape {Ap.shape} for a "
+                                 f"vector of shape {shape}: apply(x) must return A x in "
+                                 "x's shape")
+            Ap = Ap.reshape(-1)
+            pAp = pcg_dot(p, Ap)
+            if red is not None:
+                (pAp,) = red.sums(pAp)
+            if not pAp > 0:
+                return it, 3, pAp
+            rr, rz_new = pcg_update(x, r, p, Ap, inv, dtype(rz / pAp), jacobi)
+            if red is not None:
+                rr, rz_new = red.sums(rr, rz_new)
+            it += 1
+            history.append(math.sqrt(rr) / bnorm)
+            if not math.isfinite(history[-1]):
+                return it, 5, history[-1]
+            pcg_direction(p, r, inv, dtype(rz_new / rz), jacobi)
+            rz = rz_new
+
+
+# ---- the p-multigrid transfers ----------------------------------------------------------
+
+class TransferFamily(_SolverFamily):
+    """``pmg_transfer.py.j2``: the element part (sizes read from ``M`` at run time: one
+    kernel a dimension, dtype and index type), then ``numpy.bincount``."""
+
+    name = op = "pmg_transfer"
+    params = ()
+    templates = ("pmg_transfer.py.j2",)
+
+    def context(self, spec, params=None, target=None):
+        if params:
+            return None
+        a = f"{NB_TYPES[spec.dtype]}[:, ::1]"
+        m = f"{spec.index_dtype}[:, ::1]"
+        sig = f"void({a}, {a}, {m}, {a}, {m}, {a}, {a}, int64, int64)"
+        return dict(dtype=spec.dtype, slp=True, render=dict(dim=spec.dim, dtype=spec.dtype,
+                                                            vbits=0, signature=sig))
+
+    def entry(self, spec, ctx):
+        return f"stc_pmg_transfer_{spec.dim}d_{SHORT[spec.dtype]}_i{spec.index_dtype[3:]}"
+
+    def executor(self, choice):
+        return TransferExecutor(choice)
+
+
+class TransferExecutor(_Built):
+    """The element products ``U`` (threads over elements), then ``numpy.bincount`` over
+    the output map; ``add``: added to ``out``."""
+
+    def __init__(self, choice):
+        super().__init__(choice)
+        self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
+                                              **choice.ctx["render"])
+
+    def run(self, operands, out=None, add=False):
+        M, x, imap, w_in, omap, w_out = operands
+        s = self.spec
+        E = s.batch
+        im, om = imap.reshape(E, -1), omap.reshape(E, -1)
+        U = np.empty(om.shape, dtype=s.dtype)
+        if E:
+            self.fn(M, x.reshape(1, -1), im, w_in.reshape(1, -1), om, w_out.reshape(1, -1), U,
+                    E, max(1, min(E, numba.get_num_threads())))
+        y = np.bincount(om.ravel(), weights=U.ravel(), minlength=s.n_out)
+        y = y.astype(s.dtype, copy=False)
+        if out is None:
+            return y
+        if add:
+            out += y
+        else:
+            out[...] = y
+        return out
+
+
+# ---- the Schwarz fast-diagonalisation solve ---------------------------------------------
+
+class SchwarzFamily(_SolverFamily):
+    """``schwarz_fdm.py.j2``: ``lanes`` elements a chunk, a SIMD lane each (the
+    heuristic: 8, the lanes of a 512-bit float64 vector; measured where it was written,
+    not re-measured per target)."""
+
+    name = op = "schwarz_fdm"
+    params = ("lanes",)
+    templates = ("schwarz_fdm.py.j2",)
+
+    def context(self, spec, params=None, target=None):
+        W = 8 if params is None else params.get("lanes")
+        if params is not None and set(params) - {"lanes"} or W not in (1, 2, 4, 8, 16):
+            return None
+        a = f"{NB_TYPES[spec.dtype]}[:, ::1]"
+        sig = f"void({a}, {a}, {spec.index_dtype}[:, ::1], {a}, {a}, int64, int64)"
+        return dict(lanes=W, dtype=spec.dtype, slp=True,
+                    render=dict(dim=spec.dim, n=spec.n, W=W, dtype=spec.dtype, vbits=0,
+                                signature=sig))
+
+    def entry(self, spec, ctx):
+        tail = "" if ctx["lanes"] == 8 else f"_w{ctx['lanes']}"
+        return (f"stc_schwarz_fdm_{spec.dim}d_n{spec.n}_{SHORT[spec.dtype]}_"
+                f"i{spec.index_dtype[3:]}{tail}")
+
+    def executor(self, choice):
+        return SchwarzExecutor(choice)
+
+    def space(self, spec, target=None):
+        vl = resolve(target).lanes(spec.dtype)
+        for W in (1, 2, 4, 8, 16):
+            yield dict(lanes=W), (None if W <= 2 * vl else "lanes")
+
+
+class SchwarzExecutor(_Built):
+    """The weighted residual padded with a zero, the local solves of the chunks of
+    elements, ``numpy.bincount`` over the index map, the weights again."""
+
+    def __init__(self, choice):
+        super().__init__(choice)
+        self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
+                                              **choice.ctx["render"])
+        self.W = choice.ctx["lanes"]
+
+    def run(self, operands, out=None):
+        S, inv, idx, r, w = operands
+        s = self.spec
+        E, n = s.batch, s.ndofs
+        rp = np.zeros(n + 1, dtype=s.dtype)
+        rp[:n] = r * w
+        i2 = idx.reshape(E, -1)
+        U = np.empty(i2.shape, dtype=s.dtype)
+        chunks = -(-E // self.W)
+        if E:
+            self.fn(S.reshape(E, -1), rp.reshape(1, -1), i2, inv.reshape(E, -1), U, chunks,
+                    max(1, min(chunks, numba.get_num_threads())))
+        flat = idx.reshape(-1)
+        if flat.dtype != np.intp:
+            flat = flat.astype(np.intp)
+        z = np.bincount(flat, weights=U.reshape(-1), minlength=n + 1)
+        z = z[:n].astype(s.dtype, copy=False)
+        z *= w
+        if out is None:
+            return z
+        out[...] = z
+        return out
+
+
+VECTOR_UPDATE = VectorUpdateFamily()
+PCG = PcgFamily()
+TRANSFER = TransferFamily()
+CSR_SPMV = CsrSpmvFamily()
+SCHWARZ_FDM = SchwarzFamily()
+#: the families of :mod:`smalltc.solver`'s specs, in the backend's order
+SOLVER_FAMILIES = (VECTOR_UPDATE, PCG, TRANSFER, CSR_SPMV, SCHWARZ_FDM)

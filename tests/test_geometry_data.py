@@ -26,7 +26,8 @@ from smalltc.spec import GeometrySpec
 from conftest import to_numpy, xp_of
 
 NVCC = shutil.which("nvcc")
-needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+def needs_gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not gpu_available(), reason="no CUDA device")(test))
 TOL = {"float64": 1e-12, "float32": 2e-6}
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import smalltc
+from smalltc import fem
 from smalltc.fem import H1Space, basis_1d, box_mesh, cg, jacobi, l2_project, mass_data
 from smalltc.fem.mesh import BoxMesh, _place, _reference_coordinates
 from smalltc.fem.distributed.partition import box_indices, partition_box, process_grid
@@ -231,3 +232,31 @@ def test_demo_mpi_without_mpi_says_what_is_missing():
                "sys.exit(main(['demo', '--mpi', '--quick']))\n",
                MPI4PY_LIBMPI="/nonexistent/libmpi.so")
     assert res.returncode == 2 and "loads no MPI library" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("dim,p", [(2, 2), (3, 1)])
+def test_one_rank_poisson_is_the_serial_solve(dim, p):
+    """comm=COMM_SELF: the same operator calls and the same CG as the serial solve."""
+    u = lambda x: np.exp(x[0] + 0.5 * x[1])                                    # noqa: E731
+    mesh = fem.box_mesh(dim, 3, distortion=0.05)
+    kw = dict(dirichlet={None: u}, neumann={"xmax": lambda x: 2.0 * u(x)}, kappa=2.0, exact=u,
+              tol=1e-12, device="cpu")
+    f = lambda x: -2.5 * u(x)                                                  # noqa: E731
+    ser = fem.solve_poisson(mesh, p, f, **kw)
+    res = fem.solve_poisson(mesh, p, f, comm=MPI.COMM_SELF, **kw)
+    assert res.distribution["ranks"] == 1 and res.iterations == ser.iterations
+    assert np.abs(res.space.gather(res.u) - ser.u).max() <= 1e-12 * np.abs(ser.u).max()
+    assert abs(res.l2_error - ser.l2_error) <= 1e-12 * ser.l2_error
+    assert abs(res.h1_error - ser.h1_error) <= 1e-12 * ser.h1_error
+
+
+def test_distributed_poisson_errors():
+    mesh = fem.box_mesh(2, 2)
+    with pytest.raises(ValueError, match="precond in"):
+        fem.solve_poisson(mesh, 1, 1.0, precond="chebyshev", comm=MPI.COMM_SELF, device="cpu")
+    with pytest.raises(KeyError, match="no boundary region 'top'"):
+        fem.solve_poisson(mesh, 1, 1.0, dirichlet={"top": 0.0}, comm=MPI.COMM_SELF,
+                          device="cpu")
+    with pytest.raises(ValueError, match="singular"):
+        fem.solve_poisson(mesh, 1, 1.0, neumann={"xmin": 0.0}, dirichlet={}, comm=MPI.COMM_SELF,
+                          device="cpu")

@@ -163,3 +163,42 @@ def test_two_ranks_share_one_gpu():
         assert c["device"] == "gpu" and c["gpus"] == [0, 0]
         assert c["transport"] in ("device", "staged"), c
     print(f"\nhalo transport: {found[0]['transport']} ({found[0]['transport_reason']})")
+
+
+def check_poisson(res, n, kinds):
+    """Every ``poisson`` case's distributed solve against the serial one."""
+    assert res.returncode == 0, res.stdout + res.stderr
+    found = cases(res)
+    assert sorted(ln for ln in lines(res) if ln.startswith("DONE")) == \
+        [f"DONE rank {r}" for r in range(n)], res.stdout + res.stderr
+    assert {c["kind"] for c in found} == set(kinds), res.stdout + res.stderr
+    for c in found:
+        what = f"{c['kind']} dim={c['dim']} p={c['p']} on {n} ranks"
+        assert c["ranks"] == n and len(c["owned"]) == n, what
+        assert sum(c["owned"]) == c["ndofs"] and min(c["owned"]) > 0, what
+        # CG runs to 1e-13: the two summation orders leave the iterates ~1e-14 apart
+        assert c["u_err"] <= 1e-11, f"{what}: u differs from the serial one by {c['u_err']:.2e}"
+        assert abs(c["iters"] - c["iters_serial"]) <= 1, what
+        for e in ("l2_error", "h1_error"):
+            assert abs(c[e] - c[e + "_serial"]) <= 1e-9 * c[e + "_serial"], what
+    return found
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_distributed_poisson_equals_serial(n):
+    """Dirichlet and Neumann sides, kappa = 2, p = 1, 2, 2D and 3D: the whole box mesh cut
+    into blocks, blocks built per rank (box and Kershaw): the serial solve's u, iterations
+    and L2/H1 errors."""
+    kinds = ["box", "block", "kershaw"]
+    res = mpirun(n, [sys.executable, CASES, "poisson", "--meshes", ",".join(kinds),
+                     "--ps", "1,2"], timeout=400)
+    found = check_poisson(res, n, kinds)
+    assert len(found) == 12
+
+
+@needs_mpi
+def test_distributed_poisson_p3():
+    res = mpirun(3, [sys.executable, CASES, "poisson", "--meshes", "box,kershaw", "--dims", "2",
+                     "--ps", "3"], timeout=300)
+    assert len(check_poisson(res, 3, ["box", "kershaw"])) == 2

@@ -35,14 +35,18 @@ Run under ``mpiexec -n 2 python script.py`` (here one rank):
 
 from .comm import RankError, Reducer, agree, collective, cuda_aware, load_mpi, select_gpu
 from .halo import Halo
-from .operators import DistributedMassOperator
+from .operators import (DistributedMassOperator, DistributedOperator,
+                        distributed_diffusion_operator, distributed_helmholtz_operator)
 from .partition import BlockPartition, partition_box, process_grid
-from .space import DistributedH1Space, DistributedMesh, distribute_mesh, distributed_box_mesh
+from .space import (BlockMesh, DistributedH1Space, DistributedMesh, distribute_mesh,
+                    distributed_box_mesh, distributed_kershaw_mesh)
 
 __all__ = [
+    "BlockMesh",
     "BlockPartition",
     "DistributedH1Space",
     "DistributedMassOperator",
+    "DistributedOperator",
     "DistributedMesh",
     "Halo",
     "RankError",
@@ -51,6 +55,9 @@ __all__ = [
     "collective",
     "cuda_aware",
     "distribute_mesh",
+    "distributed_diffusion_operator",
+    "distributed_helmholtz_operator",
+    "distributed_kershaw_mesh",
     "distributed_box_mesh",
     "load_mpi",
     "partition_box",

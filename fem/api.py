@@ -47,16 +47,18 @@ def l2_project(mesh, p, f, *, comm=None, **kwargs):
     """L2 projection (:func:`smalltc.fem.projection.l2_project`), or, with ``comm`` (an
     mpi4py communicator) or a :class:`~smalltc.fem.distributed.DistributedMesh`, the
     projection distributed over the ranks: every rank calls it with the same arguments,
-    ``mesh`` the whole box mesh; only the matrix-free operator is distributed; with a GPU
-    each rank uses the node-local rank modulo the device count. A mesh read from a file
-    is solved serially (the distributed layer partitions box meshes and says so).
+    ``mesh`` the whole box mesh (cut into blocks), or a mesh file or unstructured mesh
+    (partitioned by METIS on rank 0: :func:`~smalltc.fem.distributed.partition_mesh`);
+    only the matrix-free operator is distributed; with a GPU each rank uses the
+    node-local rank modulo the device count.
 
     Raises
     ------
     ValueError, RuntimeError, ConvergenceError
         As the serial function; distributed, also arguments that differ across the
         ranks, a rank count that cannot partition the mesh (on every rank), a missing
-        mpi4py or MPI library. TypeError for a distributed file mesh.
+        mpi4py or MPI library; ImportError for a file mesh over several ranks without
+        pymetis (``smalltc[mpi]``).
 
     Examples
     --------

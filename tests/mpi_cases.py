@@ -100,7 +100,7 @@ def _poisson_meshes(comm, kinds, dims, ps):
     for kind in kinds:
         for dim in dims:
             for p in ps:
-                n = {2: 4, 3: 2}[dim] if p > 1 else {2: 5, 3: 3}[dim]
+                n = {2: 4, 3: 3}[dim] if p > 1 else {2: 5, 3: 3}[dim]
                 if kind == "box":
                     mesh = fem.box_mesh(dim, n, distortion=0.05, geom_order=2)
                     yield kind, mesh, mesh, p

@@ -198,6 +198,17 @@ def test_distributed_poisson_equals_serial(n):
 
 
 @needs_mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_distributed_poisson_on_a_mesh_file(n):
+    """The shipped gmsh annulus (curved, order-3 geometry), partitioned by METIS on rank 0:
+    2D at p = 1, 2 and 3D at p = 1, Neumann on the outer arc."""
+    pytest.importorskip("pymetis", reason="pymetis (pip install 'smalltc[mpi]')")
+    res = mpirun(n, [sys.executable, CASES, "poisson", "--meshes", "file", "--ps", "1,2"],
+                 timeout=300)
+    assert len(check_poisson(res, n, ["file"])) == 3
+
+
+@needs_mpi
 def test_distributed_poisson_p3():
     res = mpirun(3, [sys.executable, CASES, "poisson", "--meshes", "box,kershaw", "--dims", "2",
                      "--ps", "3"], timeout=300)

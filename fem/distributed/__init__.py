@@ -38,6 +38,7 @@ from .halo import Halo
 from .operators import (DistributedMassOperator, DistributedOperator,
                         distributed_diffusion_operator, distributed_helmholtz_operator)
 from .partition import BlockPartition, partition_box, process_grid
+from .unstructured import PartitionedH1Space, PartitionedMesh, PartMesh, partition_mesh
 from .space import (BlockMesh, DistributedH1Space, DistributedMesh, distribute_mesh,
                     distributed_box_mesh, distributed_kershaw_mesh)
 
@@ -49,6 +50,9 @@ __all__ = [
     "DistributedOperator",
     "DistributedMesh",
     "Halo",
+    "PartMesh",
+    "PartitionedH1Space",
+    "PartitionedMesh",
     "RankError",
     "Reducer",
     "agree",
@@ -61,6 +65,7 @@ __all__ = [
     "distributed_box_mesh",
     "load_mpi",
     "partition_box",
+    "partition_mesh",
     "process_grid",
     "select_gpu",
 ]

@@ -66,6 +66,10 @@ def mesh_fingerprint(mesh):
     >>> mesh_fingerprint(box_mesh(2, 3, distortion=0.05))["shape"]
     (3, 3)
     """
+    if is_distributed_mesh(mesh) and hasattr(mesh, "elements"):     # a partitioned file mesh
+        return {"dim": mesh.dim, "source": mesh.source, "nelements": mesh.nelements}
+    if not hasattr(mesh, "shape"):           # a mesh file or an unstructured mesh
+        return {"source": str(getattr(mesh, "source", mesh))}
     base = mesh.whole if is_distributed_mesh(mesh) else mesh
     if not all(hasattr(base, a) for a in _MESH_FIELDS):
         raise TypeError(f"mesh must be a BoxMesh or a DistributedMesh, got {type(mesh).__name__}")
@@ -228,9 +232,9 @@ def distribute_mesh(mesh, comm):
     # by name: under pytest's --doctest-modules this module is also imported as
     # fem.distributed.space, whose BoxMesh is another class object than smalltc.fem's
     if type(mesh).__name__ != BoxMesh.__name__:
-        raise TypeError(f"the distributed path partitions box meshes (BoxMesh, "
-                        f"distributed_box_mesh); got a {type(mesh).__name__}: solve a mesh read "
-                        f"from a file serially (without comm=)")
+        raise TypeError(f"distribute_mesh cuts box meshes (BoxMesh) into blocks; got a "
+                        f"{type(mesh).__name__}: partition a mesh read from a file with "
+                        f"smalltc.fem.distributed.partition_mesh")
     load_mpi()
     agree(comm, collective(comm, mesh_fingerprint, mesh, what="the mesh"), "the meshes")
     part = collective(comm, _partition, comm, mesh.shape, what="partitioning")
@@ -374,6 +378,12 @@ class DistributedH1Space:
     ValueError
         On every rank, when ``p`` is bad or differs across ranks.
     """
+
+    def __new__(cls, mesh, p):
+        if cls is DistributedH1Space and is_distributed_mesh(mesh) and hasattr(mesh, "elements"):
+            from .unstructured import PartitionedH1Space     # a partitioned file mesh
+            return super().__new__(PartitionedH1Space)
+        return super().__new__(cls)
 
     def __init__(self, mesh, p):
         if not is_distributed_mesh(mesh):

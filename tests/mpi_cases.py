@@ -5,6 +5,7 @@
     mpiexec -n 2 python tests/mpi_cases.py local-failure   # f fails on rank 1 only
     mpiexec -n 5 python tests/mpi_cases.py unpartitionable # a 2 x 2 mesh over 5 ranks
     mpiexec -n 3 python tests/mpi_cases.py poisson [--meshes box,block,kershaw,file] [--ps 1,2,3]
+                                                   [--precond jacobi|pmg]
 
 ``compare``: for each case, the distributed operator applied to a random vector and
 the distributed L2 projection (CG to 1e-13) against the serial ones on rank 0, which
@@ -16,7 +17,8 @@ an error that reached only some ranks shows as a missing line (or a timeout).
 the boundary but for a Neumann side (``kappa du/dn`` there), solved by the distributed
 Jacobi-CG to 1e-13 and compared with the serial solve on rank 0 (one ``CASE`` line each):
 the whole box mesh cut into blocks (``box``), blocks built per rank (``block``: box,
-``kershaw``), and a mesh file partitioned by METIS (``file``).
+``kershaw``), and a mesh file partitioned by METIS (``file``). With ``--precond pmg``
+the iterations are compared with the same p-multigrid on one rank.
 """
 import argparse
 import json
@@ -116,7 +118,9 @@ def _poisson_meshes(comm, kinds, dims, ps):
                     yield kind, fem.read_mesh(path), path, p
 
 
-def poisson(comm, device, kinds, dims, ps):
+def poisson(comm, device, kinds, dims, ps, precond="jacobi"):
+    from mpi4py import MPI
+
     from smalltc import fem
     rank = comm.Get_rank()
     for kind, whole, given, p in _poisson_meshes(comm, kinds, dims, ps):
@@ -129,12 +133,15 @@ def poisson(comm, device, kinds, dims, ps):
         kw = dict(dirichlet={None: u}, neumann={side: h}, kappa=kappa, exact=(u, grad),
                   tol=TOL, device=device)
         res = fem.solve_poisson(given, p, f, comm=comm if kind in ("box", "file") else None,
-                                **kw)
+                                precond=precond, **kw)
         ug = res.space.gather(res.u, root=0)
         owned = comm.gather(res.distribution["owned_dofs"], root=0)
         if rank == 0:
             ser = fem.solve_poisson(whole, p, f, **kw)
-            rec = dict(kind=kind, dim=dim, p=p, ranks=comm.Get_size(),
+            if precond == "pmg":       # the iterations of the same preconditioner on one rank
+                one = fem.solve_poisson(whole, p, f, comm=MPI.COMM_SELF, precond="pmg", **kw)
+                ser.iterations = one.iterations
+            rec = dict(kind=kind, dim=dim, p=p, ranks=comm.Get_size(), precond=precond,
                        u_err=float(np.abs(ug - ser.u).max() / np.abs(ser.u).max()),
                        iters=res.iterations, iters_serial=ser.iterations,
                        l2_error=res.l2_error, l2_error_serial=ser.l2_error,
@@ -158,6 +165,7 @@ def main(argv=None):
     ap.add_argument("case", choices=("compare", "mismatch", "local-failure", "unpartitionable",
                                      "poisson"))
     ap.add_argument("--meshes", default="box,block,kershaw,file")
+    ap.add_argument("--precond", default="jacobi", choices=("jacobi", "pmg"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     ap.add_argument("--dims", default="2,3")
     ap.add_argument("--ps", default="1,2,3,4")
@@ -172,7 +180,7 @@ def main(argv=None):
                 [int(p) for p in args.ps.split(",")])
     elif args.case == "poisson":
         poisson(comm, args.device, args.meshes.split(","), [int(d) for d in args.dims.split(",")],
-                [int(p) for p in args.ps.split(",")])
+                [int(p) for p in args.ps.split(",")], args.precond)
     elif args.case == "mismatch":
         _expect_error(comm, lambda: fem.l2_project(fem.box_mesh(2, 4), 2 + rank, 1.0,
                                                    device=args.device, comm=comm))

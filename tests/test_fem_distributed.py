@@ -306,3 +306,21 @@ def test_one_rank_file_mesh_poisson_is_serial():
     assert res.iterations == ser.iterations
     assert np.abs(res.space.gather(res.u) - ser.u).max() <= 1e-12 * np.abs(ser.u).max()
     assert abs(res.l2_error - ser.l2_error) <= 1e-12 * ser.l2_error
+
+
+def test_one_rank_pmg_solves_the_serial_problem():
+    """precond="pmg" on one rank: the serial solution, in a few iterations."""
+    u = lambda x: np.exp(x[0] + 0.5 * x[1])                                    # noqa: E731
+    mesh = fem.box_mesh(2, 3, distortion=0.05)
+    kw = dict(dirichlet={None: u}, exact=u, tol=1e-12, device="cpu")
+    f = lambda x: -1.25 * u(x)                                                 # noqa: E731
+    ser = fem.solve_poisson(mesh, 4, f, **kw)
+    res = fem.solve_poisson(mesh, 4, f, comm=MPI.COMM_SELF, precond="pmg",
+                            pmg_options={"degree": 3}, **kw)
+    P = res.problem.precond
+    assert P.orders == [4, 2, 1] and P.smoothers[0].degree == 3
+    assert res.iterations < ser.iterations / 4
+    assert np.abs(res.space.gather(res.u) - ser.u).max() <= 1e-9 * np.abs(ser.u).max()
+    with pytest.raises(ValueError, match="not taken by the distributed p-multigrid"):
+        fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, precond="pmg",
+                          pmg_options={"smoother": "schwarz"}, **kw)

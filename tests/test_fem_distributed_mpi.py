@@ -209,7 +209,45 @@ def test_distributed_poisson_on_a_mesh_file(n):
 
 
 @needs_mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_distributed_pmg(n):
+    """The distributed p-multigrid (levels p, ..., 1 on every rank, Chebyshev smoothing,
+    Jacobi-CG on the coarsest): the serial solution, the one-rank iterations, a few of
+    Jacobi's."""
+    kinds = ["box", "kershaw"]
+    try:
+        import pymetis  # noqa: F401
+        kinds.append("file")
+    except ImportError:
+        pass
+    res = mpirun(n, [sys.executable, CASES, "poisson", "--meshes", ",".join(kinds),
+                     "--ps", "2,3", "--dims", "2", "--precond", "pmg"], timeout=400)
+    found = check_poisson(res, n, kinds)
+    assert len(found) == 2 * len(kinds), found
+    # Jacobi takes 35-90 iterations on these; the Kershaw mesh (eps = 0.3) is the hard one
+    assert all(c["iters"] <= (25 if c["kind"] == "kershaw" else 18) for c in found), found
+
+
+@needs_mpi
 def test_distributed_poisson_p3():
     res = mpirun(3, [sys.executable, CASES, "poisson", "--meshes", "box,kershaw", "--dims", "2",
                      "--ps", "3"], timeout=300)
     assert len(check_poisson(res, 3, ["box", "kershaw"])) == 2
+
+
+@needs_mpi
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
+@pytest.mark.parametrize("n", [2, 4])
+def test_distributed_poisson_on_gpus(n):
+    """device="gpu" on every rank (local rank modulo the device count): the box, per-rank
+    block, Kershaw and (with pymetis) mesh-file solves give the serial GPU results."""
+    try:
+        import pymetis  # noqa: F401
+        kinds = ["box", "block", "kershaw", "file"]
+    except ImportError:
+        kinds = ["box", "block", "kershaw"]
+    res = mpirun(n, [sys.executable, CASES, "poisson", "--device", "gpu", "--meshes",
+                     ",".join(kinds), "--ps", "1,2"], timeout=550)
+    found = check_poisson(res, n, kinds)
+    assert all(c["device"] == "gpu" for c in found)

@@ -41,7 +41,10 @@ __all__ = ["DistributedPoissonProblem", "poisson_problem_distributed",
            "solve_poisson_distributed", "distributed_dirichlet_bc"]
 
 #: the preconditioners of a distributed solve
-PRECONDS = ("jacobi", None)
+PRECONDS = ("jacobi", "pmg", None)
+
+#: what ``pmg_options`` may hold in a distributed solve
+PMG_OPTIONS = ("orders", "degree", "coarse_tol")
 
 
 def _spell(data):
@@ -156,10 +159,10 @@ def _as_distributed_mesh(mesh, comm):
 
 
 def _fingerprint(mesh, p, f, dirichlet, neumann, kappa, nq, precond, quadrature, device,
-                 backend):
+                 backend, pmg_options):
     fp = {"p": p, "f": _spell(f), "dirichlet": _spell(dirichlet), "neumann": _spell(neumann),
           "kappa": _spell(kappa), "nq": nq, "precond": precond, "quadrature": quadrature,
-          "device": device, "backend": backend}
+          "device": device, "backend": backend, "pmg_options": _spell(pmg_options)}
     if hasattr(mesh, "shape") and not hasattr(mesh, "vertices"):
         fp.update(mesh_fingerprint(mesh))
     return fp
@@ -194,7 +197,8 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     rank, or a partitioned file mesh), or an unstructured mesh or mesh file
     (partitioned by METIS on rank 0: :func:`~.unstructured.partition_mesh`). The
     other arguments are the serial function's and must agree across the ranks;
-    ``precond`` is ``"jacobi"`` or None.
+    ``precond`` is ``"jacobi"``, ``"pmg"`` (:func:`~.multigrid.distributed_pmg`;
+    ``pmg_options``: ``orders``, ``degree``, ``coarse_tol``) or None.
 
     Returns
     -------
@@ -210,9 +214,12 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     >>> bool(sol.converged), prob.bc.dofs.size
     (True, 16)
     """
-    if pmg_options:
-        raise ValueError("pmg_options are for precond='pmg', which a distributed solve "
-                         "does not take")
+    if pmg_options and precond != "pmg":
+        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
+    bad = sorted(set(pmg_options or {}) - set(PMG_OPTIONS))
+    if bad:
+        raise ValueError(f"pmg_options {bad} are not taken by the distributed p-multigrid; "
+                         f"it takes {list(PMG_OPTIONS)}")
     if comm is None and not is_distributed_mesh(mesh):
         raise TypeError(f"mesh must be a DistributedMesh, or pass comm=, got "
                         f"{type(mesh).__name__}")
@@ -220,7 +227,7 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     user_comm = comm if comm is not None else mesh.comm
     check_launch(user_comm)
     fp = collective(user_comm, _fingerprint, mesh, p, f, dirichlet, neumann, kappa, nq, precond,
-                    quadrature, device, backend, what="checking the arguments")
+                    quadrature, device, backend, pmg_options, what="checking the arguments")
     agree(user_comm, fp, "the arguments of solve_poisson")
     where = collective(user_comm, _check, precond, device, what="checking the arguments")
     agree(user_comm, {"device": where}, "the devices found")
@@ -266,7 +273,14 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     if space.nghosts:
         b[xp.asarray(space.ghosts)] = 0                   # owner form: the owners hold them
     clock.lap("bc")
-    P = collective(c, jacobi, A.diagonal(), what="the Jacobi diagonal") if precond else None
+    if precond == "jacobi":
+        P = collective(c, jacobi, A.diagonal(), what="the Jacobi diagonal")
+    elif precond == "pmg":
+        from .multigrid import distributed_pmg
+        P = distributed_pmg(A, dirichlet=dir_, neumann_regions=list(neu), kappa=kappa,
+                            quadrature=quadrature, backend=backend, **dict(pmg_options or {}))
+    else:
+        P = None
     clock.lap("preconditioner")
     red = Reducer(c, device_buffers=xp is not np and cuda_aware()[0])
     prob = DistributedPoissonProblem(space, K, load, bc, A, b, P, where, clock.laps, comm=red)

@@ -33,15 +33,16 @@ from numbers import Real
 import numpy as np
 
 from .._device import to_host
-from ..mesh import BOX_REGIONS, BoxMesh, Kershaw, _as_corner, _as_shape, _is_int, _place, _reference_coordinates
+from ..mesh import (BOX_REGIONS, BoxMesh, Kershaw, _as_corner, _as_shape, _is_int, _place,
+                    _reference_coordinates)
 from ..quadrature import gauss_lobatto
 from ..space import H1Space
 from .comm import agree, check_launch, collective, load_mpi, private_comm, spelling
 from .halo import Halo
 from .partition import box_indices, partition_box
 
-__all__ = ["BlockMesh", "DistributedMesh", "DistributedH1Space", "distribute_mesh", "distributed_box_mesh",
-           "distributed_kershaw_mesh",
+__all__ = ["BlockMesh", "DistributedMesh", "DistributedH1Space", "distribute_mesh",
+           "distributed_box_mesh", "distributed_kershaw_mesh",
            "is_distributed_mesh", "mesh_fingerprint"]
 
 

@@ -7,9 +7,10 @@
     mpiexec -n 3 python tests/mpi_cases.py poisson [--meshes box,block,kershaw,file] [--ps 1,2,3]
                                                    [--precond jacobi|pmg]
 
-``compare``: for each case, the distributed operator applied to a random vector and
-the distributed L2 projection (CG to 1e-13) against the serial ones on rank 0, which
-prints a line ``CASE {json}``; every rank prints ``DONE rank r``. The error cases
+``compare``: for each case, the distributed operators (mass, diffusion, Helmholtz)
+applied to a random vector and the distributed L2 projection (CG to 1e-13) against the
+serial ones on rank 0, which prints a line ``CASE {json}``; every rank prints
+``DONE rank r``. The error cases
 print ``ERROR rank r: <type>: <message>`` on every rank and exit with status 3, so
 an error that reached only some ranks shows as a missing line (or a timeout).
 
@@ -41,9 +42,15 @@ def _cases(dims, ps):
             yield dim, {1: 7, 2: 5, 3: 4}[dim] if p > 2 else {1: 9, 2: 6, 3: 4}[dim], p
 
 
+def _kappa(x):
+    return 1.0 + 0.5 * x[0] * x[0]
+
+
 def compare(comm, device, dims, ps):
     from smalltc import fem
-    from smalltc.fem.distributed import DistributedMassOperator, distributed_box_mesh
+    from smalltc.fem.distributed import (DistributedMassOperator, distributed_box_mesh,
+                                         distributed_diffusion_operator,
+                                         distributed_helmholtz_operator)
     rank = comm.Get_rank()
     for k, (dim, n, p) in enumerate(_cases(dims, ps)):
         mesh = fem.box_mesh(dim, n, distortion=0.05, geom_order=2)
@@ -57,6 +64,11 @@ def compare(comm, device, dims, ps):
         ghosts_zero = bool((y[xp.asarray(V.ghosts)] == 0).all()) if V.nghosts else True
         ghosts_filled = bool(np.array_equal(fem._device.to_host(x), V.global_to_local(xg)))
         yg = V.gather(y, root=0)
+        # the diffusion and Helmholtz operators (kappa a function of x), the same vector
+        K = distributed_diffusion_operator(V, kappa=_kappa, device=device)
+        H = distributed_helmholtz_operator(V, 2.0, kappa=_kappa, device=device)
+        ykg = V.gather(K(xp.asarray(V.global_to_local(xg))), root=0)
+        yhg = V.gather(H(xp.asarray(V.global_to_local(xg))), root=0)
         # the same through the staged transport (host copies; pinned memory on a GPU)
         Ms = DistributedMassOperator(V, xp.asarray(fem.mass_data(V.mesh.local, p + 2)),
                                      xp.asarray(fem.basis_1d(p, p + 2).B1d), transport="staged")
@@ -72,9 +84,16 @@ def compare(comm, device, dims, ps):
             ys = fem._device.to_host(fem.mass_operator(fem.H1Space(mesh, p), device=device)(
                 xp.asarray(xg)))
             ser = fem.l2_project(mesh, p, fem.smooth_function, tol=TOL, device=device)
+            Vs = fem.H1Space(mesh, p)
+            yks = fem._device.to_host(fem.diffusion_operator(Vs, kappa=_kappa, device=device)(
+                xp.asarray(xg)))
+            yhs = fem._device.to_host(fem.helmholtz_operator(Vs, 2.0, kappa=_kappa,
+                                                             device=device)(xp.asarray(xg)))
             rec = dict(dim=dim, n=n, p=p, ranks=comm.Get_size(), grid=res.distribution["grid"],
                        op_err=float(np.linalg.norm(yg - ys) / np.linalg.norm(ys)),
                        op_err_staged=float(np.linalg.norm(ysg - ys) / np.linalg.norm(ys)),
+                       op_err_diffusion=float(np.linalg.norm(ykg - yks) / np.linalg.norm(yks)),
+                       op_err_helmholtz=float(np.linalg.norm(yhg - yhs) / np.linalg.norm(yhs)),
                        u_err=float(np.linalg.norm(ug - ser.u) / np.linalg.norm(ser.u)),
                        iters=res.iterations, iters_serial=ser.iterations,
                        l2_error=res.l2_error, l2_error_serial=ser.l2_error,

@@ -90,6 +90,7 @@ def check_against_serial(res, n, ncases):
         assert c["ranks"] == n and len(c["grid"]) == c["dim"], what
         assert c["op_err"] <= 1e-12, f"{what}: M x differs from the serial one by {c['op_err']:.2e}"
         assert c["op_err_staged"] <= 1e-12, what
+        assert c["op_err_diffusion"] <= 1e-12 and c["op_err_helmholtz"] <= 1e-12, what
         assert c["u_err"] <= 1e-12, f"{what}: the projection differs by {c['u_err']:.2e}"
         assert c["iters"] == c["iters_serial"], what
         assert abs(c["l2_error"] - c["l2_error_serial"]) <= 1e-10 * c["l2_error_serial"], what

@@ -155,6 +155,9 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi"):
                                 precond=precond, **kw)
         ug = res.space.gather(res.u, root=0)
         owned = comm.gather(res.distribution["owned_dofs"], root=0)
+        if kind == "file":             # the L2 projection on the METIS parts too
+            proj = fem.l2_project(given, p, u, tol=TOL, device=device, comm=comm)
+            pg = proj.space.gather(proj.u, root=0)
         if rank == 0:
             ser = fem.solve_poisson(whole, p, f, **kw)
             if precond == "pmg":       # the iterations of the same preconditioner on one rank
@@ -166,6 +169,9 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi"):
                        l2_error=res.l2_error, l2_error_serial=ser.l2_error,
                        h1_error=res.h1_error, h1_error_serial=ser.h1_error,
                        owned=owned, ndofs=int(ser.u.size), device=res.device)
+            if kind == "file":
+                sp = fem.l2_project(whole, p, u, tol=TOL, device=device)
+                rec["proj_err"] = float(np.abs(pg - sp.u).max() / np.abs(sp.u).max())
             emit("CASE " + json.dumps(rec))
     emit(f"DONE rank {rank}")
 

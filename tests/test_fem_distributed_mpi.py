@@ -206,7 +206,9 @@ def test_distributed_poisson_on_a_mesh_file(n):
     pytest.importorskip("pymetis", reason="pymetis (pip install 'smalltc[mpi]')")
     res = mpirun(n, [sys.executable, CASES, "poisson", "--meshes", "file", "--ps", "1,2"],
                  timeout=300)
-    assert len(check_poisson(res, n, ["file"])) == 3
+    found = check_poisson(res, n, ["file"])
+    assert len(found) == 3
+    assert all(c["proj_err"] <= 1e-11 for c in found), found      # l2_project on the parts
 
 
 @needs_mpi

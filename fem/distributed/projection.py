@@ -125,7 +125,8 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
                  "allreduce": allreduce},
         device=where,
         distribution={
-            "rank": space.rank, "ranks": space.nranks, "grid": tuple(space.partition.grid),
+            "rank": space.rank, "ranks": space.nranks,
+            "grid": tuple(getattr(space.partition, "grid", ())),
             "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
             "elements": space.nelements, "transport": M.halo.transport,
             "transport_reason": M.halo.transport_reason, "gpu": gpu,

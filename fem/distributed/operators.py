@@ -290,7 +290,12 @@ def _space_and_device(space, comm, args, name, device):
     if where == "gpu":
         collective(comm, select_gpu, comm, what="selecting a GPU")
     if dspace is None:
-        dspace = DistributedH1Space(distribute_mesh(space.mesh, comm), space.p)
+        if type(space.mesh).__name__ == "BoxMesh":
+            dmesh = distribute_mesh(space.mesh, comm)
+        else:                               # an unstructured mesh: METIS parts
+            from .unstructured import partition_mesh
+            dmesh = partition_mesh(space.mesh, comm)
+        dspace = DistributedH1Space(dmesh, space.p)
     return dspace, where, resolve_device(where)
 
 

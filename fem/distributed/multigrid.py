@@ -16,8 +16,8 @@ V-cycle on a residual ``r`` (owner form in, owner form out):
   orders on each rank's elements, weighted by the *global* multiplicity of the fine
   nodes, the input's ghosts filled first (forward exchange) and the partial sums
   at shared nodes added onto their owners after (reverse exchange);
-* the coarsest level (order 1): Jacobi-CG with inner products summed across the ranks,
-  to a tight tolerance.
+* the coarsest level (order 1): Jacobi-CG with inner products summed across the ranks
+  (to ``coarse_tol``).
 
 The same smoothing before and after keeps the V-cycle symmetric, so the outer CG
 is plain CG; its iterations barely grow with ``p`` or the mesh and do not depend on
@@ -57,6 +57,18 @@ class DistributedTransfer:
     coarse_free, fine_free : ndarray of bool
         The free DoFs of each level (local vectors).
     xp : module
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import box_mesh
+    >>> from smalltc.fem.distributed import DistributedH1Space, distribute_mesh
+    >>> m = distribute_mesh(box_mesh(2, 2, distortion=0.05), MPI.COMM_SELF)
+    >>> Vc, Vf = DistributedH1Space(m, 1), DistributedH1Space(m, 3)
+    >>> T = DistributedTransfer(Vc, Vf, np.ones(Vc.nlocal, bool), np.ones(Vf.nlocal, bool))
+    >>> x1, x3 = Vc.local.dof_coordinates()[0], Vf.local.dof_coordinates()[0]
+    >>> bool(np.allclose(T.prolong(x1), x3))                 # x is in both spaces
+    True
     """
 
     def __init__(self, coarse, fine, coarse_free, fine_free, xp=np, dtype=np.float64):
@@ -115,7 +127,7 @@ class DistributedChebyshev:
     across the ranks by ``red``).
     """
 
-    def __init__(self, A, red, *, degree=2, lo=0.3, hi=1.1, iterations=12):
+    def __init__(self, A, red, *, degree=3, lo=0.3, hi=1.1, iterations=12):
         self.A, self.degree = A, int(degree)
         xp = A.xp
         self.inv = 1.0 / A.diagonal()
@@ -166,7 +178,7 @@ class DistributedPMultigrid:
         CG iterations of each coarse solve so far.
     """
 
-    def __init__(self, operators, smoothers, transfers, red, coarse_tol=1e-10):
+    def __init__(self, operators, smoothers, transfers, red, coarse_tol=1e-6):
         self.operators, self.smoothers, self.transfers = operators, smoothers, transfers
         self.orders = [A.op.space.p for A in operators]
         self.red, self.coarse_tol = red, float(coarse_tol)
@@ -201,7 +213,7 @@ class DistributedPMultigrid:
 
 
 def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature="gauss",
-                    orders=None, degree=2, coarse_tol=1e-10, backend="auto"):
+                    orders=None, degree=3, coarse_tol=1e-6, backend="auto"):
     """The distributed p-multigrid preconditioner of the constrained operator ``A`` (the
     finest level; collective).
 
@@ -219,9 +231,10 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
     orders : list of int, optional
         The levels' orders, finest first; :func:`~smalltc.fem.multigrid.pmg_orders`.
     degree : int
-        Chebyshev degree of each smoothing.
+        Chebyshev degree of each smoothing (3, as the serial :func:`~smalltc.fem.pmg`).
     coarse_tol : float
-        The coarse CG's relative residual target.
+        The coarse CG's relative residual target (tighter targets cost coarse
+        iterations and leave the outer iterations as they are).
 
     Returns
     -------

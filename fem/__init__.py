@@ -25,7 +25,7 @@ Examples
 True
 """
 
-from .api import cg, l2_project, mass_operator
+from .api import cg, diffusion_operator, helmholtz_operator, l2_project, mass_operator
 from .basis import Basis1D, barycentric_weights, basis_1d, differentiation_matrix, lagrange_basis
 from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
 from .chebyshev import Chebyshev, chebyshev, estimate_lambda_max
@@ -53,8 +53,6 @@ from .operators import (
     AssembledOperator,
     MassOperator,
     Operator,
-    diffusion_operator,
-    helmholtz_operator,
 )
 from .poisson import (
     PoissonProblem,

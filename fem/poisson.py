@@ -198,6 +198,11 @@ class PoissonProblem:
         return sol
 
 
+def _distributed(mesh, comm):
+    """Is this call for the distributed layer (``comm`` given, or a distributed mesh)?"""
+    return comm is not None or all(hasattr(mesh, a) for a in ("comm", "local"))
+
+
 def _as_mesh(mesh):
     if hasattr(mesh, "nodes"):
         return mesh
@@ -206,14 +211,18 @@ def _as_mesh(mesh):
 
 
 def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=None,
-                    precond="jacobi", quadrature="gauss", device="auto", pmg_options=None):
+                    precond="jacobi", quadrature="gauss", device="auto", pmg_options=None,
+                    comm=None):
     """Set up ``-div(kappa grad u) = f`` with its boundary conditions (no solve).
 
-    Parameters are those of :func:`solve_poisson`.
+    Parameters are those of :func:`solve_poisson` (``comm`` too: the problem of this
+    rank's part, :func:`smalltc.fem.distributed.poisson.poisson_problem_distributed`).
 
     Returns
     -------
     PoissonProblem
+        A :class:`~smalltc.fem.distributed.poisson.DistributedPoissonProblem` with
+        ``comm`` or a distributed mesh (local vectors; ``solve`` is collective).
 
     Examples
     --------
@@ -223,6 +232,12 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
     >>> bool(sol.converged), prob.bc.dofs.size
     (True, 16)
     """
+    if _distributed(mesh, comm):
+        from .distributed.poisson import poisson_problem_distributed
+        return poisson_problem_distributed(
+            mesh, p, f, dirichlet=dirichlet, neumann=neumann, kappa=kappa, nq=nq,
+            precond=precond, quadrature=quadrature, device=device, pmg_options=pmg_options,
+            comm=comm)
     if precond not in PRECONDS:
         raise ValueError(f"precond must be one of {list(PRECONDS)}, got {precond!r}")
     if pmg_options and precond != "pmg":
@@ -344,6 +359,10 @@ class PoissonResult:
         :class:`PoissonProblem`), ``"solve"`` (CG) and ``"error"`` (both errors, one
         pass).
     device : str
+    distribution : dict or None
+        A distributed solve's (``comm=``): this rank's share (``rank``, ``ranks``,
+        ``owned_dofs``, ``local_dofs``, ``global_dofs``, ``elements``, the halo's
+        ``transport``, ``gpu``); None for a serial solve.
     """
 
     u: np.ndarray
@@ -355,11 +374,12 @@ class PoissonResult:
     problem: PoissonProblem = None
     timings: dict = field(default_factory=dict)
     device: str = "cpu"
+    distribution: dict = None
 
 
 def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact=None, nq=None,
                   precond="jacobi", tol=1e-10, maxiter=None, quadrature="gauss", device="auto",
-                  pmg_options=None):
+                  pmg_options=None, comm=None):
     """Solve ``-div(kappa grad u) = f`` with Dirichlet and Neumann conditions.
 
     Parameters
@@ -395,10 +415,20 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
     quadrature : str
     device : {"auto", "cpu", "gpu"}
         Where the operator and CG run.
+    comm : mpi4py communicator, optional
+        Solve over its ranks (collective; every rank passes the same arguments):
+        ``mesh`` the whole box mesh, a
+        :class:`~smalltc.fem.distributed.DistributedMesh` (then ``comm`` may be left
+        out), or a file or unstructured mesh (partitioned by METIS on rank 0).
+        ``precond`` is ``"jacobi"`` or None; on GPUs each rank takes one
+        (:func:`~smalltc.fem.distributed.select_gpu`).
+        See :func:`smalltc.fem.distributed.poisson.solve_poisson_distributed`.
 
     Returns
     -------
     PoissonResult
+        Distributed: ``u`` is this rank's local vector and ``distribution`` says
+        what it held; the iterations and errors are global.
 
     Raises
     ------
@@ -418,6 +448,12 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
     >>> res.l2_error < 1e-9
     True
     """
+    if _distributed(mesh, comm):
+        from .distributed.poisson import solve_poisson_distributed
+        return solve_poisson_distributed(
+            mesh, p, f, dirichlet=dirichlet, neumann=neumann, kappa=kappa, exact=exact, nq=nq,
+            precond=precond, tol=tol, maxiter=maxiter, quadrature=quadrature, device=device,
+            pmg_options=pmg_options, comm=comm)
     t0 = time.perf_counter()
     prob = poisson_problem(mesh, p, f, dirichlet=dirichlet, neumann=neumann, kappa=kappa, nq=nq,
                            precond=precond, quadrature=quadrature, device=device,

@@ -4,12 +4,22 @@
     mpiexec -n 2 python tests/mpi_cases.py mismatch        # p differs across ranks
     mpiexec -n 2 python tests/mpi_cases.py local-failure   # f fails on rank 1 only
     mpiexec -n 5 python tests/mpi_cases.py unpartitionable # a 2 x 2 mesh over 5 ranks
+    mpiexec -n 3 python tests/mpi_cases.py poisson [--meshes box,block,kershaw,file] [--ps 1,2,3]
+                                                   [--precond jacobi|pmg]
 
-``compare``: for each case, the distributed operator applied to a random vector and
-the distributed L2 projection (CG to 1e-13) against the serial ones on rank 0, which
-prints a line ``CASE {json}``; every rank prints ``DONE rank r``. The error cases
+``compare``: for each case, the distributed operators (mass, diffusion, Helmholtz)
+applied to a random vector and the distributed L2 projection (CG to 1e-13) against the
+serial ones on rank 0, which prints a line ``CASE {json}``; every rank prints
+``DONE rank r``. The error cases
 print ``ERROR rank r: <type>: <message>`` on every rank and exit with status 3, so
 an error that reached only some ranks shows as a missing line (or a timeout).
+
+``poisson``: ``-div(kappa grad u) = f`` with ``u = exp(x + y/2 [+ z/4])``, Dirichlet on
+the boundary but for a Neumann side (``kappa du/dn`` there), solved by the distributed
+Jacobi-CG to 1e-13 and compared with the serial solve on rank 0 (one ``CASE`` line each):
+the whole box mesh cut into blocks (``box``), blocks built per rank (``block``: box,
+``kershaw``), and a mesh file partitioned by METIS (``file``). With ``--precond pmg``
+the iterations are compared with the same p-multigrid on one rank.
 """
 import argparse
 import json
@@ -32,9 +42,15 @@ def _cases(dims, ps):
             yield dim, {1: 7, 2: 5, 3: 4}[dim] if p > 2 else {1: 9, 2: 6, 3: 4}[dim], p
 
 
+def _kappa(x):
+    return 1.0 + 0.5 * x[0] * x[0]
+
+
 def compare(comm, device, dims, ps):
     from smalltc import fem
-    from smalltc.fem.distributed import DistributedMassOperator, distributed_box_mesh
+    from smalltc.fem.distributed import (DistributedMassOperator, distributed_box_mesh,
+                                         distributed_diffusion_operator,
+                                         distributed_helmholtz_operator)
     rank = comm.Get_rank()
     for k, (dim, n, p) in enumerate(_cases(dims, ps)):
         mesh = fem.box_mesh(dim, n, distortion=0.05, geom_order=2)
@@ -48,6 +64,11 @@ def compare(comm, device, dims, ps):
         ghosts_zero = bool((y[xp.asarray(V.ghosts)] == 0).all()) if V.nghosts else True
         ghosts_filled = bool(np.array_equal(fem._device.to_host(x), V.global_to_local(xg)))
         yg = V.gather(y, root=0)
+        # the diffusion and Helmholtz operators (kappa a function of x), the same vector
+        K = distributed_diffusion_operator(V, kappa=_kappa, device=device)
+        H = distributed_helmholtz_operator(V, 2.0, kappa=_kappa, device=device)
+        ykg = V.gather(K(xp.asarray(V.global_to_local(xg))), root=0)
+        yhg = V.gather(H(xp.asarray(V.global_to_local(xg))), root=0)
         # the same through the staged transport (host copies; pinned memory on a GPU)
         Ms = DistributedMassOperator(V, xp.asarray(fem.mass_data(V.mesh.local, p + 2)),
                                      xp.asarray(fem.basis_1d(p, p + 2).B1d), transport="staged")
@@ -63,9 +84,16 @@ def compare(comm, device, dims, ps):
             ys = fem._device.to_host(fem.mass_operator(fem.H1Space(mesh, p), device=device)(
                 xp.asarray(xg)))
             ser = fem.l2_project(mesh, p, fem.smooth_function, tol=TOL, device=device)
+            Vs = fem.H1Space(mesh, p)
+            yks = fem._device.to_host(fem.diffusion_operator(Vs, kappa=_kappa, device=device)(
+                xp.asarray(xg)))
+            yhs = fem._device.to_host(fem.helmholtz_operator(Vs, 2.0, kappa=_kappa,
+                                                             device=device)(xp.asarray(xg)))
             rec = dict(dim=dim, n=n, p=p, ranks=comm.Get_size(), grid=res.distribution["grid"],
                        op_err=float(np.linalg.norm(yg - ys) / np.linalg.norm(ys)),
                        op_err_staged=float(np.linalg.norm(ysg - ys) / np.linalg.norm(ys)),
+                       op_err_diffusion=float(np.linalg.norm(ykg - yks) / np.linalg.norm(yks)),
+                       op_err_helmholtz=float(np.linalg.norm(yhg - yhs) / np.linalg.norm(yhs)),
                        u_err=float(np.linalg.norm(ug - ser.u) / np.linalg.norm(ser.u)),
                        iters=res.iterations, iters_serial=ser.iterations,
                        l2_error=res.l2_error, l2_error_serial=ser.l2_error,
@@ -74,6 +102,76 @@ def compare(comm, device, dims, ps):
                        device=res.device, transport=res.distribution["transport"],
                        transport_reason=res.distribution["transport_reason"],
                        gpus=[f[2] for f in flags])
+            emit("CASE " + json.dumps(rec))
+    emit(f"DONE rank {rank}")
+
+
+def _exact(dim):
+    c = (1.0, 0.5, 0.25)[:dim]
+    u = lambda x: np.exp(sum(ci * xi for ci, xi in zip(c, x)))            # noqa: E731
+    grad = lambda x: np.stack([ci * u(x) for ci in c])                   # noqa: E731
+    lap = sum(ci * ci for ci in c)
+    return u, grad, lap
+
+
+def _poisson_meshes(comm, kinds, dims, ps):
+    """(label, whole serial mesh, what the distributed solve gets, p) for each case."""
+    from smalltc import fem
+    from smalltc.fem.distributed import distributed_box_mesh, distributed_kershaw_mesh
+    for kind in kinds:
+        for dim in dims:
+            for p in ps:
+                n = {2: 4, 3: 3}[dim] if p > 1 else {2: 5, 3: 3}[dim]
+                if kind == "box":
+                    mesh = fem.box_mesh(dim, n, distortion=0.05, geom_order=2)
+                    yield kind, mesh, mesh, p
+                elif kind == "block":
+                    yield (kind, fem.box_mesh(dim, n, distortion=0.05),
+                           distributed_box_mesh(dim, n, comm, distortion=0.05), p)
+                elif kind == "kershaw":
+                    shape = (6,) + (2,) * (dim - 1) if dim == 3 or p > 2 else (6, 4)
+                    yield (kind, fem.kershaw_mesh(shape, 0.3, dim=dim),
+                           distributed_kershaw_mesh(shape, comm, 0.3, dim=dim), p)
+                elif kind == "file" and (dim == 2 or p == 1):
+                    path = fem.demo_mesh_path(dim)
+                    yield kind, fem.read_mesh(path), path, p
+
+
+def poisson(comm, device, kinds, dims, ps, precond="jacobi"):
+    from mpi4py import MPI
+
+    from smalltc import fem
+    rank = comm.Get_rank()
+    for kind, whole, given, p in _poisson_meshes(comm, kinds, dims, ps):
+        dim = whole.dim
+        u, grad, lap = _exact(dim)
+        kappa = 2.0
+        f = lambda x, u=u, lap=lap: -kappa * lap * u(x)                  # noqa: E731
+        side = "outer" if kind == "file" else "xmax"     # Neumann there, Dirichlet elsewhere
+        h = lambda x, n, grad=grad: kappa * (grad(x) * n).sum(axis=0)    # noqa: E731
+        kw = dict(dirichlet={None: u}, neumann={side: h}, kappa=kappa, exact=(u, grad),
+                  tol=TOL, device=device)
+        res = fem.solve_poisson(given, p, f, comm=comm if kind in ("box", "file") else None,
+                                precond=precond, **kw)
+        ug = res.space.gather(res.u, root=0)
+        owned = comm.gather(res.distribution["owned_dofs"], root=0)
+        if kind == "file":             # the L2 projection on the METIS parts too
+            proj = fem.l2_project(given, p, u, tol=TOL, device=device, comm=comm)
+            pg = proj.space.gather(proj.u, root=0)
+        if rank == 0:
+            ser = fem.solve_poisson(whole, p, f, **kw)
+            if precond == "pmg":       # the iterations of the same preconditioner on one rank
+                one = fem.solve_poisson(whole, p, f, comm=MPI.COMM_SELF, precond="pmg", **kw)
+                ser.iterations = one.iterations
+            rec = dict(kind=kind, dim=dim, p=p, ranks=comm.Get_size(), precond=precond,
+                       u_err=float(np.abs(ug - ser.u).max() / np.abs(ser.u).max()),
+                       iters=res.iterations, iters_serial=ser.iterations,
+                       l2_error=res.l2_error, l2_error_serial=ser.l2_error,
+                       h1_error=res.h1_error, h1_error_serial=ser.h1_error,
+                       owned=owned, ndofs=int(ser.u.size), device=res.device)
+            if kind == "file":
+                sp = fem.l2_project(whole, p, u, tol=TOL, device=device)
+                rec["proj_err"] = float(np.abs(pg - sp.u).max() / np.abs(sp.u).max())
             emit("CASE " + json.dumps(rec))
     emit(f"DONE rank {rank}")
 
@@ -89,7 +187,10 @@ def _expect_error(comm, fn):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=("compare", "mismatch", "local-failure", "unpartitionable"))
+    ap.add_argument("case", choices=("compare", "mismatch", "local-failure", "unpartitionable",
+                                     "poisson"))
+    ap.add_argument("--meshes", default="box,block,kershaw,file")
+    ap.add_argument("--precond", default="jacobi", choices=("jacobi", "pmg"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     ap.add_argument("--dims", default="2,3")
     ap.add_argument("--ps", default="1,2,3,4")
@@ -102,6 +203,9 @@ def main(argv=None):
     if args.case == "compare":
         compare(comm, args.device, [int(d) for d in args.dims.split(",")],
                 [int(p) for p in args.ps.split(",")])
+    elif args.case == "poisson":
+        poisson(comm, args.device, args.meshes.split(","), [int(d) for d in args.dims.split(",")],
+                [int(p) for p in args.ps.split(",")], args.precond)
     elif args.case == "mismatch":
         _expect_error(comm, lambda: fem.l2_project(fem.box_mesh(2, 4), 2 + rank, 1.0,
                                                    device=args.device, comm=comm))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import smalltc
+from smalltc import fem
 from smalltc.fem import H1Space, basis_1d, box_mesh, cg, jacobi, l2_project, mass_data
 from smalltc.fem.mesh import BoxMesh, _place, _reference_coordinates
 from smalltc.fem.distributed.partition import box_indices, partition_box, process_grid
@@ -231,3 +232,95 @@ def test_demo_mpi_without_mpi_says_what_is_missing():
                "sys.exit(main(['demo', '--mpi', '--quick']))\n",
                MPI4PY_LIBMPI="/nonexistent/libmpi.so")
     assert res.returncode == 2 and "loads no MPI library" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("dim,p", [(2, 2), (3, 1)])
+def test_one_rank_poisson_is_the_serial_solve(dim, p):
+    """comm=COMM_SELF: the same operator calls and the same CG as the serial solve."""
+    u = lambda x: np.exp(x[0] + 0.5 * x[1])                                    # noqa: E731
+    mesh = fem.box_mesh(dim, 3, distortion=0.05)
+    kw = dict(dirichlet={None: u}, neumann={"xmax": lambda x: 2.0 * u(x)}, kappa=2.0, exact=u,
+              tol=1e-12, device="cpu")
+    f = lambda x: -2.5 * u(x)                                                  # noqa: E731
+    ser = fem.solve_poisson(mesh, p, f, **kw)
+    res = fem.solve_poisson(mesh, p, f, comm=MPI.COMM_SELF, **kw)
+    assert res.distribution["ranks"] == 1 and res.iterations == ser.iterations
+    assert np.abs(res.space.gather(res.u) - ser.u).max() <= 1e-12 * np.abs(ser.u).max()
+    assert abs(res.l2_error - ser.l2_error) <= 1e-12 * ser.l2_error
+    assert abs(res.h1_error - ser.h1_error) <= 1e-12 * ser.h1_error
+
+
+def test_distributed_poisson_errors():
+    mesh = fem.box_mesh(2, 2)
+    with pytest.raises(ValueError, match="precond in"):
+        fem.solve_poisson(mesh, 1, 1.0, precond="chebyshev", comm=MPI.COMM_SELF, device="cpu")
+    with pytest.raises(KeyError, match="no boundary region 'top'"):
+        fem.solve_poisson(mesh, 1, 1.0, dirichlet={"top": 0.0}, comm=MPI.COMM_SELF,
+                          device="cpu")
+    with pytest.raises(ValueError, match="singular"):
+        fem.solve_poisson(mesh, 1, 1.0, neumann={"xmin": 0.0}, dirichlet={}, comm=MPI.COMM_SELF,
+                          device="cpu")
+
+
+def test_element_graph_and_metis_parts():
+    """The annulus's element graph is symmetric with a neighbour per shared facet; METIS
+    splits it into connected non-empty parts."""
+    from smalltc.fem.distributed.unstructured import element_graph, metis_parts
+    mesh = fem.read_mesh(fem.demo_mesh_path(2))
+    xadj, adj = element_graph(mesh.vertices, 2)
+    pairs = {(e, int(q)) for e in range(mesh.nelements) for q in adj[xadj[e]:xadj[e + 1]]}
+    assert pairs == {(q, e) for e, q in pairs}
+    _, _, counts = fem.topology.boundary_facets_of(mesh.vertices, 2)
+    assert len(pairs) == 2 * int((counts == 2).sum())
+    assert metis_parts(mesh, 1).tolist() == [0] * mesh.nelements
+    with pytest.raises(ValueError, match="run at most 16 ranks"):
+        metis_parts(mesh, 17)
+    pytest.importorskip("pymetis", reason="pymetis (pip install 'smalltc[mpi]')")
+    parts = metis_parts(mesh, 3)
+    assert sorted(set(parts.tolist())) == [0, 1, 2]
+
+
+def test_metis_missing_names_the_extra(monkeypatch):
+    import builtins
+    from smalltc.fem.distributed.unstructured import metis_parts
+    real = builtins.__import__
+
+    def no_pymetis(name, *args, **kwargs):
+        if name == "pymetis":
+            raise ImportError("No module named 'pymetis'")
+        return real(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_pymetis)
+    with pytest.raises(ImportError, match=r"pip install 'smalltc\[mpi\]'"):
+        metis_parts(fem.read_mesh(fem.demo_mesh_path(2)), 2)
+
+
+def test_one_rank_file_mesh_poisson_is_serial():
+    """A mesh file over one rank: the part is the whole mesh, the solve the serial one."""
+    u = lambda x: np.exp(x[0] + 0.5 * x[1])                                    # noqa: E731
+    path = fem.demo_mesh_path(2)
+    kw = dict(dirichlet={None: u}, neumann={"outer": 0.0}, exact=u, tol=1e-12, device="cpu")
+    f = lambda x: -1.25 * u(x)                                                 # noqa: E731
+    ser = fem.solve_poisson(path, 2, f, **kw)
+    res = fem.solve_poisson(path, 2, f, comm=MPI.COMM_SELF, **kw)
+    assert type(res.space).__name__ == "PartitionedH1Space" and res.space.nghosts == 0
+    assert res.iterations == ser.iterations
+    assert np.abs(res.space.gather(res.u) - ser.u).max() <= 1e-12 * np.abs(ser.u).max()
+    assert abs(res.l2_error - ser.l2_error) <= 1e-12 * ser.l2_error
+
+
+def test_one_rank_pmg_solves_the_serial_problem():
+    """precond="pmg" on one rank: the serial solution, in a few iterations."""
+    u = lambda x: np.exp(x[0] + 0.5 * x[1])                                    # noqa: E731
+    mesh = fem.box_mesh(2, 3, distortion=0.05)
+    kw = dict(dirichlet={None: u}, exact=u, tol=1e-12, device="cpu")
+    f = lambda x: -1.25 * u(x)                                                 # noqa: E731
+    ser = fem.solve_poisson(mesh, 4, f, **kw)
+    res = fem.solve_poisson(mesh, 4, f, comm=MPI.COMM_SELF, precond="pmg",
+                            pmg_options={"degree": 3}, **kw)
+    P = res.problem.precond
+    assert P.orders == [4, 2, 1] and P.smoothers[0].degree == 3
+    assert res.iterations < ser.iterations / 4
+    assert np.abs(res.space.gather(res.u) - ser.u).max() <= 1e-9 * np.abs(ser.u).max()
+    with pytest.raises(ValueError, match="not taken by the distributed p-multigrid"):
+        fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, precond="pmg",
+                          pmg_options={"smoother": "schwarz"}, **kw)

@@ -512,10 +512,10 @@ def test_serial_layer_imports_nothing_of_the_distributed_one():
         assert "from .distributed" not in src and "import mpi4py" not in src, name
 
 
-def test_distributed_path_refuses_a_file_mesh_by_name():
+def test_distribute_mesh_points_a_file_mesh_to_partition_mesh():
     from smalltc.fem.distributed.space import distribute_mesh
     m = fem.read_mesh(fem.meshes.demo_mesh_path(2))
-    with pytest.raises(TypeError, match="partitions box meshes.*UnstructuredMesh"):
+    with pytest.raises(TypeError, match="cuts box meshes.*UnstructuredMesh.*partition_mesh"):
         distribute_mesh(m, None)
 
 

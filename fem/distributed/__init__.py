@@ -12,10 +12,19 @@ rank takes the node-local rank modulo the device count, and the halo hands
 device buffers to a CUDA-aware MPI or stages them through page-locked host
 memory, decided at run time (:attr:`.halo.Halo.transport`).
 
-Entry points: ``smalltc.fem.l2_project(mesh, p, f, comm=MPI.COMM_WORLD)`` and
-``mpiexec -n 2 smalltc demo --mpi``. A serial run never imports mpi4py; this
-package imports it only when a distributed object is built
-(:func:`.comm.load_mpi`, which says what is missing).
+Beyond box meshes: Kershaw meshes built per rank (:func:`.space.distributed_kershaw_mesh`)
+and unstructured meshes (files) partitioned by METIS on rank 0
+(:func:`.unstructured.partition_mesh`). Besides the mass operator, the diffusion and
+Helmholtz operators (:class:`.operators.DistributedOperator`), the Poisson solve with
+Dirichlet and Neumann sides (:mod:`.poisson`) and its p-multigrid preconditioner
+(:mod:`.multigrid`).
+
+Entry points: ``smalltc.fem.l2_project(mesh, p, f, comm=MPI.COMM_WORLD)``,
+``smalltc.fem.solve_poisson(mesh, p, f, ..., comm=MPI.COMM_WORLD)`` (and
+``poisson_problem``), and ``mpiexec -n 2 smalltc demo --mpi``. A serial run never
+imports mpi4py; this package imports it only when a distributed object is built
+(:func:`.comm.load_mpi`, which says what is missing), and pymetis only to partition
+an unstructured mesh over several ranks.
 
 Every argument is checked to agree across the ranks, and a failure on some
 ranks is raised on all of them (:func:`.comm.collective`), so a bad call ends
@@ -35,25 +44,40 @@ Run under ``mpiexec -n 2 python script.py`` (here one rank):
 
 from .comm import RankError, Reducer, agree, collective, cuda_aware, load_mpi, select_gpu
 from .halo import Halo
-from .operators import DistributedMassOperator
+from .multigrid import DistributedPMultigrid, distributed_pmg
+from .operators import (DistributedMassOperator, DistributedOperator,
+                        distributed_diffusion_operator, distributed_helmholtz_operator)
 from .partition import BlockPartition, partition_box, process_grid
-from .space import DistributedH1Space, DistributedMesh, distribute_mesh, distributed_box_mesh
+from .unstructured import PartitionedH1Space, PartitionedMesh, PartMesh, partition_mesh
+from .space import (BlockMesh, DistributedH1Space, DistributedMesh, distribute_mesh,
+                    distributed_box_mesh, distributed_kershaw_mesh)
 
 __all__ = [
+    "BlockMesh",
     "BlockPartition",
     "DistributedH1Space",
     "DistributedMassOperator",
+    "DistributedOperator",
+    "DistributedPMultigrid",
     "DistributedMesh",
     "Halo",
+    "PartMesh",
+    "PartitionedH1Space",
+    "PartitionedMesh",
     "RankError",
     "Reducer",
     "agree",
     "collective",
     "cuda_aware",
     "distribute_mesh",
+    "distributed_diffusion_operator",
+    "distributed_helmholtz_operator",
+    "distributed_kershaw_mesh",
+    "distributed_pmg",
     "distributed_box_mesh",
     "load_mpi",
     "partition_box",
+    "partition_mesh",
     "process_grid",
     "select_gpu",
 ]

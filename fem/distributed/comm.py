@@ -189,10 +189,17 @@ def spelling(value):
     --------
     >>> spelling(np.sin), spelling(0.05)
     ('numpy.sin', '0.05')
+    >>> from smalltc.fem import Kershaw
+    >>> spelling(Kershaw(0.3))                  # a callable instance: by its parameters
+    'smalltc.fem.mesh.Kershaw(epsy=0.3, epsz=0.3)'
+
     """
     if callable(value):
-        name = getattr(value, "__qualname__", type(value).__qualname__)
-        return f"{getattr(value, '__module__', None) or type(value).__module__}.{name}"
+        module = getattr(value, "__module__", None) or type(value).__module__
+        if hasattr(value, "__qualname__"):                  # a function or a class
+            return f"{module}.{value.__qualname__}"
+        text = repr(value)                                  # an instance, e.g. Kershaw(...)
+        return f"{module}.{text if ' at 0x' not in text else type(value).__qualname__}"
     return repr(value)
 
 

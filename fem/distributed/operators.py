@@ -1,24 +1,27 @@
-"""The distributed mass operator: the fused operator on each rank's block, plus the halo.
+"""The distributed operators (mass, diffusion, Helmholtz): the fused operator on each
+rank's elements, plus the halo.
 
-``y = M x`` for local vectors (:mod:`.space`): each rank applies
-:func:`smalltc.mass_apply` to its elements in its local numbering, then the
+``y = A x`` for local vectors (:mod:`.space`): each rank applies the fused
+operator of the family (:func:`smalltc.mass_apply` for mass,
+:func:`smalltc.operator_apply` for ``"diffusion"`` (:func:`smalltc.diffusion_apply`)
+and ``"helmholtz"``) to its elements in its local numbering, then the
 contributions to shared nodes are summed onto their owners. The elements are
 split in two sets, so that the messages travel while most of the work runs:
 
 1. start the forward exchange (owners send ``x`` at shared nodes to the ranks
    that hold them as ghosts);
-2. *interior* elements (touching no ghost): ``mass_apply`` into ``y``;
+2. *interior* elements (touching no ghost): the fused operator into ``y``;
 3. finish the forward exchange: ``x``'s ghosts now hold their owners' values;
 4. *ghost* elements (the block's last layer towards each upper neighbour):
-   ``mass_apply`` on a compact vector of just their nodes;
+   the operator on a compact vector of just their nodes;
 5. start the reverse exchange (their results at ghosts go to the owners), add
    their results into ``y``, finish it (received values added to owned nodes,
    ghosts zeroed).
 
 So ``y`` comes out in owner form (zero ghosts) and ``x``'s ghosts are filled in
 place. On one rank there is nothing to exchange and ``apply`` is exactly the
-serial :class:`~smalltc.fem.operators.MassOperator` (the same call, the same bits).
-On a GPU the interior ``mass_apply`` is queued before the host waits for the
+serial :class:`~smalltc.fem.operators.Operator` (the same call, the same bits).
+On a GPU the interior elements' kernel is queued before the host waits for the
 messages, so the exchange overlaps it.
 """
 
@@ -29,37 +32,43 @@ from smalltc._arrays import is_cupy
 
 from .._device import device_name, resolve_device
 from ..basis import basis_1d
-from ..geometry import mass_data
-from ..operators import MassOperator
+from ..geometry import diffusion_data, mass_data
+from ..operators import Operator, _operator_basis
 from .comm import agree, collective, load_mpi, select_gpu, spelling
 from .space import DistributedH1Space, distribute_mesh
 
-__all__ = ["DistributedMassOperator", "distributed_mass_operator"]
+__all__ = ["DistributedOperator", "DistributedMassOperator", "distributed_mass_operator",
+           "distributed_diffusion_operator", "distributed_helmholtz_operator"]
 
 
-class DistributedMassOperator:
-    """Matrix-free mass operator of a :class:`~.space.DistributedH1Space` (fused, per rank).
+class DistributedOperator:
+    """Matrix-free operator of the family on a :class:`~.space.DistributedH1Space`
+    (fused, per rank): ``qfunc`` ``"mass"``, ``"diffusion"`` or ``"helmholtz"``.
 
-    Collective to build (each rank its own block's data).
+    Collective to build (each rank its own elements' data).
 
     Parameters
     ----------
     space : DistributedH1Space
-    D : ndarray, shape (E_local, nq, ..., nq)
-        Quadrature data of the rank's elements (C order within its block), e.g.
-        ``mass_data(space.mesh.local, nq)``; NumPy or CuPy (a CuPy ``D`` puts the
-        operator on the GPU).
-    B1d : ndarray, shape (nq, nd)
+    data : ndarray or pair of ndarrays
+        The rank's elements' point data, as for :class:`smalltc.fem.operators.Operator`:
+        ``D`` (mass, e.g. ``mass_data(space.mesh.local, nq)``), ``Q`` (diffusion),
+        ``(D, Q)`` (Helmholtz); NumPy or CuPy (CuPy puts the operator on the GPU).
+    B1d : ndarray, shape (nq, nd), or None
+        None: the collocated form (not for mass).
+    G1d : ndarray, shape (nq, nd), optional
+        For diffusion and Helmholtz.
+    qfunc : {"mass", "diffusion", "helmholtz"}
     backend : str
-        Passed to :func:`smalltc.mass_apply`.
+        Passed to :func:`smalltc.operator_apply` (:func:`smalltc.mass_apply`).
     deterministic : bool
-        Passed to :func:`smalltc.mass_apply` (the same bits every run on a GPU).
+        Passed to the fused operator (the same bits every run on a GPU).
     transport : str, optional
         The halo's (:class:`~.halo.Halo`); by default chosen at run time.
 
     Attributes
     ----------
-    space, xp, dtype, B1d
+    space, xp, dtype, qfunc, B1d, G1d
     halo : Halo
         This operator's exchange (its ``seconds`` time the halo work).
     interior, boundary : ndarray of int64
@@ -68,41 +77,47 @@ class DistributedMassOperator:
     Raises
     ------
     ValueError
-        On every rank, when ``D`` or ``B1d`` does not fit some rank's space.
+        On every rank, when the data or the bases do not fit some rank's space.
 
     Examples
     --------
     >>> from mpi4py import MPI
-    >>> from smalltc.fem import basis_1d, box_mesh, mass_data
+    >>> from smalltc.fem import basis_1d, box_mesh, diffusion_data
     >>> from smalltc.fem.distributed import DistributedH1Space, distribute_mesh
     >>> V = DistributedH1Space(distribute_mesh(box_mesh(2, 3), MPI.COMM_SELF), p=2)
-    >>> M = DistributedMassOperator(V, mass_data(V.mesh.local, 4), basis_1d(2, 4).B1d)
-    >>> print(round(float(M(np.ones(V.nlocal)).sum()), 12))     # 1^T M 1 = area
-    1.0
+    >>> b = basis_1d(2, 4)
+    >>> K = DistributedOperator(V, diffusion_data(V.mesh.local, 4), b.B1d, b.G1d,
+    ...                         qfunc="diffusion")
+    >>> float(abs(K(np.ones(V.nlocal))).max()) < 1e-12          # K 1 = 0
+    True
     """
 
-    def __init__(self, space, D, B1d, *, backend="auto", deterministic=False, transport=None):
-        collective(space.comm, self._setup, space, D, B1d, backend, deterministic, transport,
-                   what="building the distributed mass operator")
+    def __init__(self, space, data, B1d, G1d=None, *, qfunc="mass", backend="auto",
+                 deterministic=False, transport=None):
+        collective(space.comm, self._setup, space, data, B1d, G1d, qfunc, backend,
+                   deterministic, transport, what=f"building the distributed {qfunc} operator")
 
-    def _setup(self, space, D, B1d, backend, deterministic, transport):
-        # the serial operator of the block: checks D and B1d, holds them in their module
-        local = MassOperator(space.local, D, B1d, backend=backend, deterministic=deterministic)
+    def _setup(self, space, data, B1d, G1d, qfunc, backend, deterministic, transport):
+        # the serial operator of the rank's elements: checks the data and the bases, holds
+        # them in their module
+        local = Operator(space.local, data, B1d, G1d, qfunc=qfunc, backend=backend,
+                         deterministic=deterministic)
         xp = local.xp
-        self.space, self.xp, self.dtype = space, xp, local.dtype
-        self.B1d, self.backend, self.deterministic = local.B1d, backend, bool(deterministic)
-        ghost_el = space.partition.ghost_elements(space.rank)
+        self.space, self.xp, self.dtype, self.qfunc = space, xp, local.dtype, qfunc
+        self.B1d, self.G1d = local.B1d, local.G1d
+        self.backend, self.deterministic = backend, bool(deterministic)
+        ghost_el = space.ghost_elements()
         self.interior = np.flatnonzero(~ghost_el)
         self.boundary = np.flatnonzero(ghost_el)
         emap = space.local.elem_dofs
         itype = np.int32 if space.nlocal < 2**31 else np.int64
         if self.boundary.size == 0:                     # nothing to exchange: the serial operator
-            self.D_int, self.map_int = local.D, local.dof_map
-            self.D_bnd = self.map_bnd = self.bdofs = self.ghost_pos = None
+            self.data_int, self.map_int = local.data, local.dof_map
+            self.data_bnd = self.map_bnd = self.bdofs = self.ghost_pos = None
         else:
-            self.D_int = xp.ascontiguousarray(local.D[xp.asarray(self.interior)])
+            self.data_int = _rows(local.data, xp.asarray(self.interior), xp)
             self.map_int = xp.asarray(emap[self.interior].astype(itype))
-            self.D_bnd = xp.ascontiguousarray(local.D[xp.asarray(self.boundary)])
+            self.data_bnd = _rows(local.data, xp.asarray(self.boundary), xp)
             bmap = emap[self.boundary]
             bdofs = np.unique(bmap)
             self.bdofs = xp.asarray(bdofs)
@@ -131,7 +146,9 @@ class DistributedMassOperator:
     def __repr__(self):
         s = self.space
         where = "" if self.xp is np else ", device='gpu'"
-        return (f"DistributedMassOperator(dim={s.dim}, p={s.p}, nq={self.B1d.shape[0]}, "
+        q = "" if self.qfunc == "mass" else f"qfunc={self.qfunc!r}, "
+        nq = (self.B1d if self.B1d is not None else self.G1d).shape[0]
+        return (f"{type(self).__name__}({q}dim={s.dim}, p={s.p}, nq={nq}, "
                 f"rank={s.rank} of {s.nranks}, E_local={s.nelements} ({self.boundary.size} "
                 f"touch ghosts), nlocal={s.nlocal}, dtype={self.dtype}, "
                 f"transport={self.halo.transport!r}{where})")
@@ -148,30 +165,40 @@ class DistributedMassOperator:
                              f"rank's local vector (the distributed operator takes one component)")
         return x
 
-    def _mass(self, D, x, emap, out=None):
-        return smalltc.mass_apply(self.B1d, D, x, emap, out=out, deterministic=self.deterministic,
-                                  backend=self.backend)
+    def _apply(self, data, x, emap, out=None):
+        if self.qfunc == "mass":
+            return smalltc.mass_apply(self.B1d, data, x, emap, out=out,
+                                      deterministic=self.deterministic, backend=self.backend)
+        return smalltc.operator_apply(self.qfunc, self.B1d, self.G1d, data, x, emap, out=out,
+                                      deterministic=self.deterministic, backend=self.backend)
+
+    def _diagonal(self, data, emap, n):
+        if self.qfunc == "mass":
+            return smalltc.mass_diagonal(self.B1d, data, emap, n,
+                                         deterministic=self.deterministic, backend=self.backend)
+        return smalltc.operator_diagonal(self.qfunc, self.B1d, self.G1d, data, emap, n,
+                                         deterministic=self.deterministic, backend=self.backend)
 
     def apply(self, x, out=None):
-        """``y = M x`` in owner form; ``x``'s ghosts are filled with their owners' values
+        """``y = A x`` in owner form; ``x``'s ghosts are filled with their owners' values
         (in place when ``x`` is already an array of the operator's module and dtype).
 
         Collective: every rank calls it the same number of times.
         """
         x = self._vector(x)
         if self.boundary.size == 0 and not self.halo.send_ranks:
-            return self._mass(self.D_int, x, self.map_int, out)
+            return self._apply(self.data_int, x, self.map_int, out)
         xp, halo = self.xp, self.halo
         fwd = halo.start_forward(x)
         if self.interior.size:
-            y = self._mass(self.D_int, x, self.map_int, out)
+            y = self._apply(self.data_int, x, self.map_int, out)
         else:
             y = xp.zeros(self.space.nlocal, dtype=self.dtype) if out is None else out
             if out is not None:
                 y.fill(0)
         halo.finish_forward(fwd, x)
         if self.boundary.size:
-            yb = self._mass(self.D_bnd, x[self.bdofs], self.map_bnd)
+            yb = self._apply(self.data_bnd, x[self.bdofs], self.map_bnd)
             rev = halo.start_reverse(yb, self.ghost_pos)
             y[self.bdofs] += yb
         else:
@@ -183,18 +210,93 @@ class DistributedMassOperator:
         ``ghost_value``; e.g. 1 for :func:`~smalltc.fem.solvers.jacobi`). Collective."""
         s = self.space
         if self.interior.size:
-            d = smalltc.mass_diagonal(self.B1d, self.D_int, self.map_int, s.nlocal,
-                                      deterministic=self.deterministic, backend=self.backend)
+            d = self._diagonal(self.data_int, self.map_int, s.nlocal)
         else:
             d = self.xp.zeros(s.nlocal, dtype=self.dtype)
         if self.boundary.size:
-            db = smalltc.mass_diagonal(self.B1d, self.D_bnd, self.map_bnd, int(self.bdofs.size),
-                                       deterministic=self.deterministic, backend=self.backend)
-            d[self.bdofs] += db
+            d[self.bdofs] += self._diagonal(self.data_bnd, self.map_bnd, int(self.bdofs.size))
         self.halo.reverse(d)
         if ghost_value != 0 and s.nghosts:
             d[self.halo.ghosts] = ghost_value
         return d
+
+
+def _rows(data, idx, xp):
+    """The point data (an array, or the Helmholtz pair) of the elements ``idx``."""
+    if isinstance(data, tuple):
+        return tuple(xp.ascontiguousarray(a[idx]) for a in data)
+    return xp.ascontiguousarray(data[idx])
+
+
+class DistributedMassOperator(DistributedOperator):
+    """Matrix-free mass operator of a :class:`~.space.DistributedH1Space` (fused, per rank):
+    :class:`DistributedOperator` with ``qfunc="mass"`` and the mass signature.
+
+    Parameters
+    ----------
+    space : DistributedH1Space
+    D : ndarray, shape (E_local, nq, ..., nq)
+        Quadrature data of the rank's elements (C order within its block), e.g.
+        ``mass_data(space.mesh.local, nq)``; NumPy or CuPy (a CuPy ``D`` puts the
+        operator on the GPU).
+    B1d : ndarray, shape (nq, nd)
+    backend, deterministic, transport
+        As for :class:`DistributedOperator`.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import basis_1d, box_mesh, mass_data
+    >>> from smalltc.fem.distributed import DistributedH1Space, distribute_mesh
+    >>> V = DistributedH1Space(distribute_mesh(box_mesh(2, 3), MPI.COMM_SELF), p=2)
+    >>> M = DistributedMassOperator(V, mass_data(V.mesh.local, 4), basis_1d(2, 4).B1d)
+    >>> print(round(float(M(np.ones(V.nlocal)).sum()), 12))     # 1^T M 1 = area
+    1.0
+    """
+
+    def __init__(self, space, D, B1d, *, backend="auto", deterministic=False, transport=None):
+        super().__init__(space, D, B1d, None, qfunc="mass", backend=backend,
+                         deterministic=deterministic, transport=transport)
+
+    @property
+    def D_int(self):
+        return self.data_int
+
+    @property
+    def D_bnd(self):
+        return self.data_bnd
+
+
+def _space_and_device(space, comm, args, name, device):
+    """The distributed space (cut from ``space``'s mesh when it is serial), after checking
+    that the ranks agree on ``args``; selects this rank's GPU for ``device="gpu"``."""
+    if hasattr(space, "partition"):
+        dspace = space
+        if comm is not None:
+            MPI = load_mpi()
+            if MPI.Comm.Compare(comm, space.mesh.comm) not in (MPI.IDENT, MPI.CONGRUENT):
+                raise ValueError("comm is not the communicator of the DistributedH1Space")
+        comm = space.mesh.comm
+    else:
+        dspace = None
+    agree(comm, args, f"the arguments of {name}")
+    if args.get("assembled") or not args.get("fused", True):
+        raise ValueError(f"only the fused matrix-free {name.split('_')[0]} operator is "
+                         f"distributed (got assembled={args.get('assembled')!r}, "
+                         f"fused={args.get('fused')!r})")
+    where = collective(comm, lambda: device_name(resolve_device(device)),
+                       what="choosing the device")
+    agree(comm, {"device": where}, "the devices found")
+    if where == "gpu":
+        collective(comm, select_gpu, comm, what="selecting a GPU")
+    if dspace is None:
+        if type(space.mesh).__name__ == "BoxMesh":
+            dmesh = distribute_mesh(space.mesh, comm)
+        else:                               # an unstructured mesh: METIS parts
+            from .unstructured import partition_mesh
+            dmesh = partition_mesh(space.mesh, comm)
+        dspace = DistributedH1Space(dmesh, space.p)
+    return dspace, where, resolve_device(where)
 
 
 def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
@@ -228,34 +330,90 @@ def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quad
     >>> M.shape, M.space.nranks
     ((27, 27), 1)
     """
-    if hasattr(space, "partition"):
-        dspace = space
-        if comm is not None:
-            MPI = load_mpi()
-            if MPI.Comm.Compare(comm, space.mesh.comm) not in (MPI.IDENT, MPI.CONGRUENT):
-                raise ValueError("comm is not the communicator of the DistributedH1Space")
-        comm = space.mesh.comm
-    else:
-        dspace = None
-    agree(comm, {"nq": nq, "rho": spelling(rho), "assembled": assembled, "quadrature": quadrature,
-                 "dtype": np.dtype(dtype).name, "backend": backend, "device": device,
-                 "fused": fused, "deterministic": bool(deterministic)},
-          "the arguments of mass_operator")
-    if assembled or not fused:
-        raise ValueError("only the fused matrix-free mass operator is distributed "
-                         f"(got assembled={assembled!r}, fused={fused!r})")
-    where = collective(comm, lambda: device_name(resolve_device(device)),
-                       what="choosing the device")
-    agree(comm, {"device": where}, "the devices found")
-    if where == "gpu":
-        collective(comm, select_gpu, comm, what="selecting a GPU")
-    xp = resolve_device(where)
-    if dspace is None:
-        dspace = DistributedH1Space(distribute_mesh(space.mesh, comm), space.p)
+    args = {"nq": nq, "rho": spelling(rho), "assembled": assembled, "quadrature": quadrature,
+            "dtype": np.dtype(dtype).name, "backend": backend, "device": device,
+            "fused": fused, "deterministic": bool(deterministic)}
+    dspace, where, xp = _space_and_device(space, comm, args, "mass_operator", device)
     nq = dspace.p + 2 if nq is None else nq
-    D = collective(comm, mass_data, dspace.mesh.local, nq, rho, quadrature=quadrature,
+    D = collective(dspace.comm, mass_data, dspace.mesh.local, nq, rho, quadrature=quadrature,
                    dtype=dtype, device=where, what="computing D")
     B1d = basis_1d(dspace.p, nq, quadrature).B1d
     return DistributedMassOperator(dspace, xp.asarray(D), xp.asarray(B1d), backend=backend,
                                    deterministic=deterministic)
 
+
+def _default_nq(p, nq, quadrature):
+    return p + (1 if quadrature in ("gll", "lobatto", "gauss-lobatto") else 2) if nq is None else nq
+
+
+def distributed_diffusion_operator(space, nq=None, kappa=None, *, assembled=False,
+                                   quadrature="gauss", dtype=np.float64, backend="auto",
+                                   device="cpu", fused=True, deterministic=False, comm=None):
+    """:func:`smalltc.fem.diffusion_operator` over the ranks of ``comm`` (collective).
+
+    Parameters are those of :func:`distributed_mass_operator`, ``kappa`` (a number or
+    a callable, :func:`~smalltc.fem.geometry.diffusion_data`) for ``rho``; ``Q`` is
+    computed for this rank's elements only; ``quadrature="gll"`` with ``nq = p + 1``
+    is the collocated form.
+
+    Returns
+    -------
+    DistributedOperator
+        With ``qfunc="diffusion"``.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import H1Space, box_mesh
+    >>> K = distributed_diffusion_operator(H1Space(box_mesh(2, 3), p=2), comm=MPI.COMM_SELF)
+    >>> K.qfunc, K.shape
+    ('diffusion', (49, 49))
+    """
+    args = {"nq": nq, "kappa": spelling(kappa), "assembled": assembled,
+            "quadrature": quadrature, "dtype": np.dtype(dtype).name, "backend": backend,
+            "device": device, "fused": fused, "deterministic": bool(deterministic)}
+    dspace, where, xp = _space_and_device(space, comm, args, "diffusion_operator", device)
+    nq = _default_nq(dspace.p, nq, quadrature)
+    Q = collective(dspace.comm, diffusion_data, dspace.mesh.local, nq, kappa,
+                   quadrature=quadrature, dtype=dtype, device=where, what="computing Q")
+    B1d, G1d = _operator_basis(dspace.local, nq, quadrature, xp)
+    return DistributedOperator(dspace, xp.asarray(Q), B1d, G1d, qfunc="diffusion",
+                               backend=backend, deterministic=deterministic)
+
+
+def distributed_helmholtz_operator(space, alpha, nq=None, kappa=None, *, assembled=False,
+                                   quadrature="gauss", dtype=np.float64, backend="auto",
+                                   device="cpu", fused=True, deterministic=False, comm=None):
+    """:func:`smalltc.fem.helmholtz_operator` (``alpha M + K``, one fused operator) over
+    the ranks of ``comm`` (collective); parameters as for
+    :func:`distributed_diffusion_operator`.
+
+    Returns
+    -------
+    DistributedOperator
+        With ``qfunc="helmholtz"``.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import H1Space, box_mesh
+    >>> A = distributed_helmholtz_operator(H1Space(box_mesh(2, 2), p=1), 2.0,
+    ...                                    comm=MPI.COMM_SELF)
+    >>> print(round(float(A(np.ones(9)).sum()), 12))          # 2 * area
+    2.0
+    """
+    from smalltc._validate import check_scalar
+    alpha = check_scalar("alpha", alpha)
+    args = {"alpha": alpha, "nq": nq, "kappa": spelling(kappa), "assembled": assembled,
+            "quadrature": quadrature, "dtype": np.dtype(dtype).name, "backend": backend,
+            "device": device, "fused": fused, "deterministic": bool(deterministic)}
+    dspace, where, xp = _space_and_device(space, comm, args, "helmholtz_operator", device)
+    nq = _default_nq(dspace.p, nq, quadrature)
+    local = dspace.mesh.local
+    D = collective(dspace.comm, mass_data, local, nq, alpha, quadrature=quadrature,
+                   dtype=dtype, device=where, what="computing D")
+    Q = collective(dspace.comm, diffusion_data, local, nq, kappa, quadrature=quadrature,
+                   dtype=dtype, device=where, what="computing Q")
+    B1d, G1d = _operator_basis(dspace.local, nq, quadrature, xp)
+    return DistributedOperator(dspace, (xp.asarray(D), xp.asarray(Q)), B1d, G1d,
+                               qfunc="helmholtz", backend=backend, deterministic=deterministic)

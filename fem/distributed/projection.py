@@ -58,8 +58,8 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
         every rank; ``distribution`` says what this rank held.
     """
     if comm is None and not is_distributed_mesh(mesh):
-        raise TypeError(f"mesh must be a BoxMesh or, for a distributed run, a DistributedMesh "
-                        f"(or pass comm=), got {type(mesh).__name__}")
+        raise TypeError(f"mesh must be a DistributedMesh, or pass comm=, got "
+                        f"{type(mesh).__name__}")
     if is_distributed_mesh(mesh):
         if comm is None:
             comm = mesh.comm
@@ -77,7 +77,13 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
     agree(comm, {"device": where}, "the devices found")       # "auto" must pick alike
     gpu = collective(comm, select_gpu, comm, what="selecting a GPU") if where == "gpu" else None
     xp = resolve_device(where)
-    dmesh = mesh if is_distributed_mesh(mesh) else distribute_mesh(mesh, comm)
+    if is_distributed_mesh(mesh):
+        dmesh = mesh
+    elif type(mesh).__name__ == "BoxMesh":
+        dmesh = distribute_mesh(mesh, comm)
+    else:                                   # a mesh file or an unstructured mesh: METIS parts
+        from .unstructured import partition_mesh
+        dmesh = partition_mesh(mesh, comm)
     space = DistributedH1Space(dmesh, p)
     nq = collective(comm, _default_nq, space.p, nq, what="checking nq")
     B1d = basis_1d(space.p, nq, quadrature).B1d
@@ -119,7 +125,8 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
                  "allreduce": allreduce},
         device=where,
         distribution={
-            "rank": space.rank, "ranks": space.nranks, "grid": tuple(space.partition.grid),
+            "rank": space.rank, "ranks": space.nranks,
+            "grid": tuple(getattr(space.partition, "grid", ())),
             "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
             "elements": space.nelements, "transport": M.halo.transport,
             "transport_reason": M.halo.transport_reason, "gpu": gpu,

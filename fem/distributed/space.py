@@ -33,14 +33,16 @@ from numbers import Real
 import numpy as np
 
 from .._device import to_host
-from ..mesh import BoxMesh, _as_corner, _as_shape, _is_int, _place, _reference_coordinates
+from ..mesh import (BOX_REGIONS, BoxMesh, Kershaw, _as_corner, _as_shape, _is_int, _place,
+                    _reference_coordinates)
 from ..quadrature import gauss_lobatto
 from ..space import H1Space
 from .comm import agree, check_launch, collective, load_mpi, private_comm, spelling
 from .halo import Halo
 from .partition import box_indices, partition_box
 
-__all__ = ["DistributedMesh", "DistributedH1Space", "distribute_mesh", "distributed_box_mesh",
+__all__ = ["BlockMesh", "DistributedMesh", "DistributedH1Space", "distribute_mesh",
+           "distributed_box_mesh", "distributed_kershaw_mesh",
            "is_distributed_mesh", "mesh_fingerprint"]
 
 
@@ -65,6 +67,10 @@ def mesh_fingerprint(mesh):
     >>> mesh_fingerprint(box_mesh(2, 3, distortion=0.05))["shape"]
     (3, 3)
     """
+    if is_distributed_mesh(mesh) and hasattr(mesh, "elements"):     # a partitioned file mesh
+        return {"dim": mesh.dim, "source": mesh.source, "nelements": mesh.nelements}
+    if not hasattr(mesh, "shape"):           # a mesh file or an unstructured mesh
+        return {"source": str(getattr(mesh, "source", mesh))}
     base = mesh.whole if is_distributed_mesh(mesh) else mesh
     if not all(hasattr(base, a) for a in _MESH_FIELDS):
         raise TypeError(f"mesh must be a BoxMesh or a DistributedMesh, got {type(mesh).__name__}")
@@ -89,6 +95,57 @@ class _WholeMesh:
         return int(np.prod(self.shape))
 
 
+@dataclass(frozen=True, eq=False)
+class BlockMesh(BoxMesh):
+    """One rank's block of a box mesh, a :class:`~smalltc.fem.mesh.BoxMesh` of its own
+    whose boundary is the whole mesh's: :meth:`boundary_facets` gives the block's facets
+    on the whole box's sides, none on the interfaces with other blocks.
+
+    Attributes
+    ----------
+    sides : tuple of str
+        The whole box's sides (``"xmin"``, ...) the block touches.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import box_mesh
+    >>> m = distribute_mesh(box_mesh(2, 2), MPI.COMM_SELF).local
+    >>> m.sides, m.boundary_facets("ymax")[0].tolist()
+    (('xmin', 'xmax', 'ymin', 'ymax'), [1, 3])
+    """
+
+    sides: tuple = ()
+
+    def boundary_facets(self, region=None):
+        """``(elements, facets)`` of the block on the whole box's boundary (``None``) or
+        on one of its sides (none where the block does not touch it).
+
+        Raises
+        ------
+        KeyError
+            For an unknown region, naming the box's.
+        """
+        if region is not None and region not in self.boundary_regions:
+            return BoxMesh.boundary_facets(self, region)          # the KeyError
+        names = self.sides if region is None else [n for n in (region,) if n in self.sides]
+        if not names:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        parts = [BoxMesh.boundary_facets(self, n) for n in names]
+        return np.concatenate([e for e, _ in parts]), np.concatenate([f for _, f in parts])
+
+
+def _sides(start, stop, shape):
+    """The box's sides that the block ``[start, stop)`` of a mesh of ``shape`` touches."""
+    out = []
+    for d, (a, b, n) in enumerate(zip(start, stop, shape)):
+        if a == 0:
+            out.append(BOX_REGIONS[2 * d])
+        if b == n:
+            out.append(BOX_REGIONS[2 * d + 1])
+    return tuple(out)
+
+
 class DistributedMesh:
     """One rank's block of a box mesh; build it with :func:`distribute_mesh` or
     :func:`distributed_box_mesh` (collective: every rank of ``comm`` calls it).
@@ -99,8 +156,9 @@ class DistributedMesh:
         The user's communicator.
     partition : BlockPartition
     rank : int
-    local : BoxMesh
-        The block, a mesh of its own (elements in C order within the block).
+    local : BlockMesh
+        The block, a mesh of its own (elements in C order within the block; its
+        boundary is the whole mesh's).
     whole
         The whole mesh's description: ``dim, shape, geom_order, lower, upper,
         distortion`` (a :class:`~smalltc.fem.mesh.BoxMesh` when it was cut from one).
@@ -175,17 +233,18 @@ def distribute_mesh(mesh, comm):
     # by name: under pytest's --doctest-modules this module is also imported as
     # fem.distributed.space, whose BoxMesh is another class object than smalltc.fem's
     if type(mesh).__name__ != BoxMesh.__name__:
-        raise TypeError(f"the distributed path partitions box meshes (BoxMesh, "
-                        f"distributed_box_mesh); got a {type(mesh).__name__}: solve a mesh read "
-                        f"from a file serially (without comm=)")
+        raise TypeError(f"distribute_mesh cuts box meshes (BoxMesh) into blocks; got a "
+                        f"{type(mesh).__name__}: partition a mesh read from a file with "
+                        f"smalltc.fem.distributed.partition_mesh")
     load_mpi()
     agree(comm, collective(comm, mesh_fingerprint, mesh, what="the mesh"), "the meshes")
     part = collective(comm, _partition, comm, mesh.shape, what="partitioning")
     start, stop = part.block(comm.Get_rank())
     elems = box_indices((start, stop), ((0,) * mesh.dim, mesh.shape))
     lo, hi = _block_corners(mesh, start, stop)
-    local = BoxMesh(mesh.dim, part.block_shape(comm.Get_rank()), mesh.geom_order, lo, hi,
-                    mesh.geom_nodes, np.ascontiguousarray(mesh.nodes[elems]), mesh.distortion)
+    local = BlockMesh(mesh.dim, part.block_shape(comm.Get_rank()), mesh.geom_order, lo, hi,
+                      mesh.geom_nodes, np.ascontiguousarray(mesh.nodes[elems]), mesh.distortion,
+                      _sides(start, stop, mesh.shape))
     return DistributedMesh(comm, part, mesh, local)
 
 
@@ -225,9 +284,45 @@ def distributed_box_mesh(dim, n, comm, *, geom_order=1, distortion=0.0, lower=0.
                                             whole.distortion, whole.lower, whole.upper),
                        what="placing the mesh nodes")
     lo, hi = _block_corners(whole, start, stop)
-    local = BoxMesh(whole.dim, part.block_shape(comm.Get_rank()), whole.geom_order, lo, hi,
-                    nodes1d, nodes, whole.distortion)
+    local = BlockMesh(whole.dim, part.block_shape(comm.Get_rank()), whole.geom_order, lo, hi,
+                      nodes1d, nodes, whole.distortion, _sides(start, stop, whole.shape))
     return DistributedMesh(comm, part, whole, local)
+
+
+def distributed_kershaw_mesh(n, comm, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1,
+                             lower=0.0, upper=1.0):
+    """This rank's block of ``kershaw_mesh(n, eps, ...)``, built without the whole mesh.
+
+    Collective; the arguments are those of :func:`smalltc.fem.kershaw_mesh` (checked
+    as there, and to agree across the ranks): :func:`distributed_box_mesh` with the
+    :class:`~smalltc.fem.mesh.Kershaw` map as its distortion, so each rank's
+    coordinates are the whole mesh's, bit for bit.
+
+    Returns
+    -------
+    DistributedMesh
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import kershaw_mesh
+    >>> m = distributed_kershaw_mesh(6, MPI.COMM_SELF, 0.3, dim=2)
+    >>> bool(np.array_equal(m.local.nodes, kershaw_mesh(6, 0.3, dim=2).nodes))
+    True
+    """
+    def check():
+        if not _is_int(dim) or dim not in (2, 3):
+            raise ValueError(f"a Kershaw mesh is 2D or 3D: dim must be 2 or 3, got {dim!r}")
+        shape = _as_shape(n, dim)
+        if shape[0] % 6 or any(k % 2 for k in shape[1:]):
+            raise ValueError(
+                f"a Kershaw mesh needs a multiple of 6 elements along x and an even number "
+                f"along the other directions, got n={shape}")
+        return shape, Kershaw(eps, epsz, smooth)
+    load_mpi()
+    shape, kershaw = collective(comm, check, what="the Kershaw mesh arguments")
+    return distributed_box_mesh(dim, shape, comm, geom_order=geom_order, distortion=kershaw,
+                                lower=lower, upper=upper)
 
 
 def _describe_box(dim, n, geom_order, distortion, lower, upper):
@@ -285,6 +380,12 @@ class DistributedH1Space:
         On every rank, when ``p`` is bad or differs across ranks.
     """
 
+    def __new__(cls, mesh, p):
+        if cls is DistributedH1Space and is_distributed_mesh(mesh) and hasattr(mesh, "elements"):
+            from .unstructured import PartitionedH1Space     # a partitioned file mesh
+            return super().__new__(PartitionedH1Space)
+        return super().__new__(cls)
+
     def __init__(self, mesh, p):
         if not is_distributed_mesh(mesh):
             raise TypeError(f"mesh must be a DistributedMesh (distribute_mesh or "
@@ -321,6 +422,10 @@ class DistributedH1Space:
     def nelements(self):
         """Elements of this rank's block."""
         return self.local.nelements
+
+    def ghost_elements(self):
+        """Boolean mask over the rank's elements: those touching a ghost node."""
+        return self.partition.ghost_elements(self.rank)
 
     def halo(self, xp=np, transport=None):
         """The :class:`~.halo.Halo` of this space for vectors of module ``xp``

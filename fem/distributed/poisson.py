@@ -1,0 +1,358 @@
+"""The Poisson problem across MPI ranks: :func:`smalltc.fem.solve_poisson` and
+:func:`smalltc.fem.poisson_problem` with ``comm=``.
+
+Every rank, on its elements (:mod:`.space`, :mod:`.unstructured`): the diffusion
+operator (:class:`~.operators.DistributedOperator`, the fused
+:func:`smalltc.diffusion_apply` with the halo exchange overlapped), its part of the
+load vector (``int f phi`` and the Neumann facets of its elements on the whole
+mesh's boundary, summed onto the owners by the reverse exchange), the Dirichlet
+constraints, then Jacobi-CG with inner products summed across the ranks and the
+L2 and H1 errors summed across them.
+
+Vectors are local vectors in owner form (:mod:`.space`: ghosts zero) during the
+solve. The Dirichlet DoFs are those of each rank's boundary facets, made to agree
+across the ranks (a node an owner does not see on the boundary but a neighbour
+does is constrained, with the neighbour's value); the constrained operator
+``P A P + (I - P)`` then keeps owner form, and the lifted right-hand side has its
+ghosts zeroed. After CG the solution's ghosts are filled from their owners and the
+Dirichlet values set exactly (the serial :meth:`DirichletBC.apply`).
+
+With one rank the result is the serial one to rounding (the same operator calls,
+the same CG); with several, to CG's tolerance (the sums run in another order).
+"""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._device import device_name, resolve_device, synchronize, to_host
+from ..boundary import ConstrainedOperator, DirichletBC, boundary_load
+from ..poisson import (PoissonProblem, PoissonResult, _dirichlet, _split_exact,
+                       _split_regions)
+from ..projection import _error_sums, _load
+from ..solvers import cg, jacobi
+from .comm import Reducer, agree, check_launch, collective, cuda_aware, load_mpi, select_gpu
+from .comm import spelling
+from .operators import distributed_diffusion_operator
+from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
+
+__all__ = ["DistributedPoissonProblem", "poisson_problem_distributed",
+           "solve_poisson_distributed", "distributed_dirichlet_bc"]
+
+#: the preconditioners of a distributed solve
+PRECONDS = ("jacobi", "pmg", None)
+
+#: what ``pmg_options`` may hold in a distributed solve
+PMG_OPTIONS = ("orders", "degree", "coarse_tol")
+
+
+def _spell(data):
+    """``data`` (a number, a callable or a dict region -> either) as every rank spells it."""
+    if isinstance(data, dict):
+        return {str(k): spelling(v) for k, v in data.items()}
+    if isinstance(data, (tuple, list)):
+        return tuple(spelling(v) for v in data)
+    return spelling(data)
+
+
+class DistributedConstrainedOperator(ConstrainedOperator):
+    """:class:`~smalltc.fem.boundary.ConstrainedOperator` of a distributed operator:
+    the same action (owner form in, owner form out), its diagonal with ghosts 1 (for
+    :func:`~smalltc.fem.solvers.jacobi`)."""
+
+    def diagonal(self):
+        P = self._P
+        return P * self.xp.asarray(self.op.diagonal(ghost_value=1.0), dtype=self.dtype) + (1 - P)
+
+
+def distributed_dirichlet_bc(space, regions, neumann_regions=()):
+    """The Dirichlet constraints of a distributed space, in its local numbering.
+
+    Each rank finds the DoFs of its boundary facets (its local mesh's
+    ``boundary_facets`` are the whole mesh's boundary: :class:`~.space.BlockMesh`)
+    as the serial path does; then the ranks agree: a node is constrained when any
+    rank holding it says so, with its owner's value (or, where the owner does not
+    see it on the boundary, the value of the ranks that do). Collective.
+
+    Parameters
+    ----------
+    space : DistributedH1Space
+    regions : dict
+        Region -> ``g`` (a number or a callable), ``None`` for the boundary outside
+        ``neumann_regions`` (as :func:`smalltc.fem.solve_poisson` takes them).
+    neumann_regions : sequence of str
+
+    Returns
+    -------
+    DirichletBC
+        On ``space.local`` (local DoFs, ghosts included).
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import box_mesh
+    >>> V = DistributedH1Space(distribute_mesh(box_mesh(2, 2), MPI.COMM_SELF), p=1)
+    >>> distributed_dirichlet_bc(V, {"xmin": 0.0, "xmax": lambda x: x[1]}).dofs.tolist()
+    [0, 1, 2, 6, 7, 8]
+    """
+    bc = collective(space.comm, _dirichlet, space.local, dict(regions), list(neumann_regions),
+                    what="the Dirichlet values")
+    n = space.nlocal
+    flag = np.zeros(n)
+    flag[bc.dofs] = 1.0
+    value = np.zeros(n)
+    value[bc.dofs] = bc.values
+    count = space.owner_form(flag.copy())                  # holders that constrain each node
+    total = space.owner_form(value * flag)                 # the sum of their values
+    owned = np.zeros(n, dtype=bool)
+    owned[space.owned] = True
+    mine = owned & (flag > 0)
+    others = owned & (flag == 0) & (count > 0)
+    final = np.zeros(n)
+    final[mine] = value[mine]                              # the owner's own value, exactly
+    final[others] = total[others] / count[others]
+    on = np.zeros(n)
+    on[mine | others] = 1.0
+    space.consistent_form(final)
+    space.consistent_form(on)
+    dofs = np.flatnonzero(on > 0)
+    return DirichletBC(space.local, dofs, final[dofs])
+
+
+@dataclass
+class DistributedPoissonProblem(PoissonProblem):
+    """:class:`~smalltc.fem.poisson.PoissonProblem` of a distributed solve: ``space`` a
+    :class:`~.space.DistributedH1Space`, the vectors local (owner form), ``comm`` the
+    :class:`~.comm.Reducer` of CG's inner products. :meth:`solve` returns the
+    solution as a local vector with its ghosts filled and the Dirichlet values set."""
+
+    comm: object = None
+    distribution: dict = None
+
+    def solve(self, tol=1e-10, maxiter=None, **cg_kw):
+        sol = cg(self.A, self.b, tol=tol, maxiter=maxiter, precond=self.precond, comm=self.comm,
+                 **cg_kw)
+        x = sol.x
+        host = x if self.A.xp is np else to_host(x)
+        self.space.consistent_form(host)
+        sol.x = self.bc.apply(self.A.xp.asarray(host))
+        return sol
+
+
+def _as_distributed_mesh(mesh, comm):
+    """``mesh`` (a BoxMesh, a DistributedMesh, an UnstructuredMesh or a mesh file) as
+    this rank's part, and the communicator."""
+    if is_distributed_mesh(mesh):
+        if comm is not None:
+            MPI = load_mpi()
+            if MPI.Comm.Compare(comm, mesh.comm) not in (MPI.IDENT, MPI.CONGRUENT):
+                raise ValueError("comm is not the communicator the DistributedMesh was built on")
+        return mesh, mesh.comm
+    if comm is None:
+        raise TypeError(f"mesh must be a DistributedMesh, or pass comm=, got "
+                        f"{type(mesh).__name__}")
+    if type(mesh).__name__ == "BoxMesh":
+        return distribute_mesh(mesh, comm), comm
+    from .unstructured import partition_mesh
+    return partition_mesh(mesh, comm), comm
+
+
+def _fingerprint(mesh, p, f, dirichlet, neumann, kappa, nq, precond, quadrature, device,
+                 backend, pmg_options):
+    fp = {"p": p, "f": _spell(f), "dirichlet": _spell(dirichlet), "neumann": _spell(neumann),
+          "kappa": _spell(kappa), "nq": nq, "precond": precond, "quadrature": quadrature,
+          "device": device, "backend": backend, "pmg_options": _spell(pmg_options)}
+    if hasattr(mesh, "shape") and not hasattr(mesh, "vertices"):
+        fp.update(mesh_fingerprint(mesh))
+    return fp
+
+
+def _check(precond, device):
+    if precond not in PRECONDS:
+        raise ValueError(f"a distributed Poisson solve takes precond in {list(PRECONDS)}, "
+                         f"got {precond!r}")
+    return device_name(resolve_device(device))
+
+
+class _Clock:
+    def __init__(self, xp):
+        self.xp, self.laps = xp, {}
+        self._t = time.perf_counter()
+
+    def lap(self, name):
+        synchronize(self.xp)
+        t = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + t - self._t
+        self._t = t
+
+
+def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None,
+                                nq=None, precond="jacobi", quadrature="gauss", device="auto",
+                                pmg_options=None, backend="auto", comm=None):
+    """:func:`smalltc.fem.poisson_problem` over the ranks of ``comm`` (collective).
+
+    ``mesh`` is the whole box mesh (cut into blocks), a
+    :class:`~.space.DistributedMesh` (a block of a box or Kershaw mesh built per
+    rank, or a partitioned file mesh), or an unstructured mesh or mesh file
+    (partitioned by METIS on rank 0: :func:`~.unstructured.partition_mesh`). The
+    other arguments are the serial function's and must agree across the ranks;
+    ``precond`` is ``"jacobi"``, ``"pmg"`` (:func:`~.multigrid.distributed_pmg`;
+    ``pmg_options``: ``orders``, ``degree``, ``coarse_tol``) or None.
+
+    Returns
+    -------
+    DistributedPoissonProblem
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import box_mesh
+    >>> prob = poisson_problem_distributed(box_mesh(2, 2), 2, 1.0, device="cpu",
+    ...                                    comm=MPI.COMM_SELF)
+    >>> sol = prob.solve()
+    >>> bool(sol.converged), prob.bc.dofs.size
+    (True, 16)
+    """
+    if pmg_options and precond != "pmg":
+        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
+    bad = sorted(set(pmg_options or {}) - set(PMG_OPTIONS))
+    if bad:
+        raise ValueError(f"pmg_options {bad} are not taken by the distributed p-multigrid; "
+                         f"it takes {list(PMG_OPTIONS)}")
+    if comm is None and not is_distributed_mesh(mesh):
+        raise TypeError(f"mesh must be a DistributedMesh, or pass comm=, got "
+                        f"{type(mesh).__name__}")
+    load_mpi()
+    user_comm = comm if comm is not None else mesh.comm
+    check_launch(user_comm)
+    fp = collective(user_comm, _fingerprint, mesh, p, f, dirichlet, neumann, kappa, nq, precond,
+                    quadrature, device, backend, pmg_options, what="checking the arguments")
+    agree(user_comm, fp, "the arguments of solve_poisson")
+    where = collective(user_comm, _check, precond, device, what="checking the arguments")
+    agree(user_comm, {"device": where}, "the devices found")
+    gpu = (collective(user_comm, select_gpu, user_comm, what="selecting a GPU")
+           if where == "gpu" else None)
+    xp = resolve_device(where)
+    clock = _Clock(xp)
+    dmesh, _ = _as_distributed_mesh(mesh, comm)
+    space = DistributedH1Space(dmesh, p)
+    c = space.comm
+    neu = _split_regions(neumann, "neumann") or {}
+    dir_ = _split_regions(dirichlet, "dirichlet")
+    if dir_ is None:
+        dir_ = {None: 0.0} if not neu else None
+    if dir_ is None:
+        raise ValueError("no Dirichlet condition: the problem is singular with Neumann data "
+                         "alone; give dirichlet= for some boundary region")
+    if None in neu:
+        raise ValueError("neumann must be a dict region -> h (the regions where it applies)")
+    for r in list(neu) + [r for r in dir_ if r is not None]:
+        collective(c, dmesh.local.boundary_facets, r, what="the boundary regions")
+    clock.lap("space")
+    bc = distributed_dirichlet_bc(space, dir_, list(neu))
+    (nbc,) = Reducer(c).sums(float(np.count_nonzero(np.isin(space.owned, bc.dofs))))
+    if nbc == 0:
+        raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
+    clock.lap("bc")
+    nq = space.p + 2 if nq is None else int(nq)          # the serial path's rule
+    K = distributed_diffusion_operator(space, nq, kappa, quadrature=quadrature, device=where,
+                                       backend=backend)
+    clock.lap("operator")
+    load = to_host(collective(c, _load, space.local, f, nq, quadrature, xp,
+                              what="the right-hand side"))
+    if neu:
+        load = load + to_host(collective(c, boundary_load, space.local, neu, nq=nq,
+                                         quadrature=quadrature, device=where,
+                                         what="the Neumann load"))
+    space.owner_form(load)
+    load = xp.asarray(load)
+    clock.lap("load")
+    A = DistributedConstrainedOperator(K, bc)
+    b = bc.lift(K, load)
+    if space.nghosts:
+        b[xp.asarray(space.ghosts)] = 0                   # owner form: the owners hold them
+    clock.lap("bc")
+    if precond == "jacobi":
+        P = collective(c, jacobi, A.diagonal(), what="the Jacobi diagonal")
+    elif precond == "pmg":
+        from .multigrid import distributed_pmg
+        P = distributed_pmg(A, dirichlet=dir_, neumann_regions=list(neu), kappa=kappa,
+                            quadrature=quadrature, backend=backend, **dict(pmg_options or {}))
+    else:
+        P = None
+    clock.lap("preconditioner")
+    red = Reducer(c, device_buffers=xp is not np and cuda_aware()[0])
+    prob = DistributedPoissonProblem(space, K, load, bc, A, b, P, where, clock.laps, comm=red)
+    prob.distribution = {
+        "rank": space.rank, "ranks": space.nranks,
+        "grid": tuple(getattr(space.partition, "grid", ())),
+        "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
+        "elements": space.nelements, "transport": K.halo.transport,
+        "transport_reason": K.halo.transport_reason, "gpu": gpu}
+    return prob
+
+
+def solve_poisson_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None,
+                              exact=None, nq=None, precond="jacobi", tol=1e-10, maxiter=None,
+                              quadrature="gauss", device="auto", pmg_options=None,
+                              backend="auto", comm=None):
+    """:func:`smalltc.fem.solve_poisson` over the ranks of ``comm`` (collective).
+
+    Arguments as for :func:`poisson_problem_distributed`, and ``exact``, ``tol``,
+    ``maxiter`` as the serial function's.
+
+    Returns
+    -------
+    PoissonResult
+        ``u`` is this rank's local vector (ghosts filled; ``space.gather`` makes the
+        global one); ``iterations``, ``residual`` and the errors are global, the same on
+        every rank; ``distribution`` says what this rank held, ``timings`` has
+        ``"halo"`` and ``"allreduce"`` (seconds of the solve in the exchanges and
+        the reductions).
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc.fem import box_mesh
+    >>> u = lambda x: x[0] ** 2 + x[1]                   # -laplace(u) = -2
+    >>> res = solve_poisson_distributed(box_mesh(2, 2, distortion=0.05), 2, -2.0,
+    ...                                 dirichlet=u, exact=u, device="cpu",
+    ...                                 comm=MPI.COMM_SELF)
+    >>> res.l2_error < 1e-9, res.distribution["ranks"]
+    (True, 1)
+    """
+    t0 = time.perf_counter()
+    user_comm = comm if comm is not None else getattr(mesh, "comm", None)
+    if user_comm is not None:
+        load_mpi()
+        agree(user_comm, {"exact": _spell(exact), "tol": tol, "maxiter": maxiter},
+              "the arguments of solve_poisson")
+    prob = poisson_problem_distributed(mesh, p, f, dirichlet=dirichlet, neumann=neumann,
+                                       kappa=kappa, nq=nq, precond=precond,
+                                       quadrature=quadrature, device=device,
+                                       pmg_options=pmg_options, backend=backend, comm=comm)
+    xp, space, K = prob.A.xp, prob.space, prob.operator
+    synchronize(xp)
+    t1 = time.perf_counter()
+    halo0 = dict(K.halo.seconds)
+    red = prob.comm
+    red0 = red.seconds
+    sol = prob.solve(tol=tol, maxiter=maxiter)
+    u = to_host(sol.x)
+    t2 = time.perf_counter()
+    halo = {k: K.halo.seconds[k] - halo0[k] for k in halo0}
+    allreduce = red.seconds - red0
+    l2 = h1 = None
+    if exact is not None:
+        func, grad = _split_exact(exact)
+        sums = collective(space.comm, _error_sums, space.local, xp.asarray(u), func, None,
+                          quadrature, fname="exact", h1=True, gradient=grad,
+                          what="measuring the error")
+        err2, _, h12 = red.sums(*sums)
+        l2, h1 = float(np.sqrt(err2)), float(np.sqrt(h12))
+    t3 = time.perf_counter()
+    timings = {"setup": t1 - t0, **prob.timings, "solve": t2 - t1, "error": t3 - t2,
+               "halo": sum(halo.values()), "halo_wait": halo["wait"], "allreduce": allreduce}
+    return PoissonResult(u, space, sol.iterations, float(sol.residuals[-1]), l2, h1, prob,
+                         timings, prob.device, prob.distribution)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from smalltc._arrays import gpu_available
+from smalltc._arrays import cupy_or_none, gpu_available
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "mpi_cases.py"
@@ -154,14 +154,16 @@ def test_demo_mpi(tmp_path):
 @needs_mpi
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
-def test_two_ranks_share_one_gpu():
-    """On the device: 2 ranks on GPU 0 (local rank modulo 1 device), CuPy buffers given to
-    MPI directly or staged through pinned memory (whichever the MPI allows), the fused GPU
-    CG with its partial sums reduced across ranks: the serial GPU results."""
+def test_two_ranks_on_the_gpus():
+    """On the device: 2 ranks on the GPUs by local rank modulo the device count (both on GPU
+    0 where there is one), CuPy buffers given to MPI directly or staged through pinned
+    memory (whichever the MPI allows), the fused GPU CG with its partial sums reduced across
+    ranks: the serial GPU results."""
     res = mpirun(2, [sys.executable, CASES, "compare", "--device", "gpu"], timeout=500)
     found = check_against_serial(res, 2, 8)
+    ngpus = cupy_or_none().cuda.runtime.getDeviceCount()
     for c in found:
-        assert c["device"] == "gpu" and c["gpus"] == [0, 0]
+        assert c["device"] == "gpu" and c["gpus"] == [r % ngpus for r in range(2)]
         assert c["transport"] in ("device", "staged"), c
     print(f"\nhalo transport: {found[0]['transport']} ({found[0]['transport_reason']})")
 

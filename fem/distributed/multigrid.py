@@ -41,7 +41,7 @@ import smalltc
 from ..basis import lagrange_basis
 from ..chebyshev import Chebyshev
 from ..coarse import _pyamg
-from ..multigrid import pmg_orders
+from ..multigrid import _numba_present, pmg_orders
 from ..operators import diffusion_operator
 from ..quadrature import gauss_lobatto
 from .coarse import COARSE, DistributedCG, GatheredAMG
@@ -70,6 +70,13 @@ class DistributedTransfer:
     coarse_free, fine_free : ndarray of bool
         The free DoFs of each level (local vectors).
     xp : module
+    dtype : dtype
+    kernel : bool or None
+        The element part by :func:`smalltc.pmg_transfer` (the serial
+        :class:`~smalltc.fem.multigrid.Transfer`'s: one fused kernel each way on a GPU,
+        compiled with Numba on the host); False: :func:`smalltc.interpolate` on the
+        gathered element vectors, then a scatter. None: the kernel on a GPU and where
+        Numba imports.
 
     Examples
     --------
@@ -82,9 +89,15 @@ class DistributedTransfer:
     >>> x1, x3 = Vc.local.dof_coordinates()[0], Vf.local.dof_coordinates()[0]
     >>> bool(np.allclose(T.prolong(x1), x3))                 # x is in both spaces
     True
+    >>> A = DistributedTransfer(Vc, Vf, np.ones(Vc.nlocal, bool), np.ones(Vf.nlocal, bool),
+    ...                         kernel=False)
+    >>> r = np.random.default_rng(0).random(Vf.nlocal)
+    >>> bool(np.allclose(T.restrict(r), A.restrict(r)))     # the kernel and the arrays
+    True
     """
 
-    def __init__(self, coarse, fine, coarse_free, fine_free, xp=np, dtype=np.float64):
+    def __init__(self, coarse, fine, coarse_free, fine_free, xp=np, dtype=np.float64,
+                 kernel=None):
         if coarse.mesh is not fine.mesh or coarse.p > fine.p:
             raise ValueError(f"a transfer goes from a lower to a higher order on one mesh, got "
                              f"p={coarse.p} -> p={fine.p}")
@@ -97,10 +110,16 @@ class DistributedTransfer:
         fine.owner_form(mult)
         fine.consistent_form(mult)
         w = np.where(np.asarray(fine_free, dtype=bool), 1.0 / mult, 0.0)
-        self.weights = fine.local.gather(xp.asarray(w.astype(self.dtype)))     # E-vector
+        self.fine_w = xp.asarray(w.astype(self.dtype))                        # per DoF
+        self.weights = fine.local.gather(self.fine_w)                         # E-vector
         self.coarse_free = xp.asarray(np.asarray(coarse_free, dtype=self.dtype))
         self.fwd_c = coarse.make_halo(xp)
         self.fwd_f = fine.make_halo(xp)
+        self.kernel = (xp is not np or _numba_present()) if kernel is None else bool(kernel)
+        if self.kernel:
+            E, dim = fine.nelements, fine.dim
+            self._maps = tuple(s.local.dof_map(xp).reshape((E,) + (s.nd,) * dim)
+                               for s in (coarse, fine))
 
     def prolong(self, xc):
         """``P x_coarse``: the coarse vector's ghosts filled, interpolated on each element,
@@ -108,9 +127,13 @@ class DistributedTransfer:
         xp = self.xp
         xc = xp.array(xc, dtype=self.dtype)
         self.fwd_c.forward(xc)
-        xc *= self.coarse_free
-        v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
-        y = self.fine.local.scatter(v * self.weights)
+        if self.kernel:
+            cmap, fmap = self._maps
+            y = smalltc.pmg_transfer(self.I1d, xc, cmap, self.coarse_free, fmap, self.fine_w)
+        else:
+            xc *= self.coarse_free
+            v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
+            y = self.fine.local.scatter(v * self.weights)
         return self.fwd_f.reverse(y)
 
     def restrict(self, rf):
@@ -118,6 +141,10 @@ class DistributedTransfer:
         xp = self.xp
         rf = xp.array(rf, dtype=self.dtype)
         self.fwd_f.forward(rf)
+        if self.kernel:        # the coarse weights (the free mask) agree across the ranks
+            cmap, fmap = self._maps
+            rc = smalltc.pmg_transfer(self.I1dT, rf, fmap, self.fine_w, cmap, self.coarse_free)
+            return self.fwd_c.reverse(rc)
         v = smalltc.interpolate(self.I1dT, None, self.fine.local.gather(rf) * self.weights)
         rc = self.fwd_c.reverse(self.coarse.local.scatter(v))
         return rc * self.coarse_free

@@ -11,7 +11,9 @@
   solves there, and each rank gets back its owned entries of the correction
   (``Scatterv``): two messages per V-cycle in place of an iterative solve with an
   ``Allreduce`` per iteration. CuPy vectors go through the host (the coarse vectors are
-  small). The global numbering is the whole mesh's, so on any number of ranks rank 0
+  small), and rank 0 runs the AMG's cycle where the serial p-multigrid would: pyamg's
+  on the host for NumPy vectors, the portable one on rank 0's GPU for CuPy vectors
+  (:class:`~smalltc.fem.coarse.AMGSolver`'s ``cycle="auto"``). The global numbering is the whole mesh's, so on any number of ranks rank 0
   builds the serial hierarchy (up to the summation order of the element matrices).
 * :class:`DistributedCG` (``coarse="cg"``): Jacobi-CG with inner products summed across the
   ranks, to a relative tolerance (no gathering; on distorted meshes the coarse problem is
@@ -78,7 +80,8 @@ class GatheredAMG:
     free : ndarray of bool, shape (nlocal,)
         The level's free DoFs (local; agreeing across the ranks).
     xp : module
-        Where the V-cycle's vectors live (CuPy ones are staged through the host).
+        Where the V-cycle's vectors live (CuPy ones are staged through the host; rank 0's
+        AMG cycle runs on its GPU then).
     **amg
         More keyword arguments of :class:`smalltc.fem.coarse.AMGSolver`.
 
@@ -167,7 +170,7 @@ class GatheredAMG:
             f[fixed] = 0.0
             F = sp.diags(f)
             A = (F @ A @ F + sp.diags(1.0 - f)).tocsr()
-        return AMGSolver(A, np, **amg)
+        return AMGSolver(A, self.xp, **amg)
 
     def __call__(self, b):
         """The correction for the coarse residual ``b`` (owner form, ``xp``): owner form."""
@@ -178,7 +181,7 @@ class GatheredAMG:
             comm.Gatherv(mine, (self._buf, self.counts, self.displs, dt), root=0)
             g = np.zeros(self.ndofs)
             g[self.order] = self._buf
-            x = np.asarray(self.amg(g), dtype=np.float64)
+            x = np.asarray(to_host(self.amg(self.xp.asarray(g))), dtype=np.float64)
             send = (np.ascontiguousarray(x[self.order]), self.counts, self.displs, dt)
         else:
             comm.Gatherv(mine, None, root=0)

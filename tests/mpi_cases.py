@@ -5,7 +5,7 @@
     mpiexec -n 2 python tests/mpi_cases.py local-failure   # f fails on rank 1 only
     mpiexec -n 5 python tests/mpi_cases.py unpartitionable # a 2 x 2 mesh over 5 ranks
     mpiexec -n 3 python tests/mpi_cases.py poisson [--meshes box,block,kershaw,file] [--ps 1,2,3]
-                                                   [--precond jacobi|pmg]
+                                                   [--precond jacobi|pmg] [--coarse amg|cg]
 
 ``compare``: for each case, the distributed operators (mass, diffusion, Helmholtz)
 applied to a random vector and the distributed L2 projection (CG to 1e-13) against the
@@ -19,7 +19,9 @@ the boundary but for a Neumann side (``kappa du/dn`` there), solved by the distr
 Jacobi-CG to 1e-13 and compared with the serial solve on rank 0 (one ``CASE`` line each):
 the whole box mesh cut into blocks (``box``), blocks built per rank (``block``: box,
 ``kershaw``), and a mesh file partitioned by METIS (``file``). With ``--precond pmg``
-the iterations are compared with the same p-multigrid on one rank.
+(``--coarse``: its order-1 solve, ``amg`` gathered on rank 0 or ``cg`` across the ranks;
+by default AMG where pyamg imports) the iterations are compared with the same
+p-multigrid on one rank, and recorded for the serial :func:`smalltc.fem.pmg` (with pyamg).
 """
 import argparse
 import json
@@ -137,7 +139,15 @@ def _poisson_meshes(comm, kinds, dims, ps):
                     yield kind, fem.read_mesh(path), path, p
 
 
-def poisson(comm, device, kinds, dims, ps, precond="jacobi"):
+def _pyamg_present():
+    try:
+        import pyamg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def poisson(comm, device, kinds, dims, ps, precond="jacobi", coarse=None):
     from mpi4py import MPI
 
     from smalltc import fem
@@ -151,8 +161,9 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi"):
         h = lambda x, n, grad=grad: kappa * (grad(x) * n).sum(axis=0)    # noqa: E731
         kw = dict(dirichlet={None: u}, neumann={side: h}, kappa=kappa, exact=(u, grad),
                   tol=TOL, device=device)
+        pmg_options = {"coarse": coarse} if coarse else None
         res = fem.solve_poisson(given, p, f, comm=comm if kind in ("box", "file") else None,
-                                precond=precond, **kw)
+                                precond=precond, pmg_options=pmg_options, **kw)
         ug = res.space.gather(res.u, root=0)
         owned = comm.gather(res.distribution["owned_dofs"], root=0)
         if kind == "file":             # the L2 projection on the METIS parts too
@@ -160,15 +171,23 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi"):
             pg = proj.space.gather(proj.u, root=0)
         if rank == 0:
             ser = fem.solve_poisson(whole, p, f, **kw)
+            iters_pmg_serial = None
             if precond == "pmg":       # the iterations of the same preconditioner on one rank
-                one = fem.solve_poisson(whole, p, f, comm=MPI.COMM_SELF, precond="pmg", **kw)
+                one = fem.solve_poisson(whole, p, f, comm=MPI.COMM_SELF, precond="pmg",
+                                        pmg_options=pmg_options, **kw)
                 ser.iterations = one.iterations
+                if _pyamg_present():   # and of the serial pmg (its AMG coarse solve)
+                    iters_pmg_serial = fem.solve_poisson(whole, p, f, precond="pmg",
+                                                         **kw).iterations
             rec = dict(kind=kind, dim=dim, p=p, ranks=comm.Get_size(), precond=precond,
                        u_err=float(np.abs(ug - ser.u).max() / np.abs(ser.u).max()),
                        iters=res.iterations, iters_serial=ser.iterations,
                        l2_error=res.l2_error, l2_error_serial=ser.l2_error,
                        h1_error=res.h1_error, h1_error_serial=ser.h1_error,
-                       owned=owned, ndofs=int(ser.u.size), device=res.device)
+                       owned=owned, ndofs=int(ser.u.size), device=res.device,
+                       iters_pmg_serial=iters_pmg_serial)
+            if precond == "pmg":
+                rec["coarse"] = type(res.problem.precond.coarse).__name__
             if kind == "file":
                 sp = fem.l2_project(whole, p, u, tol=TOL, device=device)
                 rec["proj_err"] = float(np.abs(pg - sp.u).max() / np.abs(sp.u).max())
@@ -191,6 +210,7 @@ def main(argv=None):
                                      "poisson"))
     ap.add_argument("--meshes", default="box,block,kershaw,file")
     ap.add_argument("--precond", default="jacobi", choices=("jacobi", "pmg"))
+    ap.add_argument("--coarse", default=None, choices=("auto", "amg", "cg"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     ap.add_argument("--dims", default="2,3")
     ap.add_argument("--ps", default="1,2,3,4")
@@ -205,7 +225,7 @@ def main(argv=None):
                 [int(p) for p in args.ps.split(",")])
     elif args.case == "poisson":
         poisson(comm, args.device, args.meshes.split(","), [int(d) for d in args.dims.split(",")],
-                [int(p) for p in args.ps.split(",")], args.precond)
+                [int(p) for p in args.ps.split(",")], args.precond, args.coarse)
     elif args.case == "mismatch":
         _expect_error(comm, lambda: fem.l2_project(fem.box_mesh(2, 4), 2 + rank, 1.0,
                                                    device=args.device, comm=comm))

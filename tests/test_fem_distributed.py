@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import smalltc
+from optional_deps import needs
 from smalltc import fem
 from smalltc.fem import H1Space, basis_1d, box_mesh, cg, jacobi, l2_project, mass_data
 from smalltc.fem.mesh import BoxMesh, _place, _reference_coordinates
@@ -324,3 +325,54 @@ def test_one_rank_pmg_solves_the_serial_problem():
     with pytest.raises(ValueError, match="not taken by the distributed p-multigrid"):
         fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, precond="pmg",
                           pmg_options={"smoother": "schwarz"}, **kw)
+
+
+PMG_ONE_RANK = [  # (mesh, p): a distorted box and a Kershaw mesh (eps = 0.3)
+    ("box", 2), ("box", 3), ("kershaw", 2), ("kershaw", 3),
+]
+
+
+def _pmg_problem(kind):
+    u = lambda x: np.exp(x[0] + 0.5 * x[1])                                    # noqa: E731
+    mesh = (fem.box_mesh(2, 4, distortion=0.05) if kind == "box"
+            else fem.kershaw_mesh((6, 4), 0.3, dim=2))
+    kw = dict(dirichlet={None: u}, exact=u, tol=1e-12, device="cpu", precond="pmg")
+    return mesh, (lambda x: -1.25 * u(x)), kw
+
+
+@pytest.mark.parametrize("kind,p", PMG_ONE_RANK)
+def test_one_rank_pmg_with_amg_is_the_serial_pmg(kind, p):
+    """The AMG coarse solve gathered on rank 0 (here the only one): the serial pmg's
+    coarse matrix, hierarchy, smoothers and iterations."""
+    needs("pyamg")
+    mesh, f, kw = _pmg_problem(kind)
+    ser = fem.solve_poisson(mesh, p, f, **kw)
+    res = fem.solve_poisson(mesh, p, f, comm=MPI.COMM_SELF, **kw)
+    P, S = res.problem.precond, ser.problem.precond
+    assert type(P.coarse).__name__ == "GatheredAMG" and P.coarse_iterations == []
+    A_ser = S.coarse.ml.levels[0].A
+    A_dist = P.coarse.amg.ml.levels[0].A
+    assert A_dist.shape == A_ser.shape and abs(A_dist - A_ser).max() <= 1e-13 * abs(A_ser).max()
+    assert [s.lambda_max for s in P.smoothers] == pytest.approx(
+        [lev.smoother.lambda_max for lev in S.levels[:-1]], rel=0.05)
+    assert res.iterations == ser.iterations, (res.iterations, ser.iterations)
+    assert np.abs(res.space.gather(res.u) - ser.u).max() <= 1e-10 * np.abs(ser.u).max()
+    assert P.coarse.applications == res.iterations + 1       # one V-cycle per CG step
+
+
+def test_one_rank_pmg_coarse_cg_and_the_fallback(monkeypatch, caplog):
+    """coarse="cg": the distributed Jacobi-CG; "auto" without pyamg: the same, said once."""
+    from smalltc.fem.distributed import multigrid
+    mesh, f, kw = _pmg_problem("kershaw")
+    res = fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, pmg_options={"coarse": "cg"}, **kw)
+    P = res.problem.precond
+    assert type(P.coarse).__name__ == "DistributedCG"
+    assert len(P.coarse_iterations) == res.iterations + 1 and min(P.coarse_iterations) > 1
+    monkeypatch.setattr(multigrid, "_pyamg_present", lambda: False)
+    with caplog.at_level("WARNING", logger="smalltc"):
+        again = fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, **kw)
+    assert type(again.problem.precond.coarse).__name__ == "DistributedCG"
+    assert again.iterations == res.iterations
+    assert sum("coarse solve is Jacobi-CG" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(ValueError, match="coarse must be one of"):
+        fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, pmg_options={"coarse": "lu"}, **kw)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from optional_deps import missing, needs
 from smalltc._arrays import cupy_or_none, gpu_available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,8 +218,8 @@ def test_distributed_poisson_on_a_mesh_file(n):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_distributed_pmg(n):
     """The distributed p-multigrid (levels p, ..., 1 on every rank, Chebyshev smoothing,
-    Jacobi-CG on the coarsest): the serial solution, the one-rank iterations, a few of
-    Jacobi's."""
+    the default coarse solve: AMG gathered on rank 0 with pyamg, else Jacobi-CG): the serial
+    solution, the one-rank iterations, a few of Jacobi's."""
     kinds = ["box", "kershaw"]
     try:
         import pymetis  # noqa: F401
@@ -231,6 +232,36 @@ def test_distributed_pmg(n):
     assert len(found) == 2 * len(kinds), found
     # Jacobi takes 35-90 iterations on these; the Kershaw mesh (eps = 0.3) is the hard one
     assert all(c["iters"] <= (25 if c["kind"] == "kershaw" else 18) for c in found), found
+    expect = "DistributedCG" if missing("pyamg") else "GatheredAMG"
+    assert all(c["coarse"] == expect for c in found), found
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_distributed_pmg_with_amg_is_the_serial_pmg(n):
+    """The coarse solve gathered on rank 0 (the global order-1 matrix once, one pyamg
+    V-cycle per V-cycle): the serial p-multigrid's iterations on box and Kershaw meshes
+    (eps = 0.3), 2D and 3D, p = 2, 3: the same on one rank, within one on several (the
+    sums run in another order); the serial solution."""
+    needs("pyamg")
+    res = mpirun(n, [sys.executable, CASES, "poisson", "--meshes", "box,kershaw", "--ps",
+                     "2,3", "--dims", "2,3", "--precond", "pmg", "--coarse", "amg"],
+                 timeout=500)
+    found = check_poisson(res, n, ["box", "kershaw"])
+    assert len(found) == 8, found
+    for c in found:
+        what = f"{c['kind']} dim={c['dim']} p={c['p']} on {n} ranks"
+        assert c["coarse"] == "GatheredAMG", what
+        assert abs(c["iters"] - c["iters_pmg_serial"]) <= (0 if n == 1 else 1), (what, c)
+
+
+@needs_mpi
+def test_distributed_pmg_with_the_coarse_cg():
+    """coarse="cg" stays selectable: Jacobi-CG across the ranks on the order-1 level."""
+    res = mpirun(2, [sys.executable, CASES, "poisson", "--meshes", "box,kershaw", "--ps", "2",
+                     "--dims", "2", "--precond", "pmg", "--coarse", "cg"], timeout=300)
+    found = check_poisson(res, 2, ["box", "kershaw"])
+    assert len(found) == 2 and all(c["coarse"] == "DistributedCG" for c in found), found
 
 
 @needs_mpi

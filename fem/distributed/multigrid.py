@@ -8,30 +8,43 @@ distributed diffusion operator of each (:class:`~.operators.DistributedOperator`
 with the level's Dirichlet DoFs made identity rows, and its Jacobi diagonal. One
 V-cycle on a residual ``r`` (owner form in, owner form out):
 
-* smoothing: Chebyshev polynomials in ``D^-1 A`` on ``[lo, hi] lambda_max`` (no inner
-  products; ``lambda_max`` estimated once, at setup, by power iteration with sums
-  across the ranks, from a start vector made of the DoFs' global numbers, so it does
-  not depend on the rank count);
+* smoothing: the serial smoother (:class:`~smalltc.fem.chebyshev.Chebyshev`, fourth
+  kind, degree 3: no inner products), its ``lambda_max`` estimated once, at setup, by
+  Jacobi-PCG Lanczos steps with sums across the ranks, from a start vector made of the
+  DoFs' global numbers, so it does not depend on the rank count;
 * transfers (:class:`DistributedTransfer`): the element interpolation between the
   orders on each rank's elements, weighted by the *global* multiplicity of the fine
   nodes, the input's ghosts filled first (forward exchange) and the partial sums
   at shared nodes added onto their owners after (reverse exchange);
-* the coarsest level (order 1): Jacobi-CG with inner products summed across the ranks
-  (to ``coarse_tol``).
+* the coarsest level (order 1, :mod:`.coarse`): by default (pyamg installed) the global
+  order-1 matrix gathered to rank 0 at setup and one AMG V-cycle there per V-cycle, the
+  residual gathered and the correction scattered back (:class:`~.coarse.GatheredAMG`);
+  or Jacobi-CG with inner products summed across the ranks (``coarse="cg"``, to
+  ``coarse_tol``).
+
+The levels below the finest use ``q + 1`` quadrature points, as the serial
+:func:`~smalltc.fem.pmg`'s; with the AMG coarse solve the V-cycle is then the serial
+one, and so are the outer iterations on any number of ranks (the same arithmetic up to
+rounding; the pyamg hierarchy is built on the whole mesh's numbering).
 
 The same smoothing before and after keeps the V-cycle symmetric, so the outer CG
 is plain CG; its iterations barely grow with ``p`` or the mesh and do not depend on
 the rank count (the same arithmetic up to rounding).
 """
 
+import logging
+
 import numpy as np
 
 import smalltc
 
 from ..basis import lagrange_basis
-from ..multigrid import pmg_orders
+from ..chebyshev import Chebyshev
+from ..coarse import _pyamg
+from ..multigrid import _numba_present, pmg_orders
+from ..operators import diffusion_operator
 from ..quadrature import gauss_lobatto
-from ..solvers import cg, jacobi
+from .coarse import COARSE, DistributedCG, GatheredAMG
 from .comm import Reducer, collective
 from .operators import distributed_diffusion_operator
 
@@ -57,6 +70,13 @@ class DistributedTransfer:
     coarse_free, fine_free : ndarray of bool
         The free DoFs of each level (local vectors).
     xp : module
+    dtype : dtype
+    kernel : bool or None
+        The element part by :func:`smalltc.pmg_transfer` (the serial
+        :class:`~smalltc.fem.multigrid.Transfer`'s: one fused kernel each way on a GPU,
+        compiled with Numba on the host); False: :func:`smalltc.interpolate` on the
+        gathered element vectors, then a scatter. None: the kernel on a GPU and where
+        Numba imports.
 
     Examples
     --------
@@ -69,9 +89,15 @@ class DistributedTransfer:
     >>> x1, x3 = Vc.local.dof_coordinates()[0], Vf.local.dof_coordinates()[0]
     >>> bool(np.allclose(T.prolong(x1), x3))                 # x is in both spaces
     True
+    >>> A = DistributedTransfer(Vc, Vf, np.ones(Vc.nlocal, bool), np.ones(Vf.nlocal, bool),
+    ...                         kernel=False)
+    >>> r = np.random.default_rng(0).random(Vf.nlocal)
+    >>> bool(np.allclose(T.restrict(r), A.restrict(r)))     # the kernel and the arrays
+    True
     """
 
-    def __init__(self, coarse, fine, coarse_free, fine_free, xp=np, dtype=np.float64):
+    def __init__(self, coarse, fine, coarse_free, fine_free, xp=np, dtype=np.float64,
+                 kernel=None):
         if coarse.mesh is not fine.mesh or coarse.p > fine.p:
             raise ValueError(f"a transfer goes from a lower to a higher order on one mesh, got "
                              f"p={coarse.p} -> p={fine.p}")
@@ -84,10 +110,16 @@ class DistributedTransfer:
         fine.owner_form(mult)
         fine.consistent_form(mult)
         w = np.where(np.asarray(fine_free, dtype=bool), 1.0 / mult, 0.0)
-        self.weights = fine.local.gather(xp.asarray(w.astype(self.dtype)))     # E-vector
+        self.fine_w = xp.asarray(w.astype(self.dtype))                        # per DoF
+        self.weights = fine.local.gather(self.fine_w)                         # E-vector
         self.coarse_free = xp.asarray(np.asarray(coarse_free, dtype=self.dtype))
         self.fwd_c = coarse.make_halo(xp)
         self.fwd_f = fine.make_halo(xp)
+        self.kernel = (xp is not np or _numba_present()) if kernel is None else bool(kernel)
+        if self.kernel:
+            E, dim = fine.nelements, fine.dim
+            self._maps = tuple(s.local.dof_map(xp).reshape((E,) + (s.nd,) * dim)
+                               for s in (coarse, fine))
 
     def prolong(self, xc):
         """``P x_coarse``: the coarse vector's ghosts filled, interpolated on each element,
@@ -95,9 +127,13 @@ class DistributedTransfer:
         xp = self.xp
         xc = xp.array(xc, dtype=self.dtype)
         self.fwd_c.forward(xc)
-        xc *= self.coarse_free
-        v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
-        y = self.fine.local.scatter(v * self.weights)
+        if self.kernel:
+            cmap, fmap = self._maps
+            y = smalltc.pmg_transfer(self.I1d, xc, cmap, self.coarse_free, fmap, self.fine_w)
+        else:
+            xc *= self.coarse_free
+            v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
+            y = self.fine.local.scatter(v * self.weights)
         return self.fwd_f.reverse(y)
 
     def restrict(self, rf):
@@ -105,61 +141,91 @@ class DistributedTransfer:
         xp = self.xp
         rf = xp.array(rf, dtype=self.dtype)
         self.fwd_f.forward(rf)
+        if self.kernel:        # the coarse weights (the free mask) agree across the ranks
+            cmap, fmap = self._maps
+            rc = smalltc.pmg_transfer(self.I1dT, rf, fmap, self.fine_w, cmap, self.coarse_free)
+            return self.fwd_c.reverse(rc)
         v = smalltc.interpolate(self.I1dT, None, self.fine.local.gather(rf) * self.weights)
         rc = self.fwd_c.reverse(self.coarse.local.scatter(v))
         return rc * self.coarse_free
 
 
 def _start_vector(space, xp, dtype):
-    """A fixed pseudo-random vector of the DoFs' global numbers (owner form): the same
-    global vector on any number of ranks."""
+    """A fixed pseudo-random vector of the DoFs' global numbers (owner form), entries in
+    ``[-0.5, 0.5)``: the same global vector on any number of ranks."""
     g = space.local_to_global.astype(np.float64)
     v = np.sin(g * 12.9898 + 78.233) * 43758.5453
-    v = v - np.floor(v) + 0.5
+    v = v - np.floor(v) - 0.5
     v[space.ghosts] = 0.0
     return xp.asarray(v.astype(dtype))
 
 
-class DistributedChebyshev:
-    """Chebyshev smoothing of ``A x = b`` with ``D^-1 A`` on ``[lo, hi] * lambda_max``.
+def distributed_lambda_max(A, red, steps=10, diagonal=None):
+    """The largest Ritz value of ``D^-1 A`` from ``steps`` Jacobi-PCG (Lanczos) iterations
+    across the ranks: :func:`smalltc.fem.chebyshev.estimate_lambda_max` with its inner
+    products summed by ``red`` and its start vector :func:`_start_vector` (rank-count
+    independent). Collective.
 
-    ``lambda_max`` comes from ``iterations`` power steps (inner products summed
-    across the ranks by ``red``).
+    Raises
+    ------
+    ValueError
+        On every rank, when ``A`` or the Lanczos matrix is seen not to be positive
+        definite.
+    """
+    xp = A.xp
+    inv = 1.0 / (A.diagonal() if diagonal is None else diagonal)
+    r = _start_vector(A.op.space, xp, A.dtype)
+    z = r * inv
+    p = z.copy()
+    (rz,) = red.sums(float(xp.vdot(r, z)))
+    alphas, betas = [], []
+    for it in range(int(steps)):
+        Ap = A(p)
+        (pAp,) = red.sums(float(xp.vdot(p, Ap)))
+        if not pAp > 0:
+            raise ValueError(f"the operator is not positive definite: p^T A p = {pAp:.3e} at "
+                             f"Lanczos step {it} of the eigenvalue estimate")
+        alpha = rz / pAp
+        alphas.append(alpha)
+        r = r - alpha * Ap
+        z = r * inv
+        (rz_new,) = red.sums(float(xp.vdot(r, z)))
+        if not rz_new > 1e-28 * rz:
+            break
+        betas.append(rz_new / rz)
+        p = z + betas[-1] * p
+        rz = rz_new
+    m = len(alphas)
+    T = np.zeros((m, m))
+    for j in range(m):
+        T[j, j] = 1.0 / alphas[j] + (betas[j - 1] / alphas[j - 1] if j else 0.0)
+        if j + 1 < m:
+            T[j, j + 1] = T[j + 1, j] = np.sqrt(betas[j]) / alphas[j]
+    ev = np.linalg.eigvalsh(T)
+    if not ev[0] > 0 or not np.all(np.isfinite(ev)):
+        raise ValueError(f"the Jacobi-preconditioned operator is not positive definite: "
+                         f"Lanczos eigenvalue estimates {ev[0]:.3e} .. {ev[-1]:.3e}")
+    return float(ev[-1])
+
+
+class DistributedChebyshev(Chebyshev):
+    """The serial smoother (:class:`smalltc.fem.chebyshev.Chebyshev`, fourth kind by
+    default) of a distributed constrained operator: its steps are the operator's
+    applications and pointwise updates (owner form in, owner form out), and only its
+    ``lambda_max`` needs sums across the ranks (:func:`distributed_lambda_max`, times
+    ``safety``). ``S(b)``: ``degree`` steps from zero; ``S(b, x)``: from ``x``.
     """
 
-    def __init__(self, A, red, *, degree=3, lo=0.3, hi=1.1, iterations=12):
-        self.A, self.degree = A, int(degree)
-        xp = A.xp
-        self.inv = 1.0 / A.diagonal()
-        v = _start_vector(A.op.space, xp, A.dtype)
-        diag = 1.0 / self.inv
-        lam = 1.0
-        for _ in range(iterations):          # power steps on D^-1 A; Rayleigh quotient in D
-            Av = A(v)
-            num, den = red.sums(float(xp.vdot(v, Av)), float(xp.vdot(v, v * diag)))
-            lam = num / den
-            w = self.inv * Av
-            (nw,) = red.sums(float(xp.vdot(w, w)))
-            v = w / np.sqrt(nw)
-        self.lambda_max = lam
-        a, b = lo * lam, hi * lam
-        self.theta, self.delta = (b + a) / 2, (b - a) / 2
+    def __init__(self, A, red, *, degree=3, kind="fourth", safety=1.1, steps=10):
+        diagonal = A.diagonal()                  # collective: once
+        estimate = distributed_lambda_max(A, red, steps, diagonal)
+        super().__init__(A, diagonal, degree=degree, kind=kind, lambda_max=safety * estimate,
+                         safety=safety, check=False)
+        self.estimate = estimate
 
     def __call__(self, b, x=None):
-        """``x`` after ``degree`` Chebyshev steps from ``x`` (zero when None)."""
-        A, inv = self.A, self.inv
-        r = b.copy() if x is None else b - A(x)
-        sigma = self.theta / self.delta
-        rho = 1.0 / sigma
-        d = inv * r / self.theta
-        x = d.copy() if x is None else x + d
-        for _ in range(self.degree - 1):
-            r -= A(d)
-            rho_new = 1.0 / (2.0 * sigma - rho)
-            d = (rho_new * rho) * d + (2.0 * rho_new / self.delta) * (inv * r)
-            x += d
-            rho = rho_new
-        return x
+        """``x`` after ``degree`` steps from ``x`` (zero when None)."""
+        return self.smooth(b, x)
 
 
 class DistributedPMultigrid:
@@ -174,25 +240,26 @@ class DistributedPMultigrid:
     smoothers : list of DistributedChebyshev
     transfers : list of DistributedTransfer
         ``transfers[l]`` between level ``l + 1`` (coarser) and ``l``.
+    coarse : GatheredAMG or DistributedCG
+        The order-1 solve (:mod:`.coarse`).
     coarse_iterations : list of int
-        CG iterations of each coarse solve so far.
+        CG iterations of each coarse solve so far (``coarse="cg"``).
     """
 
-    def __init__(self, operators, smoothers, transfers, red, coarse_tol=1e-6):
+    def __init__(self, operators, smoothers, transfers, red, coarse):
         self.operators, self.smoothers, self.transfers = operators, smoothers, transfers
         self.orders = [A.op.space.p for A in operators]
-        self.red, self.coarse_tol = red, float(coarse_tol)
-        Ac = operators[-1]
-        self.coarse_precond = jacobi(Ac.diagonal())
-        self.coarse_iterations = []
+        self.red, self.coarse = red, coarse
         self.xp, self.dtype = operators[0].xp, operators[0].dtype
         self.shape = operators[0].shape
 
+    @property
+    def coarse_iterations(self):
+        """CG iterations of each coarse solve so far (``coarse="cg"``; empty with the AMG)."""
+        return list(getattr(self.coarse, "iterations", []))
+
     def _coarse(self, b):
-        sol = cg(self.operators[-1], b, tol=self.coarse_tol, precond=self.coarse_precond,
-                 comm=self.red, raise_on_failure=False)
-        self.coarse_iterations.append(sol.iterations)
-        return sol.x
+        return self.coarse(b)
 
     def _vcycle(self, level, b):
         if level == len(self.operators) - 1:
@@ -209,11 +276,11 @@ class DistributedPMultigrid:
     def __repr__(self):
         return (f"DistributedPMultigrid(orders={self.orders}, degree="
                 f"{self.smoothers[0].degree if self.smoothers else 0}, "
-                f"ranks={self.operators[0].op.space.nranks})")
+                f"ranks={self.operators[0].op.space.nranks}, coarse={self.coarse.describe()})")
 
 
 def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature="gauss",
-                    orders=None, degree=3, coarse_tol=1e-6, backend="auto"):
+                    orders=None, degree=3, coarse="auto", coarse_tol=1e-6, backend="auto"):
     """The distributed p-multigrid preconditioner of the constrained operator ``A`` (the
     finest level; collective).
 
@@ -227,18 +294,29 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
         homogeneous), as the problem's.
     neumann_regions : sequence of str
     kappa, quadrature, backend
-        The coarse operators' (as the finest's).
+        The coarse operators' (as the finest's). The levels below the finest use
+        ``q + 1`` quadrature points, as the serial :func:`~smalltc.fem.pmg`'s.
     orders : list of int, optional
         The levels' orders, finest first; :func:`~smalltc.fem.multigrid.pmg_orders`.
     degree : int
         Chebyshev degree of each smoothing (3, as the serial :func:`~smalltc.fem.pmg`).
+    coarse : {"auto", "amg", "cg"}
+        The order-1 solve (:mod:`.coarse`): ``"amg"``, the global order-1 matrix gathered
+        to rank 0 once and one pyamg V-cycle there per V-cycle (the residual gathered,
+        the correction scattered back; :class:`~.coarse.GatheredAMG`); ``"cg"``,
+        Jacobi-CG across the ranks to ``coarse_tol``. ``"auto"``: the AMG where pyamg
+        imports, else Jacobi-CG, said in one log line (as the serial pmg).
     coarse_tol : float
-        The coarse CG's relative residual target (tighter targets cost coarse
-        iterations and leave the outer iterations as they are).
+        The coarse CG's relative residual target (``coarse="cg"``).
 
     Returns
     -------
     DistributedPMultigrid
+
+    Raises
+    ------
+    ImportError
+        ``coarse="amg"`` (asked for by name) without pyamg.
     """
     from .poisson import DistributedConstrainedOperator, distributed_dirichlet_bc
     from .space import DistributedH1Space
@@ -247,13 +325,25 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
     if orders[0] != space.p or any(b > a for a, b in zip(orders, orders[1:])):
         raise ValueError(f"orders must start at the operator's p = {space.p} and not increase, "
                          f"got {orders}")
+    if coarse not in COARSE:
+        raise ValueError(f"coarse must be one of {list(COARSE)}, got {coarse!r}")
+    if coarse == "auto":
+        coarse = "amg" if _pyamg_present() else "cg"
+        if coarse == "cg" and space.rank == 0:
+            logging.getLogger("smalltc").warning(
+                "smalltc: pyamg is not installed; the distributed p-multigrid's coarse solve "
+                "is Jacobi-CG across the ranks (coarse='cg'; pip install pyamg for the AMG "
+                "V-cycle on rank 0)")
+    elif coarse == "amg":
+        collective(space.comm, _pyamg, what="the AMG coarse solve")
     red = Reducer(space.comm, device_buffers=getattr(A.op.halo, "transport", "") == "device")
     zero = {r: 0.0 for r in dirichlet}
     ops, frees = [A], [_host(A._P) > 0]
     where = "cpu" if xp is np else "gpu"
+    nq_offset = 1 if len(orders) > 1 else None
     for q in orders[1:]:
         Vq = DistributedH1Space(space.mesh, q)
-        K = distributed_diffusion_operator(Vq, q + 2, kappa, quadrature=quadrature,
+        K = distributed_diffusion_operator(Vq, q + nq_offset, kappa, quadrature=quadrature,
                                            device=where, backend=backend)
         bc = distributed_dirichlet_bc(Vq, zero, list(neumann_regions))
         Aq = DistributedConstrainedOperator(K, bc)
@@ -265,7 +355,24 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
                             what="the Chebyshev bounds") for Al in ops[:-1]]
     transfers = [DistributedTransfer(ops[k + 1].op.space, ops[k].op.space, frees[k + 1],
                                      frees[k], xp, A.dtype) for k in range(len(ops) - 1)]
-    return DistributedPMultigrid(ops, smoothers, transfers, red, coarse_tol)
+    last = ops[-1]
+    if coarse == "amg":
+        Vc = last.op.space
+        nq = Vc.p + (nq_offset or 2)
+        K = collective(space.comm, diffusion_operator, Vc.local, nq, kappa, assembled=True,
+                       quadrature=quadrature, device="cpu", what="the coarse element matrices")
+        solver = GatheredAMG(Vc, K.matrices, frees[-1], xp)
+    else:
+        solver = DistributedCG(last, red, coarse_tol)
+    return DistributedPMultigrid(ops, smoothers, transfers, red, solver)
+
+
+def _pyamg_present():
+    try:
+        import pyamg  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _host(a):

@@ -44,7 +44,7 @@ __all__ = ["DistributedPoissonProblem", "poisson_problem_distributed",
 PRECONDS = ("jacobi", "pmg", None)
 
 #: what ``pmg_options`` may hold in a distributed solve
-PMG_OPTIONS = ("orders", "degree", "coarse_tol")
+PMG_OPTIONS = ("orders", "degree", "coarse", "coarse_tol")
 
 
 def _spell(data):
@@ -198,7 +198,8 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     (partitioned by METIS on rank 0: :func:`~.unstructured.partition_mesh`). The
     other arguments are the serial function's and must agree across the ranks;
     ``precond`` is ``"jacobi"``, ``"pmg"`` (:func:`~.multigrid.distributed_pmg`;
-    ``pmg_options``: ``orders``, ``degree``, ``coarse_tol``) or None.
+    ``pmg_options``: ``orders``, ``degree``, ``coarse`` (``"auto"``, ``"amg"``, ``"cg"``),
+    ``coarse_tol``) or None.
 
     Returns
     -------

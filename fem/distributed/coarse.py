@@ -1,0 +1,198 @@
+"""The coarse (order-1) solve of the distributed p-multigrid.
+
+* :class:`GatheredAMG` (``coarse="amg"``): the order-1 operator assembled on each rank for
+  its own elements (the element matrices of :func:`smalltc.fem.diffusion_operator` with
+  ``assembled=True``, as COO triplets in the *global* numbering), gathered to rank 0 once
+  at setup (``Gatherv``), summed there into the global CSR matrix with the constrained
+  DoFs made identity rows and columns, exactly as the serial p-multigrid's
+  (:func:`smalltc.fem.coarse.assemble_csr`), and handed to pyamg
+  (:class:`smalltc.fem.coarse.AMGSolver`, the serial options). Every V-cycle the owned
+  entries of the coarse residual are gathered to rank 0 (``Gatherv``), one AMG V-cycle
+  solves there, and each rank gets back its owned entries of the correction
+  (``Scatterv``): two messages per V-cycle in place of an iterative solve with an
+  ``Allreduce`` per iteration. CuPy vectors go through the host (the coarse vectors are
+  small), and rank 0 runs the AMG's cycle where the serial p-multigrid would: pyamg's
+  on the host for NumPy vectors, the portable one on rank 0's GPU for CuPy vectors
+  (:class:`~smalltc.fem.coarse.AMGSolver`'s ``cycle="auto"``). The global numbering is the whole mesh's, so on any number of ranks rank 0
+  builds the serial hierarchy (up to the summation order of the element matrices).
+* :class:`DistributedCG` (``coarse="cg"``): Jacobi-CG with inner products summed across the
+  ranks, to a relative tolerance (no gathering; on distorted meshes the coarse problem is
+  ill-conditioned and it takes hundreds of iterations per V-cycle).
+"""
+
+import numpy as np
+
+from .._device import to_host
+from ..solvers import cg, jacobi
+from .comm import collective, load_mpi
+
+__all__ = ["GatheredAMG", "DistributedCG", "COARSE"]
+
+#: the coarse solves of the distributed p-multigrid, by name
+COARSE = ("auto", "amg", "cg")
+
+
+class DistributedCG:
+    """Jacobi-CG on the coarse operator ``A`` (owner form) to ``tol``, inner products
+    summed by ``red`` (a :class:`~.comm.Reducer`).
+
+    Attributes
+    ----------
+    iterations : list of int
+        CG iterations of each coarse solve so far.
+    """
+
+    def __init__(self, A, red, tol=1e-6):
+        self.A, self.red, self.tol = A, red, float(tol)
+        self.P = jacobi(A.diagonal())
+        self.iterations = []
+
+    def __call__(self, b):
+        sol = cg(self.A, b, tol=self.tol, precond=self.P, comm=self.red,
+                 raise_on_failure=False)
+        self.iterations.append(sol.iterations)
+        return sol.x
+
+    def describe(self):
+        return f"distributed Jacobi-CG to relative residual {self.tol:g}"
+
+
+def _local_triplets(space, matrices):
+    """``(rows, cols, vals)`` of the element matrices ``(E, m, m)`` of the rank's elements
+    in the global numbering (the serial ``_csr_from_elements``'s order)."""
+    E, m = matrices.shape[:2]
+    dofs = space.local_to_global[np.asarray(space.local.elem_dofs).reshape(E, m)]
+    rows = np.repeat(dofs, m, axis=1).ravel()
+    cols = np.tile(dofs, (1, m)).ravel()
+    return rows, cols, np.ascontiguousarray(matrices.reshape(-1), dtype=np.float64)
+
+
+class GatheredAMG:
+    """The coarse solve on rank 0: the global order-1 matrix gathered once, one AMG
+    V-cycle per application (collective).
+
+    Parameters
+    ----------
+    space : DistributedH1Space
+        The order-1 level's space.
+    matrices : ndarray, shape (E, m, m)
+        The rank's element matrices (host, float64) in its local element order.
+    free : ndarray of bool, shape (nlocal,)
+        The level's free DoFs (local; agreeing across the ranks).
+    xp : module
+        Where the V-cycle's vectors live (CuPy ones are staged through the host; rank 0's
+        AMG cycle runs on its GPU then).
+    **amg
+        More keyword arguments of :class:`smalltc.fem.coarse.AMGSolver`.
+
+    Attributes
+    ----------
+    amg : AMGSolver or None
+        On rank 0; None on the others.
+    nnz : int
+        Of the global matrix (every rank).
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> from smalltc import fem
+    >>> from smalltc.fem.distributed import DistributedH1Space, distribute_mesh
+    >>> V = DistributedH1Space(distribute_mesh(fem.box_mesh(2, 4), MPI.COMM_SELF), 1)
+    >>> K = fem.diffusion_operator(V.local, 2, assembled=True)
+    >>> free = ~fem.multigrid.boundary_mask(V.local)
+    >>> S = GatheredAMG(V, K.matrices, free)
+    >>> S.ndofs, S.nnz
+    (25, 65)
+    >>> b = np.where(free, 1.0, 0.0)
+    >>> x = S(b)                                     # one V-cycle on 9 free unknowns
+    >>> A = S.amg.ml.levels[0].A
+    >>> bool(np.linalg.norm(A @ x - b) < 0.5 * np.linalg.norm(b))
+    True
+    """
+
+    def __init__(self, space, matrices, free, xp=np, **amg):
+        self.MPI = load_mpi()
+        self.space, self.xp = space, xp
+        comm = self.comm = space.comm
+        self.rank, self.ndofs = comm.Get_rank(), int(space.ndofs)
+        matrices = np.asarray(to_host(matrices))
+        if matrices.ndim != 3 or matrices.shape[0] != space.nelements:
+            raise ValueError(f"matrices has shape {matrices.shape}, expected "
+                             f"({space.nelements}, m, m): one matrix per element of this rank")
+        free = np.asarray(free, dtype=bool)
+        if free.shape != (space.nlocal,):
+            raise ValueError(f"free has shape {free.shape}, expected ({space.nlocal},)")
+        self.owned = np.asarray(space.owned)
+        owned_global = space.local_to_global[self.owned].astype(np.int64)
+        fixed_global = space.local_to_global[self.owned[~free[self.owned]]].astype(np.int64)
+        rows, cols, vals = _local_triplets(space, matrices)
+        # the owned entries of every rank, in rank order: the gathers' layout on rank 0
+        self.counts = np.array(comm.allgather(int(owned_global.size)), dtype=np.int64)
+        self.displs = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+        self.order = self._gather(owned_global, np.int64)
+        fixed = self._gather(fixed_global, np.int64)
+        trip = [self._gather(a, a.dtype) for a in (rows.astype(np.int64),
+                                                    cols.astype(np.int64), vals)]
+        self.amg = collective(comm, self._setup, trip, fixed, amg,
+                              what="the AMG coarse solve's setup")
+        self.nnz = int(comm.bcast(None if self.amg is None else self.amg.nnz, root=0))
+        self._buf = np.empty(int(self.counts.sum()) if self.rank == 0 else 0)
+        self.applications = 0
+
+    def _gather(self, a, dtype):
+        """The concatenation of every rank's ``a`` (1D) on rank 0 (``Gatherv``); None
+        elsewhere."""
+        MPI, comm = self.MPI, self.comm
+        a = np.ascontiguousarray(a, dtype=dtype)        # int64 or float64
+        counts = comm.gather(int(a.size), root=0)
+        if self.rank != 0:
+            comm.Gatherv(a, None, root=0)
+            return None
+        out = np.empty(int(sum(counts)), dtype=dtype)
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        mpi_type = MPI.INT64_T if out.dtype == np.int64 else MPI.DOUBLE
+        comm.Gatherv(a, (out, counts, displs, mpi_type), root=0)
+        return out
+
+    def _setup(self, trip, fixed, amg):
+        """Rank 0: the global CSR matrix (``F A F + C``, as the serial path's) and its
+        hierarchy; None elsewhere."""
+        if self.rank != 0:
+            return None
+        import scipy.sparse as sp
+
+        from ..coarse import AMGSolver
+        rows, cols, vals = trip
+        n = self.ndofs
+        A = sp.coo_matrix((vals, (rows, cols)), shape=(n, n)).tocsr()
+        if fixed.size:
+            f = np.ones(n)
+            f[fixed] = 0.0
+            F = sp.diags(f)
+            A = (F @ A @ F + sp.diags(1.0 - f)).tocsr()
+        return AMGSolver(A, self.xp, **amg)
+
+    def __call__(self, b):
+        """The correction for the coarse residual ``b`` (owner form, ``xp``): owner form."""
+        MPI, comm = self.MPI, self.comm
+        mine = np.ascontiguousarray(to_host(b)[self.owned], dtype=np.float64)
+        dt = MPI.DOUBLE
+        if self.rank == 0:
+            comm.Gatherv(mine, (self._buf, self.counts, self.displs, dt), root=0)
+            g = np.zeros(self.ndofs)
+            g[self.order] = self._buf
+            x = np.asarray(to_host(self.amg(self.xp.asarray(g))), dtype=np.float64)
+            send = (np.ascontiguousarray(x[self.order]), self.counts, self.displs, dt)
+        else:
+            comm.Gatherv(mine, None, root=0)
+            send = None
+        got = np.empty(self.owned.size)
+        comm.Scatterv(send, got, root=0)
+        out = np.zeros(self.space.nlocal, dtype=np.float64)
+        out[self.owned] = got
+        self.applications += 1
+        return self.xp.asarray(out.astype(b.dtype, copy=False))
+
+    def describe(self):
+        where = self.amg.describe() if self.amg is not None else "AMG"
+        return f"{where}, gathered on rank 0 of {self.comm.Get_size()}"

@@ -23,6 +23,7 @@ process to its end, one loaded from Numba's disk cache about 2 MB.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import logging
@@ -120,7 +121,10 @@ def _compile_elsewhere(template, entry, slp, params, tasks):
     Numba's disk cache; an error there is logged, and the kernel compiles here."""
     global _HELPER
     if _HELPER is None or _HELPER.tasks != tasks:
+        if _HELPER is not None:
+            _HELPER.close()
         _HELPER = CompileProcess(tasks)
+        atexit.register(_HELPER.close)          # the child ends (and is waited for) with us
     err = _HELPER.compile(template, entry, slp, params)
     if err:
         log.warning("smalltc: the compile process did not build %s (%s); compiling here",

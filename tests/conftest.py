@@ -20,10 +20,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     np.seterr(all="ignore")
-    # the CPU kernels compile in a helper process, replaced every 40 kernels, and load
+    # the CPU kernels compile in a helper process, replaced every 20 kernels, and load
     # from Numba's disk cache here: a worker that builds hundreds of kernels stays small
     # (each kernel compiled in a process keeps 10-30 MB of it; smalltc.backends.cpu.runtime)
-    os.environ.setdefault("SMALLTC_COMPILE_PROCESS", "40")
+    os.environ.setdefault("SMALLTC_COMPILE_PROCESS", "20")
 
 
 def array_modules():

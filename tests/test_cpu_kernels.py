@@ -455,8 +455,11 @@ def test_a_kernel_compiled_in_the_compile_process_loads_from_the_disk_cache(
         assert "undefined" in err
     finally:
         helper.close()
+    monkeypatch.setenv("SMALLTC_COMPILE_PROCESS", "5")
+    monkeypatch.setattr(runtime, "_HELPER", None)
     fn, _ = runtime.load_kernel("action.py.j2", "stc_isolated_2d", **ctx["render"])
     assert sum(fn.stats.cache_hits.values()) == 1 and not fn.stats.cache_misses
+    assert runtime._HELPER is None          # in the disk cache already: no compile process
     rng = np.random.default_rng(13)
     B, D, V = rng.standard_normal((3, 2)), rng.standard_normal((5, 9)), rng.standard_normal((5, 4))
     U = np.full_like(V, np.nan)

@@ -116,6 +116,18 @@ def _compile_process_tasks() -> int:
         return 0
 
 
+def _in_numba_cache(path: Path) -> bool:
+    """Whether Numba's disk cache holds an index for the kernel module at ``path`` (in
+    ``NUMBA_CACHE_DIR``'s folder for it, else ``__pycache__`` beside it)."""
+    from numba.core import caching, config
+    if config.CACHE_DIR:
+        folder = Path(config.CACHE_DIR) / \
+            caching.UserProvidedCacheLocator.get_suitable_cache_subpath(str(path))
+    else:
+        folder = path.parent / "__pycache__"
+    return any(folder.glob(f"{path.stem}.*.nbi"))
+
+
 def _compile_elsewhere(template, entry, slp, params, tasks):
     """Compile the kernel in the helper process (:mod:`.compile_process`), which fills
     Numba's disk cache; an error there is logged, and the kernel compiles here."""
@@ -145,10 +157,6 @@ def load_kernel(template: str, entry: str, slp: bool = True, _here: bool = False
             return hit, 0.0
         # (a kernel without Numba's disk cache, numba_cache=False, has nothing to load)
         tasks = 0 if _here or not params.get("numba_cache", True) else _compile_process_tasks()
-        t_elsewhere = time.perf_counter()
-        if tasks:
-            _compile_elsewhere(template, entry, slp, params, tasks)
-        t_elsewhere = time.perf_counter() - t_elsewhere
         source = render(template, entry=entry, **params)
         digest = hashlib.sha256(
             f"{CODEGEN_VERSION}|{numba.__version__}|{slp}|{source}".encode()).hexdigest()[:16]
@@ -160,6 +168,10 @@ def load_kernel(template: str, entry: str, slp: bool = True, _here: bool = False
             log.warning("smalltc: cannot write %s (%s); using %s", path, err, fallback)
             path = fallback / path.name
             _write(path, source)
+        t_elsewhere = time.perf_counter()
+        if tasks and not _in_numba_cache(path):
+            _compile_elsewhere(template, entry, slp, params, tasks)
+        t_elsewhere = time.perf_counter() - t_elsewhere
         modname = f"_smalltc_cpu_{entry}_{digest}"
         t0 = time.perf_counter()
         try:

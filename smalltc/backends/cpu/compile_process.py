@@ -70,7 +70,14 @@ class CompileProcess:
 def serve(stdin=None, stdout=None):
     """The child's loop: build each request, answer None or the error's text."""
     from .runtime import load_kernel
-    stdin, stdout = stdin or sys.stdin.buffer, stdout or sys.stdout.buffer
+    if stdout is None:
+        # the answers on a copy of fd 1; whatever else writes to stdout (a print, a C
+        # library) goes to stderr and cannot corrupt them
+        sys.stdout.flush()
+        stdout = os.fdopen(os.dup(1), "wb")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+    stdin = stdin or sys.stdin.buffer
     while True:
         try:
             template, entry, slp, params = pickle.load(stdin)

@@ -1,5 +1,7 @@
 # make demo: set up .venv and run the main job (FEM demo + roofline report)
-# make test: set up .venv with the test extras (MPI included) and run the tests
+# make test: set up .venv with the test extras (MPI included) and run the tests: the
+#            compiled backends on a representative subset of sizes (compiles are the cost)
+# make test-full: the same with SMALLTC_TEST_FULL=1, every size of the operation tables
 # make docs: add the docs extra to .venv and build the documentation site into site/
 #            (mkdocs build --strict: a warning fails the build)
 # Extras: what this machine can use. The `gpu` extra (CuPy, ~200 MB) only where an NVIDIA
@@ -15,7 +17,7 @@ GPU_EXTRA = $(if $(HAS_GPU),$(comma)gpu)
 DEMO_EXTRAS = $(if $(EXTRAS),$(EXTRAS),plot$(GPU_EXTRA))
 TEST_EXTRAS = $(if $(EXTRAS),$(EXTRAS),test,plot,mpi$(GPU_EXTRA))
 
-.PHONY: demo test docs venv clean
+.PHONY: demo test test-full docs venv clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +31,9 @@ demo: $(VENV)/.installed-$(DEMO_EXTRAS)
 
 test: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(PY) -m pytest -q -n auto --doctest-modules smalltc fem tuning tests
+
+test-full: $(VENV)/.installed-$(TEST_EXTRAS)
+	SMALLTC_TEST_FULL=1 $(PY) -m pytest -q -n auto --doctest-modules smalltc fem tuning tests
 
 # the docs extra goes into the same .venv beside the others (its own stamp: the test
 # extras' stamp stays, so `make test` after `make docs` reinstalls nothing)

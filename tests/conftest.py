@@ -4,6 +4,8 @@ GPU tests run when a CUDA device answers a query (not merely when cupy
 imports) and are skipped cleanly otherwise. ``--backend NAME`` restricts the
 operation tables to one backend (like libCEED's ``--ceed``).
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     np.seterr(all="ignore")
+    # the CPU kernels compile in a helper process, replaced every 20 kernels, and load
+    # from Numba's disk cache here: a worker that builds hundreds of kernels stays small
+    # (each kernel compiled in a process keeps 10-30 MB of it; smalltc.backends.cpu.runtime)
+    os.environ.setdefault("SMALLTC_COMPILE_PROCESS", "20")
 
 
 def array_modules():

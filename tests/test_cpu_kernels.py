@@ -398,6 +398,76 @@ def test_tr_block_moves_one_transposed_block(dtype, L):
     assert np.array_equal(dst, ref)
 
 
+@pytest.mark.parametrize("dtype,L,R,S,scale,acc", [
+    ("float64", 8, 3, 7, False, 0), ("float64", 4, 1, 1, True, 0), ("float32", 16, 2, 5, True, 1),
+    ("float64", 2, 2, 3, False, 1), ("float32", 8, 4, 10, False, 0)])
+def test_lane_sums_is_one_register_block_of_a_step(dtype, L, R, S, scale, acc):
+    """simd.lane_sums against the float64 sums of the rows it names: R outputs from S
+    rows, times a scale row or not, added into dst or overwriting it; the rest of dst
+    untouched (its NaN stays)."""
+    import numba
+    from smalltc.backends.cpu.simd import lane_sums
+
+    rng = np.random.default_rng(12)
+    src = rng.standard_normal((12, L + 3)).astype(dtype)
+    sc = rng.standard_normal((9, L + 1)).astype(dtype)
+    drows = tuple(int(r) for r in rng.permutation(9)[:R])
+    srows = tuple(int(r) for r in rng.integers(0, 12, S))
+    coefs = tuple(tuple(float(c) for c in row) for row in rng.standard_normal((R, S)))
+    dst = np.full((9, L + 1), np.nan, dtype)
+    for r in drows:
+        dst[r, :L] = rng.standard_normal(L)
+    ref = dst.astype(np.float64)
+    for r, d in enumerate(drows):
+        x = sum(coefs[r][s] * src[srows[s], :L].astype(np.float64) for s in range(S))
+        x = x * sc[d, :L] if scale else x
+        ref[d, :L] = ref[d, :L] + x if acc else x
+
+    @numba.njit
+    def run(dst, src, sc, drows, srows, coefs):
+        if scale:
+            lane_sums(dst, drows, src, srows, coefs, sc, acc, L)
+        else:
+            lane_sums(dst, drows, src, srows, coefs, None, acc, L)
+
+    run(dst, src, sc, drows, srows, coefs)
+    assert np.array_equal(np.isnan(dst), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert np.allclose(dst[ok], ref[ok], rtol=tol, atol=tol)
+
+
+def test_a_kernel_compiled_in_the_compile_process_loads_from_the_disk_cache(
+        tmp_path, monkeypatch):
+    """SMALLTC_COMPILE_PROCESS: the child builds the kernel into Numba's disk cache and
+    this process loads it from there (a cache hit, not a compile); a kernel the child
+    cannot build comes back as the error's text, and a new child takes the next one."""
+    from smalltc.backends.cpu.compile_process import CompileProcess
+    from smalltc.spec import ActionSpec
+    monkeypatch.setenv("SMALLTC_CACHE_DIR", str(tmp_path))
+    from smalltc.backends.cpu import ACTION
+    ctx = ACTION.context(ActionSpec(dim=2, nq=3, nd=2, batch=1, dtype="float64"))
+    helper = CompileProcess(tasks=1)
+    try:
+        assert helper.compile("action.py.j2", "stc_isolated_2d", True, ctx["render"]) is None
+        assert helper.proc is None                  # one task each: the child was replaced
+        err = helper.compile("action.py.j2", "stc_isolated_bad", True, {})
+        assert "undefined" in err
+    finally:
+        helper.close()
+    monkeypatch.setenv("SMALLTC_COMPILE_PROCESS", "5")
+    monkeypatch.setattr(runtime, "_HELPER", None)
+    fn, _ = runtime.load_kernel("action.py.j2", "stc_isolated_2d", **ctx["render"])
+    assert sum(fn.stats.cache_hits.values()) == 1 and not fn.stats.cache_misses
+    assert runtime._HELPER is None          # in the disk cache already: no compile process
+    rng = np.random.default_rng(13)
+    B, D, V = rng.standard_normal((3, 2)), rng.standard_normal((5, 9)), rng.standard_normal((5, 4))
+    U = np.full_like(V, np.nan)
+    fn(B, D, V, U, 5, 1, -(-5 // ctx["lanes"]), 1)
+    Bk = np.kron(B, B)
+    assert np.allclose(U, np.einsum("qi,eq,qj,ej->ei", Bk, D, Bk, V), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("rb", [1, 2, 3])
 def test_action_register_blocks(rb):
     """Every register-block size (with a remainder block: nd = 3, nq = 4),

@@ -15,9 +15,15 @@ loop vectoriser would otherwise turn the fixed-trip outer loops into gathers.
 What they compile for is Numba's target for the process (:mod:`.target`);
 Numba's disk cache keys on it, so AVX2 and AVX-512 builds of one source
 coexist.
+
+A process that builds hundreds of kernels (a test suite's worker) can
+compile them in a helper process instead (``SMALLTC_COMPILE_PROCESS=N``,
+:mod:`.compile_process`): a kernel compiled here keeps 10-30 MB of this
+process to its end, one loaded from Numba's disk cache about 2 MB.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import logging
@@ -34,6 +40,7 @@ import jinja2
 import numba
 
 from ..._jinja import environment
+from .compile_process import CompileProcess
 
 __all__ = ["render", "load_kernel", "cache_dir", "compile_log", "CompileError", "signature",
            "NB_TYPES", "SHORT"]
@@ -98,17 +105,58 @@ def _write(path: Path, text: str):
     os.replace(tmp, path)
 
 
-def load_kernel(template: str, entry: str, slp: bool = True, **params):
+_HELPER = None
+
+
+def _compile_process_tasks() -> int:
+    """Kernels per compile process (``SMALLTC_COMPILE_PROCESS``; 0: compile here)."""
+    try:
+        return max(0, int(os.environ.get("SMALLTC_COMPILE_PROCESS", "0") or 0))
+    except ValueError:
+        return 0
+
+
+def _in_numba_cache(path: Path) -> bool:
+    """Whether Numba's disk cache holds an index for the kernel module at ``path`` (in
+    ``NUMBA_CACHE_DIR``'s folder for it, else ``__pycache__`` beside it)."""
+    from numba.core import caching, config
+    if config.CACHE_DIR:
+        folder = Path(config.CACHE_DIR) / \
+            caching.UserProvidedCacheLocator.get_suitable_cache_subpath(str(path))
+    else:
+        folder = path.parent / "__pycache__"
+    return any(folder.glob(f"{path.stem}.*.nbi"))
+
+
+def _compile_elsewhere(template, entry, slp, params, tasks):
+    """Compile the kernel in the helper process (:mod:`.compile_process`), which fills
+    Numba's disk cache; an error there is logged, and the kernel compiles here."""
+    global _HELPER
+    if _HELPER is None or _HELPER.tasks != tasks:
+        if _HELPER is not None:
+            _HELPER.close()
+        _HELPER = CompileProcess(tasks)
+        atexit.register(_HELPER.close)          # the child ends (and is waited for) with us
+    err = _HELPER.compile(template, entry, slp, params)
+    if err:
+        log.warning("smalltc: the compile process did not build %s (%s); compiling here",
+                    entry, err)
+
+
+def load_kernel(template: str, entry: str, slp: bool = True, _here: bool = False, **params):
     """The compiled function ``entry`` of ``template`` rendered with ``params``.
 
     Returns ``(function, seconds)``: seconds spent importing (compiling, or
-    loading Numba's disk cache) on the first request, 0.0 on later ones.
+    loading Numba's disk cache; with ``SMALLTC_COMPILE_PROCESS``, the compile
+    process's time too) on the first request, 0.0 on later ones.
     """
     key = (template, entry, slp, repr(sorted(params.items())))
     with _LOCK:
         hit = _KERNELS.get(key)
         if hit is not None:
             return hit, 0.0
+        # (a kernel without Numba's disk cache, numba_cache=False, has nothing to load)
+        tasks = 0 if _here or not params.get("numba_cache", True) else _compile_process_tasks()
         source = render(template, entry=entry, **params)
         digest = hashlib.sha256(
             f"{CODEGEN_VERSION}|{numba.__version__}|{slp}|{source}".encode()).hexdigest()[:16]
@@ -120,6 +168,10 @@ def load_kernel(template: str, entry: str, slp: bool = True, **params):
             log.warning("smalltc: cannot write %s (%s); using %s", path, err, fallback)
             path = fallback / path.name
             _write(path, source)
+        t_elsewhere = time.perf_counter()
+        if tasks and not _in_numba_cache(path):
+            _compile_elsewhere(template, entry, slp, params, tasks)
+        t_elsewhere = time.perf_counter() - t_elsewhere
         modname = f"_smalltc_cpu_{entry}_{digest}"
         t0 = time.perf_counter()
         try:
@@ -132,7 +184,7 @@ def load_kernel(template: str, entry: str, slp: bool = True, **params):
             sys.modules.pop(modname, None)
             raise CompileError(f"compiling {entry} from {path} (template {template}, "
                                f"params {params}) failed: {err}") from err
-        seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0 + t_elsewhere
         fn = getattr(module, entry)
         compile_log.append((entry, seconds))
         log.info("smalltc: cpu kernel %s ready in %.2f s (%s)", entry, seconds, path)

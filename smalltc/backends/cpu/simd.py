@@ -15,6 +15,14 @@ one vector register of the target or a multiple of it, which LLVM splits.
 that calls it (the ``prefer-vector-width`` function attribute): on Intel
 AVX-512 cores LLVM otherwise stays at 256 bits. :func:`prefetch` asks for a
 cache line ahead of its use (``llvm.prefetch``: ``prefetcht0``/``prefetchw``).
+
+:func:`lane_sums` is one register block of a contraction step across lanes:
+the source rows loaded as whole vectors once, ``R`` outputs each a chain of
+FMAs with broadcast coefficients, one vector store each. It is the code the
+SLP vectoriser made of ``R x L`` scalar statements of ``nin`` terms, written
+as one call: Numba types and lowers one call instead of ``R x L x 3 nin``
+scalar operations, and LLVM has nothing left to pack, so a kernel compiles
+several times faster (notes/cpu.md, compile times).
 """
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch"]
+__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch", "lane_sums"]
 
 _FLOATS = (types.float64, types.float32)
 
@@ -183,3 +191,92 @@ def prefetch(typingctx, arr, row, col, write):
         return context.get_dummy_value()
 
     return types.void(arr, row, col, write), codegen
+
+
+def _row_ptr(builder, context, arr, cols, row, vty):
+    idx = builder.mul(row, cols)
+    return builder.bitcast(builder.gep(arr.data, [idx]), vty.as_pointer())
+
+
+#: the kernels' fast-math flags (base.py.j2's FASTMATH): products and sums fuse into FMAs
+_FASTMATH = ("contract", "reassoc", "nsz", "arcp")
+
+
+def _int_tuple(t):
+    return isinstance(t, types.BaseTuple) and len(t) > 0 and all(
+        isinstance(e, types.Integer) for e in t)
+
+
+@intrinsic
+def lane_sums(typingctx, dst, drows, src, srows, coefs, scale, acc, L):
+    """``dst[drows[r], :L] (+)= (sum_s coefs[r][s] * src[srows[s], :L]) * scale[drows[r], :L]``
+    for ``r < R = len(drows)``, ``s < S = len(srows)`` (``coefs`` a tuple of R tuples of S
+    numbers: a literal tuple of more than 30 items is one Numba cannot build; L a
+    literal; ``scale`` an array or None: no factor; ``acc`` a literal: 1 adds into dst, 0
+    overwrites).
+
+    ``dst``, ``src`` (and ``scale``) are 2D C-contiguous arrays of one float dtype with
+    at least L columns; each source row is one vector load, shared by the R outputs;
+    each output is ``c_0 x_0`` then ``S - 1`` multiply-adds, in the order of s. No bounds checks:
+    the rows lie inside the arrays (the caller's constants). The lanes beyond the valid
+    elements of a partial chunk compute on whatever the buffers hold, as the scalar
+    statements did.
+    """
+    if not (isinstance(L, types.IntegerLiteral) and isinstance(acc, types.IntegerLiteral)):
+        return None
+    n = L.literal_value
+    has_scale = not isinstance(scale, (types.NoneType, types.Omitted))
+    if not (_is_2d_c(dst) and _is_2d_c(src) and dst.dtype in _FLOATS and dst.dtype == src.dtype
+            and _int_tuple(drows) and _int_tuple(srows) and n >= 1
+            and isinstance(coefs, types.BaseTuple) and len(coefs) == len(drows)
+            and all(isinstance(c, types.BaseTuple) and len(c) == len(srows) for c in coefs)):
+        return None
+    if has_scale and not (_is_2d_c(scale) and scale.dtype == dst.dtype):
+        return None
+    R, S, add = len(drows), len(srows), bool(acc.literal_value)
+
+    def codegen(context, builder, signature, args):
+        dty, drt, sty, srt, cty, scty, _, _ = signature.args
+        dval, dr_, sval, sr_, cval, scval, _, _ = args
+        intp = types.intp
+        elt = context.get_data_type(dty.dtype)
+        vty = ir.VectorType(elt, n)
+        align = dty.dtype.bitwidth // 8
+        darr = context.make_array(dty)(context, builder, dval)
+        sarr = context.make_array(sty)(context, builder, sval)
+        dcols = cgutils.unpack_tuple(builder, darr.shape, 2)[1]
+        scols = cgutils.unpack_tuple(builder, sarr.shape, 2)[1]
+        drow = [context.cast(builder, v, t, intp)
+                for v, t in zip(cgutils.unpack_tuple(builder, dr_, R), drt)]
+        srow = [context.cast(builder, v, t, intp)
+                for v, t in zip(cgutils.unpack_tuple(builder, sr_, S), srt)]
+        cs = [cgutils.unpack_tuple(builder, row, S)
+              for row in cgutils.unpack_tuple(builder, cval, R)]
+        xs = [builder.load(_row_ptr(builder, context, sarr, scols, r, vty), align=align)
+              for r in srow]
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), n), None)
+
+        def splat(v):
+            vec = builder.insert_element(ir.Constant(vty, ir.Undefined), v,
+                                         ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(vec, ir.Constant(vty, ir.Undefined), zeros)
+
+        if has_scale:
+            sc = context.make_array(scty)(context, builder, scval)
+            sccols = cgutils.unpack_tuple(builder, sc.shape, 2)[1]
+        for r in range(R):
+            y = None
+            for s_ in range(S):
+                c = context.cast(builder, cs[r][s_], cty[r][s_], dty.dtype)
+                t = builder.fmul(splat(c), xs[s_], flags=_FASTMATH)
+                y = t if y is None else builder.fadd(y, t, flags=_FASTMATH)
+            ptr = _row_ptr(builder, context, darr, dcols, drow[r], vty)
+            if has_scale:
+                y = builder.fmul(y, builder.load(
+                    _row_ptr(builder, context, sc, sccols, drow[r], vty), align=align))
+            if add:
+                y = builder.fadd(builder.load(ptr, align=align), y)
+            builder.store(y, ptr, align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, drows, src, srows, coefs, scale, acc, L), codegen

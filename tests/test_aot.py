@@ -118,7 +118,8 @@ def test_precompile_fem_operators():
 
 @pytest.mark.parametrize("kw,exc,match", [
     (dict(ops=["gemm"]), ValueError, r"op must be one of \('action', 'assembly', "
-                                     r"'mass_apply', 'mass_diagonal'\), got 'gemm'"),
+                                     r"'mass_apply', 'mass_diagonal', 'vector_update', 'pcg', "
+                                     r"'pmg_transfer', 'csr_spmv', 'schwarz_fdm'\), got 'gemm'"),
     (dict(device="tpu"), ValueError, r"device must be 'auto', 'cpu' or 'gpu', got 'tpu'"),
     (dict(dtypes=["float16"]), TypeError, r"dtype float16"),
 ])

@@ -296,7 +296,8 @@ ERRORS = [
      ValueError, r"idx holds indices 0\.\.3, outside \[0, 3\)"),
     (lambda: smalltc.pcg_iterate(lambda v: v, np.ones(3), np.ones(2), tol=0, maxiter=1,
                                  bnorm=1.0, history=[1.0]),
-     ValueError, r"r has shape \(2,\), expected \(3,\)"),
+     # a plan of this size cached by an earlier call says what it was built for
+     ValueError, r"r has shape \(2,\), (expected|but this plan was built for) \(3,\)"),
 ]
 
 

@@ -37,7 +37,22 @@ _PLANS: dict = {}
 _MAX_PLANS = 256
 
 
-class Plan:
+class Executed:
+    """What a plan runs, read from its executor (shared by :class:`Plan` and
+    :class:`smalltc.solver.SolverPlan`): the kernel, its parameters, whether it is
+    specialised, where the parameters came from, and the output's shape."""
+
+    kernel = property(lambda self: self.executor.kernel)
+    params = property(lambda self: dict(self.executor.params))
+    specialized = property(lambda self: self.executor.specialized)
+    source = property(lambda self: self.executor.source)
+
+    @property
+    def out_shape(self):
+        return self.spec.out_shape
+
+
+class Plan(Executed):
     """A validated operation bound to a backend and a built kernel.
 
     Call it with operands of the planned shapes and dtype. Keyword
@@ -95,15 +110,6 @@ class Plan:
         # True once the public operations' cache holds this plan under a call signature
         # whose types, shapes and dtypes are exactly the planned ones (:meth:`_matches`)
         self._signed = False
-
-    kernel = property(lambda self: self.executor.kernel)
-    params = property(lambda self: dict(self.executor.params))
-    specialized = property(lambda self: self.executor.specialized)
-    source = property(lambda self: self.executor.source)
-
-    @property
-    def out_shape(self):
-        return self.spec.out_shape
 
     def __repr__(self):
         params = ", ".join(f"{k}={v}" for k, v in self.params.items()) or "-"

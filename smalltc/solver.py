@@ -35,6 +35,7 @@ import numpy as np
 from . import _validate_solver as V
 from .backends import Unsupported, candidates
 from .backends.reference_solvers import STOP_CODES
+from .plan import Executed
 from .spec import SOLVER_OPS
 
 __all__ = ["SolverPlan", "plan", "vector_update", "pcg_iterate", "pmg_transfer", "csr_spmv",
@@ -50,7 +51,7 @@ _MAX_PLANS = 256
 _WARNED: set = set()
 
 
-class SolverPlan:
+class SolverPlan(Executed):
     """A solver op bound to a backend and its built kernel; call it with operands of the
     planned shapes and dtype (and the op's scalars as keywords).
 
@@ -68,15 +69,6 @@ class SolverPlan:
         self._inputs = tuple((o.name, tuple(o.shape), np.dtype(o.dtype or spec.dtype))
                              for o in spec.inputs)
         self._maps = spec.op in ("pmg_transfer", "schwarz_fdm", "csr_spmv")
-
-    kernel = property(lambda self: self.executor.kernel)
-    params = property(lambda self: dict(self.executor.params))
-    specialized = property(lambda self: self.executor.specialized)
-    source = property(lambda self: self.executor.source)
-
-    @property
-    def out_shape(self):
-        return self.spec.out_shape
 
     def __repr__(self):
         params = ", ".join(f"{k}={v}" for k, v in self.params.items()) or "-"

@@ -28,7 +28,7 @@ import numpy as np
 
 from .._device import device_name, resolve_device, synchronize, to_host
 from ..boundary import ConstrainedOperator, DirichletBC, boundary_load
-from ..poisson import (PoissonProblem, PoissonResult, _dirichlet, _split_exact,
+from ..poisson import (PoissonProblem, PoissonResult, _Clock, _dirichlet, _split_exact,
                        _split_regions)
 from ..projection import _error_sums, _load
 from ..solvers import cg, jacobi
@@ -173,18 +173,6 @@ def _check(precond, device):
         raise ValueError(f"a distributed Poisson solve takes precond in {list(PRECONDS)}, "
                          f"got {precond!r}")
     return device_name(resolve_device(device))
-
-
-class _Clock:
-    def __init__(self, xp):
-        self.xp, self.laps = xp, {}
-        self._t = time.perf_counter()
-
-    def lap(self, name):
-        synchronize(self.xp)
-        t = time.perf_counter()
-        self.laps[name] = self.laps.get(name, 0.0) + t - self._t
-        self._t = t
 
 
 def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None,

@@ -87,7 +87,8 @@ def _as_apply(operator):
     raise TypeError(f"operator must be callable or a matrix, got {type(operator).__name__}")
 
 
-def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=None):
+def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=None, start=None,
+                        dot=None):
     """Largest eigenvalue of ``D^-1 A`` (``M^-1 A``) from ``steps`` Jacobi-PCG (PCG with
     ``M``) Lanczos iterations.
 
@@ -104,6 +105,11 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
     preconditioner : callable, optional
         ``r -> M^-1 r``, SPD, in place of ``inv_diag * r`` (which then gives only the
         vectors' shape, dtype and module).
+    start : array, optional
+        The right-hand side, in place of the random one.
+    dot : callable, optional
+        ``(a, b) -> float``, the inner product (e.g. summed across MPI ranks); the
+        vectors' own ``vdot`` by default.
 
     Returns
     -------
@@ -127,16 +133,21 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
     xp = array_module(inv_diag)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    rng = np.random.default_rng(seed)
-    r = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype))
+    if start is None:
+        rng = np.random.default_rng(seed)
+        start = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype))
+    if dot is None:
+        def dot(a, b):
+            return float(xp.vdot(a, b).real)
+    r = start
     prec = (lambda v: v * inv_diag) if preconditioner is None else preconditioner
     z = prec(r)
     p = z.copy()
-    rz = float(xp.vdot(r, z).real)
+    rz = dot(r, z)
     alphas, betas = [], []
     for it in range(int(steps)):
         Ap = apply(p)
-        pAp = float(xp.vdot(p, Ap).real)
+        pAp = dot(p, Ap)
         if not pAp > 0:
             raise ValueError(f"the operator is not positive definite: p^T A p = {pAp:.3e} at "
                              f"Lanczos step {it} of the eigenvalue estimate")
@@ -144,7 +155,7 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
         alphas.append(alpha)
         r = r - alpha * Ap
         z = prec(r)
-        rz_new = float(xp.vdot(r, z).real)
+        rz_new = dot(r, z)
         if not rz_new > 1e-28 * rz:       # converged (an invariant subspace): T is complete
             break
         beta = rz_new / rz

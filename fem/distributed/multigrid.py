@@ -39,7 +39,7 @@ import numpy as np
 import smalltc
 
 from ..basis import lagrange_basis
-from ..chebyshev import Chebyshev
+from ..chebyshev import Chebyshev, estimate_lambda_max
 from ..coarse import _pyamg
 from ..multigrid import _numba_present, pmg_orders
 from ..operators import diffusion_operator
@@ -174,38 +174,8 @@ def distributed_lambda_max(A, red, steps=10, diagonal=None):
     """
     xp = A.xp
     inv = 1.0 / (A.diagonal() if diagonal is None else diagonal)
-    r = _start_vector(A.op.space, xp, A.dtype)
-    z = r * inv
-    p = z.copy()
-    (rz,) = red.sums(float(xp.vdot(r, z)))
-    alphas, betas = [], []
-    for it in range(int(steps)):
-        Ap = A(p)
-        (pAp,) = red.sums(float(xp.vdot(p, Ap)))
-        if not pAp > 0:
-            raise ValueError(f"the operator is not positive definite: p^T A p = {pAp:.3e} at "
-                             f"Lanczos step {it} of the eigenvalue estimate")
-        alpha = rz / pAp
-        alphas.append(alpha)
-        r = r - alpha * Ap
-        z = r * inv
-        (rz_new,) = red.sums(float(xp.vdot(r, z)))
-        if not rz_new > 1e-28 * rz:
-            break
-        betas.append(rz_new / rz)
-        p = z + betas[-1] * p
-        rz = rz_new
-    m = len(alphas)
-    T = np.zeros((m, m))
-    for j in range(m):
-        T[j, j] = 1.0 / alphas[j] + (betas[j - 1] / alphas[j - 1] if j else 0.0)
-        if j + 1 < m:
-            T[j, j + 1] = T[j + 1, j] = np.sqrt(betas[j]) / alphas[j]
-    ev = np.linalg.eigvalsh(T)
-    if not ev[0] > 0 or not np.all(np.isfinite(ev)):
-        raise ValueError(f"the Jacobi-preconditioned operator is not positive definite: "
-                         f"Lanczos eigenvalue estimates {ev[0]:.3e} .. {ev[-1]:.3e}")
-    return float(ev[-1])
+    return estimate_lambda_max(A, inv, steps=steps, start=_start_vector(A.op.space, xp, A.dtype),
+                               dot=lambda a, b: red.sums(float(xp.vdot(a, b)))[0])
 
 
 class DistributedChebyshev(Chebyshev):

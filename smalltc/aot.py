@@ -12,6 +12,12 @@ launch compile too. What is compiled lands in the caches a later process reads:
   (``$SMALLTC_CACHE_DIR/cpu``, default ``~/.cache/smalltc/cpu``);
 * GPU: CuPy's kernel cache (``$CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``).
 
+On the CPU the builds run at once in compile processes, one a core (``jobs``,
+``smalltc precompile --jobs N``; :mod:`smalltc.backends.cpu.compile_process`), each
+taking the next build when its last one is done and writing the shared disk cache;
+a later call here or in another process loads the kernels from it. The GPU's builds
+run in this process, one after another.
+
 Kernels do not depend on the element count (nor, for the FEM operator, on the
 number of DoFs), so a tiny problem builds the kernel of any size. Each record says
 whether the build wrote new files to the cache (it compiled) or found its kernel
@@ -31,26 +37,26 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import re
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
+from . import solver as _solver
 from ._arrays import cupy_or_none, gpu_available
+from .ops import OPS as _REGISTRY
 
 __all__ = ["precompile", "cache_report", "cache_dirs", "OPS", "SOLVER_OPS", "parse_nq",
            "add_arguments", "run"]
 
-#: the operations :func:`precompile` builds (names as for :func:`smalltc.plan`)
-OPS = ("action", "assembly", "mass_apply", "mass_diagonal")
-#: the solver kernels it builds too (:mod:`smalltc.solver`): the vector updates (every
-#: mode), the PCG iteration and the CSR product do not depend on ``p`` or ``dim``; the
-#: transfers are built for the p-multigrid's first coarsening from ``p``
-#: (``ceil(p/2)``, both ways), the Schwarz solve for the extended elements of ``p``
-#: (``p + 3`` nodes a direction: overlap 1)
-SOLVER_OPS = ("vector_update", "pcg", "pmg_transfer", "csr_spmv", "schwarz_fdm")
-_SIZELESS = ("vector_update", "pcg", "csr_spmv")
-_E = 2                                       # elements of the problem each build runs
+#: the operations :func:`precompile` builds (names as for :func:`smalltc.plan`): the
+#: entries of :mod:`smalltc.ops` with an ``example`` problem, in their registration order
+OPS = tuple(name for name, entry in _REGISTRY.items() if entry.example is not None)
+#: the solver kernels it builds too (:mod:`smalltc.solver`: what each depends on,
+#: :data:`smalltc.solver.DEPENDS`, and its problems, :func:`smalltc.solver.examples`)
+SOLVER_OPS = tuple(_solver.OPS)
 
 
 def cache_dirs() -> dict:
@@ -145,71 +151,6 @@ def parse_nq(spec, p: int) -> int:
     return int(text)
 
 
-def _problem(op, dim, p, nq, dtype, ncomp, index_dtype, xp):
-    """``(operands, plan keywords)`` of a two-element problem of ``op``."""
-    nd = p + 1
-    rng = np.random.default_rng(0)
-
-    def rand(*shape):
-        return xp.asarray(rng.random(shape).astype(dtype) + 0.5)
-    B1d, D = rand(nq, nd), rand(_E, *(nq,) * dim)
-    if op == "action":
-        V = rand(_E, ncomp, *(nd,) * dim) if ncomp > 1 else rand(_E, *(nd,) * dim)
-        return (B1d, D, V), {}
-    if op == "assembly":
-        return (B1d, D), {}
-    ndofs = _E * nd ** dim                               # elements apart: any map will do
-    emap = xp.asarray(np.arange(ndofs, dtype=index_dtype).reshape(_E, *(nd,) * dim))
-    if op == "mass_apply":
-        x = rand(ncomp, ndofs) if ncomp > 1 else rand(ndofs)
-        return (B1d, D, x, emap), {}
-    if op == "mass_diagonal":
-        return (B1d, D, emap), {"ndofs": ndofs}
-    raise ValueError(f"op must be one of {OPS}, got {op!r}")
-
-
-def _solver_problems(op, dim, p, dtype, index_dtype, xp):
-    """``[(operands, plan keywords, call keywords)]``: the builds of solver op ``op``."""
-    rng = np.random.default_rng(0)
-
-    def rand(*shape):
-        return xp.asarray(rng.random(shape).astype(dtype) + 0.5)
-    n = 8
-    if op == "vector_update":
-        v = [rand(n) for _ in range(7)]
-        f = xp.ones(n, dtype=dtype)
-        names = {"start": 2, "step": 6, "residual": 3, "last": 2}
-        return [(tuple(v[:k]), dict(mode=m, free=f), dict(c0=0.5, c1=0.5))
-                for m, k in names.items()]
-    if op == "pcg":
-        return [((rand(n), rand(n), rand(n)), {},
-                 dict(apply=lambda x: x, tol=0.0, maxiter=1, bnorm=1.0, history=[1.0]))]
-    if op == "csr_spmv":
-        ip = xp.asarray(np.arange(n + 1, dtype=index_dtype))
-        return [((ip, xp.asarray(np.arange(n, dtype=index_dtype)), rand(n), rand(n)), {}, {})]
-    if op == "pmg_transfer":
-        q = (p + 1) // 2
-        nf, nc = p + 1, q + 1
-        emap = {k: xp.asarray(np.arange(_E * k ** dim, dtype=index_dtype).reshape(
-            (_E,) + (k,) * dim)) for k in (nc, nf)}
-        ndof = {k: _E * k ** dim for k in (nc, nf)}
-        M = rand(nf, nc)
-        MT = xp.ascontiguousarray(M.T)
-        return [((M, rand(ndof[nc]), emap[nc], rand(ndof[nc]), emap[nf], rand(ndof[nf])), {},
-                 {}),
-                ((MT, rand(ndof[nf]), emap[nf], rand(ndof[nf]), emap[nc], rand(ndof[nc])), {},
-                 {})]
-    if op == "schwarz_fdm":
-        if xp is np:          # the host's Schwarz keeps an intp map (numpy.bincount's index)
-            index_dtype = "int64"
-        k = p + 3
-        ndofs = _E * k ** dim
-        idx = xp.asarray(np.arange(ndofs, dtype=index_dtype).reshape((_E,) + (k,) * dim))
-        return [((rand(_E, dim, k, k), rand(_E, *(k,) * dim), idx, rand(ndofs), rand(ndofs)),
-                 {}, {})]
-    raise ValueError(f"op must be one of {OPS + SOLVER_OPS}, got {op!r}")
-
-
 def _module(device):
     if device not in ("auto", "cpu", "gpu"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
@@ -226,37 +167,172 @@ def _items(ops, p, nq, dims, dtypes, ncomp, deterministic, index_dtypes):
     for op, dim, pp, q, dt, nc, det, it in itertools.product(
             ops, dims, p, nq if nq is not None else ("p+1", "p+2"), dtypes, ncomp,
             deterministic, index_dtypes):
-        fem = op in ("mass_apply", "mass_diagonal")
         if op in SOLVER_OPS:
-            sizeless = op in _SIZELESS
-            item = dict(op=op, dim=None if sizeless else int(dim),
-                        p=None if sizeless else int(pp), nq=None, dtype=str(dt), ncomp=1,
-                        deterministic=False,
-                        index_dtype=str(it) if op != "vector_update" and op != "pcg"
-                        else None)
-            if item not in seen:
-                seen.append(item)
-            continue
-        item = dict(op=op, dim=int(dim), p=int(pp), nq=parse_nq(q, int(pp)), dtype=str(dt),
-                    ncomp=int(nc) if op in ("action", "mass_apply") else 1,
-                    deterministic=bool(det) if fem else False,
-                    index_dtype=str(it) if fem else None)
+            depends = _solver.DEPENDS[op]
+            item = dict(op=op, dim=int(dim) if "size" in depends else None,
+                        p=int(pp) if "size" in depends else None, nq=None, dtype=str(dt),
+                        ncomp=1, deterministic=False,
+                        index_dtype=str(it) if "index" in depends else None)
+        else:
+            varies = _REGISTRY[op].varies
+            item = dict(op=op, dim=int(dim), p=int(pp), nq=parse_nq(q, int(pp)), dtype=str(dt),
+                        ncomp=int(nc) if "ncomp" in varies else 1,
+                        deterministic=bool(det) if "deterministic" in varies else False,
+                        index_dtype=str(it) if "index_dtype" in varies else None)
         if item not in seen:
             seen.append(item)
     return seen
 
 
+def _builds(it, xp):
+    """``[(operands, plan keywords, call keywords)]`` of one item."""
+    if it["op"] in SOLVER_OPS:
+        return _solver.examples(it["op"], it["dim"], it["p"], it["dtype"],
+                                it["index_dtype"] or "int32", xp)
+    entry = _REGISTRY[it["op"]]
+    ops_, kw = entry.example(it["dim"], it["p"], it["nq"], it["dtype"], it["ncomp"],
+                             it["index_dtype"], xp)
+    if "deterministic" in entry.varies:
+        kw["deterministic"] = it["deterministic"]
+    return [(ops_, kw, {})]
+
+
+def _build(it, xp, backend, folder, shared=False) -> dict:
+    """Plan and call the item's problems; its record. ``shared``: other processes write
+    the cache meanwhile, so the new files counted are those of the kernels this build
+    loaded (their modules and Numba's files of them), not every change in the folder."""
+    import smalltc
+    log = _cpu_compile_log() if shared else None
+    start = len(log) if log is not None else 0
+    before = _files(folder)
+    t0 = time.perf_counter()
+    plans = []
+    for ops_, kw, call in _builds(it, xp):
+        plan = smalltc.plan(it["op"], *ops_, backend=backend, **kw)
+        if "free" in kw:
+            ops_ = ops_ + (kw["free"],)
+        plan(*ops_, **call)
+        plans.append(plan)
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+    seconds = time.perf_counter() - t0
+    after = _files(folder)
+    changed = [f for f, st in after.items() if before.get(f) != st]
+    if log is not None:
+        own = re.compile("^(" + "|".join(re.escape(e) for e, _ in log[start:]) +
+                         r")_[0-9a-f]{16}\.") if len(log) > start else None
+        changed = [f for f in changed if own is not None and own.match(Path(f).name)]
+    new = len(changed)
+    return dict(it, device="cpu" if xp is np else "gpu", backend=plan.backend,
+                kernel=", ".join(dict.fromkeys(str(p.kernel) for p in plans)),
+                specialized=all(p.specialized for p in plans), seconds=round(seconds, 4),
+                new_files=new, compiled=new > 0,
+                nothing_to_compile=all(str(p.kernel).startswith("reference") for p in plans))
+
+
+def _cpu_compile_log():
+    """The CPU runtime's list of kernels this process loaded (entry, seconds)."""
+    try:
+        from .backends.cpu import runtime
+    except ImportError:                       # numba missing: nothing compiles
+        return []
+    return runtime.compile_log
+
+
+def build_item(it, backend):
+    """One item built in a precompile worker (a compile process, the CPU): its record."""
+    return _build(it, np, backend, cache_dirs()["cpu"], shared=True)
+
+
+#: builds a precompile worker runs before it is replaced by a fresh one (a compiled
+#: kernel keeps 10-30 MB of its process: :mod:`smalltc.backends.cpu.compile_process`)
+_WORKER_TASKS = 32
+
+
+def _cost(it):
+    """A rough order of an item's compile time: the larger ones start first."""
+    return ((it["p"] or 0) + 1) ** (it["dim"] or 1) * (it["nq"] or 1) * (1 + (it["ncomp"] > 1))
+
+
+def _parallel(items, backend, jobs, bar):
+    """Build the items in ``jobs`` compile processes, each taking the next item when its
+    last one is done (the largest first); the records in the items' order. An item a
+    worker could not build is built here (its error raised here, as in one process)."""
+    from queue import Queue
+
+    from .backends.cpu.compile_process import CompileProcess
+    todo = sorted(range(len(items)), key=lambda i: -_cost(items[i]))
+    lock, done = threading.Lock(), Queue()
+    records = [None] * len(items)
+    stop = threading.Event()
+
+    def worker():
+        proc = CompileProcess(_WORKER_TASKS)
+        try:
+            while not stop.is_set():
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop(0)
+                try:
+                    ok, answer = proc.call("smalltc.aot:build_item", items[i], backend)
+                except Exception as err:      # (a pipe error): this process builds it
+                    ok, answer = False, f"{type(err).__name__}: {err}"
+                done.put((i, answer if ok else None, None if ok else answer))
+        finally:
+            proc.close()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(jobs)]
+    for t in threads:
+        t.start()
+    folder = cache_dirs()["cpu"]
+    try:
+        for _ in range(len(items)):
+            i, rec, err = done.get()
+            if rec is None:                   # built here: the same error as in one process
+                import logging
+                logging.getLogger("smalltc").warning(
+                    "smalltc: a precompile worker did not build %s (%s); building here",
+                    items[i], err)
+                rec = _build(items[i], np, backend, folder)
+            records[i] = rec
+            if bar is not None:
+                it = items[i]
+                bar.set_postfix_str(f"{it['op']} {it['dim']}d p={it['p']} nq={it['nq']} "
+                                    f"{it['dtype']}")
+                bar.update()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    return records
+
+
+def _jobs(jobs, n):
+    """Compile processes for ``n`` CPU builds (``jobs`` None: one a core this process may
+    run on)."""
+    if jobs is None:
+        try:
+            jobs = len(os.sched_getaffinity(0))
+        except AttributeError:
+            jobs = os.cpu_count() or 1
+    if int(jobs) < 1:
+        raise ValueError(f"jobs must be a positive number of processes, got {jobs!r}")
+    return min(int(jobs), n)
+
+
 def precompile(ops=OPS, p=range(1, 9), nq=None, dims=(3,), dtypes=("float64",), *,
                ncomp=(1,), deterministic=(False,), index_dtypes=("int32",), device="auto",
-               backend="auto", progress=False) -> list:
+               backend="auto", progress=False, jobs=None) -> list:
     """Build the kernels of every combination of the arguments on the current device.
 
     Parameters
     ----------
     ops : iterable of str
-        The operations, named as for :func:`smalltc.plan` (:data:`OPS`:
-        ``batched_contract``, ``assemble_mass``, ``mass_apply``, ``mass_diagonal``; and
-        the solver kernels of :data:`SOLVER_OPS`, :mod:`smalltc.solver`).
+        The operations, named as for :func:`smalltc.plan`: those of :data:`OPS` (the
+        entries of :mod:`smalltc.ops` with an ``example``: ``action``, ``assembly``,
+        ``mass_apply``, ``mass_diagonal``) and the solver kernels of :data:`SOLVER_OPS`
+        (:mod:`smalltc.solver`).
     p : iterable of int
         Polynomial orders (``nd = p + 1``).
     nq : iterable of int or str, optional
@@ -278,14 +354,21 @@ def precompile(ops=OPS, p=range(1, 9), nq=None, dims=(3,), dtypes=("float64",), 
         As for :func:`smalltc.plan` ("auto": what a call would use).
     progress : bool
         A tqdm progress bar on stderr.
+    jobs : int, optional
+        On the CPU, the processes that compile at once (None: one a core this process
+        may run on). With two or more builds each is planned and called in one of
+        ``jobs`` compile processes (:mod:`smalltc.backends.cpu.compile_process`), which
+        write the shared disk cache; this process then loads the kernels from it
+        when it uses them. ``1``: every build in this process. The GPU's builds run
+        in this process.
 
     Returns
     -------
     list of dict
-        One record a build: the item (``op``, ``dim``, ``p``, ``nq``, ``dtype``,
-        ``ncomp``, ``deterministic``, ``index_dtype``), ``device``, ``backend``,
-        ``kernel``, ``specialized``, ``seconds`` (plan and first call), ``new_files``
-        (files it wrote to the device's kernel cache), ``compiled``
+        One record a build, in the items' order: the item (``op``, ``dim``, ``p``,
+        ``nq``, ``dtype``, ``ncomp``, ``deterministic``, ``index_dtype``), ``device``,
+        ``backend``, ``kernel``, ``specialized``, ``seconds`` (plan and first call),
+        ``new_files`` (files it wrote to the device's kernel cache), ``compiled``
         (``new_files > 0``: it compiled; False: its kernels were cached) and
         ``nothing_to_compile`` (the reference backend ran it: no kernel of its own).
 
@@ -296,61 +379,33 @@ def precompile(ops=OPS, p=range(1, 9), nq=None, dims=(3,), dtypes=("float64",), 
     RuntimeError
         ``device="gpu"`` without a GPU.
     """
-    import smalltc
     xp = _module(device)
-    where = "cpu" if xp is np else "gpu"
     folder = cache_dirs()["cpu" if xp is np else "cuda"]
     for op in ops:
         if op not in OPS + SOLVER_OPS:
             raise ValueError(f"op must be one of {OPS + SOLVER_OPS}, got {op!r}")
     items = _items(list(ops), list(p), None if nq is None else list(nq), list(dims),
                    list(dtypes), list(ncomp), list(deterministic), list(index_dtypes))
+    workers = _jobs(jobs, len(items)) if xp is np else 1
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(items), desc="precompile", unit="kernel")
-    records = []
     try:
+        if workers > 1:
+            return _parallel(items, backend, workers, bar)
+        records = []
         for it in items:
-            label = f"{it['op']} {it['dim']}d p={it['p']} nq={it['nq']} {it['dtype']}"
             if bar is not None:
-                bar.set_postfix_str(label)
-            if it["op"] in SOLVER_OPS:
-                builds = _solver_problems(it["op"], it["dim"], it["p"], it["dtype"],
-                                          it["index_dtype"] or "int32", xp)
-            else:
-                ops_, kw = _problem(it["op"], it["dim"], it["p"], it["nq"], it["dtype"],
-                                    it["ncomp"], it["index_dtype"], xp)
-                if it["index_dtype"] is not None:
-                    kw["deterministic"] = it["deterministic"]
-                builds = [(ops_, kw, {})]
-            before = _files(folder)
-            t0 = time.perf_counter()
-            plans = []
-            for ops_, kw, call in builds:
-                plan = smalltc.plan(it["op"], *ops_, backend=backend, **kw)
-                if "free" in kw:
-                    ops_ = ops_ + (kw["free"],)
-                plan(*ops_, **call)
-                plans.append(plan)
-            if xp is not np:
-                xp.cuda.get_current_stream().synchronize()
-            seconds = time.perf_counter() - t0
-            after = _files(folder)
-            new = sum(1 for f, st in after.items() if before.get(f) != st)
-            records.append(dict(it, device=where, backend=plan.backend,
-                                kernel=", ".join(dict.fromkeys(str(p.kernel) for p in plans)),
-                                specialized=all(p.specialized for p in plans),
-                                seconds=round(seconds, 4),
-                                new_files=new, compiled=new > 0,
-                                nothing_to_compile=all(str(p.kernel).startswith("reference")
-                                                       for p in plans)))
+                bar.set_postfix_str(f"{it['op']} {it['dim']}d p={it['p']} nq={it['nq']} "
+                                    f"{it['dtype']}")
+            records.append(_build(it, xp, backend, folder))
             if bar is not None:
                 bar.update()
+        return records
     finally:
         if bar is not None:
             bar.close()
-    return records
 
 
 # ---- the CLI: smalltc precompile --------------------------------------------------------
@@ -373,8 +428,9 @@ def _words(text):
 
 def add_arguments(parser):
     parser.add_argument("--ops", default=",".join(OPS),
-                        help=f"operations, comma separated (default {','.join(OPS)}; the "
-                             f"solver kernels: {','.join(SOLVER_OPS)})")
+                        help=f"operations, comma separated: {', '.join(OPS)} (the "
+                             f"default: every entry of smalltc.ops with an example problem) "
+                             f"and the solver kernels {', '.join(SOLVER_OPS)}")
     parser.add_argument("--p", default="1-8", help="polynomial orders, e.g. 1,2,3 or 1-8 "
                                                    "(default 1-8)")
     parser.add_argument("--nq", default="p+1,p+2",
@@ -391,6 +447,9 @@ def add_arguments(parser):
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                         help="auto: the GPU when there is one (default)")
     parser.add_argument("--backend", default="auto", help="as for smalltc.plan (default auto)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="CPU builds at once, each in a compile process of its own "
+                             "(default: one a core; 1: all in this process)")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="write the records (one a kernel) to FILE")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -399,16 +458,22 @@ def add_arguments(parser):
 def run(args) -> int:
     import json
     det = {"no": [False], "yes": [True], "both": [False, True]}[args.deterministic]
+    t0 = time.perf_counter()
     records = precompile(_words(args.ops), _ints(args.p), _words(args.nq), _ints(args.dims),
                          _words(args.dtypes), ncomp=_ints(args.ncomp), deterministic=det,
                          index_dtypes=_words(args.index_dtypes), device=args.device,
-                         backend=args.backend, progress=not args.no_progress)
+                         backend=args.backend, progress=not args.no_progress,
+                         jobs=args.jobs)
+    wall = time.perf_counter() - t0
     new = sum(r["compiled"] for r in records)
     none = sum(r["nothing_to_compile"] for r in records)
     total = sum(r["seconds"] for r in records)
     where = records[0]["device"] if records else args.device
     folder = cache_dirs()["cpu" if where == "cpu" else "cuda"]
-    print(f"{len(records)} builds on the {where.upper()} in {total:.1f} s: {new} compiled now, "
+    procs = _jobs(args.jobs, len(records)) if where == "cpu" and records else 1
+    print(f"{len(records)} builds on the {where.upper()} in {wall:.1f} s"
+          + (f" ({procs} compile processes, {total:.1f} s of builds)" if procs > 1 else "")
+          + f": {new} compiled now, "
           f"{len(records) - new - none} already cached"
           + (f", {none} with nothing to compile (array code)" if none else "")
           + f"; cache: {folder}")

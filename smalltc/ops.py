@@ -35,7 +35,10 @@ other change, and so do the plan cache, ``out=``, ``stream=`` and torch/JAX arra
 operand that may be left out (``None``) needs ``omits=True`` (and ``required``, the
 operands :func:`smalltc.plan.plan` cannot do without); where the public function takes
 some operands by keyword, ``positional`` names those plan() takes by position, the others
-by keyword as there (see ``mixed_apply``). The spec function
+by keyword as there (see ``mixed_apply``). ``example=`` (a two-element problem of given
+sizes, and ``varies``, the build options its kernels depend on) makes
+:func:`smalltc.precompile` build the entry's kernels ahead (``smalltc precompile --ops``).
+The spec function
 raises the errors that name an operand; the backends build the spec's kernel
 (``backend.build(spec)``), so a new spec class needs its kernel families (or the
 reference backend's fallback) and nothing here. ``tests/test_plan_ops.py`` asks for a
@@ -54,6 +57,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
+
+import numpy as np
 
 from . import _validate
 
@@ -111,6 +116,14 @@ class Op:
     omits : bool
         Whether a call may leave operands out (``None``: the collocated ``B1d``, a ``G1d``
         not evaluated, a map not given); they are dropped before the plan runs.
+    example : callable or None
+        ``example(dim, p, nq, dtype, ncomp, index_dtype, xp) -> (operands, options)``: a
+        two-element problem of those sizes, what :func:`smalltc.precompile` plans and calls
+        to build the entry's kernels ahead (None: it does not build this entry).
+    varies : tuple of str
+        The build options beyond ``dim``, ``p``, ``nq`` and ``dtype`` its kernels depend
+        on, among ``"ncomp"``, ``"deterministic"``, ``"index_dtype"`` (the others are
+        not varied by :func:`smalltc.precompile`).
     """
 
     name: str
@@ -127,6 +140,8 @@ class Op:
     names: Callable | None = None
     takes: str | None = None
     omits: bool = False
+    example: Callable | None = None
+    varies: tuple = ()
 
     def __post_init__(self):
         missing = [o for o in self.options if o not in self.defaults]
@@ -248,14 +263,53 @@ def _basis(transpose, B1d, G1d, field, elem_dofs=None, *, what, dim, ndofs=None)
                                 ndofs=ndofs, dim=dim)
 
 
+# --- the two-element problems smalltc.precompile builds (Op.example) ------------------------
+
+_E = 2                          # elements: kernels do not depend on the element count
+
+
+def _rand(xp, dtype, *shape):
+    rng = np.random.default_rng(0)
+    return xp.asarray(rng.random(shape).astype(dtype) + 0.5)
+
+
+def _emap(xp, nd, dim, index_dtype):
+    """``(map, ndofs)``: the elements apart (any map will do)."""
+    ndofs = _E * nd ** dim
+    return xp.asarray(np.arange(ndofs, dtype=index_dtype).reshape(_E, *(nd,) * dim)), ndofs
+
+
+def _example_action(dim, p, nq, dtype, ncomp, index_dtype, xp):
+    nd = p + 1
+    V = _rand(xp, dtype, _E, *((ncomp,) if ncomp > 1 else ()), *(nd,) * dim)
+    return (_rand(xp, dtype, nq, nd), _rand(xp, dtype, _E, *(nq,) * dim), V), {}
+
+
+def _example_assembly(dim, p, nq, dtype, ncomp, index_dtype, xp):
+    return (_rand(xp, dtype, nq, p + 1), _rand(xp, dtype, _E, *(nq,) * dim)), {}
+
+
+def _example_mass_apply(dim, p, nq, dtype, ncomp, index_dtype, xp):
+    emap, ndofs = _emap(xp, p + 1, dim, index_dtype)
+    x = _rand(xp, dtype, *((ncomp,) if ncomp > 1 else ()), ndofs)
+    return (_rand(xp, dtype, nq, p + 1), _rand(xp, dtype, _E, *(nq,) * dim), x, emap), {}
+
+
+def _example_mass_diagonal(dim, p, nq, dtype, ncomp, index_dtype, xp):
+    emap, ndofs = _emap(xp, p + 1, dim, index_dtype)
+    return ((_rand(xp, dtype, nq, p + 1), _rand(xp, dtype, _E, *(nq,) * dim), emap),
+            {"ndofs": ndofs})
+
+
 # --- the entries -----------------------------------------------------------------------------
 
 _FEM = dict(deterministic=False)
 
 ACTION = register(Op("action", ("B1d", "D", "V"), _validate.action_spec, method=True,
-                     public=("batched_contract",)))
+                     public=("batched_contract",), example=_example_action,
+                     varies=("ncomp",)))
 ASSEMBLY = register(Op("assembly", ("B1d", "D"), _validate.assembly_spec, method=True,
-                       public=("assemble_mass",)))
+                       public=("assemble_mass",), example=_example_assembly))
 GEMM = register(Op("gemm", ("A", "B", "C"), _gemm, options=("trans_a", "trans_b"),
                    defaults=dict(trans_a=False, trans_b=False), required=2, scalars=True,
                    public=("batched_gemm",)))
@@ -263,10 +317,14 @@ CONTRACT = register(Op("contract", ("X", "Y"), _contract, options=("kind", "exte
                        defaults=dict(kind=None, extents=None), public=("contract",),
                        reshape=lambda options: options[1] is not None))
 MASS_APPLY = register(Op("mass_apply", ("B1d", "D", "x", "elem_dofs"), _mass_apply,
-                         options=("deterministic",), defaults=_FEM, public=("mass_apply",)))
+                         options=("deterministic",), defaults=_FEM, public=("mass_apply",),
+                         example=_example_mass_apply,
+                         varies=("ncomp", "deterministic", "index_dtype")))
 MASS_DIAGONAL = register(Op("mass_diagonal", ("B1d", "D", "elem_dofs"), _mass_diagonal,
                             options=("ndofs", "deterministic"),
-                            defaults=dict(_FEM, ndofs=None), public=("mass_diagonal",)))
+                            defaults=dict(_FEM, ndofs=None), public=("mass_diagonal",),
+                            example=_example_mass_diagonal,
+                            varies=("deterministic", "index_dtype")))
 
 #: the operators' levels: the operands after the point data
 _LEVELS = {"action": ("V",), "apply": ("x", "elem_dofs"), "diagonal": ("elem_dofs",),

@@ -514,9 +514,8 @@ def counts(op, sizes=None, dtype="float64") -> Counts:
         return fn(sizes, s)
     if op.startswith("("):
         return _step_counts(dict(sizes, label=op), s)
-    raise ValueError(f"op must be 'gemm', 'action', 'assembly', 'contract', 'step', "
-                     f"'mass_apply', 'mass_diagonal', 'basis', a step label or a spec, got "
-                     f"{op!r}")
+    raise ValueError(f"op must be one of {', '.join(map(repr, _COUNTS))}, a step label or a "
+                     f"spec, got {op!r}")
 
 
 # ----------------------------------------------------------------------------

@@ -39,12 +39,21 @@ from .plan import Executed
 from .spec import SOLVER_OPS
 
 __all__ = ["SolverPlan", "plan", "vector_update", "pcg_iterate", "pmg_transfer", "csr_spmv",
-           "schwarz_fdm", "OPS", "STOP_CODES"]
+           "schwarz_fdm", "OPS", "STOP_CODES", "DEPENDS", "examples"]
 
 log = logging.getLogger("smalltc")
 
 #: the ops of this module, as :func:`smalltc.plan` names them
 OPS = SOLVER_OPS
+#: what each op's kernels depend on besides the dtype (:func:`smalltc.precompile` builds
+#: one of each such combination): ``"size"`` the dimension and ``p`` (the transfers for
+#: the p-multigrid's first coarsening from ``p``, ``ceil(p/2)``, both ways; the Schwarz
+#: solve for the extended elements of ``p``, ``p + 3`` nodes a direction: overlap 1),
+#: ``"index"`` the maps' dtype. The vector updates (every mode), the PCG iteration and
+#: the CSR product do not depend on ``p`` or ``dim``.
+DEPENDS = {"vector_update": (), "pcg": (), "pmg_transfer": ("size", "index"),
+           "csr_spmv": ("index",), "schwarz_fdm": ("size", "index")}
+assert set(DEPENDS) == set(OPS)
 
 _PLANS: dict = {}
 _MAX_PLANS = 256
@@ -173,6 +182,55 @@ def plan(op, *operands, mode=None, free=None, backend="auto", params=None):
     p = _build(spec, xp, backend, params)
     V.check_maps(spec, operands)
     return p
+
+
+def examples(op, dim, p, dtype, index_dtype, xp) -> list:
+    """``[(operands, plan keywords, call keywords)]``: small problems whose plans and first
+    calls build the kernels of ``op`` for ``dim``, ``p``, ``dtype`` and ``index_dtype``
+    (:data:`DEPENDS` says which of them matter); what :func:`smalltc.precompile` runs.
+
+    >>> [kw["mode"] for _, kw, _ in examples("vector_update", None, None, "float64", None,
+    ...                                      np)]
+    ['start', 'step', 'residual', 'last']
+    """
+    rng = np.random.default_rng(0)
+    E, n = 2, 8
+
+    def rand(*shape):
+        return xp.asarray(rng.random(shape).astype(dtype) + 0.5)
+    if op == "vector_update":
+        v = [rand(n) for _ in range(7)]
+        f = xp.ones(n, dtype=dtype)
+        names = {"start": 2, "step": 6, "residual": 3, "last": 2}
+        return [(tuple(v[:k]), dict(mode=m, free=f), dict(c0=0.5, c1=0.5))
+                for m, k in names.items()]
+    if op == "pcg":
+        return [((rand(n), rand(n), rand(n)), {},
+                 dict(apply=lambda x: x, tol=0.0, maxiter=1, bnorm=1.0, history=[1.0]))]
+    if op == "csr_spmv":
+        ip = xp.asarray(np.arange(n + 1, dtype=index_dtype))
+        return [((ip, xp.asarray(np.arange(n, dtype=index_dtype)), rand(n), rand(n)), {}, {})]
+    if op == "pmg_transfer":
+        q = (p + 1) // 2
+        nf, nc = p + 1, q + 1
+        emap = {k: xp.asarray(np.arange(E * k ** dim, dtype=index_dtype).reshape(
+            (E,) + (k,) * dim)) for k in (nc, nf)}
+        ndof = {k: E * k ** dim for k in (nc, nf)}
+        M = rand(nf, nc)
+        MT = xp.ascontiguousarray(M.T)
+        return [((M, rand(ndof[nc]), emap[nc], rand(ndof[nc]), emap[nf], rand(ndof[nf])), {},
+                 {}),
+                ((MT, rand(ndof[nf]), emap[nf], rand(ndof[nf]), emap[nc], rand(ndof[nc])), {},
+                 {})]
+    if op == "schwarz_fdm":
+        if xp is np:          # the host's Schwarz keeps an intp map (numpy.bincount's index)
+            index_dtype = "int64"
+        k = p + 3
+        ndofs = E * k ** dim
+        idx = xp.asarray(np.arange(ndofs, dtype=index_dtype).reshape((E,) + (k,) * dim))
+        return [((rand(E, dim, k, k), rand(E, *(k,) * dim), idx, rand(ndofs), rand(ndofs)),
+                 {}, {})]
+    raise ValueError(f"op must be one of {OPS}, got {op!r}")
 
 
 def _cached(op, operands, mode=None, free=None, backend="auto"):

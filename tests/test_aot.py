@@ -161,3 +161,75 @@ def test_kernels_do_not_depend_on_the_element_count():
     B1d, D, V = np.random.rand(3, 3), np.random.rand(300, 3, 3), np.random.rand(300, 3, 3)
     p = smalltc.plan("action", B1d, D, V)
     assert p.kernel == rec["kernel"] and p.executor.compile_s == 0.0
+
+
+# the first call of each kernel of the records in a fresh process: whether Numba loaded
+# its machine code from the disk cache (hits) or compiled it (misses), by the dispatchers'
+# statistics, and the cache files the process wrote
+LOADS = r"""
+import json, sys
+import numpy as np
+import smalltc
+from smalltc import aot
+from smalltc.backends.cpu import runtime
+folder = aot.cache_dirs()["cpu"]
+before = aot._files(folder)
+for it in json.loads(sys.argv[1]):
+    for ops_, kw, call in aot._builds(it, np):
+        smalltc.plan(it["op"], *ops_, **kw)(*ops_, **call)
+stats = {fn.py_func.__name__: (sum(fn.stats.cache_hits.values()),
+                               sum(fn.stats.cache_misses.values()))
+         for fn in runtime._KERNELS.values()}
+after = aot._files(folder)
+print(json.dumps(dict(stats=stats, new_files=sum(after.get(f) != before.get(f)
+                                                 for f in after))))
+"""
+
+
+def test_parallel_precompile_loads_in_a_fresh_process(tmp_path):
+    """Two compile processes build three kernels into an empty cache; a fresh process's
+    first call of each loads it from Numba's disk cache (no miss, no file written)."""
+    env = _env(tmp_path, "parallel")
+    env.pop("NUMBA_CACHE_DIR", None)          # Numba's files beside the modules: counted
+    records = tmp_path / "records.json"
+    out = subprocess.run([sys.executable, "-m", "smalltc", "precompile", "--ops",
+                          "action,assembly", "--p", "1", "--nq", "2", "--dims", "1,2",
+                          "--device", "cpu", "--jobs", "2", "--no-progress", "--json",
+                          str(records)], env=env, check=True, capture_output=True,
+                         text=True).stdout
+    assert "(2 compile processes" in out
+    recs = json.loads(records.read_text())
+    # the items' order, not the order the workers finished them in
+    assert [(r["op"], r["dim"]) for r in recs] == [("action", 1), ("action", 2),
+                                                   ("assembly", 1), ("assembly", 2)]
+    assert all(r["compiled"] and r["new_files"] > 0 for r in recs)
+    items = [{k: r[k] for k in ("op", "dim", "p", "nq", "dtype", "ncomp", "deterministic",
+                                "index_dtype")} for r in recs[:3]]
+    got = json.loads(subprocess.run([sys.executable, "-c", LOADS, json.dumps(items)], env=env,
+                                    check=True, capture_output=True,
+                                    text=True).stdout.strip().splitlines()[-1])
+    assert set(got["stats"]) == {r["kernel"] for r in recs[:3]}
+    assert all(hits >= 1 and misses == 0 for hits, misses in got["stats"].values()), got
+    assert got["new_files"] == 0
+
+
+def test_parallel_precompile_raises_what_one_process_raises():
+    """A build a worker cannot do is built here, and its error raised here."""
+    with pytest.raises(TypeError, match=r"dtype float16"):
+        smalltc.precompile(ops=["action"], p=[1, 2], nq=[2], dims=[1], dtypes=["float16"],
+                           device="cpu", jobs=2)
+
+
+def test_precompile_ops_come_from_the_registries():
+    from smalltc.ops import OPS as registry
+    from smalltc import solver
+    assert aot.OPS == tuple(n for n, e in registry.items() if e.example is not None)
+    assert aot.OPS == ("action", "assembly", "mass_apply", "mass_diagonal")
+    assert aot.SOLVER_OPS == solver.OPS == tuple(solver.DEPENDS)
+    import argparse
+    parser = argparse.ArgumentParser()
+    aot.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert all(name in text for name in aot.OPS + aot.SOLVER_OPS)
+    with pytest.raises(ValueError, match=r"jobs must be a positive number"):
+        smalltc.precompile(ops=["action"], p=[1], nq=[2], dims=[1], device="cpu", jobs=0)

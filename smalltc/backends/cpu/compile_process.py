@@ -9,10 +9,14 @@ process that builds hundreds of kernels (a test suite's worker) small.
 
 The child runs :func:`serve` (a fresh interpreter, ``python -c``): it reads pickled
 requests ``(template, entry, slp, params)`` from stdin and answers each with a pickled
-``None`` (built) or the text of the error.
+``None`` (built) or the text of the error. A request ``("call", "module:function",
+args)`` runs that function instead and answers ``("ok", result)`` or ``("error", text)``
+(:meth:`CompileProcess.call`): :func:`smalltc.precompile` builds its items in a pool of
+these children, each writing the shared disk cache.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import subprocess
@@ -25,7 +29,7 @@ _CHILD = "from smalltc.backends.cpu.compile_process import serve; serve()"
 
 
 class CompileProcess:
-    """One child at a time, replaced after ``tasks`` kernels or when it dies."""
+    """One child at a time, replaced after ``tasks`` requests or when it dies."""
 
     def __init__(self, tasks: int):
         self.tasks, self.done, self.proc = tasks, 0, None
@@ -46,29 +50,45 @@ class CompileProcess:
                 self.proc.kill()
             self.proc = None
 
-    def compile(self, template, entry, slp, params):
-        """Build the kernel in the child; returns None, or the child's error text."""
+    def _ask(self, request, what):
+        """Send ``request``, return the child's answer, or the text of its death."""
         with self.lock:
             for attempt in (0, 1):
                 if self.proc is None or self.proc.poll() is not None:
                     self._start()
                 try:
-                    pickle.dump((template, entry, slp, params), self.proc.stdin)
+                    pickle.dump(request, self.proc.stdin)
                     self.proc.stdin.flush()
                     answer = pickle.load(self.proc.stdout)
                 except (OSError, EOFError, pickle.UnpicklingError):
                     self.proc = None          # it died (killed, out of memory): a new one
                     if attempt:
-                        return f"the compile process died building {entry}"
+                        return f"the compile process died building {what}"
                     continue
                 self.done += 1
                 if self.done >= self.tasks:
                     self.close()
                 return answer
 
+    def compile(self, template, entry, slp, params):
+        """Build the kernel in the child; returns None, or the child's error text."""
+        return self._ask((template, entry, slp, params), entry)
+
+    def call(self, target: str, *args):
+        """Run ``target`` (``"module:function"``) with ``args`` (picklable) in the child.
+
+        Returns ``(True, result)``, or ``(False, text)``: the error it raised, or that
+        the child died twice running it.
+        """
+        answer = self._ask(("call", target, args), f"{target}{args}")
+        if isinstance(answer, str):
+            return False, answer
+        return answer[0] == "ok", answer[1]
+
 
 def serve(stdin=None, stdout=None):
-    """The child's loop: build each request, answer None or the error's text."""
+    """The child's loop: build each request (or run each call), answer as the module
+    docstring says."""
     from .runtime import load_kernel
     if stdout is None:
         # the answers on a copy of fd 1; whatever else writes to stdout (a print, a C
@@ -80,13 +100,21 @@ def serve(stdin=None, stdout=None):
     stdin = stdin or sys.stdin.buffer
     while True:
         try:
-            template, entry, slp, params = pickle.load(stdin)
+            request = pickle.load(stdin)
         except EOFError:
             return
-        try:
-            load_kernel(template, entry, slp, _here=True, **params)
-            answer = None
-        except Exception as err:           # the caller compiles it itself and raises there
-            answer = f"{type(err).__name__}: {err}"
+        if len(request) == 3 and request[0] == "call":
+            try:
+                module, name = request[1].split(":")
+                answer = ("ok", getattr(importlib.import_module(module), name)(*request[2]))
+            except Exception as err:       # the caller decides (precompile: runs it itself)
+                answer = ("error", f"{type(err).__name__}: {err}")
+        else:
+            template, entry, slp, params = request
+            try:
+                load_kernel(template, entry, slp, _here=True, **params)
+                answer = None
+            except Exception as err:       # the caller compiles it itself and raises there
+                answer = f"{type(err).__name__}: {err}"
         pickle.dump(answer, stdout)
         stdout.flush()

@@ -97,12 +97,24 @@ def _vectoriser_flags(slp: bool):
 
 
 def _write(path: Path, text: str):
+    """Write the module once: a file that holds ``text`` already is left as it is (its
+    modification time is the stamp of Numba's cache of it), also when another process
+    (a precompile worker) writes it at the same moment."""
     if path.exists() and path.read_text() == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        os.link(tmp, path)                   # only where there is no file yet
+    except FileExistsError:
+        if path.read_text() != text:         # a partial or foreign file: replace it
+            os.replace(tmp, path)
+            return
+    except OSError:                          # no hard links here
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
 
 
 _HELPER = None

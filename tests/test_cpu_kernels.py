@@ -438,6 +438,34 @@ def test_lane_sums_is_one_register_block_of_a_step(dtype, L, R, S, scale, acc):
     assert np.allclose(dst[ok], ref[ok], rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype,L,S", [("float64", 8, 11), ("float32", 16, 3),
+                                        ("float64", 4, 1)])
+def test_lane_dots_is_one_output_row_of_lane_products(dtype, L, S):
+    """simd.lane_dots against the float64 sums of the row products it names; the rest of
+    dst untouched (its NaN stays)."""
+    import numba
+    from smalltc.backends.cpu.simd import lane_dots
+
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((12, L + 3)).astype(dtype)
+    b = rng.standard_normal((10, L + 2)).astype(dtype)
+    arows = tuple(int(r) for r in rng.integers(0, 12, S))
+    brows = tuple(int(r) for r in rng.integers(0, 10, S))
+    dst = np.full((5, L + 1), np.nan, dtype)
+    ref = dst.astype(np.float64)
+    ref[3, :L] = sum(a[i, :L].astype(np.float64) * b[j, :L] for i, j in zip(arows, brows))
+
+    @numba.njit
+    def run(dst, a, b, arows, brows):
+        lane_dots(dst, 3, a, arows, b, brows, L)
+
+    run(dst, a, b, arows, brows)
+    assert np.array_equal(np.isnan(dst), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert np.allclose(dst[ok], ref[ok], rtol=tol, atol=tol)
+
+
 def test_a_kernel_compiled_in_the_compile_process_loads_from_the_disk_cache(
         tmp_path, monkeypatch):
     """SMALLTC_COMPILE_PROCESS: the child builds the kernel into Numba's disk cache and

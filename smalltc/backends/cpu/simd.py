@@ -22,7 +22,9 @@ FMAs with broadcast coefficients, one vector store each. It is the code the
 SLP vectoriser made of ``R x L`` scalar statements of ``nin`` terms, written
 as one call: Numba types and lowers one call instead of ``R x L x 3 nin``
 scalar operations, and LLVM has nothing left to pack, so a kernel compiles
-several times faster (notes/cpu.md, compile times).
+several times faster (notes/cpu.md, compile times). :func:`lane_dots` is its
+counterpart with a coefficient per lane (each lane its own element's matrix: the
+Schwarz solve): one output row, the sum of the products of pairs of rows.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch", "lane_sums"]
+__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch", "lane_sums", "lane_dots"]
 
 _FLOATS = (types.float64, types.float32)
 
@@ -280,3 +282,52 @@ def lane_sums(typingctx, dst, drows, src, srows, coefs, scale, acc, L):
         return context.get_dummy_value()
 
     return types.void(dst, drows, src, srows, coefs, scale, acc, L), codegen
+
+
+@intrinsic
+def lane_dots(typingctx, dst, drow, a, arows, b, brows, L):
+    """``dst[drow, :L] = sum_s a[arows[s], :L] * b[brows[s], :L]`` (``s < S =
+    len(arows) = len(brows)``, L a literal): the 2S rows loaded as vectors, ``S``
+    products summed in the order of s (fused into FMAs), one vector store.
+
+    ``dst``, ``a`` and ``b`` are 2D C-contiguous arrays of one float dtype with at least
+    L columns; every load comes before the store. No bounds checks: the rows lie inside
+    the arrays (the caller's constants). It is what the SLP vectoriser made of ``L``
+    scalar statements of ``S`` terms, one a lane, written as one call (:func:`lane_sums`).
+    """
+    if not isinstance(L, types.IntegerLiteral):
+        return None
+    n = L.literal_value
+    if not (_is_2d_c(dst) and _is_2d_c(a) and _is_2d_c(b) and dst.dtype in _FLOATS
+            and a.dtype == dst.dtype and b.dtype == dst.dtype and n >= 1
+            and isinstance(drow, types.Integer) and _int_tuple(arows) and _int_tuple(brows)
+            and len(arows) == len(brows)):
+        return None
+    S = len(arows)
+
+    def codegen(context, builder, signature, args):
+        dty, drt, aty, art, bty, brt, _ = signature.args
+        dval, dr_, aval, ar_, bval, br_, _ = args
+        intp = types.intp
+        vty = ir.VectorType(context.get_data_type(dty.dtype), n)
+        align = dty.dtype.bitwidth // 8
+        arrs = [context.make_array(t)(context, builder, v)
+                for t, v in ((dty, dval), (aty, aval), (bty, bval))]
+        cols = [cgutils.unpack_tuple(builder, x.shape, 2)[1] for x in arrs]
+
+        def rows(tup, typ):
+            return [context.cast(builder, v, t, intp)
+                    for v, t in zip(cgutils.unpack_tuple(builder, tup, S), typ)]
+        xa = [builder.load(_row_ptr(builder, context, arrs[1], cols[1], r, vty), align=align)
+              for r in rows(ar_, art)]
+        xb = [builder.load(_row_ptr(builder, context, arrs[2], cols[2], r, vty), align=align)
+              for r in rows(br_, brt)]
+        y = None
+        for u, v in zip(xa, xb):
+            t = builder.fmul(u, v, flags=_FASTMATH)
+            y = t if y is None else builder.fadd(y, t, flags=_FASTMATH)
+        d = context.cast(builder, dr_, drt, intp)
+        builder.store(y, _row_ptr(builder, context, arrs[0], cols[0], d, vty), align=align)
+        return context.get_dummy_value()
+
+    return types.void(dst, drow, a, arows, b, brows, L), codegen

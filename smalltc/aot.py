@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import logging
 import os
 import re
 import threading
@@ -50,6 +51,8 @@ from .ops import OPS as _REGISTRY
 
 __all__ = ["precompile", "cache_report", "cache_dirs", "OPS", "SOLVER_OPS", "parse_nq",
            "add_arguments", "run"]
+
+log = logging.getLogger("smalltc")
 
 #: the operations :func:`precompile` builds (names as for :func:`smalltc.plan`): the
 #: entries of :mod:`smalltc.ops` with an ``example`` problem, in their registration order
@@ -202,8 +205,8 @@ def _build(it, xp, backend, folder, shared=False) -> dict:
     the cache meanwhile, so the new files counted are those of the kernels this build
     loaded (their modules and Numba's files of them), not every change in the folder."""
     import smalltc
-    log = _cpu_compile_log() if shared else None
-    start = len(log) if log is not None else 0
+    loaded = _cpu_compile_log() if shared else None
+    start = len(loaded) if loaded is not None else 0
     before = _files(folder)
     t0 = time.perf_counter()
     plans = []
@@ -218,9 +221,9 @@ def _build(it, xp, backend, folder, shared=False) -> dict:
     seconds = time.perf_counter() - t0
     after = _files(folder)
     changed = [f for f, st in after.items() if before.get(f) != st]
-    if log is not None:
-        own = re.compile("^(" + "|".join(re.escape(e) for e, _ in log[start:]) +
-                         r")_[0-9a-f]{16}\.") if len(log) > start else None
+    if loaded is not None:
+        own = re.compile("^(" + "|".join(re.escape(e) for e, _ in loaded[start:]) +
+                         r")_[0-9a-f]{16}\.") if len(loaded) > start else None
         changed = [f for f in changed if own is not None and own.match(Path(f).name)]
     new = len(changed)
     return dict(it, device="cpu" if xp is np else "gpu", backend=plan.backend,
@@ -264,10 +267,11 @@ def _parallel(items, backend, jobs, bar):
     todo = sorted(range(len(items)), key=lambda i: -_cost(items[i]))
     lock, done = threading.Lock(), Queue()
     records = [None] * len(items)
-    stop = threading.Event()
+    stop, procs = threading.Event(), []
 
     def worker():
         proc = CompileProcess(_WORKER_TASKS)
+        procs.append(proc)
         try:
             while not stop.is_set():
                 with lock:
@@ -286,12 +290,12 @@ def _parallel(items, backend, jobs, bar):
     for t in threads:
         t.start()
     folder = cache_dirs()["cpu"]
+    finished = False
     try:
         for _ in range(len(items)):
             i, rec, err = done.get()
             if rec is None:                   # built here: the same error as in one process
-                import logging
-                logging.getLogger("smalltc").warning(
+                log.warning(
                     "smalltc: a precompile worker did not build %s (%s); building here",
                     items[i], err)
                 rec = _build(items[i], np, backend, folder)
@@ -301,10 +305,17 @@ def _parallel(items, backend, jobs, bar):
                 bar.set_postfix_str(f"{it['op']} {it['dim']}d p={it['p']} nq={it['nq']} "
                                     f"{it['dtype']}")
                 bar.update()
+        finished = True
     finally:
         stop.set()
-        for t in threads:
-            t.join()
+        if finished:
+            for t in threads:
+                t.join()
+        else:                   # interrupted or raised: the builds under way end now
+            with lock:
+                todo.clear()
+            for proc in procs:
+                proc.stop()
     return records
 
 

@@ -34,6 +34,15 @@ class CompileProcess:
     def __init__(self, tasks: int):
         self.tasks, self.done, self.proc = tasks, 0, None
         self.lock = threading.Lock()
+        self.stopped = False
+
+    def stop(self):
+        """End the child now (a request under way answers that it died) and start no
+        other: every later request answers so too."""
+        self.stopped = True
+        proc = self.proc
+        if proc is not None:
+            proc.kill()
 
     def _start(self):
         env = dict(os.environ, SMALLTC_COMPILE_PROCESS="0")
@@ -54,6 +63,8 @@ class CompileProcess:
         """Send ``request``, return the child's answer, or the text of its death."""
         with self.lock:
             for attempt in (0, 1):
+                if self.stopped:
+                    return f"the compile process was stopped before building {what}"
                 if self.proc is None or self.proc.poll() is not None:
                     self._start()
                 try:

@@ -320,6 +320,36 @@ def test_disk_cache_in_fresh_processes(tmp_path):
     assert list((tmp_path / "cpu").glob("stc_gemm_nn_f64_m2n2k3_*.py"))
 
 
+def test_processes_asking_for_one_kernel_at_once_compile_it_once(tmp_path):
+    """Two processes (say MPI ranks of one node) need the same new kernel at the same
+    moment: one compiles it under the kernel's lock file, the other waits and loads it."""
+    code = textwrap.dedent("""
+        import os, sys, time, numpy as np, smalltc
+        from pathlib import Path
+        gate = Path(sys.argv[1])
+        (gate / f"ready-{os.getpid()}").touch()
+        while len(list(gate.glob("ready-*"))) < 2:      # start together
+            time.sleep(0.01)
+        A, B = np.ones((3, 7, 6)), np.ones((3, 6, 5))
+        p = smalltc.plan("gemm", A, B, backend="cpu")
+        print(sum(p.executor.fn.stats.cache_hits.values()))
+    """)
+    env = dict(os.environ, SMALLTC_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("SMALLTC_COMPILE_PROCESS", None)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(gate)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    hits = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        hits.append(out.split()[-1])
+    assert sorted(hits) == ["0", "1"]               # one compiled, one loaded
+    assert list((tmp_path / "cache" / "cpu").glob("stc_gemm_nn_f64_m7n5k6_*.lock"))
+
+
 def test_thread_count_setting():
     import numba
     from smalltc.backends.cpu import set_num_threads

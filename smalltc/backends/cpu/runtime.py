@@ -16,6 +16,10 @@ What they compile for is Numba's target for the process (:mod:`.target`);
 Numba's disk cache keys on it, so AVX2 and AVX-512 builds of one source
 coexist.
 
+Processes that need one kernel at once (MPI ranks of a node, a test suite's workers)
+compile it once: the first takes a lock file beside the module (``fcntl.flock``, where
+the platform has it) while it compiles, the others wait for it and load Numba's cache.
+
 A process that builds hundreds of kernels (a test suite's worker) can
 compile them in a helper process instead (``SMALLTC_COMPILE_PROCESS=N``,
 :mod:`.compile_process`): a kernel compiled here keeps 10-30 MB of this
@@ -32,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from importlib.resources import files
 from pathlib import Path
 
@@ -41,6 +45,11 @@ import numba
 
 from ..._jinja import environment
 from .compile_process import CompileProcess
+
+try:                                    # POSIX only: elsewhere each process compiles its own
+    import fcntl
+except ImportError:                     # pragma: no cover
+    fcntl = None
 
 __all__ = ["render", "load_kernel", "cache_dir", "compile_log", "CompileError", "signature",
            "NB_TYPES", "SHORT"]
@@ -120,6 +129,28 @@ def _write(path: Path, text: str):
 _HELPER = None
 
 
+@contextmanager
+def _compiling(path: Path):
+    """Hold ``<module>.lock`` beside the kernel module while it compiles, so that other
+    processes asking for the same kernel wait and then load Numba's disk cache instead
+    of compiling it again (no lock where the platform or the folder does not allow one)."""
+    handle = None
+    if fcntl is not None:
+        try:
+            handle = open(path.with_suffix(".lock"), "a")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            if handle is not None:
+                handle.close()
+            handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+
+
 def _compile_process_tasks() -> int:
     """Kernels per compile process (``SMALLTC_COMPILE_PROCESS``; 0: compile here)."""
     try:
@@ -180,23 +211,22 @@ def load_kernel(template: str, entry: str, slp: bool = True, _here: bool = False
             log.warning("smalltc: cannot write %s (%s); using %s", path, err, fallback)
             path = fallback / path.name
             _write(path, source)
-        t_elsewhere = time.perf_counter()
-        if tasks and not _in_numba_cache(path):
-            _compile_elsewhere(template, entry, slp, params, tasks)
-        t_elsewhere = time.perf_counter() - t_elsewhere
         modname = f"_smalltc_cpu_{entry}_{digest}"
         t0 = time.perf_counter()
-        try:
-            with _vectoriser_flags(slp):
-                spec = importlib.util.spec_from_file_location(modname, path)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[modname] = module
-                spec.loader.exec_module(module)
-        except Exception as err:
-            sys.modules.pop(modname, None)
-            raise CompileError(f"compiling {entry} from {path} (template {template}, "
-                               f"params {params}) failed: {err}") from err
-        seconds = time.perf_counter() - t0 + t_elsewhere
+        with _compiling(path) if params.get("numba_cache", True) else nullcontext():
+            if tasks and not _in_numba_cache(path):
+                _compile_elsewhere(template, entry, slp, params, tasks)
+            try:
+                with _vectoriser_flags(slp):
+                    spec = importlib.util.spec_from_file_location(modname, path)
+                    module = importlib.util.module_from_spec(spec)
+                    sys.modules[modname] = module
+                    spec.loader.exec_module(module)
+            except Exception as err:
+                sys.modules.pop(modname, None)
+                raise CompileError(f"compiling {entry} from {path} (template {template}, "
+                                   f"params {params}) failed: {err}") from err
+        seconds = time.perf_counter() - t0
         fn = getattr(module, entry)
         compile_log.append((entry, seconds))
         log.info("smalltc: cpu kernel %s ready in %.2f s (%s)", entry, seconds, path)

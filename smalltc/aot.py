@@ -80,11 +80,14 @@ def cache_dirs() -> dict:
 
 
 def _files(folder: Path) -> dict:
-    """Every file under ``folder``: relative path -> (size, mtime in ns)."""
+    """Every file under ``folder``: relative path -> (size, mtime in ns); not the CPU
+    runtime's empty lock files (a process compiling a kernel holds one)."""
     out = {}
     if folder.is_dir():
         for root, _, names in os.walk(folder):
             for n in names:
+                if n.endswith(".lock"):
+                    continue
                 p = Path(root) / n
                 try:
                     st = p.stat()

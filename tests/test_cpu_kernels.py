@@ -350,6 +350,24 @@ def test_processes_asking_for_one_kernel_at_once_compile_it_once(tmp_path):
     assert list((tmp_path / "cache" / "cpu").glob("stc_gemm_nn_f64_m7n5k6_*.lock"))
 
 
+def test_a_kernel_compiled_by_the_compile_process_under_the_callers_lock(tmp_path):
+    """SMALLTC_COMPILE_PROCESS on an empty cache: the caller holds the kernel's lock file
+    while its compile process builds the kernel (the child does not wait for that lock),
+    then loads it from Numba's disk cache."""
+    code = textwrap.dedent("""
+        import numpy as np, smalltc
+        A, B = np.ones((3, 4, 6)), np.ones((3, 6, 5))
+        p = smalltc.plan("gemm", A, B, backend="cpu")
+        print(sum(p.executor.fn.stats.cache_hits.values()),
+              sum(p.executor.fn.stats.cache_misses.values()))
+    """)
+    env = dict(os.environ, SMALLTC_CACHE_DIR=str(tmp_path / "cache"),
+               SMALLTC_COMPILE_PROCESS="3")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    assert out.split()[-2:] == ["1", "0"]           # loaded, not compiled, in the caller
+
+
 def test_thread_count_setting():
     import numba
     from smalltc.backends.cpu import set_num_threads

@@ -213,7 +213,9 @@ def load_kernel(template: str, entry: str, slp: bool = True, _here: bool = False
             _write(path, source)
         modname = f"_smalltc_cpu_{entry}_{digest}"
         t0 = time.perf_counter()
-        with _compiling(path) if params.get("numba_cache", True) else nullcontext():
+        # (the compile process, _here, builds for a caller that holds the lock already)
+        with _compiling(path) if params.get("numba_cache", True) and not _here \
+                else nullcontext():
             if tasks and not _in_numba_cache(path):
                 _compile_elsewhere(template, entry, slp, params, tasks)
             try:

@@ -58,6 +58,10 @@ log = logging.getLogger("smalltc")
 
 #: bump when the generated code changes meaning without its text changing
 CODEGEN_VERSION = "2"
+#: the kernels import the intrinsics of simd.py, whose code Numba's cache does not see:
+#: a changed simd.py is a new kernel module (a new name), never a stale cached one
+_INTRINSICS = hashlib.sha256(
+    (Path(__file__).with_name("simd.py")).read_bytes()).hexdigest()[:16]
 #: Numba type and entry-name tag of each dtype
 NB_TYPES = {"float64": "float64", "float32": "float32"}
 SHORT = {"float64": "f64", "float32": "f32"}
@@ -202,7 +206,7 @@ def load_kernel(template: str, entry: str, slp: bool = True, _here: bool = False
         tasks = 0 if _here or not params.get("numba_cache", True) else _compile_process_tasks()
         source = render(template, entry=entry, **params)
         digest = hashlib.sha256(
-            f"{CODEGEN_VERSION}|{numba.__version__}|{slp}|{source}".encode()).hexdigest()[:16]
+            f"{CODEGEN_VERSION}|{_INTRINSICS}|{numba.__version__}|{slp}|{source}".encode()).hexdigest()[:16]
         path = cache_dir() / f"{entry}_{digest}.py"
         try:
             _write(path, source)

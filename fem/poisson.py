@@ -30,16 +30,19 @@ geometry and point data), the load vector, the boundary conditions, the
 preconditioner, the solve and the errors.
 """
 
-import importlib
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+import smalltc
+
 from ._device import device_name, resolve_device, synchronize, to_host
 from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
-from .geometry import evaluate_field
-from .projection import _error_sums, _load
+from .geometry import _Field, _Maps, _tensor_weights, evaluate_field
+from .operators import _build, _operator_basis
+from .projection import _error_sums, _LoadSum
+from .quadrature import quadrature_rule
 from .solvers import cg, jacobi
 from .space import H1Space
 
@@ -47,12 +50,33 @@ __all__ = ["PoissonProblem", "PoissonResult", "poisson_problem", "solve_poisson"
            "exact_gradient"]
 
 
-def _diffusion_operator():
-    op = getattr(importlib.import_module(__package__), "diffusion_operator", None)
-    if op is None:
-        raise RuntimeError("smalltc.fem.diffusion_operator is not available in this build "
-                           "(the diffusion operator of the generalised operator family)")
-    return op
+def _operator_and_load(space, nq, kappa, f, quadrature, xp):
+    """The diffusion operator ``K`` and the load vector ``int f phi`` in one pass over the
+    element maps: each chunk's Jacobians (and coordinates, for a callable ``kappa`` or
+    ``f``) computed once, its ``Q`` (:func:`smalltc.geometry_data`, into the operator's
+    array) and its ``w |J| f`` (:class:`~smalltc.fem.projection._LoadSum`) from them; the
+    same values as :func:`~smalltc.fem.operators.diffusion_operator` and
+    :func:`~smalltc.fem.projection.load_vector` make apart. Returns ``(K, b, seconds of
+    the load's own work)``."""
+    kq, fq = _Field(1.0 if kappa is None else kappa, "kappa"), _Field(f, "f")
+    points, weights = quadrature_rule(nq, quadrature)
+    w = _tensor_weights(weights, space.dim)
+    wq = xp.asarray(w if kq.is_callable else w * kq.constant)
+    nsym = space.dim * (space.dim + 1) // 2
+    Q = xp.empty((space.nelements, nsym) + w.shape)
+    acc = _LoadSum(space, nq, quadrature, xp)
+    maps = _Maps(space.mesh, points, xp, coords=kq.is_callable or fq.is_callable,
+                 extra=nsym + 3, solution=space.ndofs)
+    load_s = 0.0
+    for g in maps:
+        maps.data(g, "diffusion", wq, kq(g.x) if kq.is_callable else None, Q[g.lo:g.hi])
+        t = time.perf_counter()
+        detJ = smalltc.geometry_data(g.J, what="det")
+        acc.add(g.lo, g.hi, detJ, fq(g.x) if fq.is_callable else fq.constant)
+        load_s += time.perf_counter() - t
+    B1d, G1d = _operator_basis(space, nq, quadrature, xp)
+    return _build(space, "diffusion", Q, B1d, G1d, False, "auto", True, False), acc.result(), \
+        load_s
 
 
 def exact_gradient(u, x):
@@ -263,10 +287,9 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
     if bc.dofs.size == 0:
         raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
     clock.lap("bc")
-    K = _diffusion_operator()(space, nq, kappa, quadrature=quadrature,
-                              device=device_name(xp))
+    K, load, load_s = _operator_and_load(space, nq, kappa, f, quadrature, xp)
     clock.lap("operator")
-    load = _load(space, f, nq, quadrature, xp)
+    clock.move("operator", "load", load_s)
     if neu:
         load += boundary_load(space, neu, nq=nq, quadrature=quadrature, device=device_name(xp))
     clock.lap("load")
@@ -291,6 +314,12 @@ class _Clock:
         t = time.perf_counter()
         self.laps[name] = self.laps.get(name, 0.0) + t - self._t
         self._t = t
+
+    def move(self, src, dst, seconds):
+        """Count ``seconds`` of phase ``src`` under ``dst`` (the part of a shared pass
+        that is ``dst``'s own work)."""
+        self.laps[src] -= seconds
+        self.laps[dst] = self.laps.get(dst, 0.0) + seconds
 
 
 #: the ``precond`` choices of :func:`solve_poisson`

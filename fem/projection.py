@@ -97,37 +97,55 @@ def load_vector(space, f, *, nq=None, quadrature="gauss", device="cpu"):
 
 def _load(space, f, nq, quadrature, xp, name="f"):
     """``b = sum_e P_e^T B^T (w |J| f(x_q))`` on module ``xp``: per chunk of elements the
-    geometry and ``f`` at its points, gathered into blocks whose points hold a few
-    solution vectors (:data:`~smalltc.fem.geometry.SOLUTION_MULTIPLE`), each block
-    summed into ``b`` by one :func:`smalltc.integrate` through the DoF map."""
+    geometry and ``f`` at its points, summed into ``b`` by :class:`_LoadSum`."""
     fq = _Field(f, name)
     points, weights = quadrature_rule(nq, quadrature)
-    B1d = xp.asarray(basis_1d(space.p, nq, quadrature).B1d)
-    w = xp.asarray(_tensor_weights(weights, space.dim))
-    dofs = _dof_map(space, xp)
-    E, n = space.nelements, space.ndofs
-    block = max(1, -(-SOLUTION_MULTIPLE * n // w.size))
-    out = part = buf = None
-    b0 = 0
+    acc = _LoadSum(space, nq, quadrature, xp)
     for g in _geometry(space.mesh, points, xp, coords=fq.is_callable, adjugate=False, extra=3,
-                       solution=n):
-        if buf is None:
-            buf = xp.empty((min(E, block + g.hi - g.lo),) + w.shape)
-        h = buf[g.lo - b0:g.hi - b0]
-        xp.multiply(g.detJ, w, out=h)
-        if fq.is_callable:
-            h *= fq(g.x)
-        elif fq.constant != 1.0:
-            h *= fq.constant
-        if g.hi - b0 >= block or g.hi == E:
-            args = (B1d, None, buf[:g.hi - b0], dofs[b0:g.hi])
-            if out is None:
-                out = smalltc.integrate(*args, ndofs=n)
+                       solution=space.ndofs):
+        acc.add(g.lo, g.hi, g.detJ, fq(g.x) if fq.is_callable else fq.constant)
+    return acc.result()
+
+
+class _LoadSum:
+    """The load vector ``b = sum_e P_e^T B^T h_e`` of point values ``h = w |J| f`` given
+    chunk by chunk (:meth:`add`, elements in order), gathered into blocks whose points
+    hold a few solution vectors (:data:`~smalltc.fem.geometry.SOLUTION_MULTIPLE`), each
+    block summed into ``b`` by one :func:`smalltc.integrate` through the DoF map."""
+
+    def __init__(self, space, nq, quadrature, xp):
+        self.xp, self.E, self.n = xp, space.nelements, space.ndofs
+        self.B1d = xp.asarray(basis_1d(space.p, nq, quadrature).B1d)
+        self.w = xp.asarray(_tensor_weights(quadrature_rule(nq, quadrature)[1], space.dim))
+        self.dofs = _dof_map(space, xp)
+        self.block = max(1, -(-SOLUTION_MULTIPLE * self.n // self.w.size))
+        self.out = self.part = self.buf = None
+        self.b0 = 0
+
+    def add(self, lo, hi, detJ, f):
+        """The elements ``lo:hi`` (after those added before): ``|J|`` (hi - lo, q...) at
+        the points and ``f`` there (an array of that shape, or a number)."""
+        xp = self.xp
+        if self.buf is None:
+            self.buf = xp.empty((min(self.E, self.block + hi - lo),) + self.w.shape)
+        h = self.buf[lo - self.b0:hi - self.b0]
+        xp.multiply(detJ, self.w, out=h)
+        if not (isinstance(f, float) and f == 1.0):
+            h *= f
+        if hi - self.b0 >= self.block or hi == self.E:
+            args = (self.B1d, None, self.buf[:hi - self.b0], self.dofs[self.b0:hi])
+            if self.out is None:
+                self.out = smalltc.integrate(*args, ndofs=self.n)
             else:
-                part = smalltc.integrate(*args, ndofs=n, out=part)
-                out += part
-            b0 = g.hi
-    return out
+                self.part = smalltc.integrate(*args, ndofs=self.n, out=self.part)
+                self.out += self.part
+            self.b0 = hi
+
+    def result(self):
+        """``b``, shape (ndofs,), once every element was added."""
+        if self.b0 != self.E:
+            raise RuntimeError(f"the load vector has {self.b0} of {self.E} elements")
+        return self.out
 
 
 def l2_error(space, u, f, *, nq=None, quadrature="gauss"):

@@ -25,8 +25,10 @@ solution through the DoF map; the sums reduced there). The exact gradient is
 a chunk at the interpolant's nodes; the difference is of order ``h^(p+2)``, below the
 error ``h^p`` it measures), which is logged.
 
-Every phase is timed (:attr:`PoissonResult.timings`): the space, the operator (its
-geometry and point data), the load vector, the boundary conditions, the
+The operator's point data and the load vector come from one pass over the element
+maps (each chunk's Jacobians and coordinates made once). Every phase is timed
+(:attr:`PoissonResult.timings`): the space, the operator (the shared geometry, its point
+data), the load vector (its own part of that pass), the boundary conditions, the
 preconditioner, the solve and the errors.
 """
 
@@ -200,7 +202,8 @@ class PoissonProblem:
         ``"cpu"`` or ``"gpu"``: where the operator, the vectors and the setup ran.
     timings : dict
         Seconds of the setup's phases: ``"space"`` (the mesh read, the space),
-        ``"operator"`` (geometry, point data, the operator), ``"load"``, ``"bc"``
+        ``"operator"`` (the geometry, point data, the operator), ``"load"`` (``f`` at
+        the points and the sums: the rest of the pass the two share), ``"bc"``
         (the Dirichlet values, the lifted right-hand side), ``"preconditioner"``.
     """
 

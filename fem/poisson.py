@@ -77,8 +77,9 @@ def _operator_and_load(space, nq, kappa, f, quadrature, xp):
         acc.add(g.lo, g.hi, detJ, fq(g.x) if fq.is_callable else fq.constant)
         load_s += time.perf_counter() - t
     B1d, G1d = _operator_basis(space, nq, quadrature, xp)
-    return _build(space, "diffusion", Q, B1d, G1d, False, "auto", True, False), acc.result(), \
-        load_s
+    K = _build(space, "diffusion", Q, B1d, G1d, assembled=False, backend="auto", fused=True,
+               deterministic=False)
+    return K, acc.result(), load_s
 
 
 def exact_gradient(u, x):

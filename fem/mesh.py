@@ -179,12 +179,15 @@ def _as_corner(value, dim, name):
     return arr
 
 
-def _reference_coordinates(shape, nodes1d, start=None, stop=None):
+def _reference_coordinates(shape, nodes1d, start=None, stop=None, box=None):
     """Undistorted unit-box coordinates of every element's nodes, (E, dim, ng...).
 
     ``start``/``stop`` (element multi-indices, stop exclusive) restrict it to a
     block of the mesh, in C order within the block; the values are those the
     whole mesh has there, bit for bit (a distributed mesh builds only its block).
+    ``box = (lo, hi)``: the coordinates scaled to that box instead, ``lo + (hi - lo) *
+    xhat`` (the values :func:`_place` gives an undistorted mesh, bit for bit, made on
+    the 1D coordinates: one pass over the nodes).
     """
     dim, ng = len(shape), nodes1d.size
     start = (0,) * dim if start is None else tuple(start)
@@ -196,6 +199,9 @@ def _reference_coordinates(shape, nodes1d, start=None, stop=None):
         # the same value from both, because (xi + 1) / 2 is exactly 0 or 1 there.
         e = np.arange(start[d], stop[d], dtype=np.float64)
         c = (e[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d
+        if box is not None:
+            c = c * (box[1][d] - box[0][d])
+            c += box[0][d]
         bshape = [1] * (2 * dim)
         bshape[d], bshape[dim + d] = block[d], ng
         out[(slice(None),) * dim + (d,)] = c.reshape(bshape)
@@ -251,7 +257,10 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
     if np.any(hi <= lo):
         raise ValueError(f"upper must exceed lower in every direction, got lower={lo}, upper={hi}")
     nodes1d, _ = gauss_lobatto(int(geom_order) + 1)
-    nodes = _place(_reference_coordinates(shape, nodes1d), distortion, lo, hi)
+    if isinstance(distortion, Real) and distortion == 0:
+        nodes = _reference_coordinates(shape, nodes1d, box=(lo, hi))
+    else:
+        nodes = _place(_reference_coordinates(shape, nodes1d), distortion, lo, hi)
     return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, nodes, distortion)
 
 

@@ -33,8 +33,8 @@ from smalltc._arrays import array_module
 
 from ._device import device_name, resolve_device, synchronize, to_host
 from .basis import basis_1d, lagrange_basis
-from .geometry import (SOLUTION_MULTIPLE, _Field, _apply_adjugate_t, _geometry, _tensor_weights,
-                       mass_data)
+from .geometry import (SOLUTION_MULTIPLE, _Field, _Maps, _apply_adjugate_t, _geometry,
+                       _tensor_weights, mass_data)
 from .operators import AssembledMassOperator, MassOperator
 from .quadrature import gauss_lobatto, quadrature_rule
 from .solvers import cg, jacobi
@@ -97,37 +97,55 @@ def load_vector(space, f, *, nq=None, quadrature="gauss", device="cpu"):
 
 def _load(space, f, nq, quadrature, xp, name="f"):
     """``b = sum_e P_e^T B^T (w |J| f(x_q))`` on module ``xp``: per chunk of elements the
-    geometry and ``f`` at its points, gathered into blocks whose points hold a few
-    solution vectors (:data:`~smalltc.fem.geometry.SOLUTION_MULTIPLE`), each block
-    summed into ``b`` by one :func:`smalltc.integrate` through the DoF map."""
+    geometry and ``f`` at its points, summed into ``b`` by :class:`_LoadSum`."""
     fq = _Field(f, name)
     points, weights = quadrature_rule(nq, quadrature)
-    B1d = xp.asarray(basis_1d(space.p, nq, quadrature).B1d)
-    w = xp.asarray(_tensor_weights(weights, space.dim))
-    dofs = _dof_map(space, xp)
-    E, n = space.nelements, space.ndofs
-    block = max(1, -(-SOLUTION_MULTIPLE * n // w.size))
-    out = part = buf = None
-    b0 = 0
+    acc = _LoadSum(space, nq, quadrature, xp)
     for g in _geometry(space.mesh, points, xp, coords=fq.is_callable, adjugate=False, extra=3,
-                       solution=n):
-        if buf is None:
-            buf = xp.empty((min(E, block + g.hi - g.lo),) + w.shape)
-        h = buf[g.lo - b0:g.hi - b0]
-        xp.multiply(g.detJ, w, out=h)
-        if fq.is_callable:
-            h *= fq(g.x)
-        elif fq.constant != 1.0:
-            h *= fq.constant
-        if g.hi - b0 >= block or g.hi == E:
-            args = (B1d, None, buf[:g.hi - b0], dofs[b0:g.hi])
-            if out is None:
-                out = smalltc.integrate(*args, ndofs=n)
+                       solution=space.ndofs):
+        acc.add(g.lo, g.hi, g.detJ, fq(g.x) if fq.is_callable else fq.constant)
+    return acc.result()
+
+
+class _LoadSum:
+    """The load vector ``b = sum_e P_e^T B^T h_e`` of point values ``h = w |J| f`` given
+    chunk by chunk (:meth:`add`, elements in order), gathered into blocks whose points
+    hold a few solution vectors (:data:`~smalltc.fem.geometry.SOLUTION_MULTIPLE`), each
+    block summed into ``b`` by one :func:`smalltc.integrate` through the DoF map."""
+
+    def __init__(self, space, nq, quadrature, xp):
+        self.xp, self.E, self.n = xp, space.nelements, space.ndofs
+        self.B1d = xp.asarray(basis_1d(space.p, nq, quadrature).B1d)
+        self.w = xp.asarray(_tensor_weights(quadrature_rule(nq, quadrature)[1], space.dim))
+        self.dofs = _dof_map(space, xp)
+        self.block = max(1, -(-SOLUTION_MULTIPLE * self.n // self.w.size))
+        self.out = self.part = self.buf = None
+        self.b0 = 0
+
+    def add(self, lo, hi, detJ, f):
+        """The elements ``lo:hi`` (after those added before): ``|J|`` (hi - lo, q...) at
+        the points and ``f`` there (an array of that shape, or a number)."""
+        xp = self.xp
+        if self.buf is None:
+            self.buf = xp.empty((min(self.E, self.block + hi - lo),) + self.w.shape)
+        h = self.buf[lo - self.b0:hi - self.b0]
+        xp.multiply(detJ, self.w, out=h)
+        if not (isinstance(f, float) and f == 1.0):
+            h *= f
+        if hi - self.b0 >= self.block or hi == self.E:
+            args = (self.B1d, None, self.buf[:hi - self.b0], self.dofs[self.b0:hi])
+            if self.out is None:
+                self.out = smalltc.integrate(*args, ndofs=self.n)
             else:
-                part = smalltc.integrate(*args, ndofs=n, out=part)
-                out += part
-            b0 = g.hi
-    return out
+                self.part = smalltc.integrate(*args, ndofs=self.n, out=self.part)
+                self.out += self.part
+            self.b0 = hi
+
+    def result(self):
+        """``b``, shape (ndofs,), once every element was added."""
+        if self.b0 != self.E:
+            raise RuntimeError(f"the load vector has {self.b0} of {self.E} elements")
+        return self.out
 
 
 def l2_error(space, u, f, *, nq=None, quadrature="gauss"):
@@ -167,12 +185,13 @@ def _error_and_norm(space, u, f, nq, quadrature, name):
 
 
 def _error_sums(space, u, f, nq, quadrature, name="nq", *, fname="f", h1=False, gradient=None,
-                l2=True):
+                l2=True, norm=True):
     """Squared sums over the elements of ``space`` (a block's, in a distributed run: the
     ranks' sums add up), on ``u``'s array module, chunk by chunk: ``(||u_h - f||^2,
-    ||f||^2)`` with ``l2``, then ``|u_h - f|_{H^1}^2`` with ``h1`` (``gradient(x)``:
-    ``f``'s gradient; without it, the gradient of ``f``'s order-``p + 2`` interpolant on
-    each element). One float a sum comes back to the host."""
+    ||f||^2)`` with ``l2`` (``||f||^2`` None without ``norm``), then ``|u_h - f|_{H^1}^2``
+    with ``h1`` (``gradient(x)``: ``f``'s gradient; without it, the gradient of ``f``'s
+    order-``p + 2`` interpolant on each element). One float a sum comes back to the
+    host."""
     nq = space.p + 4 if nq is None else _default_nq(space.p, nq, name)
     xp = array_module(u)
     u = xp.asarray(u, dtype=np.float64)
@@ -186,66 +205,101 @@ def _error_sums(space, u, f, nq, quadrature, name="nq", *, fname="f", h1=False, 
     B1d, G1d = xp.asarray(b.B1d), (xp.asarray(b.G1d) if h1 else None)
     w = xp.asarray(_tensor_weights(weights, dim))
     dofs = _dof_map(space, xp)
-    interpolant = h1 and gq is None and fq.is_callable
-    if interpolant:
+    interpolant = None
+    if h1 and gq is None:
         r = space.p + 3
         gll = gauss_lobatto(r)[0]
-        Bx = xp.asarray(lagrange_basis(mesh.geom_nodes, gll)[0])
         Bi, Gi = (xp.asarray(m) for m in lagrange_basis(gll, points))
-        log.info("smalltc: the H1 error differentiates the order-%d interpolant of %s on "
-                 "each element (%s has no gradient; pass %s=(u, grad_u) for the exact one)",
-                 r - 1, fname, fname, fname)
+        interpolant = (xp.asarray(lagrange_basis(mesh.geom_nodes, gll)[0]), Bi, Gi)
+        if fq.is_callable:
+            log.info("smalltc: the H1 error differentiates the order-%d interpolant of %s on "
+                     "each element (%s has no gradient; pass %s=(u, grad_u) for the exact "
+                     "one)", r - 1, fname, fname, fname)
     coords = (l2 and fq.is_callable) or gq is not None
     sums = xp.zeros(3)
-    for g in _geometry(mesh, points, xp, coords=coords, adjugate=h1, extra=4 * dim + 8,
-                       solution=space.ndofs):
+    # the reference gradients' error e, mapped: |J^-T e|^2 w |J| = e^T Q e with Q the
+    # diffusion operator's point data (w |J| J^-1 J^-T); with an exact gradient the
+    # physical gradient J^-T e = adj^T e / |J| itself
+    maps = _Maps(mesh, points, xp, coords=coords, adjugate=gq is not None,
+                 extra=4 * dim + 8, solution=space.ndofs)
+    for g in maps:
         H = smalltc.interpolate(B1d, G1d, u, dofs[g.lo:g.hi], what="both" if h1 else "values")
-        wdetJ = xp.multiply(g.detJ, w)
+        if h1 and gq is not None:
+            G = maps.data(g, "adjugate")
+            n, q = G.shape[0], G.shape[2:]
+            detJ = G[:, 0]
+            adj = xp.moveaxis(G[:, 1:].reshape((n, dim, dim) + q), (1, 2), (0, 1))
+        else:
+            detJ = maps.data(g, "det")
+        wdetJ = xp.multiply(detJ, w)
+        x = g.x
         if l2:
-            exact = fq(g.x) if fq.is_callable else fq.constant
+            exact = fq(x) if fq.is_callable else fq.constant
             d = xp.subtract(H[:, 0] if h1 else H, exact)
             d *= d
             sums[0] += xp.vdot(d.ravel(), wdetJ.ravel())
-            if fq.is_callable:
-                xp.multiply(exact, exact, out=d)
-            else:
-                d.fill(exact * exact)
-            sums[1] += xp.vdot(d.ravel(), wdetJ.ravel())
-        if h1:
-            sums[2] += _h1_chunk(g, H[:, 1:], w, wdetJ, fq, gq, interpolant and (Bx, Bi, Gi))
+            if norm:
+                if fq.is_callable:
+                    xp.multiply(exact, exact, out=d)
+                else:
+                    d.fill(exact * exact)
+                sums[1] += xp.vdot(d.ravel(), wdetJ.ravel())
+        if h1 and gq is not None:
+            sums[2] += _h1_exact_chunk(x, detJ, adj, H[:, 1:], wdetJ, gq)
+        elif h1:
+            sums[2] += _h1_interpolant_chunk(g, H[:, 1:], w, fq, interpolant)
     s = to_host(sums)
     if not l2:
         return float(s[2])
-    return (float(s[0]), float(s[1])) + ((float(s[2]),) if h1 else ())
+    return (float(s[0]), float(s[1]) if norm else None) + ((float(s[2]),) if h1 else ())
 
 
-def _h1_chunk(g, ref, w, wdetJ, fq, gq, interpolant):
-    """``sum |grad u_h - grad f|^2 w |J|`` over a chunk's points; ``ref`` the reference
-    gradients of ``u_h``; ``grad f`` from ``gq`` (at the points, physical) or from
-    ``interpolant = (Bx, Bi, Gi)`` (the reference gradients of ``f``'s interpolant,
-    subtracted before the map ``J^-T = adj^T / |J|``)."""
+def _h1_exact_chunk(x, detJ, adj, ref, wdetJ, gq):
+    """``sum |grad u_h - grad f|^2 w |J|`` over a chunk's points: ``ref`` the reference
+    gradients of ``u_h`` (n, dim, q...), mapped by ``J^-T = adj^T / |J|``; ``grad f``
+    from ``gq`` at the points ``x``."""
     xp = array_module(ref)
     dim = ref.shape[1]
-    if interpolant:
-        Bx, Bi, Gi = interpolant
-        xr = smalltc.interpolate(Bx, None, g.nodes, dim=dim)            # (n, dim, r...)
-        target = (xr.shape[0],) + xr.shape[2:]
-        ui = xp.ascontiguousarray(fq(xp.moveaxis(xr, 1, 0), target))
-        ref = ref - smalltc.interpolate(Bi, Gi, ui, what="gradients")
-    t, tmp = xp.empty(g.detJ.shape), xp.empty(g.detJ.shape)
-    s = xp.zeros(g.detJ.shape)
-    exact = gq(g.x, (dim,) + g.detJ.shape) if gq is not None else None
+    t, tmp = xp.empty(detJ.shape), xp.empty(detJ.shape)
+    s = xp.zeros(detJ.shape)
+    exact = gq(x, (dim,) + detJ.shape)
     for i in range(dim):
-        _apply_adjugate_t(g.adj, ref, i, t, tmp)              # |J| (J^-T ref)_i
-        if exact is not None:
-            t /= g.detJ
-            t -= exact[i]
+        _apply_adjugate_t(adj, ref, i, t, tmp)              # |J| (J^-T ref)_i
+        t /= detJ
+        t -= exact[i]
         t *= t
         s += t
-    if exact is not None:
-        return xp.vdot(s.ravel(), wdetJ.ravel())
-    xp.divide(w, g.detJ, out=t)                               # w |J| / |J|^2
-    return xp.vdot(s.ravel(), t.ravel())
+    return xp.vdot(s.ravel(), wdetJ.ravel())
+
+
+def _h1_interpolant_chunk(g, ref, w, fq, interpolant):
+    """``sum |grad u_h - grad I f|^2 w |J|`` over a chunk's points, ``I f`` the
+    interpolant of ``f`` (its nodes' coordinates by ``Bx`` from the element's, its
+    reference gradients at the points by ``(Bi, Gi)``; ``interpolant = (Bx, Bi, Gi)``):
+    with ``e = ref - grad_ref I f`` (``ref`` the reference gradients of ``u_h``), the sum
+    of ``e^T Q e``, ``Q = w |J| J^-1 J^-T`` (:func:`smalltc.geometry_data`'s diffusion
+    data of the chunk)."""
+    xp = array_module(ref)
+    n, dim = ref.shape[:2]
+    Bx, Bi, Gi = interpolant
+    if fq.is_callable:
+        xr = smalltc.interpolate(Bx, None, g.nodes, dim=dim)            # (n, dim, r...)
+        target = (n,) + xr.shape[2:]
+        ui = xp.ascontiguousarray(fq(xp.moveaxis(xr, 1, 0), target))
+        e = smalltc.interpolate(Bi, Gi, ui, what="gradients")
+        xp.subtract(ref, e, out=e)
+    else:
+        e = ref                                  # a constant's gradient is zero
+    Q = smalltc.geometry_data(g.J, w, what="diffusion")
+    e = [xp.ascontiguousarray(e[:, a]) for a in range(dim)]
+    t = xp.empty_like(e[0])
+    s, k = 0.0, 0
+    for a in range(dim):
+        for b in range(a, dim):
+            xp.multiply(Q[:, k], e[a], out=t)
+            s += (1.0 if a == b else 2.0) * xp.vdot(t.ravel(), e[b].ravel())
+            k += 1
+    return s
 
 
 @dataclass

@@ -53,8 +53,19 @@ __all__ = ["element_colors", "transpose", "check_range", "out_of_range", "map_in
 MAX_COLORS = 64
 
 
+#: the colouring's Numba dispatcher, made on first use (one a process: a dispatcher
+#: made at each call would read its compiled code from Numba's disk cache each time)
+_GREEDY = []
+
+
 def _greedy(emap, ndofs):
     """Numba kernel: colour of each element (-1: more than MAX_COLORS needed)."""
+    if not _GREEDY:
+        _GREEDY.append(_greedy_kernel())
+    return _GREEDY[0](emap, ndofs)
+
+
+def _greedy_kernel():
     import numba      # here: ``import smalltc`` does not load Numba (a second or more)
 
     @numba.njit(cache=True)
@@ -78,7 +89,7 @@ def _greedy(emap, ndofs):
                 used[emap[e, k]] |= bit
         return color
 
-    return greedy(emap, ndofs)
+    return greedy
 
 
 def element_colors(elem_dofs, ndofs):

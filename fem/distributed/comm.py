@@ -544,13 +544,15 @@ def make_reducer(comm, xp=np):
     return Reducer(comm, device_buffers=path.name == "mpi-device", nccl=path.nccl)
 
 
-def quiet_barrier(comm, poll=0.002):
+def quiet_barrier(comm, poll=0.001, longest=0.05):
     """A barrier whose waiting ranks sleep between polls instead of spinning (MPI's
     blocking calls spin a core, which on a busy or oversubscribed host slows the ranks
-    that still work)."""
+    that still work). The sleeps grow from ``poll`` to ``longest`` seconds: a short wait
+    ends soon after the last rank arrives, a long one (a compile) costs few wake-ups."""
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(poll)
+        poll = min(2 * poll, longest)
 
 
 _DONE_FIRST = set()

@@ -322,10 +322,15 @@ def main(args) -> int:
         raise SystemExit(f"smalltc bench: {err}") from None
     mpiexec = find_mpiexec()
     if kind == "gpu":
-        from .._arrays import gpu_available
+        from .._arrays import cupy_or_none, gpu_available
         if not gpu_available():
             raise SystemExit("smalltc bench: --device gpu asked for, but no CUDA device answers "
                              "here (see `smalltc info`)")
+        ngpus = cupy_or_none().cuda.runtime.getDeviceCount()
+        if max(ranks) > ngpus:
+            print(f"  warning: {max(ranks)} ranks on {ngpus} GPUs: ranks share GPUs (node-local "
+                  "rank modulo the device count), so the efficiencies beyond "
+                  f"{ngpus} ranks are not one GPU a rank", file=sys.stderr, flush=True)
     doc = environment(kind, None)
     doc.update(schema=SCHEMA, ranks=ranks, mpiexec=mpiexec,
                options=dict(device=kind, ranks=ranks, p=ps, dofs_per_rank=int(dofs),

@@ -46,7 +46,8 @@ def smooth_function(x):
 
 
 def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
-                    operator="matrix-free", tol=1e-12, backend="auto", device="auto", comm=None):
+                    operator="matrix-free", tol=1e-12, backend="auto", device="auto", comm=None,
+                    timings=None):
     """Project :func:`smooth_function` on a distorted box mesh and report.
 
     Parameters
@@ -74,6 +75,9 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
     comm : mpi4py communicator, optional
         Run distributed over its ranks (collective; every rank passes the
         same arguments).
+    timings : {None, "phases"}
+        Distributed: ``"phases"`` also times the operator's applications in CG
+        (:func:`smalltc.fem.distributed.projection.l2_project_distributed`).
 
     Returns
     -------
@@ -87,7 +91,8 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
         local_dofs, local_elements, rank_dofs_per_s`` (this rank's owned DoFs
         times iterations over its solve time), ``transport,
         transport_reason, gpu, time_halo_s, time_halo_wait_s,
-        time_allreduce_s``; the global entries are the same on every rank.
+        time_allreduce_s, comm_path, comm_path_reason, phases_s`` (every timed
+        phase of this rank); the global entries are the same on every rank.
 
     Raises
     ------
@@ -106,8 +111,9 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
     else:
         from .distributed import distributed_box_mesh   # the MPI layer: loaded for comm=
         mesh = distributed_box_mesh(dim, n, comm, geom_order=geom_order, distortion=distortion)
+    extra = {} if comm is None else {"timings": timings}
     res = l2_project(mesh, p, smooth_function, nq=nq, operator=operator, tol=tol, backend=backend,
-                     device=device)
+                     device=device, **extra)
     total = time.perf_counter() - t0
     out = {
         "dim": int(dim),
@@ -137,5 +143,7 @@ def projection_demo(dim=3, p=4, n=6, *, distortion=0.05, geom_order=2, nq=None,
                    rank_dofs_per_s=float(d["owned_dofs"] * res.iterations / t["solve"]),
                    transport=d["transport"], transport_reason=d["transport_reason"], gpu=d["gpu"],
                    time_halo_s=float(t["halo"]), time_halo_wait_s=float(t["halo_wait"]),
-                   time_allreduce_s=float(t["allreduce"]))
+                   time_allreduce_s=float(t["allreduce"]), comm_path=d["comm_path"],
+                   comm_path_reason=d["comm_path_reason"],
+                   phases_s={k: float(v) for k, v in t.items()})
     return out

@@ -4,6 +4,7 @@
     mpiexec -n 2 python tests/mpi_cases.py mismatch        # p differs across ranks
     mpiexec -n 2 python tests/mpi_cases.py local-failure   # f fails on rank 1 only
     mpiexec -n 5 python tests/mpi_cases.py unpartitionable # a 2 x 2 mesh over 5 ranks
+    mpiexec -n 2 python tests/mpi_cases.py node-first      # node_first: one rank, the others wait
     mpiexec -n 3 python tests/mpi_cases.py poisson [--meshes box,block,kershaw,file] [--ps 1,2,3]
                                                    [--precond jacobi|pmg] [--coarse amg|cg]
 
@@ -12,7 +13,13 @@ applied to a random vector and the distributed L2 projection (CG to 1e-13) again
 serial ones on rank 0, which prints a line ``CASE {json}``; every rank prints
 ``DONE rank r``. The error cases
 print ``ERROR rank r: <type>: <message>`` on every rank and exit with status 3, so
-an error that reached only some ranks shows as a missing line (or a timeout).
+an error that reached only some ranks shows as a missing line (or a timeout). Rank 0's
+serial checks end with a barrier whose waiting ranks sleep
+(:func:`smalltc.fem.distributed.comm.quiet_barrier`): on an oversubscribed host a rank
+spinning in MPI would take the core rank 0 works on.
+
+``node-first``: :func:`smalltc.fem.distributed.comm.node_first` runs its function on the
+node's first rank only, the others return after it (``NODEFIRST {json}`` a rank).
 
 ``poisson``: ``-div(kappa grad u) = f`` with ``u = exp(x + y/2 [+ z/4])``, Dirichlet on
 the boundary but for a Neumann side (``kappa du/dn`` there), solved by the distributed
@@ -105,7 +112,34 @@ def compare(comm, device, dims, ps):
                        transport_reason=res.distribution["transport_reason"],
                        gpus=[f[2] for f in flags])
             emit("CASE " + json.dumps(rec))
+        quiet_barrier(comm)
     emit(f"DONE rank {rank}")
+
+
+def quiet_barrier(comm):
+    from smalltc.fem.distributed.comm import quiet_barrier as barrier
+    barrier(comm)
+
+
+def node_first_case(comm, folder):
+    """node_first: the function runs on the node's first rank, once per key; the others
+    see its file when they return."""
+    import time
+
+    from smalltc.fem.distributed.comm import node_first
+    rank = comm.Get_rank()
+    marker = os.path.join(folder, "built")
+    ran = []
+
+    def build():
+        time.sleep(0.5)                        # the others must wait for it
+        with open(marker, "w") as f:
+            f.write(str(rank))
+        ran.append(rank)
+    node_first(comm, ("case", 1), build)
+    saw = os.path.exists(marker)
+    node_first(comm, ("case", 1), build)     # the same key again: nothing
+    emit("NODEFIRST " + json.dumps(dict(rank=rank, ran=len(ran), saw=saw)))
 
 
 def _exact(dim):
@@ -192,6 +226,7 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi", coarse=None):
                 sp = fem.l2_project(whole, p, u, tol=TOL, device=device)
                 rec["proj_err"] = float(np.abs(pg - sp.u).max() / np.abs(sp.u).max())
             emit("CASE " + json.dumps(rec))
+        quiet_barrier(comm)
     emit(f"DONE rank {rank}")
 
 
@@ -207,7 +242,8 @@ def _expect_error(comm, fn):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("case", choices=("compare", "mismatch", "local-failure", "unpartitionable",
-                                     "poisson"))
+                                     "poisson", "node-first"))
+    ap.add_argument("--folder", default=None, help="node-first: a folder every rank sees")
     ap.add_argument("--meshes", default="box,block,kershaw,file")
     ap.add_argument("--precond", default="jacobi", choices=("jacobi", "pmg"))
     ap.add_argument("--coarse", default=None, choices=("auto", "amg", "cg"))
@@ -226,6 +262,8 @@ def main(argv=None):
     elif args.case == "poisson":
         poisson(comm, args.device, args.meshes.split(","), [int(d) for d in args.dims.split(",")],
                 [int(p) for p in args.ps.split(",")], args.precond, args.coarse)
+    elif args.case == "node-first":
+        node_first_case(comm, args.folder)
     elif args.case == "mismatch":
         _expect_error(comm, lambda: fem.l2_project(fem.box_mesh(2, 4), 2 + rank, 1.0,
                                                    device=args.device, comm=comm))

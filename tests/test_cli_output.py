@@ -94,13 +94,16 @@ def test_mpi_table_and_total_use_a_prefix():
                transport_reason="numpy arrays", iterations=12, residual=1e-9, l2_error=1e-4,
                relative_l2_error=1e-3, gpu=None, local_elements=32, local_dofs=405,
                owned_dofs=364, time_solve_s=0.02, rank_dofs_per_s=2.19e5, time_halo_s=0.001,
-               time_halo_wait_s=0.0005, time_allreduce_s=0.001)
+               time_halo_wait_s=0.0005, time_allreduce_s=0.001, time_setup_s=0.05,
+               comm_path="host", comm_path_reason="NumPy vectors: plain MPI", first_call_s=3.0,
+               phases_s=dict(apply=0.012, cg_other=0.008))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         _print_mpi([dict(rec, rank=0), dict(rec, rank=1, rank_dofs_per_s=2.5e5)])
     text = out.getvalue()
     assert "kDoF/s/it" in text and " 219 " in text and " 250 " in text
     assert "437 kDoF/s per CG iteration, 219 kDoF/s per rank" in text   # 729 * 12 / 0.02 s
+    assert "communication: host (NumPy vectors: plain MPI)" in text
 
 
 @pytest.fixture

@@ -150,6 +150,24 @@ def test_demo_mpi(tmp_path):
     doc = json.loads((tmp_path / "demo-mpi.json").read_text())
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     assert sum(r["owned_dofs"] for r in doc["ranks"]) == doc["ranks"][0]["dofs"]
+    # the kernels compiled by a first solve, the second's phases per rank, the path
+    assert "communication: host (NumPy vectors: plain MPI)" in out, out
+    assert "kernels compiled by a first, untimed solve" in out, out
+    for r in doc["ranks"]:
+        ph = r["phases_s"]
+        assert 0 < ph["apply"] < ph["solve"] and ph["halo"] > 0 and ph["cg_other"] >= 0, ph
+        assert r["comm_path"] == "host" and r["first_call_s"] > 0
+
+
+@needs_mpi
+def test_node_first_runs_on_one_rank_while_the_other_waits(tmp_path):
+    """The node's first rank runs the function (once per key), the other returns after it
+    (it sees its file)."""
+    res = mpirun(2, [sys.executable, CASES, "node-first", "--folder", tmp_path], timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    found = sorted((json.loads(ln[10:]) for ln in lines(res) if ln.startswith("NODEFIRST ")),
+                   key=lambda d: d["rank"])
+    assert found == [dict(rank=0, ran=1, saw=True), dict(rank=1, ran=0, saw=True)], res.stdout
 
 
 @needs_mpi
@@ -165,7 +183,7 @@ def test_two_ranks_on_the_gpus():
     ngpus = cupy_or_none().cuda.runtime.getDeviceCount()
     for c in found:
         assert c["device"] == "gpu" and c["gpus"] == [r % ngpus for r in range(2)]
-        assert c["transport"] in ("device", "staged"), c
+        assert c["transport"] in ("nccl", "device", "staged"), c
     print(f"\nhalo transport: {found[0]['transport']} ({found[0]['transport_reason']})")
 
 

@@ -8,9 +8,12 @@ keeps the others as *ghosts* (:mod:`.space`). The mass operator is the fused
 shared nodes overlapped with the interior elements (:mod:`.operators`,
 :mod:`.halo`); CG sums its inner products across the ranks
 (:func:`smalltc.fem.cg` with ``comm=``, :class:`.comm.Reducer`). On GPUs each
-rank takes the node-local rank modulo the device count, and the halo hands
-device buffers to a CUDA-aware MPI or stages them through page-locked host
-memory, decided at run time (:attr:`.halo.Halo.transport`).
+rank takes the node-local rank modulo the device count, and the halo and the
+array reductions go through NCCL (:mod:`.nccl`), a CUDA-aware MPI, or page-locked
+host memory, decided at run time (:func:`.comm.comm_path`;
+``SMALLTC_DIST_COMM`` forces one). ``timings="phases"`` times the solve's
+operator and preconditioner applications too, and the first rank of each node
+compiles the kernels for the others (:mod:`.phases`).
 
 Beyond box meshes: Kershaw meshes built per rank (:func:`.space.distributed_kershaw_mesh`)
 and unstructured meshes (files) partitioned by METIS on rank 0
@@ -42,7 +45,8 @@ Run under ``mpiexec -n 2 python script.py`` (here one rank):
 (True, 1)
 """
 
-from .comm import RankError, Reducer, agree, collective, cuda_aware, load_mpi, select_gpu
+from .comm import (CommPath, RankError, Reducer, agree, collective, comm_path, cuda_aware,
+                   load_mpi, select_gpu)
 from .halo import Halo
 from .multigrid import DistributedPMultigrid, distributed_pmg
 from .operators import (DistributedMassOperator, DistributedOperator,
@@ -54,6 +58,7 @@ from .space import (BlockMesh, DistributedH1Space, DistributedMesh, distribute_m
 
 __all__ = [
     "BlockMesh",
+    "CommPath",
     "BlockPartition",
     "DistributedH1Space",
     "DistributedMassOperator",
@@ -68,6 +73,7 @@ __all__ = [
     "Reducer",
     "agree",
     "collective",
+    "comm_path",
     "cuda_aware",
     "distribute_mesh",
     "distributed_diffusion_operator",

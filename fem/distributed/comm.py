@@ -12,6 +12,14 @@ distributed object is built, and says what is missing when it cannot.
 * :func:`select_gpu` makes the node-local rank modulo the device count the
   current CuPy device; :func:`cuda_aware` says whether the MPI library takes GPU
   buffers (``MPIX_Query_cuda_support``, or ``SMALLTC_MPI_CUDA_AWARE=0/1``).
+* :func:`comm_path` chooses, once per communicator, how the halo exchanges and the
+  array reductions travel (:func:`decide_path`): on GPUs NCCL through CuPy where it
+  imports (:mod:`.nccl`), else CUDA-aware MPI where :func:`cuda_aware` says so, else
+  MPI on page-locked host copies (``"staged"``); on the CPU plain MPI on NumPy arrays
+  (``"host"``). ``SMALLTC_DIST_COMM=nccl|mpi-device|staged`` forces one.
+* :func:`node_first` runs a function on the first rank of each node while the node's
+  other ranks wait without spinning: kernels compiled there are loaded by the others
+  from the disk cache instead of being compiled again.
 
 Examples
 --------
@@ -24,8 +32,10 @@ Examples
 """
 
 import ctypes
+import logging
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,10 +43,19 @@ from smalltc._arrays import is_cupy
 
 __all__ = ["RankError", "Reducer", "agree", "collective", "cuda_aware", "load_mpi",
            "check_launch", "local_rank", "private_comm", "select_gpu", "spelling",
-           "ENV_CUDA_AWARE"]
+           "ENV_CUDA_AWARE", "ENV_COMM", "COMM_PATHS", "CommPath", "comm_path",
+           "decide_path", "make_reducer", "node_first", "quiet_barrier"]
 
 #: environment variable that overrides the CUDA-aware MPI query: "1" or "0"
 ENV_CUDA_AWARE = "SMALLTC_MPI_CUDA_AWARE"
+#: environment variable that forces the communication path of a distributed solve
+ENV_COMM = "SMALLTC_DIST_COMM"
+#: the communication paths :data:`ENV_COMM` can force (GPU runs; "host" is the CPU's)
+COMM_PATHS = ("nccl", "mpi-device", "staged")
+#: path -> the halo's transport (:data:`.halo.TRANSPORTS`)
+TRANSPORT_OF = {"host": "host", "staged": "staged", "mpi-device": "device", "nccl": "nccl"}
+
+_log = logging.getLogger("smalltc")
 
 #: launcher variables that give the number of processes started (MPICH/Hydra, Open MPI, Slurm)
 _LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
@@ -296,6 +315,10 @@ class Reducer:
     device_buffers : bool
         For CuPy arrays in :meth:`sum_array`: hand them to MPI as they are (a
         CUDA-aware MPI), else through host memory.
+    nccl : NcclComm, optional
+        For CuPy arrays in :meth:`sum_array`: NCCL's allreduce on the current stream
+        (:mod:`.nccl`; no host wait). The scalars of :meth:`sums` are host floats
+        already and go through MPI.
 
     Attributes
     ----------
@@ -304,10 +327,11 @@ class Reducer:
     calls : int
     """
 
-    def __init__(self, comm, device_buffers=False):
+    def __init__(self, comm, device_buffers=False, nccl=None):
         self.MPI = load_mpi()
         self.comm = comm
         self.device_buffers = bool(device_buffers)
+        self.nccl = nccl
         self.seconds = 0.0
         self.calls = 0
         self._host = {}
@@ -326,6 +350,8 @@ class Reducer:
         t = time.perf_counter()
         if not is_cupy(a):
             self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
+        elif self.nccl is not None:
+            self.nccl.allreduce(a)                           # stream-ordered, no host wait
         elif self.device_buffers:
             import cupy
             cupy.cuda.get_current_stream().synchronize()     # MPI does not order with streams
@@ -354,3 +380,210 @@ def pinned_empty(n, dtype):
     dtype = np.dtype(dtype)
     mem = cupy.cuda.alloc_pinned_memory(max(1, n) * dtype.itemsize)
     return np.frombuffer(mem, dtype=dtype, count=n)
+
+
+@dataclass
+class CommPath:
+    """How a distributed solve's messages travel (:func:`comm_path`).
+
+    Attributes
+    ----------
+    name : str
+        ``"host"`` (NumPy arrays, plain MPI), ``"staged"`` (CuPy arrays copied through
+        page-locked host memory), ``"mpi-device"`` (CuPy arrays given to a CUDA-aware
+        MPI), ``"nccl"`` (NCCL through CuPy).
+    reason : str
+        Why this path.
+    nccl : NcclComm or None
+        The NCCL communicator (``name == "nccl"``).
+    """
+
+    name: str
+    reason: str
+    nccl: object = None
+
+    @property
+    def transport(self):
+        """The halo's transport name (:data:`.halo.TRANSPORTS`)."""
+        return TRANSPORT_OF[self.name]
+
+    def __str__(self):
+        return f"{self.name} ({self.reason})"
+
+
+def decide_path(on_gpu, forced=None, nccl=None, aware=None):
+    """The communication path from what this rank found (no MPI, no CuPy: a pure rule).
+
+    Parameters
+    ----------
+    on_gpu : bool
+        CuPy vectors (``device="gpu"``) or NumPy ones.
+    forced : str or None
+        :data:`ENV_COMM`'s value (None or ``""``: choose).
+    nccl : callable or None
+        ``nccl() -> (available, why)``; asked only when NCCL could be chosen.
+    aware : callable or None
+        ``aware() -> (cuda_aware, how)`` (:func:`cuda_aware`); asked only when needed.
+
+    Returns
+    -------
+    (str, str)
+        The path and why. A choice made after NCCL was found missing says so in the
+        reason (the callers log it).
+
+    Raises
+    ------
+    ValueError
+        A forced value that is not one of :data:`COMM_PATHS`.
+    RuntimeError
+        A forced path that is not available here, naming what is missing.
+
+    Examples
+    --------
+    >>> decide_path(False)
+    ('host', 'NumPy vectors: plain MPI')
+    >>> decide_path(True, nccl=lambda: (False, "no NCCL"), aware=lambda: (False, "asked"))
+    ('staged', 'NCCL not available (no NCCL); MPI not CUDA-aware (asked): page-locked host copies')
+    >>> decide_path(True, "mpi-device", aware=lambda: (False, "asked"))
+    Traceback (most recent call last):
+    ...
+    RuntimeError: SMALLTC_DIST_COMM=mpi-device, but the MPI library is not CUDA-aware (asked); unset it or choose one of nccl, mpi-device, staged that is available
+    """
+    forced = (forced or "").strip().lower() or None
+    if forced is not None and forced not in COMM_PATHS:
+        raise ValueError(f"{ENV_COMM} must be one of {', '.join(COMM_PATHS)} (or unset), got "
+                         f"{forced!r}")
+    hint = f"; unset it or choose one of {', '.join(COMM_PATHS)} that is available"
+    if not on_gpu:
+        if forced == "nccl":
+            raise RuntimeError(f"{ENV_COMM}=nccl, but NCCL moves GPU arrays and this solve runs "
+                               "on the CPU (device='cpu')" + hint)
+        if forced == "staged":
+            return "staged", f"{ENV_COMM}=staged (NumPy vectors through separate host buffers)"
+        return "host", "NumPy vectors: plain MPI"
+    if forced == "staged":
+        return "staged", f"{ENV_COMM}=staged"
+    notes = []
+    if forced in (None, "nccl"):
+        ok, why = nccl()
+        if ok:
+            return "nccl", (f"{ENV_COMM}=nccl" if forced else "NCCL through CuPy") + \
+                f" ({why})"
+        if forced == "nccl":
+            raise RuntimeError(f"{ENV_COMM}=nccl, but NCCL is not available ({why})" + hint)
+        notes.append(f"NCCL not available ({why})")
+    ok, how = aware()
+    if ok:
+        return "mpi-device", "; ".join(notes + [f"CUDA-aware MPI ({how})"])
+    if forced == "mpi-device":
+        raise RuntimeError(f"{ENV_COMM}=mpi-device, but the MPI library is not CUDA-aware "
+                           f"({how})" + hint)
+    return "staged", "; ".join(notes + [f"MPI not CUDA-aware ({how}): page-locked host copies"])
+
+
+def _nccl_probe():
+    from .nccl import nccl_module
+    try:
+        nccl = nccl_module()
+    except RuntimeError as err:
+        return False, str(err).split(": ", 1)[-1]
+    try:
+        version = nccl.get_version()
+    except Exception:              # an old CuPy without get_version: the module imported
+        version = None
+    return True, f"NCCL {version}" if version else "cupy.cuda.nccl imports"
+
+
+_PATHKEY = []    # the MPI attribute key under which comm_path keeps its choice
+
+
+def comm_path(comm, xp=np):
+    """The :class:`CommPath` of ``comm`` for vectors of module ``xp``, chosen once per
+    communicator and module (collective the first time: the ranks must agree, and the
+    NCCL communicator is built by all of them).
+
+    Raises
+    ------
+    ValueError, RuntimeError
+        On every rank: a bad or unavailable forced path (:func:`decide_path`), or ranks
+        that chose differently.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> print(comm_path(MPI.COMM_SELF))
+    host (NumPy vectors: plain MPI)
+    """
+    MPI = load_mpi()
+    if not _PATHKEY:
+        _PATHKEY.append(MPI.Comm.Create_keyval())
+    cache = comm.Get_attr(_PATHKEY[0])
+    if cache is None:
+        cache = {}
+        comm.Set_attr(_PATHKEY[0], cache)
+    key = xp.__name__
+    if key in cache:
+        return cache[key]
+    on_gpu = xp is not np
+    name, reason = collective(comm, decide_path, on_gpu, os.environ.get(ENV_COMM),
+                              _nccl_probe, cuda_aware, what="choosing the communication path")
+    agree(comm, {"communication path": name}, "the communication paths found")
+    if "NCCL not available" in reason and comm.Get_rank() == 0:
+        _log.info("smalltc: the distributed solve's messages go by %s: %s", name, reason)
+    nccl = None
+    if name == "nccl":
+        from .nccl import NcclComm
+        nccl = collective(comm, NcclComm, comm, what="building the NCCL communicator")
+    path = cache[key] = CommPath(name, reason, nccl)
+    return path
+
+
+def make_reducer(comm, xp=np):
+    """The :class:`Reducer` of ``comm`` on its communication path (:func:`comm_path`)."""
+    path = comm_path(comm, xp)
+    return Reducer(comm, device_buffers=path.name == "mpi-device", nccl=path.nccl)
+
+
+def quiet_barrier(comm, poll=0.001, longest=0.05):
+    """A barrier whose waiting ranks sleep between polls instead of spinning (MPI's
+    blocking calls spin a core, which on a busy or oversubscribed host slows the ranks
+    that still work). The sleeps grow from ``poll`` to ``longest`` seconds: a short wait
+    ends soon after the last rank arrives, a long one (a compile) costs few wake-ups."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(poll)
+        poll = min(2 * poll, longest)
+
+
+_DONE_FIRST = set()
+
+
+def node_first(comm, key, fn):
+    """Run ``fn()`` on the first rank of each node, the node's other ranks waiting (asleep),
+    once per process and ``key``; collective.
+
+    For work whose result lands in a cache on disk, e.g. compiling kernels: the node's
+    other ranks then load them instead of compiling the same ones at the same time.
+    ``fn`` must not communicate on ``comm``. A failure in ``fn`` is reported as a
+    warning and ignored (the caller's own work then builds what it needs).
+    """
+    if comm.Get_size() == 1:
+        return
+    # every rank takes the same branch, even where the keys differ (differing arguments are
+    # the caller's to report, after this)
+    if not any(comm.allgather(key not in _DONE_FIRST)):
+        return
+    _DONE_FIRST.add(key)
+    MPI = load_mpi()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        if node.Get_size() > 1:
+            if node.Get_rank() == 0:
+                try:
+                    fn()
+                except Exception as err:      # the real work will raise it where it matters
+                    _log.warning("smalltc: compiling ahead on the node's first rank failed "
+                                 "(%s: %s); each rank compiles its own", type(err).__name__, err)
+            quiet_barrier(node)
+    finally:
+        node.Free()

@@ -16,12 +16,14 @@ Both are split in ``start_*`` (pack, post ``Isend``/``Irecv``) and ``finish_*``
 messages of one exchange to one neighbour go in one buffer; a rank's buffers for
 all neighbours are one array, so packing is one gather.
 
-Buffers follow the vector's array module. NumPy: host buffers. CuPy: the packed
-device buffer goes to MPI as it is when MPI is CUDA-aware (``transport ==
-"device"``), else it is copied to page-locked host memory and back
-(``"staged"``); :func:`~.comm.cuda_aware` decides, once, at construction.
-Received contributions are added in increasing neighbour-rank order, so results
-do not depend on message timing.
+Buffers follow the vector's array module. NumPy: host buffers (``transport ==
+"host"``). CuPy: the communication path of the communicator
+(:func:`~.comm.comm_path`, chosen once at run time, ``SMALLTC_DIST_COMM`` forces
+one): NCCL send/recv in one group on a stream of its own (``"nccl"``, :mod:`.nccl`:
+no host wait, the interior kernels overlap it), the packed device buffer given to a
+CUDA-aware MPI as it is (``"device"``), or copied to page-locked host memory and
+back (``"staged"``). Received contributions are added in increasing
+neighbour-rank order, so results do not depend on message timing.
 
 Examples
 --------
@@ -35,12 +37,13 @@ import time
 
 import numpy as np
 
-from .comm import cuda_aware, load_mpi, pinned_empty
+from .comm import comm_path, load_mpi, pinned_empty
 
 __all__ = ["Halo", "TRANSPORTS"]
 
-#: how buffers reach MPI: NumPy arrays; CuPy arrays as they are; CuPy through host memory
-TRANSPORTS = ("host", "device", "staged")
+#: how buffers travel: NumPy arrays by MPI; CuPy arrays by MPI as they are; CuPy through
+#: host memory; CuPy by NCCL
+TRANSPORTS = ("host", "device", "staged", "nccl")
 
 _TAG_FORWARD, _TAG_REVERSE = 7101, 7102
 
@@ -72,11 +75,11 @@ def _to_device(host, dev):
 class _Pending:
     """One exchange in flight: its requests, buffers and what to do on arrival."""
 
-    __slots__ = ("requests", "recv_host", "recv_dev", "dtype", "t0")
+    __slots__ = ("requests", "recv_host", "recv_dev", "dtype", "t0", "event")
 
-    def __init__(self, requests, recv_host, recv_dev, dtype, t0):
+    def __init__(self, requests, recv_host, recv_dev, dtype, t0, event=None):
         self.requests, self.recv_host, self.recv_dev = requests, recv_host, recv_dev
-        self.dtype, self.t0 = dtype, t0
+        self.dtype, self.t0, self.event = dtype, t0, event
 
 
 class Halo:
@@ -95,17 +98,18 @@ class Halo:
         (:meth:`~.partition.BlockPartition.exchange_lists`).
     xp : module
         ``numpy`` or ``cupy``: where the vectors live.
-    transport : {None, "host", "device", "staged"}
-        None: ``"host"`` for NumPy; for CuPy ``"device"`` if MPI is CUDA-aware
-        (:func:`~.comm.cuda_aware`), else ``"staged"``. With NumPy vectors
+    transport : {None, "host", "device", "staged", "nccl"}
+        None: the communicator's path (:func:`~.comm.comm_path`): ``"host"`` for
+        NumPy; for CuPy ``"nccl"`` where NCCL imports, else ``"device"`` if MPI is
+        CUDA-aware (:func:`~.comm.cuda_aware`), else ``"staged"``. With NumPy vectors
         ``"staged"`` copies through separate host buffers (its bookkeeping, tested
-        without a GPU) and ``"device"`` is ``"host"``.
+        without a GPU) and ``"device"`` is ``"host"``; ``"nccl"`` is for CuPy only.
 
     Attributes
     ----------
     transport : str
     transport_reason : str
-        Why that transport (the CUDA-aware query's answer, for CuPy).
+        Why that transport (the path's reason, :class:`~.comm.CommPath`).
     seconds : dict
         Time spent in ``"pack"`` (gathering and posting), ``"wait"`` (waiting for
         messages: what overlap does not hide) and ``"unpack"``; ``calls`` counts
@@ -117,17 +121,23 @@ class Halo:
     def __init__(self, comm, sends, recvs, xp, transport=None):
         self.MPI = load_mpi()
         self.comm, self.xp = comm, xp
+        self.nccl = None
         if transport is None:
-            if xp is np:
-                transport, reason = "host", "NumPy vectors"
-            else:
-                aware, how = cuda_aware()
-                transport, reason = ("device" if aware else "staged"), how
+            path = comm_path(comm, xp)
+            transport, reason, self.nccl = path.transport, path.reason, path.nccl
         else:
             reason = "asked for"
-        if transport not in TRANSPORTS or (xp is not np and transport == "host"):
-            raise ValueError(f"transport must be one of {TRANSPORTS} ('device' or 'staged' "
-                             f"for CuPy vectors), got {transport!r}")
+        if transport not in TRANSPORTS or (xp is not np and transport == "host") or (
+                xp is np and transport == "nccl"):
+            raise ValueError(f"transport must be one of {TRANSPORTS} ('device', 'staged' or "
+                             f"'nccl' for CuPy vectors, not 'nccl' for NumPy ones), got "
+                             f"{transport!r}")
+        if transport == "nccl" and self.nccl is None:
+            path = comm_path(comm, xp)
+            if path.nccl is None:
+                raise ValueError(f"transport='nccl' asked for, but the communicator's path is "
+                                 f"{path}")
+            self.nccl = path.nccl
         self.transport, self.transport_reason = transport, reason
         self.send_ranks = sorted(sends)
         self.recv_ranks = sorted(recvs)
@@ -182,6 +192,12 @@ class Halo:
         if nsend:
             xp.take(src, pack_idx, out=send_dev)
         recv_dev = self._buffer("recv_dev", nrecv, dtype)
+        if self.transport == "nccl":                        # queued: no host wait
+            event = self.nccl.exchange(
+                [(q, send_dev[a:b]) for q, a, b in zip(send_ranks, send_off[:-1], send_off[1:])],
+                [(q, recv_dev[a:b]) for q, a, b in zip(recv_ranks, recv_off[:-1], recv_off[1:])])
+            self.seconds["pack"] += time.perf_counter() - t0
+            return _Pending([], None, recv_dev, dtype, t0, event)
         if self.transport != "staged":
             if xp is not np:
                 xp.cuda.get_current_stream().synchronize()  # MPI does not order with streams
@@ -198,7 +214,10 @@ class Halo:
     def _wait(self, pending):
         """Wait for an exchange; returns the received values in the vector's module."""
         t = time.perf_counter()
-        self.MPI.Request.Waitall(pending.requests)
+        if pending.event is not None:
+            self.nccl.wait(pending.event)                   # the stream waits, not the host
+        else:
+            self.MPI.Request.Waitall(pending.requests)
         self.seconds["wait"] += time.perf_counter() - t
         if self.transport == "staged" and pending.recv_dev.size:
             _to_device(pending.recv_host, pending.recv_dev)

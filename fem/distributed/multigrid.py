@@ -45,7 +45,7 @@ from ..multigrid import _numba_present, pmg_orders
 from ..operators import diffusion_operator
 from ..quadrature import gauss_lobatto
 from .coarse import COARSE, DistributedCG, GatheredAMG
-from .comm import Reducer, collective
+from .comm import collective, make_reducer
 from .operators import distributed_diffusion_operator
 
 __all__ = ["DistributedTransfer", "DistributedChebyshev", "DistributedPMultigrid",
@@ -306,7 +306,7 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
                 "V-cycle on rank 0)")
     elif coarse == "amg":
         collective(space.comm, _pyamg, what="the AMG coarse solve")
-    red = Reducer(space.comm, device_buffers=getattr(A.op.halo, "transport", "") == "device")
+    red = make_reducer(space.comm, xp)
     zero = {r: 0.0 for r in dirichlet}
     ops, frees = [A], [_host(A._P) > 0]
     where = "cpu" if xp is np else "gpu"

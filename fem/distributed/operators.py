@@ -35,6 +35,7 @@ from ..basis import basis_1d
 from ..geometry import diffusion_data, mass_data
 from ..operators import Operator, _operator_basis
 from .comm import agree, collective, load_mpi, select_gpu, spelling
+from .phases import compile_ahead
 from .space import DistributedH1Space, distribute_mesh
 
 __all__ = ["DistributedOperator", "DistributedMassOperator", "distributed_mass_operator",
@@ -267,9 +268,19 @@ class DistributedMassOperator(DistributedOperator):
         return self.data_bnd
 
 
-def _space_and_device(space, comm, args, name, device):
+def _touch(op):
+    """Apply ``op`` and take its diagonal once (its kernels built)."""
+    op(op.xp.ones(op.shape[0], dtype=op.dtype))
+    op.diagonal()
+
+
+def _space_and_device(space, comm, args, name, device, build=None):
     """The distributed space (cut from ``space``'s mesh when it is serial), after checking
-    that the ranks agree on ``args``; selects this rank's GPU for ``device="gpu"``."""
+    that the ranks agree on ``args``; selects this rank's GPU for ``device="gpu"``.
+
+    ``build(space, device, comm)``: the operator of the caller (for
+    :func:`~.phases.compile_ahead`: the first rank of each node builds and applies it on
+    a tiny mesh first, so the node's other ranks load its kernels from the disk cache)."""
     if hasattr(space, "partition"):
         dspace = space
         if comm is not None:
@@ -289,6 +300,11 @@ def _space_and_device(space, comm, args, name, device):
     agree(comm, {"device": where}, "the devices found")
     if where == "gpu":
         collective(comm, select_gpu, comm, what="selecting a GPU")
+    if build is not None:
+        from ..space import H1Space
+        compile_ahead(comm, space.mesh, name,
+                      lambda mesh1, comm1: _touch(build(H1Space(mesh1, space.p), where, comm1)),
+                      **dict(args, p=space.p, device=where))
     if dspace is None:
         if type(space.mesh).__name__ == "BoxMesh":
             dmesh = distribute_mesh(space.mesh, comm)
@@ -333,7 +349,11 @@ def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quad
     args = {"nq": nq, "rho": spelling(rho), "assembled": assembled, "quadrature": quadrature,
             "dtype": np.dtype(dtype).name, "backend": backend, "device": device,
             "fused": fused, "deterministic": bool(deterministic)}
-    dspace, where, xp = _space_and_device(space, comm, args, "mass_operator", device)
+    dspace, where, xp = _space_and_device(
+        space, comm, args, "mass_operator", device,
+        lambda V, dev, c: distributed_mass_operator(V, nq, rho, quadrature=quadrature,
+                                                    dtype=dtype, backend=backend, device=dev,
+                                                    deterministic=deterministic, comm=c))
     nq = dspace.p + 2 if nq is None else nq
     D = collective(dspace.comm, mass_data, dspace.mesh.local, nq, rho, quadrature=quadrature,
                    dtype=dtype, device=where, what="computing D")
@@ -372,7 +392,12 @@ def distributed_diffusion_operator(space, nq=None, kappa=None, *, assembled=Fals
     args = {"nq": nq, "kappa": spelling(kappa), "assembled": assembled,
             "quadrature": quadrature, "dtype": np.dtype(dtype).name, "backend": backend,
             "device": device, "fused": fused, "deterministic": bool(deterministic)}
-    dspace, where, xp = _space_and_device(space, comm, args, "diffusion_operator", device)
+    dspace, where, xp = _space_and_device(
+        space, comm, args, "diffusion_operator", device,
+        lambda V, dev, c: distributed_diffusion_operator(V, nq, kappa, quadrature=quadrature,
+                                                         dtype=dtype, backend=backend,
+                                                         device=dev,
+                                                         deterministic=deterministic, comm=c))
     nq = _default_nq(dspace.p, nq, quadrature)
     Q = collective(dspace.comm, diffusion_data, dspace.mesh.local, nq, kappa,
                    quadrature=quadrature, dtype=dtype, device=where, what="computing Q")
@@ -407,7 +432,12 @@ def distributed_helmholtz_operator(space, alpha, nq=None, kappa=None, *, assembl
     args = {"alpha": alpha, "nq": nq, "kappa": spelling(kappa), "assembled": assembled,
             "quadrature": quadrature, "dtype": np.dtype(dtype).name, "backend": backend,
             "device": device, "fused": fused, "deterministic": bool(deterministic)}
-    dspace, where, xp = _space_and_device(space, comm, args, "helmholtz_operator", device)
+    dspace, where, xp = _space_and_device(
+        space, comm, args, "helmholtz_operator", device,
+        lambda V, dev, c: distributed_helmholtz_operator(V, alpha, nq, kappa,
+                                                         quadrature=quadrature, dtype=dtype,
+                                                         backend=backend, device=dev,
+                                                         deterministic=deterministic, comm=c))
     nq = _default_nq(dspace.p, nq, quadrature)
     local = dspace.mesh.local
     D = collective(dspace.comm, mass_data, local, nq, alpha, quadrature=quadrature,

@@ -31,10 +31,12 @@ from ..boundary import ConstrainedOperator, DirichletBC, boundary_load
 from ..poisson import (PoissonProblem, PoissonResult, _Clock, _dirichlet, _split_exact,
                        _split_regions)
 from ..projection import _error_sums, _load
-from ..solvers import cg, jacobi
-from .comm import Reducer, agree, check_launch, collective, cuda_aware, load_mpi, select_gpu
-from .comm import spelling
+from ..solvers import Jacobi, cg, jacobi
+from .comm import Reducer, agree, check_launch, collective, comm_path, load_mpi, make_reducer
+from .comm import select_gpu, spelling
 from .operators import distributed_diffusion_operator
+from .phases import (Counters, Timed, ahead_done, check_timings, compile_ahead, halos_of,
+                     reducers_of)
 from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
 
 __all__ = ["DistributedPoissonProblem", "poisson_problem_distributed",
@@ -130,9 +132,25 @@ class DistributedPoissonProblem(PoissonProblem):
     comm: object = None
     distribution: dict = None
 
-    def solve(self, tol=1e-10, maxiter=None, **cg_kw):
-        sol = cg(self.A, self.b, tol=tol, maxiter=maxiter, precond=self.precond, comm=self.comm,
-                 **cg_kw)
+    def solve(self, tol=1e-10, maxiter=None, phases=None, **cg_kw):
+        """CG on the ranks; ``phases`` (a dict) gets the seconds of the operator's
+        applications (``"apply"``, its exchanges included), of the preconditioner's
+        (``"precond_apply"``: the V-cycles; a Jacobi preconditioner is folded into the
+        fused CG's updates and has none) and of the p-multigrid's coarse solves
+        (``"coarse"``), each synchronised on a GPU (:class:`~.phases.Timed`)."""
+        A, P = self.A, self.precond
+        coarse = getattr(P, "coarse", None)
+        if phases is not None:
+            A = Timed(A, phases, "apply", A.xp)
+            if P is not None and not isinstance(P, Jacobi):
+                P = Timed(P, phases, "precond_apply", A.xp)
+            if coarse is not None:
+                self.precond.coarse = Timed(coarse, phases, "coarse", A.xp)
+        try:
+            sol = cg(A, self.b, tol=tol, maxiter=maxiter, precond=P, comm=self.comm, **cg_kw)
+        finally:
+            if coarse is not None:
+                self.precond.coarse = coarse
         x = sol.x
         host = x if self.A.xp is np else to_host(x)
         self.space.consistent_form(host)
@@ -168,6 +186,22 @@ def _fingerprint(mesh, p, f, dirichlet, neumann, kappa, nq, precond, quadrature,
     return fp
 
 
+def _compile_ahead(comm, mesh, p, f, dirichlet, neumann, kappa, nq, precond, quadrature,
+                   device, backend, pmg_options, exact=None):
+    """:func:`~.phases.compile_ahead` of this problem: its kinds of data on a tiny box
+    mesh, set up and solved on one rank (loosely: for the kernels, not the answer)."""
+    def run(tiny, self_comm):
+        solve_poisson_distributed(tiny, p, f, dirichlet=dirichlet, neumann=neumann,
+                                  kappa=kappa, exact=exact, nq=nq, precond=precond, tol=1e-6,
+                                  quadrature=quadrature, device=device,
+                                  pmg_options=pmg_options, backend=backend, comm=self_comm,
+                                  compile_first=False)
+    compile_ahead(comm, mesh, "poisson", run, p=p, nq=nq, kappa=_spell(kappa),
+                  neumann=_spell(neumann), dirichlet=_spell(dirichlet), precond=precond,
+                  quadrature=quadrature, device=device, backend=backend,
+                  pmg=_spell(pmg_options), exact=_spell(exact))
+
+
 def _check(precond, device):
     if precond not in PRECONDS:
         raise ValueError(f"a distributed Poisson solve takes precond in {list(PRECONDS)}, "
@@ -177,7 +211,8 @@ def _check(precond, device):
 
 def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None,
                                 nq=None, precond="jacobi", quadrature="gauss", device="auto",
-                                pmg_options=None, backend="auto", comm=None):
+                                pmg_options=None, backend="auto", comm=None,
+                                compile_first=True):
     """:func:`smalltc.fem.poisson_problem` over the ranks of ``comm`` (collective).
 
     ``mesh`` is the whole box mesh (cut into blocks), a
@@ -188,6 +223,12 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     ``precond`` is ``"jacobi"``, ``"pmg"`` (:func:`~.multigrid.distributed_pmg`;
     ``pmg_options``: ``orders``, ``degree``, ``coarse`` (``"auto"``, ``"amg"``, ``"cg"``),
     ``coarse_tol``) or None.
+
+    ``compile_first`` (default True): on a box or Kershaw mesh, the first rank of each
+    node compiles the solve's kernels on a tiny problem of the same kind first, the
+    node's other ranks asleep, then loads them from the disk cache
+    (:func:`~.phases.compile_ahead`): the ranks of a node do not compile the same
+    kernels at the same time. Once per process and kind of problem.
 
     Returns
     -------
@@ -222,6 +263,9 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     agree(user_comm, {"device": where}, "the devices found")
     gpu = (collective(user_comm, select_gpu, user_comm, what="selecting a GPU")
            if where == "gpu" else None)
+    if compile_first:
+        _compile_ahead(user_comm, mesh, p, f, dirichlet, neumann, kappa, nq, precond,
+                       quadrature, where, backend, pmg_options)
     xp = resolve_device(where)
     clock = _Clock(xp)
     dmesh, _ = _as_distributed_mesh(mesh, comm)
@@ -245,8 +289,9 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
         raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
     clock.lap("bc")
     nq = space.p + 2 if nq is None else int(nq)          # the serial path's rule
-    K = distributed_diffusion_operator(space, nq, kappa, quadrature=quadrature, device=where,
-                                       backend=backend)
+    with ahead_done():                  # compiled with the problem's kinds (compile_first)
+        K = distributed_diffusion_operator(space, nq, kappa, quadrature=quadrature,
+                                           device=where, backend=backend)
     clock.lap("operator")
     load = to_host(collective(c, _load, space.local, f, nq, quadrature, xp,
                               what="the right-hand side"))
@@ -266,30 +311,39 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
         P = collective(c, jacobi, A.diagonal(), what="the Jacobi diagonal")
     elif precond == "pmg":
         from .multigrid import distributed_pmg
-        P = distributed_pmg(A, dirichlet=dir_, neumann_regions=list(neu), kappa=kappa,
-                            quadrature=quadrature, backend=backend, **dict(pmg_options or {}))
+        with ahead_done():
+            P = distributed_pmg(A, dirichlet=dir_, neumann_regions=list(neu), kappa=kappa,
+                                quadrature=quadrature, backend=backend,
+                                **dict(pmg_options or {}))
     else:
         P = None
     clock.lap("preconditioner")
-    red = Reducer(c, device_buffers=xp is not np and cuda_aware()[0])
+    red = make_reducer(c, xp)
+    path = comm_path(c, xp)
     prob = DistributedPoissonProblem(space, K, load, bc, A, b, P, where, clock.laps, comm=red)
     prob.distribution = {
         "rank": space.rank, "ranks": space.nranks,
         "grid": tuple(getattr(space.partition, "grid", ())),
         "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
         "elements": space.nelements, "transport": K.halo.transport,
-        "transport_reason": K.halo.transport_reason, "gpu": gpu}
+        "transport_reason": K.halo.transport_reason, "gpu": gpu,
+        "comm_path": path.name, "comm_path_reason": path.reason}
     return prob
 
 
 def solve_poisson_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None,
                               exact=None, nq=None, precond="jacobi", tol=1e-10, maxiter=None,
                               quadrature="gauss", device="auto", pmg_options=None,
-                              backend="auto", comm=None):
+                              backend="auto", comm=None, timings=None, compile_first=True):
     """:func:`smalltc.fem.solve_poisson` over the ranks of ``comm`` (collective).
 
     Arguments as for :func:`poisson_problem_distributed`, and ``exact``, ``tol``,
-    ``maxiter`` as the serial function's.
+    ``maxiter`` as the serial function's. ``timings="phases"`` also times the
+    operator's and the preconditioner's applications in CG (``"apply"``,
+    ``"precond_apply"``, ``"coarse"``, and ``"cg_other"`` the rest of the solve: vector
+    updates and reductions), each synchronised on a GPU, which keeps the host from
+    queueing ahead: for measurements, not for production runs (None, the default,
+    leaves them out).
 
     Returns
     -------
@@ -297,8 +351,9 @@ def solve_poisson_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa
         ``u`` is this rank's local vector (ghosts filled; ``space.gather`` makes the
         global one); ``iterations``, ``residual`` and the errors are global, the same on
         every rank; ``distribution`` says what this rank held, ``timings`` has
-        ``"halo"`` and ``"allreduce"`` (seconds of the solve in the exchanges and
-        the reductions).
+        ``"halo"`` and ``"allreduce"`` (seconds of the solve in the exchanges, every
+        level's with a p-multigrid, and the reductions); ``distribution["comm_path"]``
+        is the communication path (:func:`~.comm.comm_path`) and why.
 
     Examples
     --------
@@ -312,26 +367,30 @@ def solve_poisson_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa
     (True, 1)
     """
     t0 = time.perf_counter()
+    check_timings(timings)
     user_comm = comm if comm is not None else getattr(mesh, "comm", None)
     if user_comm is not None:
         load_mpi()
-        agree(user_comm, {"exact": _spell(exact), "tol": tol, "maxiter": maxiter},
-              "the arguments of solve_poisson")
+        agree(user_comm, {"exact": _spell(exact), "tol": tol, "maxiter": maxiter,
+                          "timings": timings}, "the arguments of solve_poisson")
+        if compile_first:               # with the error's kernels too
+            _compile_ahead(user_comm, mesh, p, f, dirichlet, neumann, kappa, nq, precond,
+                           quadrature, device, backend, pmg_options, exact)
     prob = poisson_problem_distributed(mesh, p, f, dirichlet=dirichlet, neumann=neumann,
                                        kappa=kappa, nq=nq, precond=precond,
                                        quadrature=quadrature, device=device,
-                                       pmg_options=pmg_options, backend=backend, comm=comm)
+                                       pmg_options=pmg_options, backend=backend, comm=comm,
+                                       compile_first=False)
     xp, space, K = prob.A.xp, prob.space, prob.operator
     synchronize(xp)
     t1 = time.perf_counter()
-    halo0 = dict(K.halo.seconds)
     red = prob.comm
-    red0 = red.seconds
-    sol = prob.solve(tol=tol, maxiter=maxiter)
+    counters = Counters(halos_of(K, prob.precond), reducers_of(red, prob.precond))
+    phases = {} if timings == "phases" else None
+    sol = prob.solve(tol=tol, maxiter=maxiter, phases=phases)
     u = to_host(sol.x)
     t2 = time.perf_counter()
-    halo = {k: K.halo.seconds[k] - halo0[k] for k in halo0}
-    allreduce = red.seconds - red0
+    comm_s = counters.since()
     l2 = h1 = None
     if exact is not None:
         func, grad = _split_exact(exact)
@@ -341,7 +400,10 @@ def solve_poisson_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa
         err2, _, h12 = red.sums(*sums)
         l2, h1 = float(np.sqrt(err2)), float(np.sqrt(h12))
     t3 = time.perf_counter()
-    timings = {"setup": t1 - t0, **prob.timings, "solve": t2 - t1, "error": t3 - t2,
-               "halo": sum(halo.values()), "halo_wait": halo["wait"], "allreduce": allreduce}
+    timings = {"setup": t1 - t0, **prob.timings, "solve": t2 - t1, "error": t3 - t2, **comm_s}
+    if phases is not None:
+        phases.setdefault("precond_apply", 0.0)
+        timings.update(phases, cg_other=timings["solve"] - phases["apply"]
+                       - phases["precond_apply"])
     return PoissonResult(u, space, sol.iterations, float(sol.residuals[-1]), l2, h1, prob,
                          timings, prob.device, prob.distribution)

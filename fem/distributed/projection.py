@@ -20,8 +20,9 @@ from ..basis import basis_1d
 from ..geometry import mass_data
 from ..projection import ProjectionResult, _default_nq, _error_sums, _load
 from ..solvers import cg, jacobi
-from .comm import (Reducer, agree, check_launch, collective, cuda_aware, load_mpi, select_gpu,
-                   spelling)
+from .comm import (agree, check_launch, collective, comm_path, load_mpi, make_reducer,
+                   select_gpu, spelling)
+from .phases import Counters, Timed, check_timings, compile_ahead
 from .operators import DistributedMassOperator
 from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
 
@@ -47,16 +48,26 @@ def _check(operator, precond, device):
 
 def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12,
                            maxiter=None, precond="jacobi", quadrature="gauss", error_nq=None,
-                           backend="auto", device="auto", comm=None, deterministic=False):
+                           backend="auto", device="auto", comm=None, deterministic=False,
+                           timings=None, compile_first=True):
     """:func:`smalltc.fem.l2_project` over the ranks of ``comm`` (see there).
+
+    ``timings="phases"`` also times the mass operator's applications in CG
+    (``"apply"``, its exchanges included; ``"cg_other"`` the rest of the solve),
+    synchronised on a GPU (:class:`~.phases.Timed`: for measurements). With
+    ``compile_first`` (the default) the first rank of each node compiles the kernels on
+    a tiny projection of the same kind first, the node's other ranks asleep
+    (:func:`~.phases.compile_ahead`).
 
     Returns
     -------
     ProjectionResult
         ``u`` is this rank's local vector (ghosts filled); ``l2_error``,
         ``l2_norm``, ``iterations`` and the residuals are global, the same on
-        every rank; ``distribution`` says what this rank held.
+        every rank; ``distribution`` says what this rank held and the communication
+        path (``comm_path``, ``comm_path_reason``: :func:`~.comm.comm_path`).
     """
+    check_timings(timings)
     if comm is None and not is_distributed_mesh(mesh):
         raise TypeError(f"mesh must be a DistributedMesh, or pass comm=, got "
                         f"{type(mesh).__name__}")
@@ -75,7 +86,17 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
     agree(comm, fp, "the arguments of l2_project")
     where = collective(comm, _check, operator, precond, device, what="checking the arguments")
     agree(comm, {"device": where}, "the devices found")       # "auto" must pick alike
+    agree(comm, {"timings": timings}, "the arguments of l2_project")
     gpu = collective(comm, select_gpu, comm, what="selecting a GPU") if where == "gpu" else None
+    if compile_first:
+        def tiny(mesh1, self_comm):
+            l2_project_distributed(mesh1, p, f, nq=nq, tol=1e-6, precond=precond,
+                                   quadrature=quadrature, error_nq=error_nq, backend=backend,
+                                   device=where, comm=self_comm, deterministic=deterministic,
+                                   compile_first=False)
+        compile_ahead(comm, mesh, "l2_project", tiny, p=p, nq=nq, precond=precond,
+                      quadrature=quadrature, error_nq=error_nq, backend=backend, device=where,
+                      deterministic=deterministic, f=spelling(f))
     xp = resolve_device(where)
     if is_distributed_mesh(mesh):
         dmesh = mesh
@@ -98,15 +119,17 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
     P = None
     if precond == "jacobi":
         P = collective(comm, jacobi, M.diagonal(ghost_value=1.0), what="the Jacobi diagonal")
-    red = Reducer(space.comm, device_buffers=xp is not np and cuda_aware()[0])
+    red = make_reducer(space.comm, xp)
+    path = comm_path(space.comm, xp)
     synchronize(xp)
     t1 = time.perf_counter()
-    halo0 = dict(M.halo.seconds)
-    sol = cg(M, b, tol=tol, maxiter=maxiter, precond=P, comm=red)
+    counters = Counters([M.halo], [red])
+    phases = {} if timings == "phases" else None
+    A = M if phases is None else Timed(M, phases, "apply", xp)
+    sol = cg(A, b, tol=tol, maxiter=maxiter, precond=P, comm=red)
     u = to_host(sol.x)
     t2 = time.perf_counter()
-    halo = {k: M.halo.seconds[k] - halo0[k] for k in halo0}
-    allreduce = red.seconds
+    comm_s = counters.since()
     space.consistent_form(u)
     err2, norm2 = collective(comm, _error_sums, space.local, xp.asarray(u), f, error_nq,
                              quadrature, "error_nq", what="measuring the error")
@@ -120,9 +143,9 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
         residuals=sol.residuals,
         l2_error=float(np.sqrt(err2)),
         l2_norm=float(np.sqrt(norm2)),
-        timings={"setup": t1 - t0, "solve": t2 - t1, "error": t3 - t2,
-                 "halo": sum(halo.values()), "halo_wait": halo["wait"],
-                 "allreduce": allreduce},
+        timings={"setup": t1 - t0, "solve": t2 - t1, "error": t3 - t2, **comm_s,
+                 **({} if phases is None else
+                    dict(phases, cg_other=t2 - t1 - phases["apply"]))},
         device=where,
         distribution={
             "rank": space.rank, "ranks": space.nranks,
@@ -130,6 +153,7 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
             "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
             "elements": space.nelements, "transport": M.halo.transport,
             "transport_reason": M.halo.transport_reason, "gpu": gpu,
+            "comm_path": path.name, "comm_path_reason": path.reason,
         },
     )
 

@@ -26,9 +26,13 @@ included; ``--quick`` is a smoke test of a few seconds.
 
 ``mpiexec -n R smalltc demo --mpi`` runs step 1 distributed over the ``R`` ranks
 (:mod:`smalltc.fem.distributed`; on GPUs one per rank, node-local rank modulo
-the device count), prints each rank's elements, DoFs, iterations, error and
-DoF/s per CG iteration and the total, writes ``demo-mpi.json``, and skips the
-Poisson problem and the roofline report. ``--weak N`` gives every rank ``N^3``
+the device count): a first, untimed solve compiles the kernels (the first rank of
+each node compiles, the others load them from the disk cache), then the timed one
+with the per-phase timers on; it prints the communication path (NCCL, CUDA-aware
+MPI, staged through host memory, or plain MPI on the CPU, and why), each rank's
+elements, DoFs, iterations, error, DoF/s per CG iteration and warm phase times
+(setup, solve, operator applications, halo exchanges, reductions), and the total,
+writes ``demo-mpi.json``, and skips the Poisson problem and the roofline report. ``--weak N`` gives every rank ``N^3``
 elements (the mesh is ``N x N x RN``): the same command at 1, 2, ... ranks
 measures weak scaling.
 """
@@ -121,13 +125,14 @@ def _mesh_n(args, kind, nranks=1):
     return 3 if args.quick else (30 if kind == "gpu" else 6)
 
 
-def _projection(args, kind, comm=None):
+def _projection(args, kind, comm=None, timings=None):
     """Step 1; returns the fem layer's report (a dict). On a GPU the mesh is large enough
     (1.7M DoFs) for the solve to be measured, not its launches."""
     p = args.p if args.p is not None else (2 if args.quick else 4)
     n = _mesh_n(args, kind, 1 if comm is None else comm.Get_size())
+    extra = {} if comm is None else {"timings": timings}
     return projection_demo(dim=3, p=p, n=n, distortion=0.05, geom_order=2, backend=args.backend,
-                           device=kind, comm=comm)
+                           device=kind, comm=comm, **extra)
 
 
 def _poisson(args, kind):
@@ -269,7 +274,11 @@ def run_mpi(args) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     kind = args.device or "auto"
     try:
-        rec = _projection(args, kind, comm)
+        first = _projection(args, kind, comm)                 # untimed: the kernels compiled
+        from ..fem.distributed.comm import quiet_barrier
+        quiet_barrier(comm)
+        rec = _projection(args, kind, comm, timings="phases")
+        rec["first_call_s"] = first["time_total_s"]
     except (ValueError, TypeError, RuntimeError) as err:   # the fem layer raises these on every rank
         _stderr(f"smalltc demo --mpi: rank {rank} of {size}: {type(err).__name__}: {err}")
         return 1
@@ -302,17 +311,23 @@ def _print_mpi(every):
           f"hex mesh ({n} elements, quadratic maps), p={r0['p']}, {r0['dofs']:,} DoFs, over "
           f"{r0['ranks']} ranks (grid {' x '.join(map(str, r0['grid']))}) on the {on}: fused "
           f"matrix-free operator, CG with Jacobi")
-    print(f"  halo buffers: {r0['transport']} ({r0['transport_reason']})")
+    print(f"  communication: {r0['comm_path']} ({r0['comm_path_reason']}); halo buffers: "
+          f"{r0['transport']}")
+    print(f"  kernels compiled by a first, untimed solve ({r0['first_call_s']:.2f} s on rank 0); "
+          "the times below are the second solve's, per rank, with its phases timed")
     ulabel, uscale = rate_unit([r["rank_dofs_per_s"] for r in every])
     print(f"  {'rank':>4s} {'gpu':>3s} {'elements':>9s} {'local DoFs':>11s} {'owned DoFs':>11s} "
-          f"{'iters':>5s} {'L2 error':>9s} {'solve s':>8s} {ulabel + '/it':>9s} {'halo s':>7s} "
-          f"{'(wait)':>7s} {'allred s':>8s}")
+          f"{'iters':>5s} {'L2 error':>9s} {'setup s':>8s} {'solve s':>8s} {ulabel + '/it':>9s} "
+          f"{'apply s':>8s} {'halo s':>7s} {'(wait)':>7s} {'allred s':>8s} {'other s':>8s}")
     for r in every:
         gpu = "-" if r["gpu"] is None else str(r["gpu"])
+        ph = r["phases_s"]
         print(f"  {r['rank']:4d} {gpu:>3s} {r['local_elements']:9d} {r['local_dofs']:11,d} "
               f"{r['owned_dofs']:11,d} {r['iterations']:5d} {r['l2_error']:9.3e} "
-              f"{r['time_solve_s']:8.3f} {r['rank_dofs_per_s'] * uscale:9.3g} "
-              f"{r['time_halo_s']:7.3f} {r['time_halo_wait_s']:7.3f} {r['time_allreduce_s']:8.3f}")
+              f"{r['time_setup_s']:8.3f} {r['time_solve_s']:8.3f} "
+              f"{r['rank_dofs_per_s'] * uscale:9.3g} {ph['apply']:8.3f} "
+              f"{r['time_halo_s']:7.3f} {r['time_halo_wait_s']:7.3f} {r['time_allreduce_s']:8.3f} "
+              f"{ph['cg_other']:8.3f}")
     solve = max(r["time_solve_s"] for r in every)
     rate = r0["dofs"] * r0["iterations"] / solve
     print(f"  all: {r0['iterations']} CG iterations to relative residual {r0['residual']:.1e}, "

@@ -11,6 +11,7 @@ Examples of use::
     smalltc bench --suite poisson --p 4 --mesh kershaw --precond pmg   # a Poisson solve by phase
     smalltc bench --suite basis --p 1-8        # smalltc.interpolate / integrate
     smalltc bench --suite geometry --p 1-8     # smalltc.geometry_data
+    smalltc bench --suite scaling --ranks 1,2,4   # the distributed Poisson solve under mpiexec
 
 A full run writes ``bench-<dtype>.json``; a run of some suites or with
 filters ``bench-<suite>[+<suite>][-n..][-p..][-dim..]-<dtype>.json`` (and
@@ -55,7 +56,10 @@ def add_arguments(parser):
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--suite", action="append", default=None,
                         help="gemm, action, assembly, pairwise, bp1, bp3, bp5, solve, force, "
-                             "poisson, basis, geometry (repeatable; default: the four kernel suites; "
+                             "poisson, basis, geometry, scaling (repeatable; default: the four "
+                             "kernel suites; scaling: weak and strong scaling of the "
+                             "distributed Poisson solve over --ranks, launched with mpiexec, "
+                             "run on its own; "
                              "bp1, bp3, bp5 are the CEED bake-off problems: the FEM operators "
                              "and CG; solve: Jacobi-CG, Chebyshev and p-multigrid solves; "
                              "force: BLAST's corner force F and F^T; poisson: a user's "
@@ -112,10 +116,12 @@ def add_arguments(parser):
                         help="solve suite: 'kershaw[:eps]' (the default: the CEED benchmarks' "
                              "Kershaw mesh, eps 0.3) or 'sine[:amplitude]' (the mild sine "
                              "distortion, 0.08); poisson suite: 'box', 'kershaw[:eps]' or "
-                             "both comma separated (the default)")
+                             "both comma separated (the default); scaling suite: 'box' (the "
+                             "default) or 'kershaw[:eps]'")
     parser.add_argument("--precond", default=None, metavar="LIST",
                         help="poisson suite: the preconditioners, comma separated: jacobi, "
-                             "pmg (default both; pmg needs pyamg)")
+                             "pmg (default both; pmg needs pyamg); scaling suite: the same "
+                             "(default jacobi)")
     parser.add_argument("--pmg-smoother", default=None, choices=("fourth", "first", "fourth-opt"),
                         help="solve suite: the p-multigrid's Chebyshev kind (default: "
                              "fem.pmg's, fourth)")
@@ -139,6 +145,17 @@ def add_arguments(parser):
                              "and part (smoothing, residuals, transfers, coarse solve; CUDA "
                              "events around each part on a GPU, only in this mode) into the "
                              "JSON and the table")
+    parser.add_argument("--ranks", default=None, metavar="R[,R..]",
+                        help="scaling suite: the MPI rank counts, one mpiexec launch each "
+                             "(default 1,2; one GPU a rank with --device gpu)")
+    parser.add_argument("--dofs", type=int, default=None,
+                        help="scaling suite: DoFs a rank for weak scaling (default 2M on GPUs, "
+                             "20k on a CPU); strong scaling solves this times the largest rank "
+                             "count in total unless --total-dofs")
+    parser.add_argument("--total-dofs", type=int, default=None,
+                        help="scaling suite: the strong-scaling problem's DoFs")
+    parser.add_argument("--scaling", default=None, metavar="weak,strong",
+                        help="scaling suite: weak, strong or both (default both)")
     parser.add_argument("--impl", default="smalltc",
                         help="with --compare: the implementation to compare (default smalltc)")
 
@@ -481,6 +498,12 @@ def run(args) -> int:
     if args.merge:
         merge(args.merge, args.out, plot=not args.no_plot)
         return 0
+    if "scaling" in (args.suite or []):
+        if args.suite != ["scaling"]:
+            raise SystemExit("smalltc bench: --suite scaling runs on its own (it launches "
+                             "mpiexec once per rank count); give it alone")
+        from .scaling import main as run_scaling
+        return run_scaling(args)
     doc = main_run(args)
     bad = [c for c in doc["cases"] if c.get("error") or any(
         r.get("status") == "failed" for r in c["impls"].values())]

@@ -34,6 +34,9 @@ basis      the basis application through the DoF map
            gradients, both), 3D p = 1..8, nq = p+2, against its bound, the
            reference path and the einsum chain (:mod:`.basis`); not in the
            default run
+scaling    weak and strong scaling of the distributed Poisson solve over MPI
+           rank counts, each launched with mpiexec (:mod:`.scaling`; run on its
+           own, not through :func:`cases`)
 geometry   the pointwise geometry (``smalltc.geometry_data``: |J|, the
            adjugate, D, Q with and without a coefficient), 3D p = 1..8,
            nq = p+2, against its bound, the reference path and linalg
@@ -73,9 +76,10 @@ DEFAULT_SUITES = ("gemm", "action", "assembly", "pairwise")
 #: the CEED bake-off suites: the FEM operators and CG (:mod:`.bp1`)
 BP_SUITES = ("bp1", "bp3", "bp5")
 #: every suite: the kernels, the bake-off problems, the solves (:mod:`.solve`), the corner
-#: force, a user's Poisson solve by phase (:mod:`.poisson`), the basis application and the
-#: pointwise geometry
-SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force", "poisson", "basis", "geometry")
+#: force, a user's Poisson solve by phase (:mod:`.poisson`), the basis application, the
+#: pointwise geometry and the distributed solve's scaling (:mod:`.scaling`)
+SUITES = DEFAULT_SUITES + BP_SUITES + ("solve", "force", "poisson", "basis", "geometry",
+                                       "scaling")
 
 MiB = 2 ** 20
 
@@ -260,4 +264,7 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
     if suite == "geometry":
         from .geometry import cases as geometry_cases
         return geometry_cases(dtype, kind, ps, quick, footprint)
+    if suite == "scaling":
+        raise ValueError("the scaling suite launches mpiexec per rank count: run it on its own "
+                         "(smalltc bench --suite scaling, smalltc.bench.scaling.main)")
     raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from functools import partial
 
 import numpy as np
@@ -259,11 +260,37 @@ class Plan(Executed):
         return tuple(_validate.as_usable(self.xp, x) for x in operands), alpha, beta
 
 
+#: One-shot evaluations on the CPU (``interpolate``/``integrate``, ``geometry_data``: the
+#: geometry, loads and errors of a setup) of at most this many point values run NumPy's
+#: reference path when the backend is "auto": it takes milliseconds there, and compiling a
+#: CPU kernel for them takes seconds (notes/cpu.md, "Small evaluations"). The
+#: operators, applied many times, always compile. ``SMALLTC_SMALL_EVALUATION`` sets it
+#: (0: always compile); ``backend="cpu"`` compiles whatever the size.
+SMALL_EVALUATION = 1 << 17
+
+
+def _small_evaluation(spec, xp) -> bool:
+    if xp is not np or spec.op not in ("basis", "geometry"):
+        return False
+    try:
+        limit = int(os.environ.get("SMALLTC_SMALL_EVALUATION", SMALL_EVALUATION))
+    except ValueError:
+        limit = SMALL_EVALUATION
+    return spec.batch * spec.nq ** spec.dim * getattr(spec, "ncomp", 1) <= limit
+
+
 def build_plan(spec, xp, backend="auto", method="auto", params=None, reshape_inputs=False):
     """A new plan for ``spec`` on arrays of module ``xp`` (the kernels underneath are
     cached by the backends). ``params``: see :func:`plan`."""
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if backend == "auto" and params is None and _small_evaluation(spec, xp):
+        if ("small", spec.op) not in _WARNED:
+            _WARNED.add(("small", spec.op))
+            log.info("smalltc: %s of %d elements runs the NumPy reference path (a small "
+                     "one-shot evaluation: no kernel compile; backend='cpu' compiles one)",
+                     spec.op, spec.batch)
+        backend = "reference"
     pairwise = method == "pairwise"
     if pairwise and spec.op not in ("action", "assembly"):
         raise ValueError(f"method='pairwise' applies to the action and assembly, not {spec.op}")

@@ -6,6 +6,7 @@ cuda and cpu backends the basis family's kernels: a call whose plan falls back f
 transpose identity; errors naming the operand. GPU cases skip without a CUDA device.
 """
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -21,6 +22,18 @@ WHATS = ("values", "gradients", "both")
 SIZES = [(1, 3, 4), (2, 2, 3), (2, 4, 6), (3, 2, 3), (3, 3, 5), (3, 5, 6)]
 CASES = [(dim, nd, nq, what, ncomp) for (dim, nd, nq), what, ncomp
          in itertools.product(SIZES, WHATS, (1, 2))]
+FULL = os.environ.get("SMALLTC_TEST_FULL", "") not in ("", "0")
+
+
+def core_case(dim, nd, nq, what, ncomp, mapped):
+    """The cases the CPU backend runs by default (each a Numba compile of seconds): every
+    size and evaluation once, the map and E-vector forms alternating, and two components
+    on one 3D size; the other backends run them all, and so does the CPU backend with
+    ``SMALLTC_TEST_FULL=1``."""
+    i = SIZES.index((dim, nd, nq)) + WHATS.index(what)
+    if ncomp == 2:
+        return (dim, nd, nq) == (3, 3, 5) and what == "both"
+    return mapped == (i % 2 == 0)
 
 
 dense = oracle.basis_matrices
@@ -64,6 +77,9 @@ def _shape(E, nc, what, dim, n):
 @pytest.mark.parametrize("mapped", [True, False], ids=["map", "evec"])
 def test_interpolate_and_integrate_match_the_dense_oracle(xp_name, backend, dim, nd, nq, what,
                                                           ncomp, mapped):
+    if backend == "cpu" and not FULL and not core_case(dim, nd, nq, what, ncomp, mapped):
+        pytest.skip("non-core case on the CPU backend, a Numba compile each "
+                    "(set SMALLTC_TEST_FULL=1)")
     xp = xp_of(xp_name)
     rng = np.random.default_rng(dim * 100 + nd * 10 + nq)
     E = 7
@@ -188,3 +204,18 @@ def test_the_spec_describes_the_call():
     assert spec.out_shape == (4, 2, 2, 3, 3)
     assert [o.name for o in spec.inputs] == ["B1d", "G1d", "x", "elem_dofs"]
     assert len(ops) == 4
+
+
+def test_a_small_one_shot_evaluation_on_the_cpu_runs_the_reference_path(monkeypatch):
+    """backend="auto" with NumPy arrays: a few elements run NumPy's reference path (no
+    compile of seconds for milliseconds of work); SMALLTC_SMALL_EVALUATION=0 or
+    backend="cpu" compile the kernel."""
+    if not any(b.name == "cpu" for b in smalltc.backends.candidates("numpy")):
+        pytest.skip("no CPU backend")
+    B, G = np.random.default_rng(3).standard_normal((2, 4, 3))
+    V = np.ones((2, 3))
+    assert smalltc.plan("interpolate", B, G, V, what="both").backend == "reference"
+    assert smalltc.plan("geometry", np.ones((2, 1, 1, 4)), np.ones(4), None,
+                        np.ones(2)).backend == "reference"
+    monkeypatch.setenv("SMALLTC_SMALL_EVALUATION", "0")
+    assert smalltc.plan("interpolate", B, G, V, what="both").backend == "cpu"

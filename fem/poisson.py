@@ -412,7 +412,7 @@ class PoissonResult:
 
 def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact=None, nq=None,
                   precond="jacobi", tol=1e-10, maxiter=None, quadrature="gauss", device="auto",
-                  pmg_options=None, comm=None):
+                  pmg_options=None, comm=None, timings=None):
     """Solve ``-div(kappa grad u) = f`` with Dirichlet and Neumann conditions.
 
     Parameters
@@ -453,9 +453,13 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
         ``mesh`` the whole box mesh, a
         :class:`~smalltc.fem.distributed.DistributedMesh` (then ``comm`` may be left
         out), or a file or unstructured mesh (partitioned by METIS on rank 0).
-        ``precond`` is ``"jacobi"`` or None; on GPUs each rank takes one
+        ``precond`` is ``"jacobi"``, ``"pmg"`` or None; on GPUs each rank takes one
         (:func:`~smalltc.fem.distributed.select_gpu`).
         See :func:`smalltc.fem.distributed.poisson.solve_poisson_distributed`.
+    timings : {None, "phases"}
+        With ``comm``: ``"phases"`` also times CG's operator and preconditioner
+        applications, the halo exchanges and the reductions in ``result.timings``
+        (synchronising the device around each, so only when asked).
 
     Returns
     -------
@@ -486,7 +490,10 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
         return solve_poisson_distributed(
             mesh, p, f, dirichlet=dirichlet, neumann=neumann, kappa=kappa, exact=exact, nq=nq,
             precond=precond, tol=tol, maxiter=maxiter, quadrature=quadrature, device=device,
-            pmg_options=pmg_options, comm=comm)
+            pmg_options=pmg_options, comm=comm, timings=timings)
+    if timings is not None:
+        raise ValueError(f"timings={timings!r} times the phases of a distributed solve "
+                         "(comm=); a serial solve's result.timings has its phases already")
     t0 = time.perf_counter()
     prob = poisson_problem(mesh, p, f, dirichlet=dirichlet, neumann=neumann, kappa=kappa, nq=nq,
                            precond=precond, quadrature=quadrature, device=device,

@@ -80,7 +80,7 @@ def test_scaling_suite_end_to_end(tmp_path, capsys):
     """1 and 2 ranks, p = 1, weak and strong, Jacobi: every case solved, its phases on
     every rank, the efficiencies against one rank, the table and the plot."""
     rc = main(["bench", "--suite", "scaling", "--device", "cpu", "--ranks", "1,2", "--p", "1",
-               "--dofs", "400", "--no-progress", "--out", str(tmp_path)])
+               "--ndofs", "400", "--no-progress", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     doc = json.loads((tmp_path / "bench-scaling-cpu-r1_2-p1.json").read_text())

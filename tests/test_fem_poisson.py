@@ -175,3 +175,8 @@ def test_device_runs_the_setup_and_errors_there(caplog, xp_name):
         ud = cupy.asarray(cpu.u)
         assert fem.l2_error(V, ud, U) == pytest.approx(fem.l2_error(V, cpu.u, U), rel=1e-12)
         assert h1_error(V, ud, U) == pytest.approx(h1_error(V, cpu.u, U), rel=1e-12)
+
+
+def test_phase_timings_are_for_distributed_solves():
+    with pytest.raises(ValueError, match=r"timings='phases' times the phases of a distributed"):
+        fem.solve_poisson(fem.box_mesh(2, 2), 1, lambda x: 1.0 + 0 * x[0], timings="phases")

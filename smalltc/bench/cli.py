@@ -111,7 +111,10 @@ def add_arguments(parser):
                              "print the table, redo the plots, and exit")
     parser.add_argument("--ndofs", type=int, default=None,
                         help="solve and poisson suites: about this many DoFs per case "
-                             "(default: solve 2M on a GPU, 60k on a CPU; poisson 2M, 200k)")
+                             "(default: solve 2M on a GPU, 60k on a CPU; poisson 2M, 200k); "
+                             "scaling suite: DoFs a rank for weak scaling (default 2M on GPUs, "
+                             "20k on a CPU), and strong scaling solves this times the largest "
+                             "rank count in total unless --total-dofs")
     parser.add_argument("--mesh", default=None, metavar="SPEC",
                         help="solve suite: 'kershaw[:eps]' (the default: the CEED benchmarks' "
                              "Kershaw mesh, eps 0.3) or 'sine[:amplitude]' (the mild sine "
@@ -148,10 +151,6 @@ def add_arguments(parser):
     parser.add_argument("--ranks", default=None, metavar="R[,R..]",
                         help="scaling suite: the MPI rank counts, one mpiexec launch each "
                              "(default 1,2; one GPU a rank with --device gpu)")
-    parser.add_argument("--dofs", type=int, default=None,
-                        help="scaling suite: DoFs a rank for weak scaling (default 2M on GPUs, "
-                             "20k on a CPU); strong scaling solves this times the largest rank "
-                             "count in total unless --total-dofs")
     parser.add_argument("--total-dofs", type=int, default=None,
                         help="scaling suite: the strong-scaling problem's DoFs")
     parser.add_argument("--scaling", default=None, metavar="weak,strong",

@@ -3,8 +3,8 @@
 Usage::
 
     smalltc bench --suite scaling --ranks 1,2,4                  # weak and strong, p = 4
-    smalltc bench --suite scaling --device gpu --ranks 1,2 --dofs 10000000 --precond jacobi,pmg
-    smalltc bench --suite scaling --mesh kershaw --scaling weak --dofs 20000 --p 2
+    smalltc bench --suite scaling --device gpu --ranks 1,2 --ndofs 10000000 --precond jacobi,pmg
+    smalltc bench --suite scaling --mesh kershaw --scaling weak --ndofs 20000 --p 2
 
 The problem is the poisson suite's (:mod:`.poisson`): ``-laplace u = f`` on the unit
 cube, ``u = sin(pi x) sin(pi y) sin(pi z)`` on its boundary and as the exact solution,
@@ -14,10 +14,10 @@ per rank (:func:`~smalltc.fem.distributed.distributed_box_mesh`,
 :func:`~smalltc.fem.distributed.distributed_kershaw_mesh`, eps 0.3 unless
 ``--mesh kershaw:EPS``).
 
-* **weak** scaling: ``--dofs`` DoFs a rank (default 2M on GPUs, 20k on a CPU): on ``R``
+* **weak** scaling: ``--ndofs`` DoFs a rank (default 2M on GPUs, 20k on a CPU): on ``R``
   ranks the mesh is the per-rank block (``k^3`` elements) times the rank grid, so every
   rank holds the same block; efficiency ``t_1 / t_R``.
-* **strong** scaling: a fixed mesh of ``--dofs`` times the largest rank count DoFs
+* **strong** scaling: a fixed mesh of ``--ndofs`` times the largest rank count DoFs
   (``--total-dofs`` to set it) over every rank count; efficiency ``t_1 / (R t_R)``.
 
 ``t_1`` is the time on the smallest rank count of the run (one rank when ``--ranks``
@@ -311,7 +311,7 @@ def main(args) -> int:
     if not ranks or ranks[0] < 1:
         raise SystemExit(f"smalltc bench: --ranks takes positive rank counts, got {args.ranks!r}")
     ps = [int(v) for v in str(args.p or "4").split(",") if v.strip()]
-    dofs = args.dofs or DOFS[1 if quick else 0][0 if kind == "gpu" else 1]
+    dofs = args.ndofs or DOFS[1 if quick else 0][0 if kind == "gpu" else 1]
     try:
         modes = _names(args.scaling, MODES, "--scaling", MODES)
         preconds = _names(args.precond, PRECONDS, "--precond", ("jacobi",))

@@ -33,7 +33,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch", "lane_sums", "lane_dots"]
+__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch", "lane_sums", "lane_dots", "row_run",
+           "coef_block"]
 
 _FLOATS = (types.float64, types.float32)
 
@@ -331,3 +332,61 @@ def lane_dots(typingctx, dst, drow, a, arows, b, brows, L):
         return context.get_dummy_value()
 
     return types.void(dst, drow, a, arows, b, brows, L), codegen
+
+
+@intrinsic
+def row_run(typingctx, base, step, n):
+    """The tuple ``(base, base + step, ..., base + (n - 1) * step)`` of ``n`` row indices
+    (``step`` and ``n`` literals): the rows of a :func:`lane_sums` block as one call."""
+    if not (isinstance(base, types.Integer) and isinstance(step, types.IntegerLiteral)
+            and isinstance(n, types.IntegerLiteral) and n.literal_value >= 1):
+        return None
+    k, m = step.literal_value, n.literal_value
+    tup = types.UniTuple(types.intp, m)
+
+    def codegen(context, builder, signature, args):
+        b = context.cast(builder, args[0], signature.args[0], types.intp)
+        ity = context.get_value_type(types.intp)
+        rows = [builder.add(b, ir.Constant(ity, k * i)) for i in range(m)]
+        return context.make_tuple(builder, tup, rows)
+
+    return tup(base, step, n), codegen
+
+
+@intrinsic
+def coef_block(typingctx, mat, first, R, S, trans):
+    """The coefficients of a :func:`lane_sums` block: ``c[r][s] = mat[first + r, s]``
+    (``trans`` 0) or ``mat[s, first + r]`` (``trans`` 1) for ``r < R``, ``s < S`` (``R``,
+    ``S``, ``trans`` literals), as a tuple of R tuples of S scalars.
+
+    ``mat`` is a 2D C-contiguous float array; no bounds checks (the caller's constants
+    keep the block inside it). One call in place of ``R x S`` subscripts and a tuple."""
+    if not (_is_2d_c(mat) and mat.dtype in _FLOATS and isinstance(first, types.Integer)
+            and all(isinstance(v, types.IntegerLiteral) for v in (R, S, trans))):
+        return None
+    nr, ns, tr = R.literal_value, S.literal_value, bool(trans.literal_value)
+    if nr < 1 or ns < 1:
+        return None
+    row = types.UniTuple(mat.dtype, ns)
+    tup = types.UniTuple(row, nr)
+
+    def codegen(context, builder, signature, args):
+        mty, fty = signature.args[0], signature.args[1]
+        arr = context.make_array(mty)(context, builder, args[0])
+        cols = cgutils.unpack_tuple(builder, arr.shape, 2)[1]
+        f = context.cast(builder, args[1], fty, types.intp)
+        ity = context.get_value_type(types.intp)
+        align = mty.dtype.bitwidth // 8
+        out = []
+        for r in range(nr):
+            i = builder.add(f, ir.Constant(ity, r))
+            vals = []
+            for s_ in range(ns):
+                s_c = ir.Constant(ity, s_)
+                idx = builder.add(builder.mul(s_c, cols), i) if tr else \
+                    builder.add(builder.mul(i, cols), s_c)
+                vals.append(builder.load(builder.gep(arr.data, [idx]), align=align))
+            out.append(context.make_tuple(builder, row, vals))
+        return context.make_tuple(builder, tup, out)
+
+    return tup(mat, first, R, S, trans), codegen

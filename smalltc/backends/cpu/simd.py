@@ -34,7 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = ["tr_block", "tr_rows", "vector_width", "prefetch", "lane_sums", "lane_dots", "row_run",
-           "coef_block"]
+           "coef_block", "lane_qfunc"]
 
 _FLOATS = (types.float64, types.float32)
 
@@ -390,3 +390,67 @@ def coef_block(typingctx, mat, first, R, S, trans):
         return context.make_tuple(builder, tup, out)
 
     return tup(mat, first, R, S, trans), codegen
+
+
+@intrinsic
+def lane_qfunc(typingctx, g, q, u, d, k, L):
+    """The pointwise stage of the operator family at point ``k`` for ``L`` lanes (a
+    literal): the gradients ``g = (g_0, ..., g_{n-1})`` (lane buffers, row ``k``) become
+    ``h_a = sum_b Q^{ab} g_b`` with ``Q`` packed in ``q`` (``q[c]``, ``c`` counting the
+    pairs ``a <= b`` row by row: ``n (n + 1) / 2`` buffers), the terms in the order of b;
+    ``u`` (None: no mass term) becomes ``u * d``, both at row ``k``.
+
+    Every buffer is a 2D C-contiguous array of one float dtype with at least L columns;
+    all rows are loaded before any is stored. It is the code the SLP vectoriser made of
+    the ``L x n`` scalar statements of the stage, written as one call.
+    """
+    if not (isinstance(L, types.IntegerLiteral) and isinstance(k, types.Integer)
+            and isinstance(g, types.UniTuple) and isinstance(q, types.UniTuple)):
+        return None
+    n, ln = len(g), L.literal_value
+    has_u = not isinstance(u, (types.NoneType, types.Omitted))
+    if not (_is_2d_c(g.dtype) and g.dtype.dtype in _FLOATS and q.dtype == g.dtype
+            and len(q) == n * (n + 1) // 2 and ln >= 1):
+        return None
+    if has_u and not (u == g.dtype and d == g.dtype):
+        return None
+    sym, c = [[0] * n for _ in range(n)], 0
+    for a in range(n):
+        for b in range(a, n):
+            sym[a][b] = sym[b][a] = c
+            c += 1
+
+    def codegen(context, builder, signature, args):
+        gty, qty, uty, dty, kty, _ = signature.args
+        gv, qv, uv, dv, kv, _ = args
+        aty = gty.dtype
+        vty = ir.VectorType(context.get_data_type(aty.dtype), ln)
+        align = aty.dtype.bitwidth // 8
+        row = context.cast(builder, kv, kty, types.intp)
+
+        def ptr(val):
+            arr = context.make_array(aty)(context, builder, val)
+            cols = cgutils.unpack_tuple(builder, arr.shape, 2)[1]
+            return _row_ptr(builder, context, arr, cols, row, vty)
+
+        gp = [ptr(v) for v in cgutils.unpack_tuple(builder, gv, n)]
+        xg = [builder.load(p, align=align) for p in gp]
+        xq = [builder.load(ptr(v), align=align) for v in cgutils.unpack_tuple(builder, qv, len(q))]
+        if has_u:
+            up = ptr(uv)
+            xu = builder.fmul(builder.load(up, align=align), builder.load(ptr(dv), align=align),
+                              flags=_FASTMATH)
+        hs = []
+        for a in range(n):
+            y = None
+            for b in range(n):
+                t = builder.fmul(xq[sym[a][b]], xg[b], flags=_FASTMATH)
+                y = t if y is None else builder.fadd(y, t, flags=_FASTMATH)
+            hs.append(y)
+        for p, h in zip(gp, hs):
+            builder.store(h, p, align=align)
+        if has_u:
+            builder.store(xu, up, align=align)
+        return context.get_dummy_value()
+
+    return types.void(g, q, u, d, k, L), codegen

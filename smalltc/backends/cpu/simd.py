@@ -25,6 +25,12 @@ scalar operations, and LLVM has nothing left to pack, so a kernel compiles
 several times faster (notes/cpu.md, compile times). :func:`lane_dots` is its
 counterpart with a coefficient per lane (each lane its own element's matrix: the
 Schwarz solve): one output row, the sum of the products of pairs of rows.
+:func:`coef_block` loads a register block's coefficients (``R x S`` entries of a 1D
+matrix) and :func:`row_run` makes its row indices (a run with the stride of the
+contracted axis), one call each where the templates wrote ``R x S`` subscripts and
+``R + S`` index expressions; :func:`lane_qfunc` is the operator family's pointwise stage
+at one point (``h = Q g``, and ``u = D u``) across the lanes. Each call is one node of
+Numba's IR to type and lower where there were dozens (notes/cpu.md, compile times).
 """
 from __future__ import annotations
 

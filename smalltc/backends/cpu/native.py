@@ -12,6 +12,22 @@ it: the driver's modules hold only the call, and the code that runs is ``_run``'
 module's (compiled once, with an explicit signature, when the kernel module is
 imported; also when it is loaded from Numba's disk cache). :class:`Kernel` is the
 entry point the kernel module exports: the driver with the address bound.
+
+Examples
+--------
+>>> import numba, numpy as np
+>>> @numba.njit("void(float64[::1], int64, int64)")
+... def work(y, lo, hi):
+...     for i in range(lo, hi):
+...         y[i] = 2 * i
+>>> @numba.njit("void(int64, float64[::1])")
+... def drive(run, y):
+...     call_at(run, work, (y, 1, y.shape[0]))
+>>> f = Kernel(drive, work)
+>>> y = np.zeros(4)
+>>> f(y)
+>>> y
+array([0., 2., 4., 6.])
 """
 from __future__ import annotations
 

@@ -58,10 +58,10 @@ log = logging.getLogger("smalltc")
 
 #: bump when the generated code changes meaning without its text changing
 CODEGEN_VERSION = "2"
-#: the kernels import the intrinsics of simd.py, whose code Numba's cache does not see:
-#: a changed simd.py is a new kernel module (a new name), never a stale cached one
-_INTRINSICS = hashlib.sha256(
-    (Path(__file__).with_name("simd.py")).read_bytes()).hexdigest()[:16]
+#: the kernels import the intrinsics of simd.py and native.py, whose code Numba's cache
+#: does not see: a changed one is a new kernel module (a new name), never a stale cached one
+_INTRINSICS = hashlib.sha256(b"".join(
+    (Path(__file__).with_name(f)).read_bytes() for f in ("simd.py", "native.py"))).hexdigest()[:16]
 #: Numba type and entry-name tag of each dtype
 NB_TYPES = {"float64": "float64", "float32": "float32"}
 SHORT = {"float64": "f64", "float32": "f32"}

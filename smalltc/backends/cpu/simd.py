@@ -25,6 +25,12 @@ scalar operations, and LLVM has nothing left to pack, so a kernel compiles
 several times faster (notes/cpu.md, compile times). :func:`lane_dots` is its
 counterpart with a coefficient per lane (each lane its own element's matrix: the
 Schwarz solve): one output row, the sum of the products of pairs of rows.
+:func:`coef_block` loads a register block's coefficients (``R x S`` entries of a 1D
+matrix) and :func:`row_run` makes its row indices (a run with the stride of the
+contracted axis), one call each where the templates wrote ``R x S`` subscripts and
+``R + S`` index expressions; :func:`lane_qfunc` is the operator family's pointwise stage
+at one point (``h = Q g``, and ``u = D u``) across the lanes. Each call is one node of
+Numba's IR to type and lower where there were dozens (notes/cpu.md, compile times).
 """
 from __future__ import annotations
 
@@ -33,7 +39,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch", "lane_sums", "lane_dots"]
+__all__ = ["tr_block", "tr_rows", "vector_width", "prefetch", "lane_sums", "lane_dots", "row_run",
+           "coef_block", "lane_qfunc"]
 
 _FLOATS = (types.float64, types.float32)
 
@@ -331,3 +338,125 @@ def lane_dots(typingctx, dst, drow, a, arows, b, brows, L):
         return context.get_dummy_value()
 
     return types.void(dst, drow, a, arows, b, brows, L), codegen
+
+
+@intrinsic
+def row_run(typingctx, base, step, n):
+    """The tuple ``(base, base + step, ..., base + (n - 1) * step)`` of ``n`` row indices
+    (``step`` and ``n`` literals): the rows of a :func:`lane_sums` block as one call."""
+    if not (isinstance(base, types.Integer) and isinstance(step, types.IntegerLiteral)
+            and isinstance(n, types.IntegerLiteral) and n.literal_value >= 1):
+        return None
+    k, m = step.literal_value, n.literal_value
+    tup = types.UniTuple(types.intp, m)
+
+    def codegen(context, builder, signature, args):
+        b = context.cast(builder, args[0], signature.args[0], types.intp)
+        ity = context.get_value_type(types.intp)
+        rows = [builder.add(b, ir.Constant(ity, k * i)) for i in range(m)]
+        return context.make_tuple(builder, tup, rows)
+
+    return tup(base, step, n), codegen
+
+
+@intrinsic
+def coef_block(typingctx, mat, first, R, S, trans):
+    """The coefficients of a :func:`lane_sums` block: ``c[r][s] = mat[first + r, s]``
+    (``trans`` 0) or ``mat[s, first + r]`` (``trans`` 1) for ``r < R``, ``s < S`` (``R``,
+    ``S``, ``trans`` literals), as a tuple of R tuples of S scalars.
+
+    ``mat`` is a 2D C-contiguous float array; no bounds checks (the caller's constants
+    keep the block inside it). One call in place of ``R x S`` subscripts and a tuple."""
+    if not (_is_2d_c(mat) and mat.dtype in _FLOATS and isinstance(first, types.Integer)
+            and all(isinstance(v, types.IntegerLiteral) for v in (R, S, trans))):
+        return None
+    nr, ns, tr = R.literal_value, S.literal_value, bool(trans.literal_value)
+    if nr < 1 or ns < 1:
+        return None
+    row = types.UniTuple(mat.dtype, ns)
+    tup = types.UniTuple(row, nr)
+
+    def codegen(context, builder, signature, args):
+        mty, fty = signature.args[0], signature.args[1]
+        arr = context.make_array(mty)(context, builder, args[0])
+        cols = cgutils.unpack_tuple(builder, arr.shape, 2)[1]
+        f = context.cast(builder, args[1], fty, types.intp)
+        ity = context.get_value_type(types.intp)
+        align = mty.dtype.bitwidth // 8
+        out = []
+        for r in range(nr):
+            i = builder.add(f, ir.Constant(ity, r))
+            vals = []
+            for s_ in range(ns):
+                s_c = ir.Constant(ity, s_)
+                idx = builder.add(builder.mul(s_c, cols), i) if tr else \
+                    builder.add(builder.mul(i, cols), s_c)
+                vals.append(builder.load(builder.gep(arr.data, [idx]), align=align))
+            out.append(context.make_tuple(builder, row, vals))
+        return context.make_tuple(builder, tup, out)
+
+    return tup(mat, first, R, S, trans), codegen
+
+
+@intrinsic
+def lane_qfunc(typingctx, g, q, u, d, k, L):
+    """The pointwise stage of the operator family at point ``k`` for ``L`` lanes (a
+    literal): the gradients ``g = (g_0, ..., g_{n-1})`` (lane buffers, row ``k``) become
+    ``h_a = sum_b Q^{ab} g_b`` with ``Q`` packed in ``q`` (``q[c]``, ``c`` counting the
+    pairs ``a <= b`` row by row: ``n (n + 1) / 2`` buffers), the terms in the order of b;
+    ``u`` (None: no mass term) becomes ``u * d``, both at row ``k``.
+
+    Every buffer is a 2D C-contiguous array of one float dtype with at least L columns;
+    all rows are loaded before any is stored. It is the code the SLP vectoriser made of
+    the ``L x n`` scalar statements of the stage, written as one call.
+    """
+    if not (isinstance(L, types.IntegerLiteral) and isinstance(k, types.Integer)
+            and isinstance(g, types.UniTuple) and isinstance(q, types.UniTuple)):
+        return None
+    n, ln = len(g), L.literal_value
+    has_u = not isinstance(u, (types.NoneType, types.Omitted))
+    if not (_is_2d_c(g.dtype) and g.dtype.dtype in _FLOATS and q.dtype == g.dtype
+            and len(q) == n * (n + 1) // 2 and ln >= 1):
+        return None
+    if has_u and not (u == g.dtype and d == g.dtype):
+        return None
+    sym, c = [[0] * n for _ in range(n)], 0
+    for a in range(n):
+        for b in range(a, n):
+            sym[a][b] = sym[b][a] = c
+            c += 1
+
+    def codegen(context, builder, signature, args):
+        gty, qty, uty, dty, kty, _ = signature.args
+        gv, qv, uv, dv, kv, _ = args
+        aty = gty.dtype
+        vty = ir.VectorType(context.get_data_type(aty.dtype), ln)
+        align = aty.dtype.bitwidth // 8
+        row = context.cast(builder, kv, kty, types.intp)
+
+        def ptr(val):
+            arr = context.make_array(aty)(context, builder, val)
+            cols = cgutils.unpack_tuple(builder, arr.shape, 2)[1]
+            return _row_ptr(builder, context, arr, cols, row, vty)
+
+        gp = [ptr(v) for v in cgutils.unpack_tuple(builder, gv, n)]
+        xg = [builder.load(p, align=align) for p in gp]
+        xq = [builder.load(ptr(v), align=align) for v in cgutils.unpack_tuple(builder, qv, len(q))]
+        if has_u:
+            up = ptr(uv)
+            xu = builder.fmul(builder.load(up, align=align), builder.load(ptr(dv), align=align),
+                              flags=_FASTMATH)
+        hs = []
+        for a in range(n):
+            y = None
+            for b in range(n):
+                t = builder.fmul(xq[sym[a][b]], xg[b], flags=_FASTMATH)
+                y = t if y is None else builder.fadd(y, t, flags=_FASTMATH)
+            hs.append(y)
+        for p, h in zip(gp, hs):
+            builder.store(h, p, align=align)
+        if has_u:
+            builder.store(xu, up, align=align)
+        return context.get_dummy_value()
+
+    return types.void(g, q, u, d, k, L), codegen

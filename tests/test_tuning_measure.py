@@ -206,8 +206,10 @@ def test_small_form(monkeypatch):
     n = M.GEMM_MIN_BATCH
     assert np.allclose(C[:n], A[:n] @ B[:n] + 0.5 * C0[:n])   # in place, on the first n
     assert np.array_equal(C[n:], C0[n:])                      # the rest untouched
+    few32 = big32.with_batch(8)         # no "small" form either (and not 2 GB of operands)
+    assert "small" not in M.forms(few32)
     with pytest.raises(ValueError, match="small"):
-        dev.time(dev.prepare(big32), dev.build(big32, None), form="small")
+        dev.time(dev.prepare(few32), dev.build(few32, None), form="small")
 
     # with graph capture: ns per call = event time of one replay / calls captured
     class Stream:

@@ -272,10 +272,12 @@ SMALL_EVALUATION = 1 << 17
 def _small_evaluation(spec, xp) -> bool:
     if xp is not np or spec.op not in ("basis", "geometry"):
         return False
+    text = os.environ.get("SMALLTC_SMALL_EVALUATION", "")
     try:
-        limit = int(os.environ.get("SMALLTC_SMALL_EVALUATION", SMALL_EVALUATION))
+        limit = int(text) if text.strip() else SMALL_EVALUATION
     except ValueError:
-        limit = SMALL_EVALUATION
+        raise ValueError(f"SMALLTC_SMALL_EVALUATION must be a whole number of point values "
+                         f"(0: always compile), got {text!r}") from None
     return spec.batch * spec.nq ** spec.dim * getattr(spec, "ncomp", 1) <= limit
 
 

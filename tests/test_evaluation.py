@@ -217,5 +217,8 @@ def test_a_small_one_shot_evaluation_on_the_cpu_runs_the_reference_path(monkeypa
     assert smalltc.plan("interpolate", B, G, V, what="both").backend == "reference"
     assert smalltc.plan("geometry", np.ones((2, 1, 1, 4)), np.ones(4), None,
                         np.ones(2)).backend == "reference"
+    monkeypatch.setenv("SMALLTC_SMALL_EVALUATION", "many")
+    with pytest.raises(ValueError, match="SMALLTC_SMALL_EVALUATION must be a whole number"):
+        smalltc.plan("interpolate", B, G, V, what="both")
     monkeypatch.setenv("SMALLTC_SMALL_EVALUATION", "0")
     assert smalltc.plan("interpolate", B, G, V, what="both").backend == "cpu"

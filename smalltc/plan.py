@@ -261,12 +261,15 @@ class Plan(Executed):
 
 
 #: One-shot evaluations on the CPU (``interpolate``/``integrate``, ``geometry_data``: the
-#: geometry, loads and errors of a setup) of at most this many point values run NumPy's
-#: reference path when the backend is "auto": it takes milliseconds there, and compiling a
-#: CPU kernel for them takes seconds (notes/cpu.md, "Small evaluations"). The
-#: operators, applied many times, always compile. ``SMALLTC_SMALL_EVALUATION`` sets it
-#: (0: always compile); ``backend="cpu"`` compiles whatever the size.
+#: geometry, loads and errors of a setup) of fewer than SMALL_ELEMENTS elements and at most
+#: SMALL_EVALUATION point values run NumPy's reference path when the backend is "auto":
+#: it takes milliseconds there, and compiling a CPU kernel for them takes seconds
+#: (notes/cpu.md, "Small evaluations"). A large mesh is evaluated in chunks of at least
+#: SMALL_ELEMENTS elements, which compile (only a last remainder runs the reference path).
+#: The operators, applied many times, always compile. ``SMALLTC_SMALL_EVALUATION`` sets
+#: the point limit (0: always compile); ``backend="cpu"`` compiles whatever the size.
 SMALL_EVALUATION = 1 << 17
+SMALL_ELEMENTS = 64
 
 
 def _small_evaluation(spec, xp) -> bool:
@@ -278,7 +281,8 @@ def _small_evaluation(spec, xp) -> bool:
     except ValueError:
         raise ValueError(f"SMALLTC_SMALL_EVALUATION must be a whole number of point values "
                          f"(0: always compile), got {text!r}") from None
-    return spec.batch * spec.nq ** spec.dim * getattr(spec, "ncomp", 1) <= limit
+    return (spec.batch < SMALL_ELEMENTS
+            and spec.batch * spec.nq ** spec.dim * getattr(spec, "ncomp", 1) <= limit)
 
 
 def build_plan(spec, xp, backend="auto", method="auto", params=None, reshape_inputs=False):

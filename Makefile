@@ -30,7 +30,7 @@ demo: $(VENV)/.installed-$(DEMO_EXTRAS)
 	$(VENV)/bin/smalltc demo
 
 test: $(VENV)/.installed-$(TEST_EXTRAS)
-	$(PY) -m pytest -q -n auto --doctest-modules smalltc fem tuning tests
+	$(PY) -m pytest -q -n auto --durations=25 --doctest-modules smalltc fem tuning tests
 
 test-full: $(VENV)/.installed-$(TEST_EXTRAS)
 	SMALLTC_TEST_FULL=1 $(PY) -m pytest -q -n auto --doctest-modules smalltc fem tuning tests

@@ -78,13 +78,14 @@ def test_second_process_after_precompile_compiles_nothing(tmp_path, device):
 
 # precompile twice and report, in a process of its own on an empty cache (in this process
 # the cache folder is shared with the other test workers, whose compiles would count as
-# this call's new files)
+# this call's new files); one compile process: the two actions share a kernel, and with
+# two processes either may be the one that compiles it
 RECORDS_AND_REPORT = r"""
 import json
 import smalltc
 from smalltc import aot
 recs = smalltc.precompile(ops=["action", "assembly"], p=[1], nq=["p+1", 2], dims=[1],
-                          ncomp=[1, 2], device="cpu", progress=False)
+                          ncomp=[1, 2], device="cpu", progress=False, jobs=1)
 again = smalltc.precompile(ops=["action"], p=[1], nq=[2], dims=[1], device="cpu",
                            progress=False)
 print(json.dumps(dict(recs=recs, again=again, report=aot.cache_report(kernels=True))))
@@ -102,6 +103,7 @@ def test_precompile_records_and_cache_report(tmp_path):
                                                      ("assembly", 1)]
     assert all(r["backend"] == "cpu" and r["device"] == "cpu" for r in recs)
     assert recs[0]["compiled"] and recs[0]["new_files"] > 0     # an empty cache: it compiled
+    assert recs[1]["kernel"] == recs[0]["kernel"] and not recs[1]["compiled"]   # shared
     assert not again[0]["compiled"] and again[0]["new_files"] == 0
     assert rep["cpu"]["compiled"] >= 1 and "stc_mass_action_1d_f64_nd2_nq2" in rep["cpu"]["names"]
     assert set(rep["cuda"]) >= {"dir", "modules", "files", "bytes"}

@@ -57,6 +57,20 @@ BYTES = (384 * 2 ** 20, 32 * 2 ** 20)
 SAMPLE = 256          # elements checked against the oracle (interpolate)
 
 
+def target_bytes(kind, quick=False, footprint=None) -> int:
+    """The bytes a case of this suite and of the geometry suite moves on a device of
+    ``kind``: :data:`BYTES`, a sixteenth with ``quick``; on a CPU ``footprint`` where given.
+
+    >>> target_bytes("cpu") >> 20, target_bytes("cpu", quick=True) >> 20
+    (32, 2)
+    >>> target_bytes("cpu", footprint=2 ** 30) >> 20, target_bytes("gpu", True, 2 ** 30) >> 20
+    (1024, 24)
+    """
+    if footprint is not None and kind != "gpu":
+        return int(footprint)
+    return BYTES[0 if kind == "gpu" else 1] // (16 if quick else 1)
+
+
 def cases(dtype, kind, ps=None, quick=False, footprint=None) -> list:
     """The cases for ``dtype`` on a device of ``kind`` ("cpu"/"gpu"): per order, ``what``
     and direction. ``footprint`` (bytes): a CPU case's bytes instead of :data:`BYTES`.
@@ -68,9 +82,7 @@ def cases(dtype, kind, ps=None, quick=False, footprint=None) -> list:
     basis interpolate gradients dim=3 p=2 nq=4 float64
     """
     s = np.dtype(dtype).itemsize
-    target = BYTES[0 if kind == "gpu" else 1] // (16 if quick else 1)
-    if footprint is not None and kind != "gpu":
-        target = int(footprint)
+    target = target_bytes(kind, quick, footprint)
     out = []
     for p in ps or ([1, 2, 4] if quick else range(1, 9)):
         nd, nq = p + 1, p + 2

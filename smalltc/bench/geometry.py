@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import roofline
-from .basis import _plan_info
+from .basis import BYTES, _plan_info, target_bytes  # noqa: F401 (BYTES: the basis suite's)
 from .cases import Case
 from .report import impl_table
 from .runner import (TOLERANCE, _sample_indices, _to_host, case_record, check, measure,
@@ -43,8 +43,6 @@ __all__ = ["cases", "run_case", "table", "WHATS", "oracle"]
 #: (label, what, with a coefficient)
 WHATS = (("det", "det", False), ("adjugate", "adjugate", False), ("mass", "mass", False),
          ("diffusion", "diffusion", False), ("diffusion coef", "diffusion", True))
-#: bytes a case moves: (GPU, CPU); ``quick`` divides by 16
-BYTES = (384 * 2 ** 20, 32 * 2 ** 20)
 SAMPLE = 256          # elements checked against the oracle
 
 
@@ -59,9 +57,7 @@ def cases(dtype, kind, ps=None, quick=False, footprint=None) -> list:
     geometry adjugate dim=3 p=2 nq=4 float64
     """
     from ..spec import GeometrySpec
-    target = BYTES[0 if kind == "gpu" else 1] // (16 if quick else 1)
-    if footprint is not None and kind != "gpu":
-        target = int(footprint)
+    target = target_bytes(kind, quick, footprint)
     out = []
     for p in ps or ([1, 2, 4] if quick else range(1, 9)):
         nq = p + 2

@@ -6,7 +6,6 @@ first, so an unwritten entry fails. Compiled backends run a representative
 subset by default (compiles are the cost); ``SMALLTC_TEST_FULL=1`` runs the
 whole table on them too.
 """
-import os
 
 import numpy as np
 import pytest
@@ -14,9 +13,8 @@ import pytest
 import smalltc
 
 import oracle
-from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
+from conftest import FULL, TOL, backend_params, rel_err, to_numpy, xp_of
 
-FULL = os.environ.get("SMALLTC_TEST_FULL", "") not in ("", "0")
 
 
 BACKENDS = backend_params()

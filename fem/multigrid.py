@@ -889,5 +889,6 @@ def _touches(coarse, fine, fine_fixed, xp=np):
     I1d, _ = lagrange_basis(gauss_lobatto(coarse.nd)[0], gauss_lobatto(fine.nd)[0])
     absI = xp.asarray(np.abs(I1d).T)
     v = fine.gather(xp.asarray(np.asarray(to_host(fine_fixed), dtype=np.float64)))
-    rc = coarse.scatter(smalltc.interpolate(absI, None, v))
+    with smalltc.evaluation_job(v.size // fine.nd ** fine.dim * coarse.nd ** coarse.dim):
+        rc = coarse.scatter(smalltc.interpolate(absI, None, v))
     return np.asarray(to_host(rc > 1e-12))

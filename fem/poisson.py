@@ -200,6 +200,18 @@ def _conditions(dirichlet, neumann):
     return dir_, neu
 
 
+def _check_pmg_options(precond, pmg_options):
+    """Refuse ``pmg_options`` for a preconditioner other than ``"pmg"``."""
+    if pmg_options and precond != "pmg":
+        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
+
+
+def _check_constrained(ndofs):
+    """Refuse a problem whose Dirichlet regions hold ``ndofs == 0`` DoFs (singular)."""
+    if ndofs == 0:
+        raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
+
+
 def _errors(exact, sums):
     """``(l2_error, h1_error)`` against ``exact`` (``(None, None)`` without it) from
     ``sums(u, grad_u)``: the squared sums of
@@ -296,8 +308,7 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
             comm=comm)
     if precond not in PRECONDS:
         raise ValueError(f"precond must be one of {list(PRECONDS)}, got {precond!r}")
-    if pmg_options and precond != "pmg":
-        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
+    _check_pmg_options(precond, pmg_options)
     clock = _Clock(resolve_device(device))
     xp = clock.xp
     mesh = _as_mesh(mesh)
@@ -308,8 +319,7 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
         mesh.boundary_facets(r)                   # KeyError naming an unknown region
     clock.lap("space")
     bc = _dirichlet(space, dir_, list(neu))
-    if bc.dofs.size == 0:
-        raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
+    _check_constrained(bc.dofs.size)
     clock.lap("bc")
     K, load, load_s = _operator_and_load(space, nq, kappa, f, quadrature, xp)
     clock.lap("operator")

@@ -28,8 +28,8 @@ import numpy as np
 
 from .._device import device_name, resolve_device, synchronize, to_host
 from ..boundary import ConstrainedOperator, DirichletBC, boundary_load
-from ..poisson import (PoissonProblem, PoissonResult, _Clock, _conditions, _dirichlet,
-                       _errors)
+from ..poisson import (PoissonProblem, PoissonResult, _check_constrained, _check_pmg_options,
+                       _Clock, _conditions, _dirichlet, _errors)
 from ..projection import _error_sums, _load
 from ..solvers import Jacobi, cg, jacobi
 from .comm import Reducer, agree, check_launch, collective, comm_path, load_mpi, make_reducer
@@ -244,8 +244,7 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     >>> bool(sol.converged), prob.bc.dofs.size
     (True, 16)
     """
-    if pmg_options and precond != "pmg":
-        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
+    _check_pmg_options(precond, pmg_options)
     bad = sorted(set(pmg_options or {}) - set(PMG_OPTIONS))
     if bad:
         raise ValueError(f"pmg_options {bad} are not taken by the distributed p-multigrid; "
@@ -277,8 +276,7 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     clock.lap("space")
     bc = distributed_dirichlet_bc(space, dir_, list(neu))
     (nbc,) = Reducer(c).sums(float(np.count_nonzero(np.isin(space.owned, bc.dofs))))
-    if nbc == 0:
-        raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
+    _check_constrained(nbc)
     clock.lap("bc")
     nq = space.p + 2 if nq is None else int(nq)          # the serial path's rule
     with ahead_done():                  # compiled with the problem's kinds (compile_first)

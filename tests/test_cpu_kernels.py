@@ -305,18 +305,34 @@ def test_in_process_cache_hit():
 
 
 def test_disk_cache_in_fresh_processes(tmp_path):
-    """A kernel compiled by one process loads from the disk cache in the next."""
+    """A kernel compiled by one process loads from the disk cache in the next, without
+    Numba's context refresh (its library of lowerings, numba.np.linalg among them, is
+    not imported); another module's cached Numba function still loads with it."""
+    (tmp_path / "other_numba.py").write_text(textwrap.dedent("""
+        import numba
+        @numba.njit(cache=True)
+        def total(x):
+            return x.sum()
+    """))
     code = textwrap.dedent("""
-        import numpy as np, smalltc
-        p = smalltc.plan("gemm", np.ones((3, 2, 3)), np.ones((3, 3, 2)), backend="cpu")
-        p(np.ones((3, 2, 3)), np.ones((3, 3, 2)))
-        print(sum(p.executor.fn.stats.cache_hits.values()))
+        import sys, numpy as np, smalltc
+        sys.path.insert(0, sys.argv[1])
+        rng = np.random.default_rng(5)
+        A, B = rng.standard_normal((3, 2, 3)), rng.standard_normal((3, 3, 2))
+        p = smalltc.plan("gemm", A, B, backend="cpu")
+        C = p(A, B)
+        lean = "numba.np.linalg" not in sys.modules
+        import other_numba
+        assert other_numba.total(np.ones(3)) == 3.0
+        print(np.allclose(C, A @ B, rtol=1e-13, atol=1e-13), lean,
+              "numba.np.linalg" in sys.modules, sum(p.executor.fn.stats.cache_hits.values()))
     """)
     env = dict(os.environ, SMALLTC_CACHE_DIR=str(tmp_path))
     env.pop("SMALLTC_COMPILE_PROCESS", None)    # compiled in the first process itself
-    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, check=True).stdout.split()[-1] for _ in range(2)]
-    assert runs == ["0", "1"]
+    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                           capture_output=True, text=True, check=True).stdout.split()[-4:]
+            for _ in range(2)]
+    assert runs == [["True", "False", "True", "0"], ["True", "True", "True", "1"]]
     assert list((tmp_path / "cpu").glob("stc_gemm_nn_f64_m2n2k3_*.py"))
 
 

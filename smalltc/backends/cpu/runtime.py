@@ -20,6 +20,13 @@ Processes that need one kernel at once (MPI ranks of a node, a test suite's work
 compile it once: the first takes a lock file beside the module (``fcntl.flock``, where
 the platform has it) while it compiles, the others wait for it and load Numba's cache.
 
+A kernel found in Numba's disk cache (and smalltc's other Numba functions) is loaded
+without the target context's refresh that Numba's cache makes before every load
+(:func:`_load_overload`): the refresh imports Numba's whole library of lowerings (and
+SciPy's BLAS for ``np.dot``), 0.3 s of CPU the first time in a process, of which
+loading cached machine code needs only the runtime's (NRT's) symbols. A kernel that is
+not in the cache compiles as before: Numba's compiler refreshes the context itself.
+
 A process that builds hundreds of kernels (a test suite's worker) can
 compile them in a helper process instead (``SMALLTC_COMPILE_PROCESS=N``,
 :mod:`.compile_process`): a kernel compiled here keeps 10-30 MB of this
@@ -42,6 +49,8 @@ from pathlib import Path
 
 import jinja2
 import numba
+from numba.core import caching
+from numba.core.runtime import rtsys
 
 from ..._jinja import environment
 from .compile_process import CompileProcess
@@ -71,6 +80,33 @@ _KERNELS: dict = {}
 _LOCK = threading.RLock()
 #: (entry, seconds to import it: compile, or load from Numba's disk cache)
 compile_log: list = []
+
+
+_NUMBA_LOAD_OVERLOAD = caching.Cache.load_overload
+#: modules whose Numba functions load from Numba's cache without the context refresh
+_OWN_MODULES = ("smalltc.", "_smalltc_cpu_")
+
+
+def _load_overload(self, sig, target_context):
+    """Numba's ``Cache.load_overload``, which refreshes ``target_context`` (imports and
+    installs every registry of lowerings and typing templates) and then loads the
+    cached overload of ``sig``; for smalltc's own functions (the kernel modules, the
+    solver loops, the element colouring), without the refresh. Rebuilding cached
+    machine code needs none of the registries, only the runtime's (NRT's) symbols
+    (``rtsys.initialize``). A miss returns None as before, and the compile that
+    follows refreshes the context itself (``numba.core.compiler.CompilerBase``).
+    Every other function gets Numba's own method."""
+    module = getattr(getattr(self, "_py_func", None), "__module__", None) or ""
+    if not module.startswith(_OWN_MODULES):
+        return _NUMBA_LOAD_OVERLOAD(self, sig, target_context)
+    rtsys.initialize(target_context)
+    with self._guard_against_spurious_io_errors():
+        return self._load_overload(sig, target_context)
+
+
+if all(hasattr(caching.Cache, name) for name in ("_load_overload",
+                                                  "_guard_against_spurious_io_errors")):
+    caching.Cache.load_overload = _load_overload
 
 
 class CompileError(RuntimeError):

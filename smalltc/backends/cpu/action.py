@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..reference import sym_index
 from .family import CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT, signature
 from .target import resolve
@@ -212,13 +213,7 @@ def operator_steps(qfunc, collocated, dim, nd, nq):
             nodes = new
         grads = [next(b for b, _, g in nodes if g == a) for a in range(dim)]
         u = next((b for b, _, g in nodes if g is None), None)
-    sym = [[0] * dim for _ in range(dim)]
-    c = 0
-    for a in range(dim):
-        for b in range(a, dim):
-            sym[a][b] = sym[b][a] = c
-            c += 1
-    steps.append(dict(kind="qfunc", g=grads, u=u, sym=sym, npts=nq ** dim))
+    steps.append(dict(kind="qfunc", g=grads, u=u, sym=sym_index(dim), npts=nq ** dim))
     # back
     qshape = (1,) * pad + (nq,) * dim
     if collocated:

@@ -29,9 +29,9 @@ from smalltc.backends.cuda.family import DEFAULT_DEVICE, SMEM_TARGET
 from smalltc.spec import BasisSpec
 
 from conftest import TOL, rel_err
+from ptxas import NVCC, ptxas_sm90
 from test_evaluation import integrate_oracle, interp_oracle, mesh_map
 
-NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
 HOST_H = pathlib.Path(__file__).parent / "data" / "cuda_host.h"
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
@@ -87,15 +87,9 @@ def test_every_variant_compiles_for_sm90_without_spills(tmp_path):
                      "\n}\n")
     path = tmp_path / "basis_sm_90.cu"
     path.write_text("".join(parts))
-    res = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
-                          "-Xptxas", "-v", str(path)], capture_output=True, text=True)
-    log = res.stdout + res.stderr
-    assert res.returncode == 0, log
-    assert not re.search(r"warning", log), log
-    frames = dict(re.findall(r"Function properties for (\w+)\n\s+(\d+ bytes stack frame, "
-                             r"\d+ bytes spill stores)", log))
+    frames, _ = ptxas_sm90(path)
     assert set(frames) == set(entries)
-    bad = {e: f for e, f in frames.items() if f != "0 bytes stack frame, 0 bytes spill stores"}
+    bad = {e: f for e, f in frames.items() if f != (0, 0)}      # (stack, spill) bytes
     assert not bad, bad
 
 

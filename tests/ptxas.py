@@ -19,3 +19,15 @@ def ptxas_sm90(path):
     frames = re.findall(r"Function properties for (\w+)\n\s+(\d+) bytes stack frame, "
                         r"(\d+) bytes spill stores", log)
     return {e: (int(stack), int(spill)) for e, stack, spill in frames}, log
+
+
+def compiles_clean(path, kernels):
+    """``kernels`` ({entry: rendered source}) in one translation unit at ``path``, each in
+    its namespace: every entry compiles for sm_90 without a warning, a stack frame or a
+    spill store."""
+    path.write_text("".join(f"namespace ns{i} {{\n{src}\n}}\n"
+                            for i, src in enumerate(kernels.values())))
+    frames, _ = ptxas_sm90(path)
+    assert set(frames) == set(kernels)
+    bad = {e: f for e, f in frames.items() if f != (0, 0)}      # (stack, spill) bytes
+    assert not bad, bad

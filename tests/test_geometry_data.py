@@ -20,7 +20,7 @@ from smalltc.plan import build_plan
 from smalltc.spec import GeometrySpec
 
 from conftest import to_numpy, xp_of
-from ptxas import NVCC, ptxas_sm90
+from ptxas import NVCC, compiles_clean
 
 def needs_gpu(test):
     return pytest.mark.gpu(pytest.mark.skipif(not gpu_available(), reason="no CUDA device")(test))
@@ -230,20 +230,13 @@ COMPILED = [GeometrySpec(dim=d, nq=q, batch=1, dtype=dt, what=w, coef=c, jdtype=
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
 def test_cuda_sources_compile_for_sm90_without_spills(tmp_path):
-    parts, entries = [], []
-    for i, spec in enumerate(COMPILED):
+    kernels = {}
+    for spec in COMPILED:
         for params in (None, dict(tpe=4, threads=128, min_blocks=0)):
             ctx = CUDA_GEOMETRY.context(spec, params)
-            entry = f"{CUDA_GEOMETRY.entry(spec, ctx)}_{len(entries)}"
-            entries.append(entry)
-            parts.append(f"namespace ns{len(entries)} {{\n"
-                         f"{RT.render('geometry.cu.j2', dict(ctx, entry=entry))}\n}}\n")
-    path = tmp_path / "geometry_sm_90.cu"
-    path.write_text("".join(parts))
-    frames, _ = ptxas_sm90(path)
-    assert set(frames) == set(entries)
-    bad = {e: f for e, f in frames.items() if f != (0, 0)}      # (stack, spill) bytes
-    assert not bad, bad
+            entry = f"{CUDA_GEOMETRY.entry(spec, ctx)}_{len(kernels)}"
+            kernels[entry] = RT.render("geometry.cu.j2", dict(ctx, entry=entry))
+    compiles_clean(tmp_path / "geometry_sm_90.cu", kernels)
 
 
 def test_cuda_choice_and_params():

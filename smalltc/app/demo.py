@@ -49,7 +49,7 @@ from .. import roofline
 from .._arrays import gpu_available
 from ..bench.bp1 import _cg_bound
 from ..bench.cases import Case
-from ..bench.plots import matplotlib_or_none, plot_fem
+from ..bench.plots import plot_fem, pyplot_or_say
 from ..bench.report import environment, format_rate, rate_unit, write_json
 from ..bench.runner import run_case
 from ..fem import poisson_demo, projection_demo
@@ -251,10 +251,8 @@ def run(args) -> int:
     path = write_json(os.path.join(args.out, "demo.json"), doc)
     print(f"\nwrote {path}")
     if not args.no_plot:
-        plt = matplotlib_or_none()
-        if plt is None:
-            print("plots: skipped (matplotlib not importable)")
-        else:
+        plt = pyplot_or_say()
+        if plt is not None:
             p = plot_fem(doc, os.path.join(args.out, f"demo-dofs-{args.dtype}.png"), plt)
             print(f"plot: {p}")
     print(f"demo done in {time.perf_counter() - t_start:.1f} s")

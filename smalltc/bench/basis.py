@@ -36,19 +36,17 @@ of the sum factorisation with shared partial sums. Rates are unique DoFs per sec
 """
 from __future__ import annotations
 
-import math
-import traceback
-
 import numpy as np
 
 import smalltc
 
 from .. import roofline
-from .._timing import median, time_calls, time_once
 from ..fem import H1Space, basis_1d, box_mesh
 from ..spec import BasisSpec
 from .cases import Case
-from .runner import _sample_indices
+from .plots import p_panel, save_figure
+from .report import impl_table
+from .runner import TOLERANCE, _sample_indices, case_record, check, measure, recorded
 
 __all__ = ["cases", "run_case", "table", "plot", "WHATS", "DIRECTIONS", "oracle"]
 
@@ -56,8 +54,21 @@ WHATS = ("values", "gradients", "both")
 DIRECTIONS = ("interpolate", "integrate")
 #: bytes a case moves: (GPU, CPU); ``quick`` divides by 16
 BYTES = (384 * 2 ** 20, 32 * 2 ** 20)
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 SAMPLE = 256          # elements checked against the oracle (interpolate)
+
+
+def target_bytes(kind, quick=False, footprint=None) -> int:
+    """The bytes a case of this suite and of the geometry suite moves on a device of
+    ``kind``: :data:`BYTES`, a sixteenth with ``quick``; on a CPU ``footprint`` where given.
+
+    >>> target_bytes("cpu") >> 20, target_bytes("cpu", quick=True) >> 20
+    (32, 2)
+    >>> target_bytes("cpu", footprint=2 ** 30) >> 20, target_bytes("gpu", True, 2 ** 30) >> 20
+    (1024, 24)
+    """
+    if footprint is not None and kind != "gpu":
+        return int(footprint)
+    return BYTES[0 if kind == "gpu" else 1] // (16 if quick else 1)
 
 
 def cases(dtype, kind, ps=None, quick=False, footprint=None) -> list:
@@ -71,9 +82,7 @@ def cases(dtype, kind, ps=None, quick=False, footprint=None) -> list:
     basis interpolate gradients dim=3 p=2 nq=4 float64
     """
     s = np.dtype(dtype).itemsize
-    target = BYTES[0 if kind == "gpu" else 1] // (16 if quick else 1)
-    if footprint is not None and kind != "gpu":
-        target = int(footprint)
+    target = target_bytes(kind, quick, footprint)
     out = []
     for p in ps or ([1, 2, 4] if quick else range(1, 9)):
         nd, nq = p + 1, p + 2
@@ -129,22 +138,6 @@ def _einsum_chain(xp, spec, mats, field, emap):
     return xp.bincount(emap.reshape(-1), weights=U.reshape(-1), minlength=spec.ndofs)
 
 
-def _rec(b, times, what, **extra):
-    t = median(times)
-    return dict(what=what, status="ok", repeats=len(times), times_ns=times, median_s=t,
-                min_s=min(times) * 1e-9, fraction=b.tmin / t, dofs_per_s=b.dofs / t,
-                gbytes_per_s=b.bytes / t * 1e-9, gflops=b.flops / t * 1e-9, **extra)
-
-
-def _check(res, ref, idx, xp):
-    """``(finite, relative error)`` of ``res`` against the oracle ``ref``."""
-    finite = bool(xp.isfinite(res).all())
-    part = res if idx is None else res[xp.asarray(idx)]
-    got = part.get() if hasattr(part, "get") else np.asarray(part)
-    nref = np.linalg.norm(ref)
-    return finite, float(np.linalg.norm(got.astype(np.float64) - ref) / (nref or 1.0))
-
-
 def _plan_info(plan):
     return dict(backend=plan.backend, kernel=str(plan.kernel),
                 specialized=bool(plan.specialized),
@@ -155,13 +148,11 @@ def _plan_info(plan):
 
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
     """Measure one case; the record has the bench's layout (``impls``, ``bound``)."""
-    on_gpu = xp.__name__ == "cupy"
     s = case.sizes
     p, nq, what, dt = s["p"], s["nq"], s["what"], case.dtype
     integ = s["direction"] == "integrate"
-    rec = dict(id=case.id, suite=case.suite, op=case.op, dtype=dt, sizes=dict(s),
-               batch=case.batch, note=case.note, impls={})
-    try:
+    rec = case_record(case)
+    with recorded(rec, xp):
         space = H1Space(box_mesh(3, s["nx"]), p)
         emap, emap_h = space.dof_map(xp), space.dof_map(np)
         E, ndofs = space.nelements, space.ndofs
@@ -186,42 +177,21 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
         out = xp.empty(spec.out_shape, dtype=dt)
         mats = _slots(B, G, spec.evals())
         impls = [("smalltc", backend, lambda: fn(B, G, field, emap, out=out, backend=backend,
-                                                  **kw)),
+                                                  **kw),
+                  f"smalltc.{name} (backend {backend}), through the map"),
                  ("reference", "reference", lambda: fn(B, G, field, emap, out=out,
-                                                       backend="reference", **kw)),
-                 ("einsum", None, lambda: _einsum_chain(xp, spec, mats, field, emap))]
-        tol = TOLERANCE[dt]
-        for label, be, call in impls:
-            r = rec["impls"][label] = dict(status="error")
-            try:
-                out.fill(math.nan)
-                res, first = time_once(call, on_gpu=on_gpu)
-                finite, err = _check(res, ref, idx, xp)
-                info = dict(rel_err=err, tolerance=tol, first_call_s=first,
-                            poisoned=res is out)
-                if be is not None:
-                    info.update(_plan_info(smalltc.plan(name, B, G, field, emap, backend=be,
-                                                        **kw)))
-                del res
-                if not finite or not err <= tol:
-                    r.update(info, status="failed",
-                             error="non-finite entries in the result (unwritten?)"
-                             if not finite else f"relative error {err:.3e} > {tol:g}")
-                    continue
-                times = time_calls(call, repeats=repeats if be else max(3, repeats // 4),
-                                   warmup=warmup, on_gpu=on_gpu)
-                text = (f"smalltc.{name} (backend {be}), through the map" if be else
-                        f"{xp.__name__}.einsum chain, gather" + (", bincount" if integ
-                                                                 else ""))
-                rec["impls"][label] = _rec(b, times, text, **info)
-            except Exception as err:
-                r.update(error=repr(err), trace=traceback.format_exc(limit=-8))
+                                                       backend="reference", **kw),
+                  f"smalltc.{name} (backend reference), through the map"),
+                 ("einsum", None, lambda: _einsum_chain(xp, spec, mats, field, emap),
+                  f"{xp.__name__}.einsum chain, gather" + (", bincount" if integ else ""))]
+
+        def check_result(res, be):
+            finite, err = check(res, ref, idx, xp)
+            return finite, err, ({} if be is None else _plan_info(
+                smalltc.plan(name, B, G, field, emap, backend=be, **kw)))
+        measure(rec, impls, check_result, bound=b, tol=TOLERANCE[dt], outs=(out,),
+                on_gpu=xp.__name__ == "cupy", repeats=repeats, warmup=warmup)
         del out, field
-    except Exception as err:   # a case that cannot run is recorded, the suite goes on
-        rec["error"] = repr(err)
-        rec["trace"] = traceback.format_exc(limit=-8)
-    if on_gpu:
-        xp.get_default_memory_pool().free_all_blocks()
     return rec
 
 
@@ -231,31 +201,7 @@ def table(rows, file) -> None:
     print("\n== basis (unique GDoF/s through the map; %bound: fraction of the roofline "
           "bound; x NAME: smalltc's speed over NAME's; sp: a size-specialised kernel) ==",
           file=file)
-    print(f"{'case':40s} {'smalltc':>8s} {'%bound':>7s} {'refer.':>8s} {'%bound':>7s} "
-          f"{'einsum':>8s} {'x ref':>6s} {'x ein':>6s} {'backend':>9s} sp  kernel", file=file)
-    for c in rows:
-        label = c["id"].replace(f" {c['dtype']}", "").replace("basis ", "")
-        if c.get("error"):
-            print(f"{label:40s} error: {c['error']}", file=file)
-            continue
-        im = c["impls"]
-        ok = {k: (im.get(k) or {}).get("status") == "ok" for k in ("smalltc", "reference",
-                                                                  "einsum")}
-        cells = []
-        for k in ("smalltc", "reference", "einsum"):
-            r = im.get(k) or {}
-            if ok[k]:
-                cells.append(f"{r['dofs_per_s'] * 1e-9:8.3g}" + (
-                    f" {100 * r['fraction']:6.1f}%" if k != "einsum" else ""))
-            else:
-                st = {"failed": "FAILED"}.get(r.get("status"), r.get("status", "-"))
-                cells.append(f"{st:>8s}" + (f" {'':>7s}" if k != "einsum" else ""))
-        ratios = [f"{im[k]['median_s'] / im['smalltc']['median_s']:6.2f}"
-                  if ok["smalltc"] and ok[k] else f"{'-':>6s}" for k in ("reference", "einsum")]
-        me = im.get("smalltc") or {}
-        sp = {True: "y", False: "n"}.get(me.get("specialized"), "-")
-        print(f"{label:40s} {' '.join(cells)} {' '.join(ratios)} "
-              f"{me.get('backend', '-'):>9s} {sp:2s}  {me.get('kernel', '')[:60]}", file=file)
+    impl_table(rows, file, suite="basis", baseline="einsum", width=40, specialized=True)
 
 
 def plot(doc, path, plt):
@@ -282,17 +228,9 @@ def plot(doc, path, plt):
                     ax.plot(*zip(*pts), style, marker="o", ms=3, color=color, label=name)
             ax.plot(ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub], "-", color="k",
                     lw=0.8, marker="_", ms=10, label="roofline bound")
-            ax.set_yscale("log")
-            ax.set_xticks(ps)
-            ax.set_xlabel("polynomial order p (nq = p + 2)")
-            ax.set_ylabel("unique DoFs / s (x 1e9)")
-            ax.set_title(f"{direction}, {what}", fontsize=10)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
+            p_panel(ax, "unique DoFs / s (x 1e9)", f"{direction}, {what}",
+                    "polynomial order p (nq = p + 2)", ticks=ps)
     bw = doc["probes"]["bandwidth"]["value"] * 1e-9
     fig.suptitle(f"{doc['device']['name']} {doc['options']['dtype']}: the basis application "
                  f"through the DoF map, 3D (BW = {bw:.0f} GB/s)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)

@@ -47,7 +47,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import traceback
 
 import numpy as np
 
@@ -61,7 +60,8 @@ from ..fem._cg_fused import VECTOR_PASSES
 from ..spec import MassApplySpec
 from ..vertices import vertices_of_mesh
 from .cases import Case
-from .report import rate_unit
+from .report import case_rows, rate_unit
+from .runner import case_record, ok_record, recorded
 
 __all__ = ["cases", "run_case", "CG_BASE", "CG_EXTRA", "PROBLEMS"]
 
@@ -105,13 +105,6 @@ def _cg_bound(apply_bound, ndofs, s, jacobi=True):
     tmin = max(nbytes / apply_bound.bandwidth, flops / apply_bound.peak)
     return roofline.Bound("cg_iteration", apply_bound.dtype, nbytes, flops, apply_bound.items,
                           ndofs, apply_bound.bandwidth, apply_bound.peak, tmin, flops / tmin)
-
-
-def _rec(b, times, what, **extra):
-    t = median(times)
-    return dict(what=what, status="ok", repeats=len(times), times_ns=times, median_s=t,
-                min_s=min(times) * 1e-9, fraction=b.tmin / t, dofs_per_s=b.dofs / t,
-                gbytes_per_s=b.bytes / t * 1e-9, gflops=b.flops / t * 1e-9, **extra)
 
 
 def _cg_per_iteration(M, rhs, P, fused, on_gpu, repeats):
@@ -189,9 +182,10 @@ def _unchecked(plan, b, ops, y, checked_times, repeats, warmup, on_gpu, op_name,
         return dict(what=f"smalltc.{op_name} without the bounds check", status="error",
                     error=repr(err))
     q1, q2, q3 = np.percentile(ratios, [25, 50, 75])
-    return _rec(b, unchecked, f"smalltc.{op_name} without the map's bounds check (bench only)",
-                check_cost=float(q2) - 1, check_cost_range=[float(q1) - 1, float(q3) - 1],
-                kernel=bare.executor.kernel)
+    return ok_record(b, unchecked,
+                     f"smalltc.{op_name} without the map's bounds check (bench only)",
+                     check_cost=float(q2) - 1, check_cost_range=[float(q1) - 1, float(q3) - 1],
+                     kernel=bare.executor.kernel)
 
 
 def _point_data_impls(rec, forms, *, qfunc, mesh, nq, collocated, B1d, G1d, data, x, emap,
@@ -235,8 +229,8 @@ def _point_data_impls(rec, forms, *, qfunc, mesh, nq, collocated, B1d, G1d, data
                                           error=f"relative error {err:.3e} > {tol:g}")
                 continue
             times = time_calls(call, repeats=repeats, warmup=warmup, on_gpu=on_gpu)
-            rec["impls"][name] = _rec(b, times, f"smalltc.operator_apply ({qfunc}, {name}; "
-                                      "fraction of its own bound)", **info)
+            rec["impls"][name] = ok_record(b, times, f"smalltc.operator_apply ({qfunc}, "
+                                           f"{name}; fraction of its own bound)", **info)
         except Exception as err:
             rec["impls"][name] = dict(what=name, status="error", error=repr(err))
 
@@ -250,9 +244,8 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
     s = case.sizes
     p, nq, n = s["p"], s["nq"], s["n"]
     qfunc = PROBLEMS[case.suite][0]
-    rec = dict(id=case.id, suite=case.suite, op=case.op, dtype=case.dtype, sizes=dict(s),
-               batch=case.batch, note=case.note, impls={})
-    try:
+    rec = case_record(case)
+    with recorded(rec, xp):
         mesh = box_mesh(3, n, distortion=0.05)
         space = H1Space(mesh, p)
         where = "gpu" if on_gpu else "cpu"
@@ -308,8 +301,9 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
                 continue
             times = time_calls(lambda: plan(*ops, out=y), repeats=repeats,
                                warmup=warmup, on_gpu=on_gpu)
-            rec["impls"][name] = _rec(b, times, f"smalltc.{op_name} ({plan.backend}"
-                                      + (", deterministic)" if op.deterministic else ")"), **info)
+            rec["impls"][name] = ok_record(b, times, f"smalltc.{op_name} ({plan.backend}"
+                                           + (", deterministic)" if op.deterministic else ")"),
+                                           **info)
             if name == "smalltc" and hasattr(plan.executor, "unchecked"):
                 rec["impls"]["unchecked"] = _unchecked(plan, b, ops, y, times, repeats,
                                                        warmup, on_gpu, op_name)
@@ -321,10 +315,10 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
                               warmup=warmup, dtype=case.dtype)
         times = time_calls(lambda: unfused(x), repeats=max(3, repeats // 4), warmup=1,
                            on_gpu=on_gpu)
-        rec["impls"]["unfused"] = _rec(b, times, "gather + batched_contract + scatter"
-                                       if qfunc == "mass" else
-                                       f"gather + operator_action ({qfunc}) + scatter",
-                                       first_call_s=first_unfused)
+        rec["impls"]["unfused"] = ok_record(b, times, "gather + batched_contract + scatter"
+                                            if qfunc == "mass" else
+                                            f"gather + operator_action ({qfunc}) + scatter",
+                                            first_call_s=first_unfused)
         if qfunc != "mass":                # the einsum chain a Python user would write
             def einsum():
                 return smalltc.operator_apply(qfunc, B1d, G1d, data, x, emap,
@@ -332,9 +326,9 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
             _, first_e = time_once(einsum, on_gpu=on_gpu)
             times = time_calls(einsum, repeats=max(3, repeats // 4), warmup=1,
                                on_gpu=on_gpu)
-            rec["impls"]["einsum"] = _rec(b, times, f"{xp.__name__} einsum chain, gather, "
-                                          "scatter-add (the reference backend)",
-                                          first_call_s=first_e)
+            rec["impls"]["einsum"] = ok_record(b, times, f"{xp.__name__} einsum chain, "
+                                               "gather, scatter-add (the reference backend)",
+                                               first_call_s=first_e)
         P = None if lumped else jacobi(fused.diagonal())
         what = "CG iteration, no preconditioner (M diagonal)" if lumped else \
             "Jacobi-PCG iteration"
@@ -349,16 +343,11 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
                 rec["impls"][name] = dict(what=f"{what} ({how})", status="failed",
                                           error=str(err))
                 continue
-            rec["impls"][name] = _rec(bcg, [max(1, round(t * 1e9)) for t in per],
-                                      f"{what} ({how})",
-                                      iterations=its, first_call_s=first_cg,
-                                      vector_passes=VECTOR_PASSES - (2 if lumped else 0),
-                                      preconditioner=None if lumped else "jacobi")
-    except Exception as err:
-        rec["error"] = repr(err)
-        rec["trace"] = traceback.format_exc(limit=-8)
-    if on_gpu:
-        xp.get_default_memory_pool().free_all_blocks()
+            rec["impls"][name] = ok_record(bcg, [max(1, round(t * 1e9)) for t in per],
+                                           f"{what} ({how})",
+                                           iterations=its, first_call_s=first_cg,
+                                           vector_passes=VECTOR_PASSES - (2 if lumped else 0),
+                                           preconditioner=None if lumped else "jacobi")
     return rec
 
 
@@ -374,11 +363,7 @@ def table(rows, file) -> None:
     print(f"{'case':26s} {'ndofs':>9s} {'apply':>7s} {'%bnd':>5s} {'determ':>7s} "
           f"{'unfused':>7s} {'x unf':>6s} " + (f"{'einsum':>7s} {'x ein':>6s} " if ein else "")
           + f"{'CG it':>7s} {'%bnd':>5s} {'CG unf':>7s} {'bound':>6s} {'check':>6s}", file=file)
-    for c in rows:
-        label = c["id"].replace(f" {c['dtype']}", "")
-        if c.get("error"):
-            print(f"{label:26s} error: {c['error']}", file=file)
-            continue
+    for c, label in case_rows(rows, file, 26):
         im = c["impls"]
 
         def g(name, key="dofs_per_s"):

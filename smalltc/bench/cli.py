@@ -281,9 +281,9 @@ def main_run(args) -> dict:
                                              footprint=footprint,
                                              ndofs=getattr(args, "ndofs", None),
                                              mesh=getattr(args, "mesh", None),
-                                             qfuncs=_qfuncs(getattr(args, "qfunc", None)),
-                                             preconds=_preconds(getattr(args, "precond",
-                                                                        None)))]
+                                             qfuncs=_names(getattr(args, "qfunc", None)),
+                                             preconds=_names(getattr(args, "precond",
+                                                                     None)))]
     print(f"smalltc bench: {len(todo)} cases on {roofline.device_name(kind)} ({args.dtype}, "
           f"backend {args.backend}, {repeats} repeats); measuring bandwidth and peak ...",
           file=sys.stderr, flush=True)
@@ -378,15 +378,13 @@ def _pmg_options(args) -> dict:
     return out
 
 
-def _preconds(value):
-    """``--precond``'s names as a tuple, or None (the poisson suite's default)."""
-    if not value:
-        return None
-    return tuple(f.strip() for f in str(value).split(",") if f.strip())
+def _names(value):
+    """A list option's names (``--precond``, ``--qfunc``: comma separated) as a tuple, or
+    None where not given (the suite's default: both preconditioners, the mass matrices).
 
-
-def _qfuncs(value):
-    """``--qfunc``'s forms as a tuple, or None (the mass matrices)."""
+    >>> _names("jacobi, pmg"), _names(None)
+    (('jacobi', 'pmg'), None)
+    """
     if not value:
         return None
     return tuple(f.strip() for f in str(value).split(",") if f.strip())

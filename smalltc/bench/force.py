@@ -33,11 +33,13 @@ import numpy as np
 import smalltc
 
 from .. import roofline
-from .._timing import median, time_calls, time_once
+from .._timing import time_calls, time_once
 from ..fem import H1Space, basis_1d, box_mesh
 from ..spec import ActionSpec, MassApplySpec
 from .cases import Case
-from .plots import bound_line, p_axis
+from .plots import bound_line, p_panel, save_figure
+from .report import case_rows
+from .runner import case_record, ok_record
 
 __all__ = ["cases", "run_case", "table", "plot", "SIZES", "VARIANTS", "parse_variants"]
 
@@ -115,13 +117,6 @@ def cases(dtype, kind, ps=None, quick=False, dims=None) -> list:
     return out
 
 
-def _rec(b, times, what, **extra):
-    t = median(times)
-    return dict(what=what, status="ok", repeats=len(times), times_ns=times, median_s=t,
-                min_s=min(times) * 1e-9, fraction=b.tmin / t, dofs_per_s=b.dofs / t,
-                gbytes_per_s=b.bytes / t * 1e-9, gflops=b.flops / t * 1e-9, **extra)
-
-
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
              variants=None) -> dict:
     """Measure one case; the record has the bench's layout (``impls``, ``bound``; the
@@ -131,8 +126,7 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
     on_gpu = xp.__name__ == "cupy"
     s = case.sizes
     dim, p, nq, n, t = s["dim"], s["p"], s["nq"], s["n"], s["direction"] == "FT"
-    rec = dict(id=case.id, suite=case.suite, op=case.op, dtype=case.dtype, sizes=dict(s),
-               batch=case.batch, note=case.note, impls={})
+    rec = case_record(case)
     try:
         dt = case.dtype
         space = H1Space(box_mesh(dim, n), p)
@@ -162,8 +156,8 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
                                  on_gpu=on_gpu)
         times = time_calls(lambda: fn(L, B, G, A, field, backend="reference"),
                            repeats=max(3, repeats // 4), warmup=1, on_gpu=on_gpu)
-        rec["impls"]["einsum"] = _rec(b, times, f"{xp.__name__} einsum chain (the reference "
-                                      "backend)", first_call_s=first_e)
+        rec["impls"]["einsum"] = ok_record(b, times, f"{xp.__name__} einsum chain (the "
+                                           "reference backend)", first_call_s=first_e)
         if t:
             Wg = xp.moveaxis(wg[:, emap], 0, 1)
             ref_fused = fn(L, B, G, A, Wg, backend="reference")
@@ -209,9 +203,9 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2,
                 continue
             times = time_calls(lambda: plan(*ops, out=y), repeats=repeats, warmup=warmup,
                                on_gpu=on_gpu)
-            rec["impls"][name] = _rec(bb, times, f"smalltc.{op_name} ({plan.backend}"
-                                      + (", elem_dofs" if name.startswith("fused") else "")
-                                      + (f", params {prm})" if prm else ")"), **info)
+            rec["impls"][name] = ok_record(bb, times, f"smalltc.{op_name} ({plan.backend}"
+                                           + (", elem_dofs" if name.startswith("fused") else "")
+                                           + (f", params {prm})" if prm else ")"), **info)
     except Exception as err:   # a case that cannot run is recorded, the suite goes on
         rec["error"] = repr(err)
         rec["traceback"] = traceback.format_exc()
@@ -225,11 +219,7 @@ def table(rows, file) -> None:
           "fields read or written once; x einsum = smalltc / the einsum chain) ==", file=file)
     print(f"{'case':34s} {'smalltc':>9s} {'%bound':>7s} {'fused':>9s} {'%bound':>7s} "
           f"{'einsum':>9s} {'x einsum':>9s}  kernel", file=file)
-    for c in rows:
-        label = c["id"].replace(f" {c['dtype']}", "")
-        if c.get("error"):
-            print(f"{label:34s} error: {c['error']}", file=file)
-            continue
+    for c, label in case_rows(rows, file, 34):
         cells = []
         for name in ("smalltc", "fused", "einsum"):
             r = c["impls"].get(name) or {}
@@ -279,16 +269,9 @@ def plot(doc, path, plt):
                             label=f"{label} {name}")
             bound_line(ax, ps, [c["bound"]["dofs_per_s"] * 1e-9 for c in sub],
                        color=f"C{2 * k + 1}", label=f"{label} bound (element level)")
-        ax.set_yscale("log")
-        p_axis(ax, "kinematic order p (nq = 2p, L2 order p - 1)")
-        ax.set_ylabel("kinematic DoFs / s (x 1e9)")
-        ax.set_title(f"{dim}D", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        p_panel(ax, "kinematic DoFs / s (x 1e9)", f"{dim}D",
+                "kinematic order p (nq = 2p, L2 order p - 1)")
     bw = doc["probes"]["bandwidth"]["value"] * 1e-9
     fig.suptitle(f"{doc['device']['name']} {doc['options']['dtype']}: the corner force "
                  f"F and F^T (BW = {bw:.0f} GB/s)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)

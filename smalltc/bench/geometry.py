@@ -29,24 +29,20 @@ are points per second. Sizes: about 384 MiB moved a case on a GPU, 32 MiB on a C
 """
 from __future__ import annotations
 
-import math
-import traceback
-
 import numpy as np
 
 from .. import roofline
-from .._timing import median, time_calls, time_once
-from .basis import _plan_info
+from .basis import BYTES, _plan_info, target_bytes  # noqa: F401 (BYTES: the basis suite's)
 from .cases import Case
+from .report import impl_table
+from .runner import (TOLERANCE, _sample_indices, _to_host, case_record, check, measure,
+                     recorded)
 
 __all__ = ["cases", "run_case", "table", "WHATS", "oracle"]
 
 #: (label, what, with a coefficient)
 WHATS = (("det", "det", False), ("adjugate", "adjugate", False), ("mass", "mass", False),
          ("diffusion", "diffusion", False), ("diffusion coef", "diffusion", True))
-#: bytes a case moves: (GPU, CPU); ``quick`` divides by 16
-BYTES = (384 * 2 ** 20, 32 * 2 ** 20)
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 SAMPLE = 256          # elements checked against the oracle
 
 
@@ -61,9 +57,7 @@ def cases(dtype, kind, ps=None, quick=False, footprint=None) -> list:
     geometry adjugate dim=3 p=2 nq=4 float64
     """
     from ..spec import GeometrySpec
-    target = BYTES[0 if kind == "gpu" else 1] // (16 if quick else 1)
-    if footprint is not None and kind != "gpu":
-        target = int(footprint)
+    target = target_bytes(kind, quick, footprint)
     out = []
     for p in ps or ([1, 2, 4] if quick else range(1, 9)):
         nq = p + 2
@@ -121,17 +115,6 @@ def _linalg(xp, spec, J, W, coef):
     return xp.moveaxis(M[..., iu[0], iu[1]], 2, 1).reshape(spec.out_shape)
 
 
-def _rec(b, times, what, **extra):
-    t = median(times)
-    return dict(what=what, status="ok", repeats=len(times), times_ns=times, median_s=t,
-                min_s=min(times) * 1e-9, fraction=b.tmin / t, dofs_per_s=b.dofs / t,
-                gbytes_per_s=b.bytes / t * 1e-9, gflops=b.flops / t * 1e-9, **extra)
-
-
-def _host(a):
-    return a.get() if hasattr(a, "get") else np.asarray(a)
-
-
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
     """Measure one case; the record has the bench's layout (``impls``, ``bound``)."""
     import smalltc
@@ -140,12 +123,9 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
     from ..fem.quadrature import quadrature_rule
     from ..plan import build_plan
     from ..spec import GeometrySpec
-    from .runner import _sample_indices
-    on_gpu = xp.__name__ == "cupy"
     s, dt = case.sizes, case.dtype
-    rec = dict(id=case.id, suite=case.suite, op=case.op, dtype=dt, sizes=dict(s),
-               batch=case.batch, note=case.note, impls={})
-    try:
+    rec = case_record(case)
+    with recorded(rec, xp):
         mesh = box_mesh(3, s["nx"], distortion=0.1)
         E, nq = mesh.nelements, s["nq"]
         pts, w1 = quadrature_rule(nq)
@@ -159,51 +139,28 @@ def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> d
         b = roofline.bound(spec, **bound_args)
         rec.update(bound=b.as_dict(), footprint_bytes=b.bytes, spec=str(spec))
         idx = _sample_indices(E, SAMPLE)
-        ref, rmin = oracle(spec, _host(J[xp.asarray(idx)]), W,
-                           None if coef is None else _host(coef[xp.asarray(idx)]))
+        ref, rmin = oracle(spec, _to_host(J[xp.asarray(idx)]), W,
+                           None if coef is None else _to_host(coef[xp.asarray(idx)]))
         out, jmin = xp.empty(spec.out_shape, dtype=dt), xp.empty(E)
         impls = [("smalltc", backend, lambda: smalltc.geometry_data(
-                     J, Wx, what=spec.what, coef=coef, jmin=jmin, out=out, backend=backend)),
+                     J, Wx, what=spec.what, coef=coef, jmin=jmin, out=out, backend=backend),
+                  f"smalltc.geometry_data (backend {backend})"),
                  ("reference", "reference", lambda: smalltc.geometry_data(
                      J, Wx, what=spec.what, coef=coef, jmin=jmin, out=out,
-                     backend="reference")),
-                 ("linalg", None, lambda: _linalg(xp, spec, J, Wx, coef))]
-        tol = TOLERANCE[dt]
-        for label, be, call in impls:
-            r = rec["impls"][label] = dict(status="error")
-            try:
-                out.fill(math.nan)
-                jmin.fill(math.nan)
-                res, first = time_once(call, on_gpu=on_gpu)
-                got = _host(res[xp.asarray(idx)]).astype(np.float64)
-                finite = bool(xp.isfinite(res).all())
-                err = float(np.linalg.norm(got - ref) / (np.linalg.norm(ref) or 1.0))
-                info = dict(rel_err=err, tolerance=tol, first_call_s=first,
-                            poisoned=res is out)
-                if be is not None:
-                    merr = float(np.abs(_host(jmin)[idx] - rmin).max() / np.abs(rmin).max())
-                    info["jmin_rel_err"] = merr
-                    err = max(err, merr)
-                    info.update(_plan_info(build_plan(spec, xp, be)))   # the plan it runs
-                del res
-                if not finite or not err <= tol:
-                    r.update(info, status="failed",
-                             error="non-finite entries in the result (unwritten?)"
-                             if not finite else f"relative error {err:.3e} > {tol:g}")
-                    continue
-                times = time_calls(call, repeats=repeats if be else max(3, repeats // 4),
-                                   warmup=warmup, on_gpu=on_gpu)
-                text = (f"smalltc.geometry_data (backend {be})" if be else
-                        f"{xp.__name__}.linalg det and inv, einsum")
-                rec["impls"][label] = _rec(b, times, text, **info)
-            except Exception as err:
-                r.update(error=repr(err), trace=traceback.format_exc(limit=-8))
+                     backend="reference"), "smalltc.geometry_data (backend reference)"),
+                 ("linalg", None, lambda: _linalg(xp, spec, J, Wx, coef),
+                  f"{xp.__name__}.linalg det and inv, einsum")]
+
+        def check_result(res, be):
+            finite, err = check(res, ref, idx, xp)
+            if be is None:
+                return finite, err, {}
+            merr = float(np.abs(_to_host(jmin)[idx] - rmin).max() / np.abs(rmin).max())
+            return finite, err, dict(jmin_rel_err=merr,
+                                     **_plan_info(build_plan(spec, xp, be)))  # the plan it runs
+        measure(rec, impls, check_result, bound=b, tol=TOLERANCE[dt], outs=(out, jmin),
+                on_gpu=xp.__name__ == "cupy", repeats=repeats, warmup=warmup)
         del out, J
-    except Exception as err:   # a case that cannot run is recorded, the suite goes on
-        rec["error"] = repr(err)
-        rec["trace"] = traceback.format_exc(limit=-8)
-    if on_gpu:
-        xp.get_default_memory_pool().free_all_blocks()
     return rec
 
 
@@ -212,27 +169,4 @@ def table(rows, file) -> None:
     reference path, the linalg baseline, smalltc's speed-up over each, and its kernel."""
     print("\n== geometry (G points/s; %bound: fraction of the roofline bound; x NAME: "
           "smalltc's speed over NAME's) ==", file=file)
-    print(f"{'case':34s} {'smalltc':>8s} {'%bound':>7s} {'refer.':>8s} {'%bound':>7s} "
-          f"{'linalg':>8s} {'x ref':>6s} {'x lin':>6s} {'backend':>9s}  kernel", file=file)
-    for c in rows:
-        label = c["id"].replace(f" {c['dtype']}", "").replace("geometry ", "")
-        if c.get("error"):
-            print(f"{label:34s} error: {c['error']}", file=file)
-            continue
-        im = c["impls"]
-        ok = {k: (im.get(k) or {}).get("status") == "ok" for k in ("smalltc", "reference",
-                                                                  "linalg")}
-        cells = []
-        for k in ("smalltc", "reference", "linalg"):
-            r = im.get(k) or {}
-            if ok[k]:
-                cells.append(f"{r['dofs_per_s'] * 1e-9:8.3g}" + (
-                    f" {100 * r['fraction']:6.1f}%" if k != "linalg" else ""))
-            else:
-                st = {"failed": "FAILED"}.get(r.get("status"), r.get("status", "-"))
-                cells.append(f"{st:>8s}" + (f" {'':>7s}" if k != "linalg" else ""))
-        ratios = [f"{im[k]['median_s'] / im['smalltc']['median_s']:6.2f}"
-                  if ok["smalltc"] and ok[k] else f"{'-':>6s}" for k in ("reference", "linalg")]
-        me = im.get("smalltc") or {}
-        print(f"{label:34s} {' '.join(cells)} {' '.join(ratios)} "
-              f"{me.get('backend', '-'):>9s}  {me.get('kernel', '')[:60]}", file=file)
+    impl_table(rows, file, suite="geometry", baseline="linalg", width=34)

@@ -20,7 +20,7 @@ from functools import partial
 from .report import baselines_in, rate_unit, unit
 
 __all__ = ["plot_all", "plot_gemm", "plot_fem", "plot_fraction", "matplotlib_or_none",
-           "p_axis", "bound_line"]
+           "pyplot_or_say", "p_axis", "p_panel", "bound_line", "save_figure"]
 
 _COLORS = {"smalltc": "C0"}
 
@@ -32,6 +32,15 @@ def matplotlib_or_none():
         import matplotlib.pyplot as plt
     except Exception:
         return None
+    return plt
+
+
+def pyplot_or_say():
+    """:func:`matplotlib_or_none`, saying ``plots: skipped (matplotlib not importable)``
+    where it is None."""
+    plt = matplotlib_or_none()
+    if plt is None:
+        print("plots: skipped (matplotlib not importable)")
     return plt
 
 
@@ -53,6 +62,29 @@ def bound_line(ax, xs, ys, style="--", **kw):
     kw.setdefault("lw", 1)
     kw.setdefault("linestyle", style)
     return ax.plot(xs, ys, marker="_", ms=12, mew=1.5 * kw["lw"], **kw)
+
+
+def p_panel(ax, ylabel, title, xlabel="polynomial order p", ticks=None):
+    """Finish a panel of rates against p: a log y axis, the x axis (:func:`p_axis`; with
+    ``ticks``, those ticks exactly), the labels and title, a grid and the legend."""
+    ax.set_yscale("log")
+    if ticks is None:
+        p_axis(ax, xlabel)
+    else:
+        ax.set_xticks(ticks)
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def save_figure(fig, path, plt):
+    """Lay ``fig`` out, write it to ``path`` (PNG, 110 dpi) and close it; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _color(name, names):
@@ -103,10 +135,7 @@ def plot_gemm(doc, path, plt):
                               f"{bw * 1e-9:.0f} GB/s"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)
 
 
 def plot_fem(doc, path, plt):
@@ -145,19 +174,11 @@ def plot_fem(doc, path, plt):
             bound_line(ax, [c["sizes"]["p"] for c in sub],
                        [c["bound"]["dofs_per_s"] * uscale for c in sub], style, color="k",
                        label=f"roofline bound, nq=p+{off}")
-        ax.set_yscale("log")
-        p_axis(ax)
-        ax.set_ylabel(f"element DoFs / s ({ulabel})")
-        ax.set_title(title, fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        p_panel(ax, f"element DoFs / s ({ulabel})", title)
     fig.suptitle(_title(doc, "Element DoFs per second against the roofline bound "
                              f"(BW = {doc['probes']['bandwidth']['value'] * 1e-9:.0f} GB/s)"),
                  fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)
 
 
 def _form(c):
@@ -213,10 +234,7 @@ def plot_fraction(doc, path, plt):
         ax.grid(True, axis="y", which="major", alpha=0.4)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(_title(doc, "Fraction of the roofline bound per case"), fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)
 
 
 def plot_bp1(doc, path, plt, suite="bp1"):
@@ -250,42 +268,20 @@ def plot_bp1(doc, path, plt, suite="bp1"):
               if "cg_bound" in c]
         if cg:
             bound_line(ax, *zip(*cg), color="C1", label="CG iteration bound")
-        ax.set_yscale("log")
-        p_axis(ax)
-        ax.set_ylabel(f"unique DoFs / s ({ulabel})")
-        ax.set_title(title, fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        p_panel(ax, f"unique DoFs / s ({ulabel})", title)
     what = "the mass operator" if suite == "bp1" else "the diffusion operator"
     fig.suptitle(_title(doc, f"CEED {suite.upper()}: {what} and a CG iteration "
                              f"(BW = {doc['probes']['bandwidth']['value'] * 1e-9:.0f} GB/s)"),
                  fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)
 
 
-# the suites' own plots: their modules import this one's helpers (bound_line, p_axis), so
-# each is imported where it is drawn
-def _plot_force(doc, path, plt):
-    from .force import plot
-    return plot(doc, path, plt)
-
-
-def _plot_solve(doc, path, plt):
-    from .solve import plot
-    return plot(doc, path, plt)
-
-
-def _plot_basis(doc, path, plt):
-    from .basis import plot
-    return plot(doc, path, plt)
-
-
-def _plot_poisson(doc, path, plt):
-    from .poisson import plot
-    return plot(doc, path, plt)
+def _suite_plots() -> tuple:
+    """``(plot, stem)`` of the suites with their own plots: their modules import this
+    one's helpers, so they are imported here, when the plots are drawn."""
+    from . import basis, force, poisson, solve
+    return ((solve.plot, "solve"), (force.plot, "force"), (basis.plot, "basis"),
+            (poisson.plot, "poisson"))
 
 
 def plot_all(doc, out_dir, prefix="") -> list:
@@ -301,9 +297,7 @@ def plot_all(doc, out_dir, prefix="") -> list:
     made = []
     bps = [(partial(plot_bp1, suite=s), s) for s in ("bp1", "bp3", "bp5")]
     for fn, stem in ((plot_gemm, "gemm-square"), (plot_fem, "fem-dofs"),
-                     (plot_fraction, "fraction"), *bps, (_plot_solve, "solve"),
-                     (_plot_force, "force"), (_plot_basis, "basis"),
-                     (_plot_poisson, "poisson")):
+                     (plot_fraction, "fraction"), *bps, *_suite_plots()):
         p = fn(doc, os.path.join(out_dir, f"{prefix}{stem}-{dt}.png"), plt)
         if p:
             made.append(p)

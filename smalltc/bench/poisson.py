@@ -67,7 +67,9 @@ from .. import fem
 from .._timing import synchronize, time_once
 from ..fem._device import to_host
 from .cases import Case
-from .solve import _kershaw_shape
+from .plots import save_figure
+from .runner import case_record
+from .solve import KERSHAW_EPS, _kershaw_shape, kershaw_eps  # noqa: F401 (KERSHAW_EPS)
 
 __all__ = ["cases", "run_case", "table", "plot", "parse_meshes", "PHASES", "PRECONDS",
            "TOL", "exact_u", "exact_grad", "source"]
@@ -80,7 +82,6 @@ PRECONDS = ("jacobi", "pmg")
 TOL = 1e-8
 #: the orders of a run without ``--p``
 ORDERS = (2, 4, 7)
-KERSHAW_EPS = 0.3
 #: unique DoFs a case: (GPU, CPU), and with ``quick``
 TARGET = ((2_000_000, 200_000), (50_000, 3_000))
 
@@ -117,13 +118,7 @@ def parse_meshes(spec=None):
         if name == "box" and not value:
             out.append(("box", None))
         elif name == "kershaw":
-            try:
-                eps = float(value) if value else KERSHAW_EPS
-            except ValueError:
-                raise ValueError(f"--mesh {part!r}: {value!r} is not a number") from None
-            if not 0 < eps <= 1:
-                raise ValueError(f"--mesh {part!r}: the Kershaw eps must be in (0, 1]")
-            out.append(("kershaw", eps))
+            out.append(("kershaw", kershaw_eps(value, part)))
         else:
             raise ValueError(f"the poisson suite's --mesh takes 'box' and 'kershaw[:eps]' "
                              f"(comma separated), got {part!r}")
@@ -293,8 +288,7 @@ def run_case(case, *, xp) -> dict:
     """Run the case cold, then warm, then ``fem.poisson_problem`` whole; the record has the
     bench's layout (``impls``: ``cold`` and ``warm``, each with ``phases_s``)."""
     s = case.sizes
-    rec = dict(id=case.id, suite="poisson", op="poisson", dtype=case.dtype, sizes=dict(s),
-               batch=case.batch, note=case.note, tol=TOL, phases=list(PHASES), impls={})
+    rec = case_record(case, suite="poisson", op="poisson", tol=TOL, phases=list(PHASES))
     if s["precond"] == "pmg" and importlib.util.find_spec("pyamg") is None:
         rec["skipped"] = "pmg needs pyamg (pip install pyamg): not installed here"
         return rec
@@ -418,7 +412,4 @@ def plot(doc, path, plt):
     fig.suptitle(f"{doc['device']['name']}: a Poisson solve by phase, mesh to VTU "
                  f"(CG to {TOL:g}, nq = p + 2; cold: the first run, compiles included)",
                  fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)

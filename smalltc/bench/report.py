@@ -25,7 +25,7 @@ from ..info import collect
 from .baselines import skipped
 
 __all__ = ["SCHEMA", "environment", "write_json", "load", "table", "speed", "unit",
-           "load_average", "format_rate", "rate_unit",
+           "load_average", "format_rate", "rate_unit", "case_rows", "impl_table",
            "BASELINE_ORDER"]
 
 SCHEMA = "smalltc-bench/1"
@@ -206,36 +206,76 @@ def _status(r):
     return None
 
 
+def case_rows(rows, file, width, prefix=""):
+    """The rows of a table that ran, each ``(case, label)``: the label is the case's id less
+    its dtype and ``prefix``; a case that errored is printed as ``label error: ...``
+    (``width`` characters of label) and not given.
+
+    Examples
+    --------
+    >>> rows = [dict(id="basis p=1 float64", dtype="float64"),
+    ...         dict(id="basis p=2 float64", dtype="float64", error="MemoryError()")]
+    >>> [label for _, label in case_rows(rows, sys.stdout, 6, "basis ")]
+    p=2    error: MemoryError()
+    ['p=1']
+    """
+    for c in rows:
+        label = c["id"].replace(f" {c['dtype']}", "").replace(prefix, "")
+        if c.get("error"):
+            print(f"{label:{width}s} error: {c['error']}", file=file)
+            continue
+        yield c, label
+
+
+def impl_table(rows, file, *, suite, baseline, width, specialized=False) -> None:
+    """The rows of a suite that times ``smalltc``, the ``reference`` path and the user's
+    code ``baseline``: GDoF/s (``dofs_per_s``) and the fraction of the bound of each (the
+    baseline's rate only), smalltc's speed-up over the other two, its backend,
+    ``specialized`` (a column ``sp``, y or n) and kernel. The suite's title line is the
+    caller's."""
+    names = ("smalltc", "reference", baseline)
+    print(f"{'case':{width}s} {'smalltc':>8s} {'%bound':>7s} {'refer.':>8s} {'%bound':>7s} "
+          f"{baseline:>8s} {'x ref':>6s} {'x ' + baseline[:3]:>6s} {'backend':>9s}"
+          + (" sp " if specialized else " ") + " kernel", file=file)
+    for c, label in case_rows(rows, file, width, f"{suite} "):
+        im = c["impls"]
+        ok = {k: (im.get(k) or {}).get("status") == "ok" for k in names}
+        cells = []
+        for k in names:
+            r = im.get(k) or {}
+            if ok[k]:
+                cells.append(f"{r['dofs_per_s'] * 1e-9:8.3g}" + (
+                    f" {100 * r['fraction']:6.1f}%" if k != baseline else ""))
+            else:
+                st = {"failed": "FAILED"}.get(r.get("status"), r.get("status", "-"))
+                cells.append(f"{st:>8s}" + (f" {'':>7s}" if k != baseline else ""))
+        ratios = [f"{im[k]['median_s'] / im['smalltc']['median_s']:6.2f}"
+                  if ok["smalltc"] and ok[k] else f"{'-':>6s}" for k in names[1:]]
+        me = im.get("smalltc") or {}
+        sp = {True: "y", False: "n"}.get(me.get("specialized"), "-")
+        print(f"{label:{width}s} {' '.join(cells)} {' '.join(ratios)} "
+              f"{me.get('backend', '-'):>9s}" + (f" {sp:2s}" if specialized else "")
+              + f"  {me.get('kernel', '')[:60]}", file=file)
+
+
+def _suite_tables() -> dict:
+    """The suites with their own tables: their modules import this one's formatting, so
+    they are imported here, when a table is printed."""
+    from . import basis, bp1, force, geometry, poisson, solve
+    return {"bp1": bp1.table, "bp3": bp1.table, "bp5": bp1.table, "force": force.table,
+            "solve": solve.table, "poisson": poisson.table, "basis": basis.table,
+            "geometry": geometry.table}
+
+
 def table(doc, file=None) -> None:
     """Print one table per suite: achieved, bound, fraction, ratio to each baseline."""
     file = file or sys.stdout
     cases = doc["cases"]
+    own = _suite_tables()
     for suite in dict.fromkeys(c["suite"] for c in cases):
         rows = [c for c in cases if c["suite"] == suite]
-        # the suites' own tables: their modules import this one's formatting, so here
-        if suite in ("bp1", "bp3", "bp5"):
-            from .bp1 import table as bp1_table
-            bp1_table(rows, file)
-            continue
-        if suite == "force":
-            from .force import table as force_table
-            force_table(rows, file)
-            continue
-        if suite == "solve":
-            from .solve import table as solve_table
-            solve_table(rows, file)
-            continue
-        if suite == "poisson":
-            from .poisson import table as poisson_table
-            poisson_table(rows, file)
-            continue
-        if suite == "basis":
-            from .basis import table as basis_table
-            basis_table(rows, file)
-            continue
-        if suite == "geometry":
-            from .geometry import table as geometry_table
-            geometry_table(rows, file)
+        if suite in own:
+            own[suite](rows, file)
             continue
         base = baselines_in(rows)
         # speed() and _bound_rate() are in G units (GDoF/s, GFLOP/s); the table's prefix
@@ -254,11 +294,7 @@ def table(doc, file=None) -> None:
               + ("; %aBLAS: %bound with a NumPy matrix product before each call" if blas
                  else "") + ") ==", file=file)
         print(head, file=file)
-        for c in rows:
-            label = c["id"].replace(f" {c['dtype']}", "")
-            if c.get("error"):
-                print(f"{label:44s} error: {c['error']}", file=file)
-                continue
+        for c, label in case_rows(rows, file, 44):
             st = c["impls"].get("smalltc")
             mine = speed(c, "smalltc")
             bound = _bound_rate(c)

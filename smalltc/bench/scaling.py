@@ -61,6 +61,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .plots import pyplot_or_say, save_figure
+from .solve import KERSHAW_EPS, kershaw_eps
+
 __all__ = ["SCHEMA", "TOL", "MODES", "plan_cases", "weak_shape", "strong_shape",
            "rank_grid", "find_mpiexec", "efficiencies", "table", "plot", "main", "worker"]
 
@@ -69,7 +72,6 @@ SCHEMA = "smalltc-bench-scaling/1"
 TOL = 1e-8
 MODES = ("weak", "strong")
 PRECONDS = ("jacobi", "pmg")
-KERSHAW_EPS = 0.3
 #: DoFs a rank for weak scaling: (GPU, CPU), and with --quick
 DOFS = ((2_000_000, 20_000), (200_000, 3_000))
 #: the per-phase timings a table shows (the JSON has them all)
@@ -147,13 +149,7 @@ def parse_mesh(spec):
     if name == "box" and not value:
         return "box", None
     if name == "kershaw":
-        try:
-            eps = float(value) if value else KERSHAW_EPS
-        except ValueError:
-            raise ValueError(f"--mesh {spec!r}: {value!r} is not a number") from None
-        if not 0 < eps <= 1:
-            raise ValueError(f"--mesh {spec!r}: the Kershaw eps must be in (0, 1]")
-        return "kershaw", eps
+        return "kershaw", kershaw_eps(value, spec)
     raise ValueError(f"the scaling suite's --mesh takes 'box' or 'kershaw[:eps]', got {spec!r}")
 
 
@@ -373,11 +369,8 @@ def main(args) -> int:
     table(doc)
     print(f"\nwrote {path}")
     if not args.no_plot:
-        from .plots import matplotlib_or_none
-        plt = matplotlib_or_none()
-        if plt is None:
-            print("plots: skipped (matplotlib not importable)")
-        else:
+        plt = pyplot_or_say()
+        if plt is not None:
             made = plot(doc, os.path.join(out_dir, f"scaling-efficiency-{tag}.png"), plt)
             print(f"plots: {made}" if made else "plots: none (no case finished)")
     return 1 if any(c.get("error") for c in doc["cases"]) else 0
@@ -437,10 +430,7 @@ def plot(doc, path, plt):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(f"{doc['device']['name']}: distributed Poisson solve, CG to {TOL:g}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)
 
 
 # ---------------------------------------------------------------------------- the worker

@@ -30,18 +30,18 @@ and loads the kernels.
 """
 from __future__ import annotations
 
-import traceback
-
 import numpy as np
 
 from .. import fem
 from .._timing import median, synchronize, time_calls, time_once
 from ..fem.multigrid import Constrained, _factory, boundary_mask
 from .cases import Case
-from .plots import p_axis
+from .plots import p_axis, save_figure
+from .report import case_rows
+from .runner import case_record, recorded
 
-__all__ = ["cases", "run_case", "table", "plot", "parse_mesh", "mesh_label", "build_mesh",
-           "resolve_pmg_options", "PRECONDS", "TOL", "DISTORTION", "KERSHAW_EPS", "DEFAULT_MESH"]
+__all__ = ["cases", "run_case", "table", "plot", "parse_mesh", "kershaw_eps", "mesh_label",
+           "build_mesh", "resolve_pmg_options", "PRECONDS", "TOL", "DISTORTION", "KERSHAW_EPS", "DEFAULT_MESH"]
 
 #: the preconditioners compared, in table order
 PRECONDS = ("jacobi", "chebyshev", "pmg")
@@ -67,18 +67,41 @@ def parse_mesh(spec=None):
     name, _, value = spec.partition(":")
     if name not in ("kershaw", "sine"):
         raise ValueError(f"--mesh must be 'kershaw[:eps]' or 'sine[:amplitude]', got {spec!r}")
+    if name == "kershaw":
+        return name, kershaw_eps(value, spec)
     if not value:
-        return name, KERSHAW_EPS if name == "kershaw" else DISTORTION
+        return name, DISTORTION
     try:
         param = float(value)
     except ValueError:
         raise ValueError(f"--mesh {spec!r}: {value!r} is not a number") from None
-    if name == "kershaw" and not 0 < param <= 1:
-        raise ValueError(f"--mesh {spec!r}: the Kershaw eps must be in (0, 1]")
-    if name == "sine" and not 0 <= param < 1 / (3 * np.pi):
+    if not 0 <= param < 1 / (3 * np.pi):
         raise ValueError(f"--mesh {spec!r}: the sine amplitude must be in [0, 1/(3 pi)) "
                          "(larger ones tangle the mesh)")
     return name, param
+
+
+def kershaw_eps(value, spec):
+    """The Kershaw mesh's eps of a ``--mesh`` option ``spec`` (the solve, poisson and
+    scaling suites'): ``value``, its text after the colon, a number in (0, 1]; empty:
+    :data:`KERSHAW_EPS`.
+
+    Examples
+    --------
+    >>> kershaw_eps("", "kershaw"), kershaw_eps("0.5", "kershaw:0.5")
+    (0.3, 0.5)
+    >>> kershaw_eps("2", "kershaw:2")
+    Traceback (most recent call last):
+    ...
+    ValueError: --mesh 'kershaw:2': the Kershaw eps must be in (0, 1]
+    """
+    try:
+        eps = float(value) if value else KERSHAW_EPS
+    except ValueError:
+        raise ValueError(f"--mesh {spec!r}: {value!r} is not a number") from None
+    if not 0 < eps <= 1:
+        raise ValueError(f"--mesh {spec!r}: the Kershaw eps must be in (0, 1]")
+    return eps
 
 
 def mesh_label(name, param):
@@ -183,12 +206,11 @@ def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
     s = case.sizes
     name, param = parse_mesh(s.get("mesh", "sine"))
     shape = tuple(s.get("shape", (s["n"],) * 3))
-    rec = dict(id=case.id, suite="solve", op="solve", dtype=case.dtype, sizes=dict(s),
-               batch=case.batch, note=case.note, tol=TOL, mesh=f"{name}:{param:g}",
-               mesh_label=mesh_label(name, param), pmg_options=pmg_options, impls={})
+    rec = case_record(case, suite="solve", op="solve", tol=TOL, mesh=f"{name}:{param:g}",
+                      mesh_label=mesh_label(name, param), pmg_options=pmg_options)
     if name == "sine":
         rec["distortion"] = param
-    try:
+    with recorded(rec, xp):
         mesh = build_mesh(name, param, shape)
         space = fem.H1Space(mesh, s["p"])
         make = _operator_factory(device)
@@ -219,7 +241,7 @@ def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
         ref = None
         for name in PRECONDS:
             r = rec["impls"][name] = dict(status="error")
-            try:
+            with recorded(r):
                 P, setup = time_once(builders[name], on_gpu=on_gpu)
                 op = P.operator if name == "pmg" else A
                 solve = lambda: fem.cg(op, b, tol=TOL, precond=P, maxiter=20000)  # noqa: E731
@@ -253,13 +275,6 @@ def run_case(case, *, xp, repeats=1, profile=False, pmg_options=None) -> dict:
                              setup_parts=dict(getattr(P, "setup_times", {})))
                     if profile:
                         r["profile"] = P.profile(b, repeats=3)
-            except Exception as err:
-                r.update(error=repr(err), trace=traceback.format_exc(limit=-8))
-    except Exception as err:
-        rec["error"] = repr(err)
-        rec["trace"] = traceback.format_exc(limit=-8)
-    if on_gpu:
-        xp.get_default_memory_pool().free_all_blocks()
     return rec
 
 
@@ -276,11 +291,7 @@ def table(rows, file) -> None:
         head += f" {name + ' its':>13s} {'tts':>8s}"
     head += f" {'x cheb':>7s} {'x pmg':>7s} {'x solve':>7s} {'V/A':>5s} {'V/A t':>5s}"
     print(head, file=file)
-    for c in rows:
-        label = c["id"].replace(f" {c['dtype']}", "")
-        if c.get("error"):
-            print(f"{label:24s} error: {c['error']}", file=file)
-            continue
+    for c, label in case_rows(rows, file, 24):
         im = c["impls"]
         line = f"{label:24s} {c['sizes']['ndofs']:8d}"
         tts = {}
@@ -354,7 +365,4 @@ def plot(doc, path, plt):
                                for c in cs}))
     fig.suptitle(f"{doc['device']['name']}: Poisson ({op}), {meshes}, "
                  f"~{cs[-1]['sizes']['ndofs']:,} DoFs", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, plt)

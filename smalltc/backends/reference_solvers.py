@@ -70,15 +70,7 @@ def vector_update_ref(spec, *ops, out=None, c0=0.0, c1=1.0, beta=1.0, xzero=Fals
         else:
             r -= y * f
             r -= (1 - f) * d
-        if beta == 1:
-            if xzero:
-                x[...] = d
-            else:
-                x += d
-        elif xzero:
-            xp.multiply(d, beta, out=x)
-        else:
-            x += beta * d
+        _add_scaled(xp, x, d, beta, xzero)
         d *= c0
         t = inv * r
         t *= c1
@@ -94,13 +86,21 @@ def vector_update_ref(spec, *ops, out=None, c0=0.0, c1=1.0, beta=1.0, xzero=Fals
         r -= (1 - f) * x
         return r
     d, x = ops[:2]
-    if beta != 1:
-        d = d * beta
-    if xzero:
-        x[...] = d
-    else:
-        x += d
+    _add_scaled(xp, x, d, beta, xzero)
     return x, (x if f is None else xp.multiply(x, f, out=out))
+
+
+def _add_scaled(xp, x, d, beta, xzero):
+    """``x = beta d`` (``xzero``) or ``x += beta d``, in place."""
+    if beta == 1:
+        if xzero:
+            x[...] = d
+        else:
+            x += d
+    elif xzero:
+        xp.multiply(d, beta, out=x)
+    else:
+        x += beta * d
 
 
 # ---- conjugate gradients ------------------------------------------------------------------

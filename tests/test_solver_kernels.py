@@ -21,19 +21,13 @@ from smalltc.spec import (CsrSpmvSpec, PcgSpec, SchwarzSpec, TransferSpec,
                           VectorUpdateSpec)
 
 from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
+from oracle import kron_all
 from ptxas import NVCC, ptxas_sm90
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # ---- oracles (dense, float64) -----------------------------------------------------------
-
-def kron_all(mats):
-    out = np.ones((1, 1))
-    for m in mats:
-        out = np.kron(out, m)
-    return out
-
 
 def transfer_oracle(M, x, in_map, in_w, out_map, out_w, n_out):
     dim = in_map.ndim - 1

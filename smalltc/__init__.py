@@ -51,7 +51,7 @@ from .evaluation import integrate, interpolate
 from .geometry import geometry_data
 from .mixed import force_apply, force_apply_transpose, mixed_action, mixed_apply
 from .catalogue import STEPS
-from .plan import Plan, plan
+from .plan import Plan, evaluation_job, plan
 from .solver import csr_spmv, pcg_iterate, pmg_transfer, schwarz_fdm, vector_update
 
 __version__ = "0.1.0"
@@ -60,7 +60,8 @@ __all__ = ["batched_contract", "assemble_mass", "batched_gemm", "contract", "mas
            "assemble_diffusion", "operator_action", "operator_apply", "operator_diagonal",
            "assemble_operator", "force_apply", "force_apply_transpose", "mixed_action",
            "mixed_apply", "interpolate", "integrate", "geometry_data", "vector_update",
-           "pcg_iterate", "pmg_transfer", "csr_spmv", "schwarz_fdm", "plan", "precompile",
+           "pcg_iterate", "pmg_transfer", "csr_spmv", "schwarz_fdm", "plan", "evaluation_job",
+           "precompile",
            "check_errors",
            "Plan", "STEPS", "__version__"]
 

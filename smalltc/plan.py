@@ -7,6 +7,8 @@ costs a dictionary lookup, the plan's comparisons and the kernel.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -22,7 +24,7 @@ from .backends import Unsupported, candidates
 from .pairwise import PairwiseExecutor
 from .spec import SOLVER_OPS
 
-__all__ = ["Plan", "plan", "build_plan", "cached_plan", "call"]
+__all__ = ["Plan", "plan", "build_plan", "cached_plan", "call", "evaluation_job"]
 
 log = logging.getLogger("smalltc")
 
@@ -261,28 +263,82 @@ class Plan(Executed):
 
 
 #: One-shot evaluations on the CPU (``interpolate``/``integrate``, ``geometry_data``: the
-#: geometry, loads and errors of a setup) of fewer than SMALL_ELEMENTS elements and at most
-#: SMALL_EVALUATION point values run NumPy's reference path when the backend is "auto":
-#: it takes milliseconds there, and compiling a CPU kernel for them takes seconds
-#: (notes/cpu.md, "Small evaluations"). A large mesh is evaluated in chunks of at least
-#: SMALL_ELEMENTS elements, which compile (only a last remainder runs the reference path).
-#: The operators, applied many times, always compile. ``SMALLTC_SMALL_EVALUATION`` sets
-#: the point limit (0: always compile); ``backend="cpu"`` compiles whatever the size.
+#: geometry, loads and errors of a setup) run NumPy's reference path when the backend is
+#: "auto" and the job is small: it takes milliseconds there, and compiling a CPU kernel for
+#: it takes seconds (notes/cpu.md, "Small evaluations"). A job evaluated chunk by chunk
+#: inside :func:`evaluation_job` is small when its points in all are at most SMALL_JOB;
+#: a call outside one is small when it has fewer than SMALL_ELEMENTS elements and at most
+#: SMALL_EVALUATION point values (a large job's chunks hold at least SMALL_ELEMENTS, so
+#: they compile). The operators, applied many times, always compile.
+#: ``SMALLTC_SMALL_EVALUATION`` sets both point limits (0: always compile);
+#: ``backend="cpu"`` compiles whatever the size.
 SMALL_EVALUATION = 1 << 17
 SMALL_ELEMENTS = 64
+SMALL_JOB = 1 << 20
+
+_JOB: contextvars.ContextVar = contextvars.ContextVar("smalltc_evaluation_job", default=None)
+
+
+@contextlib.contextmanager
+def evaluation_job(points):
+    """The one-shot evaluations inside are the chunks of one job of ``points`` point
+    values in all.
+
+    ``interpolate``, ``integrate`` and ``geometry_data`` on NumPy arrays with the backend
+    "auto" then decide by the job's size, not the chunk's: a job of at most 2^20 points
+    (``SMALLTC_SMALL_EVALUATION`` sets the limit) runs NumPy's reference path in every
+    chunk (milliseconds; a kernel's first compile takes seconds), a larger one compiles
+    the kernels for every chunk. The FEM layer's setup and error passes run in one.
+
+    Parameters
+    ----------
+    points : int
+        Point values of the whole job (elements x points an element x components).
+
+    Examples
+    --------
+    >>> import numpy as np, smalltc
+    >>> B = np.random.default_rng(0).standard_normal((4, 3))
+    >>> x = np.ones((200, 3, 3))                    # 200 elements: a chunk of a job
+    >>> with smalltc.evaluation_job(points=200 * 16):
+    ...     smalltc.plan("interpolate", B, None, x).backend
+    'reference'
+    """
+    points = int(points)
+    if points < 0:
+        raise ValueError(f"points must be a number of point values >= 0, got {points}")
+    token = _JOB.set(points)
+    try:
+        yield
+    finally:
+        _JOB.reset(token)
+
+
+def _limit():
+    """``SMALLTC_SMALL_EVALUATION`` as a number, None where it is not set."""
+    text = os.environ.get("SMALLTC_SMALL_EVALUATION", "")
+    try:
+        return int(text) if text.strip() else None
+    except ValueError:
+        raise ValueError(f"SMALLTC_SMALL_EVALUATION must be a whole number of point values "
+                         f"(0: always compile), got {text!r}") from None
+
+
+def _small_job(job) -> bool:
+    limit = _limit()
+    return job <= (SMALL_JOB if limit is None else limit)
 
 
 def _small_evaluation(spec, xp) -> bool:
     if xp is not np or spec.op not in ("basis", "geometry"):
         return False
-    text = os.environ.get("SMALLTC_SMALL_EVALUATION", "")
-    try:
-        limit = int(text) if text.strip() else SMALL_EVALUATION
-    except ValueError:
-        raise ValueError(f"SMALLTC_SMALL_EVALUATION must be a whole number of point values "
-                         f"(0: always compile), got {text!r}") from None
+    job = _JOB.get()
+    if job is not None:
+        return _small_job(job)
+    limit = _limit()
     return (spec.batch < SMALL_ELEMENTS
-            and spec.batch * spec.nq ** spec.dim * getattr(spec, "ncomp", 1) <= limit)
+            and spec.batch * spec.nq ** spec.dim * getattr(spec, "ncomp", 1)
+            <= (SMALL_EVALUATION if limit is None else limit))
 
 
 def build_plan(spec, xp, backend="auto", method="auto", params=None, reshape_inputs=False):
@@ -370,23 +426,26 @@ def call(op, operands, options=(), out=None, stream=None, backend="auto", method
     (:func:`cached_plan`); operands of another library (torch, JAX) run through NumPy/CuPy
     views of them (:mod:`smalltc._interop`). ``scalars``: GEMM's ``(alpha, beta)``.
     """
+    # inside an evaluation job, whether it is small is part of the signature
+    job = _JOB.get()
+    bk = backend if job is None else (backend, _small_job(job))
     try:
         # the signature, flat; spelled out for the usual operand counts (a host-bound call
         # of a few microseconds feels every step), a comprehension for the others
         if op.omits or not 2 <= len(operands) <= 4:
-            key = (op, backend, method, options,
+            key = (op, bk, method, options,
                    *[None if x is None else (type(x), x.shape, x.dtype) for x in operands])
         elif len(operands) == 3:
             a, b, c = operands
-            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+            key = (op, bk, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
                    b.dtype, type(c), c.shape, c.dtype)
         elif len(operands) == 4:
             a, b, c, d = operands
-            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+            key = (op, bk, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
                    b.dtype, type(c), c.shape, c.dtype, type(d), d.shape, d.dtype)
         else:
             a, b = operands
-            key = (op, backend, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
+            key = (op, bk, method, options, type(a), a.shape, a.dtype, type(b), b.shape,
                    b.dtype)
         p = _PLANS.get(key)
     except (AttributeError, TypeError, ValueError):   # not arrays, an unhashable option

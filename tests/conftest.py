@@ -26,6 +26,17 @@ def pytest_configure(config):
     os.environ.setdefault("SMALLTC_COMPILE_PROCESS", "20")
 
 
+#: ``SMALLTC_TEST_FULL=1`` (``make test-full``): every case of the compiled-kernel matrices;
+#: by default a representative subset of them (a CPU kernel's compile is seconds)
+FULL = os.environ.get("SMALLTC_TEST_FULL", "") not in ("", "0")
+
+
+def full_only(*values, id=None):
+    """A ``pytest.param`` of ``values`` that runs only with ``SMALLTC_TEST_FULL=1``."""
+    return pytest.param(*values, id=id, marks=pytest.mark.skipif(
+        not FULL, reason="outside the default subset, a compile each (set SMALLTC_TEST_FULL=1)"))
+
+
 def array_modules():
     mods = [pytest.param("numpy", id="numpy")]
     mods.append(pytest.param("cupy", id="cupy", marks=[

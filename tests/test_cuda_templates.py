@@ -9,7 +9,6 @@ limits, spills); sm_80 to PTX, which checks the source and its architecture guar
 for half the cost (to machine code too with ``SMALLTC_TEST_FULL=1``). Skips cleanly when
 ``nvcc`` is not on the PATH.
 """
-import os
 import re
 import shutil
 import subprocess
@@ -30,9 +29,10 @@ from smalltc.spec import (ActionSpec, AssemblySpec, BasisSpec, GeometrySpec, Mas
                           MassDiagonalSpec)
 from smalltc.backends.cuda.runtime import SmalltcCompileError, render, template_names
 
+from conftest import FULL
+
 NVCC = shutil.which("nvcc")
 ARCHS = ("sm_80", "sm_90")
-FULL = os.environ.get("SMALLTC_TEST_FULL", "") not in ("", "0")
 
 
 def _configs():

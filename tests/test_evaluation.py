@@ -6,7 +6,6 @@ cuda and cpu backends the basis family's kernels: a call whose plan falls back f
 transpose identity; errors naming the operand. GPU cases skip without a CUDA device.
 """
 import itertools
-import os
 
 import numpy as np
 import pytest
@@ -15,25 +14,31 @@ import smalltc
 from smalltc import _validate
 
 import oracle
-from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
+from conftest import FULL, TOL, backend_params, rel_err, to_numpy, xp_of
 
 WHATS = ("values", "gradients", "both")
 # (dim, nd, nq): p = 1..4 in 1D-3D
 SIZES = [(1, 3, 4), (2, 2, 3), (2, 4, 6), (3, 2, 3), (3, 3, 5), (3, 5, 6)]
 CASES = [(dim, nd, nq, what, ncomp) for (dim, nd, nq), what, ncomp
          in itertools.product(SIZES, WHATS, (1, 2))]
-FULL = os.environ.get("SMALLTC_TEST_FULL", "") not in ("", "0")
+
+
+#: the cases the CPU backend runs by default, each a Numba compile of seconds: one size a
+#: dimension, every evaluation, the map and E-vector forms in each dimension, and two
+#: components once; (dim, nd, nq, what) -> mapped. The other backends run every case, and
+#: so does the CPU backend with ``SMALLTC_TEST_FULL=1``.
+CPU_CORE = {(1, 3, 4, "values"): True, (1, 3, 4, "gradients"): False,
+            (1, 3, 4, "both"): False,
+            (2, 4, 6, "values"): False, (2, 4, 6, "gradients"): True, (2, 4, 6, "both"): True,
+            (3, 3, 5, "values"): True, (3, 3, 5, "gradients"): False, (3, 3, 5, "both"): True}
 
 
 def core_case(dim, nd, nq, what, ncomp, mapped):
-    """The cases the CPU backend runs by default (each a Numba compile of seconds): every
-    size and evaluation once, the map and E-vector forms alternating, and two components
-    on one 3D size; the other backends run them all, and so does the CPU backend with
-    ``SMALLTC_TEST_FULL=1``."""
-    i = SIZES.index((dim, nd, nq)) + WHATS.index(what)
+    """Whether the CPU backend runs this case by default (``CPU_CORE``; two components on
+    the mapped 3D "both")."""
     if ncomp == 2:
-        return (dim, nd, nq) == (3, 3, 5) and what == "both"
-    return mapped == (i % 2 == 0)
+        return (dim, nd, nq, what) == (3, 3, 5, "both") and mapped
+    return CPU_CORE.get((dim, nd, nq, what)) == mapped
 
 
 dense = oracle.basis_matrices
@@ -135,7 +140,7 @@ def test_integrate_is_the_transpose_of_interpolate(xp_name, backend, dtype):
     """``<H, interp(x)> == <integrate(H), x>`` through the map, float32 and float64."""
     xp = xp_of(xp_name)
     rng = np.random.default_rng(5)
-    dim, nd, nq, E = 3, 4, 5, 11
+    dim, nd, nq, E = 3, 3, 5, 11          # the size of a CPU core case (its kernel)
     B, G = rng.standard_normal((2, nq, nd)).astype(dtype)
     m, ndofs = mesh_map(dim, nd, E, rng)
     x = rng.standard_normal(ndofs).astype(dtype)
@@ -222,3 +227,34 @@ def test_a_small_one_shot_evaluation_on_the_cpu_runs_the_reference_path(monkeypa
         smalltc.plan("interpolate", B, G, V, what="both")
     monkeypatch.setenv("SMALLTC_SMALL_EVALUATION", "0")
     assert smalltc.plan("interpolate", B, G, V, what="both").backend == "cpu"
+
+
+def test_an_evaluation_job_decides_by_its_size(monkeypatch):
+    """Inside ``evaluation_job``, a chunk runs NumPy's reference path when the job is small
+    (whatever the chunk's size) and the kernel when the job is large (however small the
+    chunk); the public functions' plan cache tells the two apart."""
+    if not any(b.name == "cpu" for b in smalltc.backends.candidates("numpy")):
+        pytest.skip("no CPU backend")
+    monkeypatch.delenv("SMALLTC_SMALL_EVALUATION", raising=False)
+    rng = np.random.default_rng(4)
+    B, G = rng.standard_normal((2, 4, 3))
+    big = rng.standard_normal((300, 3))                       # 300 elements: not small alone
+    small = big[:2]
+    assert smalltc.plan("interpolate", B, G, big, what="both").backend == "cpu"
+    with smalltc.evaluation_job(points=300 * 4 * 2):
+        assert smalltc.plan("interpolate", B, G, big, what="both").backend == "reference"
+    from smalltc.plan import SMALL_JOB
+    with smalltc.evaluation_job(points=SMALL_JOB + 1):
+        assert smalltc.plan("interpolate", B, G, small, what="both").backend == "cpu"
+    ref = interp_oracle(B, G, small.reshape(2, 1, 3), "both", 1).reshape(2, 2, 4)
+    for job in (10, 1 << 30):                       # the cached plan of each: both correct
+        with smalltc.evaluation_job(points=job):
+            out = np.full((2, 2, 4), np.nan)
+            smalltc.interpolate(B, G, small, what="both", out=out)
+            assert rel_err(out, ref) < TOL["float64"]
+    monkeypatch.setenv("SMALLTC_SMALL_EVALUATION", "100")
+    with smalltc.evaluation_job(points=300 * 4 * 2):
+        assert smalltc.plan("interpolate", B, G, big, what="both").backend == "cpu"
+    with pytest.raises(ValueError, match="points must be a number of point values >= 0"):
+        with smalltc.evaluation_job(points=-1):
+            pass

@@ -9,7 +9,6 @@ matrix or assumed a nodal basis would fail. Then the identities, the mass instan
 against the mass functions, the keys, the fallback and every error path.
 """
 import logging
-import os
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from smalltc._arrays import gpu_available
 from smalltc.fem import H1Space, box_mesh
 from smalltc.spec import ActionSpec, AssemblySpec, MassApplySpec, MassDiagonalSpec
 
-from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
+from conftest import FULL, TOL, backend_params, rel_err, to_numpy, xp_of
 
 BACKENDS = backend_params()
 
@@ -44,7 +43,6 @@ CASES = [
 #: SMALLTC_TEST_FULL=1, and always on the reference backend)
 CORE = {("diffusion", False, 3, 2, 4, "float64", 3), ("diffusion", True, 3, 3, 4, "float64", 1),
         ("helmholtz", False, 2, 3, 5, "float32", 1)}
-FULL = os.environ.get("SMALLTC_TEST_FULL", "") not in ("", "0")
 IDS = ["{}{}-{}d-p{}-nq{}-{}-c{}".format(q, "+co" if co else "", d, p, nq, dt, c)
        for q, co, d, p, nq, dt, c in CASES]
 

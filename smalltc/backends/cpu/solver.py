@@ -65,6 +65,16 @@ class _Built(Executor):
         self.params = dict(choice.family.public(choice.ctx), isa=choice.target.isa)
 
 
+class _Compiled(_Built):
+    """A choice's executor with its rendered kernel (compiled, or loaded from Numba's disk
+    cache)."""
+
+    def __init__(self, choice):
+        super().__init__(choice)
+        self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
+                                              **choice.ctx["render"])
+
+
 # ---- the array families: the reference path ---------------------------------------------
 
 class _ArrayFamily(_SolverFamily):
@@ -190,14 +200,9 @@ class TransferFamily(_SolverFamily):
         return TransferExecutor(choice)
 
 
-class TransferExecutor(_Built):
+class TransferExecutor(_Compiled):
     """The element products ``U`` (threads over elements), then ``numpy.bincount`` over
     the output map; ``add``: added to ``out``."""
-
-    def __init__(self, choice):
-        super().__init__(choice)
-        self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
-                                              **choice.ctx["render"])
 
     def run(self, operands, out=None, add=False):
         M, x, imap, w_in, omap, w_out = operands
@@ -247,14 +252,12 @@ class SchwarzFamily(_SolverFamily):
             yield dict(lanes=W), (None if W <= 2 * vl else "lanes")
 
 
-class SchwarzExecutor(_Built):
+class SchwarzExecutor(_Compiled):
     """The weighted residual padded with a zero, the local solves of the chunks of
     elements, ``numpy.bincount`` over the index map, the weights again."""
 
     def __init__(self, choice):
         super().__init__(choice)
-        self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
-                                              **choice.ctx["render"])
         self.W = choice.ctx["lanes"]
 
     def run(self, operands, out=None):

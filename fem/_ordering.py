@@ -47,14 +47,21 @@ _MESHIO_HEX27 = [0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 13, 9, 16, 18, 19, 17, 10, 12, 1
                  22, 23, 21, 24, 20, 25, 26]
 
 
+def _vertices_and_edges(V, edges, p):
+    """The gmsh order's first points of an order-``p`` cell: its vertices ``V``, then the
+    ``p - 1`` inner points of each edge ``(a, b)`` of ``edges``, from ``a`` to ``b``."""
+    pts = [V]
+    for a, b in edges:
+        k = np.arange(1, p)[:, None] / p
+        pts.append(V[a] + k * (V[b] - V[a]))
+    return pts
+
+
 def _gmsh_quad(p):
     """(n, 2) gmsh order of the order-``p`` quadrilateral on [-1, 1]^2."""
     if p == 0:
         return np.zeros((1, 2))
-    pts = [_QUAD_V]
-    for a, b in _QUAD_E:
-        k = np.arange(1, p)[:, None] / p
-        pts.append(_QUAD_V[a] + k * (_QUAD_V[b] - _QUAD_V[a]))
+    pts = _vertices_and_edges(_QUAD_V, _QUAD_E, p)
     if p >= 2:
         pts.append(_gmsh_quad(p - 2) * ((p - 2) / p))
     return np.concatenate(pts)
@@ -70,10 +77,7 @@ def _bilinear(corners, uv):
 def _gmsh_hex(p):
     if p == 0:
         return np.zeros((1, 3))
-    pts = [_HEX_V]
-    for a, b in _HEX_E:
-        k = np.arange(1, p)[:, None] / p
-        pts.append(_HEX_V[a] + k * (_HEX_V[b] - _HEX_V[a]))
+    pts = _vertices_and_edges(_HEX_V, _HEX_E, p)
     if p >= 2:
         inner = _gmsh_quad(p - 2) * ((p - 2) / p)
         for f in _HEX_F:

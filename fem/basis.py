@@ -80,11 +80,15 @@ def barycentric_weights(nodes):
     >>> print(barycentric_weights([-1.0, 0.0, 1.0]))
     [ 0.5 -1.   0.5]
     """
-    x = _as_nodes(nodes)
+    lam = 1.0 / np.prod(_differences(_as_nodes(nodes)), axis=1)
+    return lam / np.max(np.abs(lam))
+
+
+def _differences(x):
+    """``x_i - x_j`` of the nodes ``x``, shape (nd, nd), with ones on the diagonal."""
     diff = np.subtract.outer(x, x)
     np.fill_diagonal(diff, 1.0)
-    lam = 1.0 / np.prod(diff, axis=1)
-    return lam / np.max(np.abs(lam))
+    return diff
 
 
 def differentiation_matrix(nodes):
@@ -111,9 +115,7 @@ def differentiation_matrix(nodes):
     """
     x = _as_nodes(nodes)
     lam = barycentric_weights(x)
-    diff = np.subtract.outer(x, x)
-    np.fill_diagonal(diff, 1.0)
-    dn = (lam[None, :] / lam[:, None]) / diff
+    dn = (lam[None, :] / lam[:, None]) / _differences(x)
     np.fill_diagonal(dn, 0.0)
     np.fill_diagonal(dn, -dn.sum(axis=1))
     return dn

@@ -346,32 +346,34 @@ def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss", devi
     dofs = _dof_map(space, xp)
     out = xp.zeros(space.ndofs)
     per = nq ** (dim - 1) * (4 * dim * (dim + 1) + 10)
-    for name, h in items:
-        field, with_normal = _flux_field(h, f"neumann[{name!r}]")
-        elems, facets = mesh.boundary_facets(name)
-        for f in np.unique(facets):
-            a, side = divmod(int(f), 2)
-            sign = 1.0 if side else -1.0
-            Be, Ge = (xp.asarray(m) for m in lagrange_basis(mesh.geom_nodes, [sign]))
-            sel = elems[facets == f]
-            face = (slice(None),) + facet_slices(dim, space.nd, f)
-            step = _chunk_elements(xp, sel.size, per, space.ndofs)
-            for lo in range(0, sel.size, step):
-                part = sel[lo:lo + step]
-                x, J = _facet_geometry(xp.asarray(mesh.nodes[part]), a, Bg, Gg, Be, Ge)
-                adj = _adjugate(J)
-                det = _det(J, adj)
-                c = sign / det                            # J^-T e_a = adj[a, :] / |J|
-                nrm = xp.stack([adj[a, i] * c for i in range(dim)])          # (dim, n, q...)
-                length = xp.sqrt((nrm * nrm).sum(axis=0))
-                ds = xp.abs(det) * length                 # |J| |J^-T e_a|
-                nrm /= length
-                vals = field(x, None, nrm) if with_normal else field(x)
-                q = w * ds * vals
-                idx = xp.ascontiguousarray(dofs[xp.asarray(part)][face])
-                if dim == 1:
-                    out += xp.bincount(idx.reshape(-1), weights=q.reshape(-1),
-                                       minlength=space.ndofs)
-                else:
-                    out += smalltc.integrate(B1d, None, q, idx, ndofs=space.ndofs)
+    sides = {name: mesh.boundary_facets(name) for name, _ in items}
+    with smalltc.evaluation_job(sum(e.size for e, _ in sides.values()) * nq ** (dim - 1)):
+        for name, h in items:
+            field, with_normal = _flux_field(h, f"neumann[{name!r}]")
+            elems, facets = sides[name]
+            for f in np.unique(facets):
+                a, side = divmod(int(f), 2)
+                sign = 1.0 if side else -1.0
+                Be, Ge = (xp.asarray(m) for m in lagrange_basis(mesh.geom_nodes, [sign]))
+                sel = elems[facets == f]
+                face = (slice(None),) + facet_slices(dim, space.nd, f)
+                step = _chunk_elements(xp, sel.size, per, space.ndofs)
+                for lo in range(0, sel.size, step):
+                    part = sel[lo:lo + step]
+                    x, J = _facet_geometry(xp.asarray(mesh.nodes[part]), a, Bg, Gg, Be, Ge)
+                    adj = _adjugate(J)
+                    det = _det(J, adj)
+                    c = sign / det                    # J^-T e_a = adj[a, :] / |J|
+                    nrm = xp.stack([adj[a, i] * c for i in range(dim)])  # (dim, n, q...)
+                    length = xp.sqrt((nrm * nrm).sum(axis=0))
+                    ds = xp.abs(det) * length         # |J| |J^-T e_a|
+                    nrm /= length
+                    vals = field(x, None, nrm) if with_normal else field(x)
+                    q = w * ds * vals
+                    idx = xp.ascontiguousarray(dofs[xp.asarray(part)][face])
+                    if dim == 1:
+                        out += xp.bincount(idx.reshape(-1), weights=q.reshape(-1),
+                                           minlength=space.ndofs)
+                    else:
+                        out += smalltc.integrate(B1d, None, q, idx, ndofs=space.ndofs)
     return out

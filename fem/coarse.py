@@ -171,6 +171,15 @@ def _pyamg():
     return pyamg
 
 
+def _pyamg_present():
+    """Does pyamg import (the AMG coarse solve available)?"""
+    try:
+        import pyamg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class _SparseLevel:
     """A level matrix of the portable cycle: ``A @ x`` and its diagonal, in ``xp``. On
     the GPU the product is one launch of :func:`smalltc.csr_spmv`

@@ -89,6 +89,13 @@ def _tensor_weights(weights, dim):
     return w
 
 
+def _job(mesh, nq):
+    """A pass over ``mesh`` at ``nq`` points a direction as one evaluation job: NumPy's
+    reference path in every chunk where the mesh is small, the kernels where it is large
+    (:func:`smalltc.evaluation_job`), whatever the chunks' sizes."""
+    return smalltc.evaluation_job(mesh.nelements * nq ** mesh.dim)
+
+
 def _chunk_elements(xp, nelements, floats_per_element, solution=None):
     """Elements a chunk holds: its working set (``floats_per_element`` float64 an element)
     within the CPU's caches, or on a GPU within :data:`SOLUTION_MULTIPLE` times the
@@ -134,8 +141,10 @@ def map_points(mesh, points):
     dim, E = mesh.dim, mesh.nelements
     out = np.empty((E, dim) + (Bg.shape[0],) * dim)
     step = _chunk_elements(np, E, 3 * dim * Bg.shape[0] ** dim)
-    for lo in range(0, E, step):
-        smalltc.interpolate(Bg, None, mesh.nodes[lo:lo + step], dim=dim, out=out[lo:lo + step])
+    with _job(mesh, Bg.shape[0]):
+        for lo in range(0, E, step):
+            smalltc.interpolate(Bg, None, mesh.nodes[lo:lo + step], dim=dim,
+                                out=out[lo:lo + step])
     return out
 
 
@@ -164,9 +173,10 @@ def jacobian(mesh, points):
     dim, E = mesh.dim, mesh.nelements
     out = np.empty((E, dim, dim) + (Bg.shape[0],) * dim)
     step = _chunk_elements(np, E, 3 * dim * dim * Bg.shape[0] ** dim)
-    for lo in range(0, E, step):
-        smalltc.interpolate(Bg, Gg, mesh.nodes[lo:lo + step], what="gradients", dim=dim,
-                            out=out[lo:lo + step])
+    with _job(mesh, Bg.shape[0]):
+        for lo in range(0, E, step):
+            smalltc.interpolate(Bg, Gg, mesh.nodes[lo:lo + step], what="gradients", dim=dim,
+                                out=out[lo:lo + step])
     return out
 
 
@@ -346,15 +356,18 @@ class _Maps:
                                          + extra), solution)
 
     def __iter__(self):
+        """The chunks, one evaluation job (:func:`smalltc.evaluation_job`: the consumer's
+        evaluations of a chunk, made while it holds it, count to the mesh's points)."""
         xp, dim, E = self.xp, self.mesh.dim, self.mesh.nelements
-        for lo in range(0, E, self.step):
-            hi = min(E, lo + self.step)
-            nodes = xp.asarray(self.mesh.nodes[lo:hi])
-            J = smalltc.interpolate(self.Bg, self.Gg, nodes, what="gradients", dim=dim)
-            x = None
-            if self.coords:
-                x = xp.moveaxis(smalltc.interpolate(self.Bg, None, nodes, dim=dim), 1, 0)
-            yield _Jacobians(lo, hi, nodes, x, J)
+        with _job(self.mesh, self.Bg.shape[0]):
+            for lo in range(0, E, self.step):
+                hi = min(E, lo + self.step)
+                nodes = xp.asarray(self.mesh.nodes[lo:hi])
+                J = smalltc.interpolate(self.Bg, self.Gg, nodes, what="gradients", dim=dim)
+                x = None
+                if self.coords:
+                    x = xp.moveaxis(smalltc.interpolate(self.Bg, None, nodes, dim=dim), 1, 0)
+                yield _Jacobians(lo, hi, nodes, x, J)
 
     def data(self, g, what, weights=None, coef=None, out=None):
         """:func:`smalltc.geometry_data` of chunk ``g`` (into ``out``), then the check: a

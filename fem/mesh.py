@@ -444,6 +444,14 @@ def kershaw_mesh(n, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1, lower=
     [[0.   0.05]
      [0.   0.05]]
     """
+    shape = _kershaw_shape(n, dim)
+    return box_mesh(dim, shape, geom_order=geom_order, distortion=Kershaw(eps, epsz, smooth),
+                    lower=lower, upper=upper)
+
+
+def _kershaw_shape(n, dim):
+    """The element counts of a Kershaw mesh (:func:`kershaw_mesh`'s ``n`` and ``dim``),
+    checked."""
     if not _is_int(dim) or dim not in (2, 3):
         raise ValueError(f"a Kershaw mesh is 2D or 3D: dim must be 2 or 3, got {dim!r}")
     shape = _as_shape(n, dim)
@@ -452,5 +460,4 @@ def kershaw_mesh(n, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1, lower=
             f"a Kershaw mesh needs a multiple of 6 elements along x and an even number "
             f"along the other directions (each element in one layer of the map, which is "
             f"then multilinear on it), got n={shape}")
-    return box_mesh(dim, shape, geom_order=geom_order, distortion=Kershaw(eps, epsz, smooth),
-                    lower=lower, upper=upper)
+    return shape

@@ -38,8 +38,9 @@ from smalltc._arrays import array_module
 from ._device import to_host
 from .basis import lagrange_basis
 from .chebyshev import KINDS, Chebyshev, _Preconditioner
-from .coarse import COARSE_SOLVERS, AMGSolver, CGSolver, assemble_csr
+from .coarse import COARSE_SOLVERS, AMGSolver, CGSolver, _pyamg_present, assemble_csr
 from .quadrature import gauss_lobatto
+from .schwarz import _numba_present
 from .space import H1Space
 
 __all__ = ["PMultigrid", "Transfer", "Constrained", "pmg", "pmg_orders", "boundary_mask"]
@@ -80,22 +81,6 @@ def boundary_mask(space, region=None):
     L = np.array(space.lattice_shape)
     idx = np.indices(tuple(L)).reshape(space.dim, -1)
     return np.any((idx == 0) | (idx == (L - 1)[:, None]), axis=0)
-
-
-def _pyamg_present():
-    try:
-        import pyamg  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _numba_present():
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Transfer:
@@ -889,5 +874,6 @@ def _touches(coarse, fine, fine_fixed, xp=np):
     I1d, _ = lagrange_basis(gauss_lobatto(coarse.nd)[0], gauss_lobatto(fine.nd)[0])
     absI = xp.asarray(np.abs(I1d).T)
     v = fine.gather(xp.asarray(np.asarray(to_host(fine_fixed), dtype=np.float64)))
-    rc = coarse.scatter(smalltc.interpolate(absI, None, v))
+    with smalltc.evaluation_job(v.size // fine.nd ** fine.dim * coarse.nd ** coarse.dim):
+        rc = coarse.scatter(smalltc.interpolate(absI, None, v))
     return np.asarray(to_host(rc > 1e-12))

@@ -85,7 +85,8 @@ def _cells_and_fields(space, cells, fields):
     for name, u in fields.items():
         u = _check_field(name, u, space)
         # the field at the equispaced nodes, gathered through the map in the same call
-        ue = smalltc.interpolate(Bu, None, np.ascontiguousarray(u), space.dof_map(np))
+        with smalltc.evaluation_job(u.size // space.ndofs * space.nelements * nd ** dim):
+            ue = smalltc.interpolate(Bu, None, np.ascontiguousarray(u), space.dof_map(np))
         data[name] = np.ascontiguousarray(space.assign(ue).T)
     ctype = _type_name(dim, p, cells)
     ref = meshio_reference(ctype, nd ** dim)

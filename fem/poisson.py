@@ -183,6 +183,46 @@ def _split_regions(data, name):
     return {None: data}
 
 
+def _conditions(dirichlet, neumann):
+    """The boundary conditions of :func:`poisson_problem` as two dicts region -> data,
+    ``(dirichlet, neumann)``: ``{None: 0.0}`` (``u = 0`` on the whole boundary) without
+    either; raises for Neumann data alone (a singular problem) and a Neumann function
+    with no region."""
+    neu = _split_regions(neumann, "neumann") or {}
+    dir_ = _split_regions(dirichlet, "dirichlet")
+    if dir_ is None:
+        dir_ = {None: 0.0} if not neu else None
+    if dir_ is None:
+        raise ValueError("no Dirichlet condition: the problem is singular with Neumann data "
+                         "alone; give dirichlet= for some boundary region")
+    if None in neu:
+        raise ValueError("neumann must be a dict region -> h (the regions where it applies)")
+    return dir_, neu
+
+
+def _check_pmg_options(precond, pmg_options):
+    """Refuse ``pmg_options`` for a preconditioner other than ``"pmg"``."""
+    if pmg_options and precond != "pmg":
+        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
+
+
+def _check_constrained(ndofs):
+    """Refuse a problem whose Dirichlet regions hold ``ndofs == 0`` DoFs (singular)."""
+    if ndofs == 0:
+        raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
+
+
+def _errors(exact, sums):
+    """``(l2_error, h1_error)`` against ``exact`` (``(None, None)`` without it) from
+    ``sums(u, grad_u)``: the squared sums of
+    :func:`~smalltc.fem.projection._error_sums` (``err2, norm2, h12``)."""
+    if exact is None:
+        return None, None
+    func, grad = _split_exact(exact)
+    err2, _, h12 = sums(func, grad)
+    return float(np.sqrt(err2)), float(np.sqrt(h12))
+
+
 @dataclass
 class PoissonProblem:
     """The parts of a Poisson problem (made by :func:`poisson_problem`).
@@ -268,28 +308,18 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
             comm=comm)
     if precond not in PRECONDS:
         raise ValueError(f"precond must be one of {list(PRECONDS)}, got {precond!r}")
-    if pmg_options and precond != "pmg":
-        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
+    _check_pmg_options(precond, pmg_options)
     clock = _Clock(resolve_device(device))
     xp = clock.xp
     mesh = _as_mesh(mesh)
     space = H1Space(mesh, p)
     nq = space.p + 2 if nq is None else int(nq)
-    neu = _split_regions(neumann, "neumann") or {}
-    dir_ = _split_regions(dirichlet, "dirichlet")
-    if dir_ is None:
-        dir_ = {None: 0.0} if not neu else None
-    if dir_ is None:
-        raise ValueError("no Dirichlet condition: the problem is singular with Neumann data "
-                         "alone; give dirichlet= for some boundary region")
-    if None in neu:
-        raise ValueError("neumann must be a dict region -> h (the regions where it applies)")
+    dir_, neu = _conditions(dirichlet, neumann)
     for r in neu:
         mesh.boundary_facets(r)                   # KeyError naming an unknown region
     clock.lap("space")
     bc = _dirichlet(space, dir_, list(neu))
-    if bc.dofs.size == 0:
-        raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
+    _check_constrained(bc.dofs.size)
     clock.lap("bc")
     K, load, load_s = _operator_and_load(space, nq, kappa, f, quadrature, xp)
     clock.lap("operator")
@@ -504,12 +534,9 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
     sol = prob.solve(tol=tol, maxiter=maxiter)
     u = to_host(sol.x)
     t2 = time.perf_counter()
-    l2 = h1 = None
-    if exact is not None:
-        func, grad = _split_exact(exact)
-        err2, _, h12 = _error_sums(prob.space, xp.asarray(sol.x, dtype=np.float64), func, None,
-                                   quadrature, fname="exact", h1=True, gradient=grad, norm=False)
-        l2, h1 = float(np.sqrt(err2)), float(np.sqrt(h12))
+    l2, h1 = _errors(exact, lambda func, grad: _error_sums(
+        prob.space, xp.asarray(sol.x, dtype=np.float64), func, None, quadrature,
+        fname="exact", h1=True, gradient=grad, norm=False))
     t3 = time.perf_counter()
     timings = {"setup": t1 - t0, **prob.timings, "solve": t2 - t1, "error": t3 - t2}
     return PoissonResult(u, prob.space, sol.iterations, float(sol.residuals[-1]), l2, h1, prob,

@@ -135,8 +135,9 @@ def _plot_solution(plt, res, path, nsub=12):
     t = np.linspace(-1, 1, nsub)
     Bx, _ = lagrange_basis(mesh.geom_nodes, t)
     Bu, _ = lagrange_basis(gauss_lobatto(space.nd)[0], t)
-    X = smalltc.interpolate(Bx, None, mesh.nodes, dim=2)          # (E, 2, nsub, nsub)
-    U = smalltc.interpolate(Bu, None, res.u, space.dof_map())      # (E, nsub, nsub)
+    with smalltc.evaluation_job(space.nelements * nsub ** 2):
+        X = smalltc.interpolate(Bx, None, mesh.nodes, dim=2)      # (E, 2, nsub, nsub)
+        U = smalltc.interpolate(Bu, None, res.u, space.dof_map())  # (E, nsub, nsub)
     fig, ax = plt.subplots(figsize=(6.2, 5.2))
     vmin, vmax = float(U.min()), float(U.max())
     for e in range(space.nelements):

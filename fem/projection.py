@@ -443,14 +443,19 @@ def l2_project(mesh, p, f, *, nq=None, operator="matrix-free", tol=1e-12, maxite
     err, norm = _error_and_norm(space, xp.asarray(sol.x, dtype=np.float64), f, error_nq,
                                 quadrature, "error_nq")
     t3 = time.perf_counter()
-    return ProjectionResult(
+    return _result(
+        sol,
         u=u,
         space=space,
-        iterations=sol.iterations,
-        residual=float(sol.residuals[-1]),
-        residuals=sol.residuals,
         l2_error=err,
         l2_norm=norm,
         timings={"setup": t1 - t0, "solve": t2 - t1, "error": t3 - t2},
         device=device_name(xp),
     )
+
+
+def _result(sol, **fields):
+    """The :class:`ProjectionResult` of CG's result ``sol`` (its iterations and
+    residuals) and the other ``fields``."""
+    return ProjectionResult(iterations=sol.iterations, residual=float(sol.residuals[-1]),
+                            residuals=sol.residuals, **fields)

@@ -160,6 +160,7 @@ def _local_1d(K1, M1, h, hl, hr, left, right, overlap):
 
 
 def _numba_present():
+    """Does Numba import (the host kernels available)?"""
     try:
         import numba  # noqa: F401
     except ImportError:

@@ -387,14 +387,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         return _fused_cg(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp,
                          red)
     precond = (lambda r: r) if precond is None else precond
-    if x0 is None:
-        x = xp.zeros_like(b)
-        r = b.copy()
-    else:
-        x = xp.array(x0, dtype=b.dtype)
-        _everywhere(red, x.shape == b.shape,
-                    f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
-        r = b - _applied(apply, x, b.shape, xp)
+    x, r = _start(apply, b, x0, xp, red)
     z = precond(r)
     bb, rr, rz = _floats(xp, _dot(xp, b, b), _dot(xp, r, r), _dot(xp, r, z), red=red)
     bnorm = np.sqrt(bb)
@@ -435,6 +428,17 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     return _outcome(result, tol, raise_on_failure, apply, b, xp, red)
 
 
+def _start(apply, b, x0, xp, red):
+    """CG's first iterate and its residual: zero and a copy of ``b``, or ``x0`` (a copy,
+    its shape checked on every rank) and ``b - A x0``."""
+    if x0 is None:
+        return xp.zeros_like(b), b.copy()
+    x = xp.array(x0, dtype=b.dtype)
+    _everywhere(red, x.shape == b.shape,
+                f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
+    return x, b - _applied(apply, x, b.shape, xp)
+
+
 def _outcome(result, tol, raise_on_failure, apply, b, xp, red):
     """``result``, or ConvergenceError (a RuntimeWarning without ``raise_on_failure``)
     when it did not converge, with the asymmetry note of :func:`_asymmetry`."""
@@ -452,14 +456,9 @@ def _outcome(result, tol, raise_on_failure, apply, b, xp, red):
 
 def _fused_cg(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp, red=None):
     """:func:`cg` through :mod:`._cg_fused` (the same stop tests and errors)."""
-    if x0 is None:
-        x = xp.zeros_like(b)
-        r = b.copy()
-    else:
-        x = xp.array(x0, dtype=b.dtype)
-        _everywhere(red, x.shape == b.shape,
-                    f"x0 has shape {x.shape}, expected {b.shape} (the shape of b)")
-        r = xp.ascontiguousarray(b - _applied(apply, x, b.shape, xp))
+    x, r = _start(apply, b, x0, xp, red)
+    if x0 is not None:
+        r = xp.ascontiguousarray(r)
     inv = None
     if precond is not None:
         inv = xp.asarray(precond.inv, dtype=b.dtype)

@@ -415,8 +415,9 @@ class H1Space:
             X = mesh.nodes[elems]
         else:
             Bg, _ = lagrange_basis(mesh.geom_nodes, ref)
-            X = smalltc.interpolate(Bg, None, np.ascontiguousarray(mesh.nodes[elems]),
-                                    dim=self.dim)
+            with smalltc.evaluation_job(elems.size * self.nd ** self.dim * self.dim):
+                X = smalltc.interpolate(Bg, None, np.ascontiguousarray(mesh.nodes[elems]),
+                                        dim=self.dim)
         x = np.empty((self.dim, self.ndofs))
         flat = self.elem_dofs[elems].reshape(-1)
         x[:, flat] = np.moveaxis(X, 1, 0).reshape(self.dim, -1)
@@ -458,7 +459,8 @@ class H1Space:
         if np.array_equal(ref, mesh.geom_nodes):
             return self.assign(mesh.nodes)
         Bg, _ = lagrange_basis(mesh.geom_nodes, ref)
-        return self.assign(smalltc.interpolate(Bg, None, mesh.nodes, dim=self.dim))
+        with smalltc.evaluation_job(mesh.nelements * self.nd ** self.dim * self.dim):
+            return self.assign(smalltc.interpolate(Bg, None, mesh.nodes, dim=self.dim))
 
     def assign(self, v):
         """E-vector -> global vector, each DoF taking the value one of its elements holds.

@@ -2,6 +2,8 @@
 plain formulas (one ``tensordot`` per axis on the whole mesh, ``numpy.linalg.det`` and
 ``numpy.linalg.inv`` at every point), independent of :func:`smalltc.interpolate` and of the
 closed-form adjugate the package uses, and the meshes the tests compare them on."""
+import itertools
+
 import numpy as np
 
 from smalltc import fem
@@ -144,6 +146,28 @@ def boundary_load(space, h, region=None, nq=None):
 
 
 # --- meshes -----------------------------------------------------------------------------------
+
+def rotations(dim):
+    """Orientation-preserving symmetries of the reference cell: (axis permutation, flips)."""
+    out = []
+    for perm in itertools.permutations(range(dim)):
+        sign = np.linalg.det(np.eye(dim)[list(perm)])
+        for flips in itertools.product((False, True), repeat=dim):
+            if sign * (-1) ** sum(flips) > 0:
+                out.append((perm, flips))
+    return out
+
+
+def oriented(X, rotation):
+    """An element's nodes ``X`` (dim, n, ..., n) with its local numbering turned by
+    ``rotation``, a ``(perm, flips)`` of :func:`rotations`."""
+    perm, flips = rotation
+    X = np.transpose(X, (0,) + tuple(1 + a for a in perm))
+    for a, fl in enumerate(flips):
+        if fl:
+            X = np.flip(X, axis=1 + a)
+    return X
+
 
 def rotated_mesh(bm):
     """An unstructured mesh of the box mesh's elements, every other one with its local

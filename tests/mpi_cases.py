@@ -173,18 +173,11 @@ def _poisson_meshes(comm, kinds, dims, ps):
                     yield kind, fem.read_mesh(path), path, p
 
 
-def _pyamg_present():
-    try:
-        import pyamg  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def poisson(comm, device, kinds, dims, ps, precond="jacobi", coarse=None):
     from mpi4py import MPI
 
     from smalltc import fem
+    from smalltc.fem.coarse import _pyamg_present
     rank = comm.Get_rank()
     for kind, whole, given, p in _poisson_meshes(comm, kinds, dims, ps):
         dim = whole.dim

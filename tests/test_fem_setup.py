@@ -13,6 +13,7 @@ import types
 import numpy as np
 import pytest
 
+from fem_oracle import oriented, rotations
 from smalltc import fem
 from smalltc._arrays import cupy_or_none, gpu_available
 from smalltc.fem import _device, topology
@@ -141,29 +142,14 @@ def nodal_oracle(space, xe):
 # ---------------------------------------------------------------- meshes
 
 
-def _rotations(dim):
-    out = []
-    for perm in itertools.permutations(range(dim)):
-        sign = np.linalg.det(np.eye(dim)[list(perm)])
-        for flips in itertools.product((False, True), repeat=dim):
-            if sign * (-1) ** sum(flips) > 0:
-                out.append((perm, flips))
-    return out
-
-
 def rotated(bm, seed=0):
     """The box mesh's elements with random local orientations, as an unstructured mesh
     (vertex ids found from the coordinates)."""
     rng = np.random.default_rng(seed)
-    rots = _rotations(bm.dim)
+    rots = rotations(bm.dim)
     nodes = np.empty_like(bm.nodes)
     for e in range(bm.nelements):
-        perm, flips = rots[rng.integers(len(rots))]
-        X = np.transpose(bm.nodes[e], (0,) + tuple(1 + a for a in perm))
-        for a, fl in enumerate(flips):
-            if fl:
-                X = np.flip(X, axis=1 + a)
-        nodes[e] = X
+        nodes[e] = oriented(bm.nodes[e], rots[rng.integers(len(rots))])
     return fem.from_elements(nodes)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 import diffusion_standin
 from conftest import full_only
+from fem_oracle import oriented, rotations
 from smalltc import fem
 from smalltc.fem import _ordering
 
@@ -212,29 +213,10 @@ def test_unknown_region_is_named(tmp_path, diffusion):
 # ---------------------------------------------------------------- spaces
 
 
-def _rotations(dim):
-    """Orientation-preserving symmetries of the reference cell: (axis permutation, flips)."""
-    import itertools
-    out = []
-    for perm in itertools.permutations(range(dim)):
-        sign = np.linalg.det(np.eye(dim)[list(perm)])
-        for flips in itertools.product((False, True), repeat=dim):
-            if sign * (-1) ** sum(flips) > 0:
-                out.append((perm, flips))
-    return out
-
-
 def _rotated_mesh(bm):
     """The box mesh's elements, each with its local numbering rotated (all rotations used)."""
-    rots = _rotations(bm.dim)
-    nodes = []
-    for e in range(bm.nelements):
-        perm, flips = rots[e % len(rots)]
-        X = np.transpose(bm.nodes[e], (0,) + tuple(1 + a for a in perm))
-        for a, fl in enumerate(flips):
-            if fl:
-                X = np.flip(X, axis=1 + a)
-        nodes.append(X)
+    rots = rotations(bm.dim)
+    nodes = [oriented(bm.nodes[e], rots[e % len(rots)]) for e in range(bm.nelements)]
     return fem.from_elements(np.array(nodes)), len(rots)
 
 

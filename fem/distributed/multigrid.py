@@ -40,7 +40,7 @@ import smalltc
 
 from ..basis import lagrange_basis
 from ..chebyshev import Chebyshev, estimate_lambda_max
-from ..coarse import _pyamg
+from ..coarse import _pyamg, _pyamg_present
 from ..multigrid import _numba_present, pmg_orders
 from ..operators import diffusion_operator
 from ..quadrature import gauss_lobatto
@@ -335,14 +335,6 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
     else:
         solver = DistributedCG(last, red, coarse_tol)
     return DistributedPMultigrid(ops, smoothers, transfers, red, solver)
-
-
-def _pyamg_present():
-    try:
-        import pyamg  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _host(a):

@@ -315,6 +315,31 @@ def _space_and_device(space, comm, args, name, device, build=None):
     return dspace, where, resolve_device(where)
 
 
+def _family_setup(build, coefficients, spelled, space, comm, nq, assembled, quadrature, dtype,
+                  backend, device, fused, deterministic):
+    """:func:`_space_and_device` of the operator builder ``build`` (its name the
+    operator's): the ranks agree on its arguments (``spelled``: its coefficients as
+    every rank spells them), and ``build(space, *coefficients, ...)`` compiles its
+    kernels ahead on a tiny mesh."""
+    args = {**spelled, "nq": nq, "assembled": assembled, "quadrature": quadrature,
+            "dtype": np.dtype(dtype).name, "backend": backend, "device": device,
+            "fused": fused, "deterministic": bool(deterministic)}
+    return _space_and_device(
+        space, comm, args, build.__name__[len("distributed_"):], device,
+        lambda V, dev, c: build(V, *coefficients, quadrature=quadrature, dtype=dtype,
+                                backend=backend, device=dev, deterministic=deterministic,
+                                comm=c))
+
+
+def _diffusion_parts(dspace, nq, kappa, quadrature, dtype, where, xp):
+    """``Q`` of this rank's elements (on module ``xp``) and the bases ``B1d, G1d`` of a
+    distributed diffusion (or Helmholtz) operator."""
+    Q = collective(dspace.comm, diffusion_data, dspace.mesh.local, nq, kappa,
+                   quadrature=quadrature, dtype=dtype, device=where, what="computing Q")
+    B1d, G1d = _operator_basis(dspace.local, nq, quadrature, xp)
+    return xp.asarray(Q), B1d, G1d
+
+
 def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quadrature="gauss",
                               dtype=np.float64, backend="auto", device="cpu", fused=True,
                               deterministic=False, comm=None):
@@ -346,14 +371,9 @@ def distributed_mass_operator(space, nq=None, rho=None, *, assembled=False, quad
     >>> M.shape, M.space.nranks
     ((27, 27), 1)
     """
-    args = {"nq": nq, "rho": spelling(rho), "assembled": assembled, "quadrature": quadrature,
-            "dtype": np.dtype(dtype).name, "backend": backend, "device": device,
-            "fused": fused, "deterministic": bool(deterministic)}
-    dspace, where, xp = _space_and_device(
-        space, comm, args, "mass_operator", device,
-        lambda V, dev, c: distributed_mass_operator(V, nq, rho, quadrature=quadrature,
-                                                    dtype=dtype, backend=backend, device=dev,
-                                                    deterministic=deterministic, comm=c))
+    dspace, where, xp = _family_setup(
+        distributed_mass_operator, (nq, rho), {"rho": spelling(rho)}, space, comm, nq,
+        assembled, quadrature, dtype, backend, device, fused, deterministic)
     nq = dspace.p + 2 if nq is None else nq
     D = collective(dspace.comm, mass_data, dspace.mesh.local, nq, rho, quadrature=quadrature,
                    dtype=dtype, device=where, what="computing D")
@@ -389,20 +409,12 @@ def distributed_diffusion_operator(space, nq=None, kappa=None, *, assembled=Fals
     >>> K.qfunc, K.shape
     ('diffusion', (49, 49))
     """
-    args = {"nq": nq, "kappa": spelling(kappa), "assembled": assembled,
-            "quadrature": quadrature, "dtype": np.dtype(dtype).name, "backend": backend,
-            "device": device, "fused": fused, "deterministic": bool(deterministic)}
-    dspace, where, xp = _space_and_device(
-        space, comm, args, "diffusion_operator", device,
-        lambda V, dev, c: distributed_diffusion_operator(V, nq, kappa, quadrature=quadrature,
-                                                         dtype=dtype, backend=backend,
-                                                         device=dev,
-                                                         deterministic=deterministic, comm=c))
+    dspace, where, xp = _family_setup(
+        distributed_diffusion_operator, (nq, kappa), {"kappa": spelling(kappa)}, space, comm,
+        nq, assembled, quadrature, dtype, backend, device, fused, deterministic)
     nq = _default_nq(dspace.p, nq, quadrature)
-    Q = collective(dspace.comm, diffusion_data, dspace.mesh.local, nq, kappa,
-                   quadrature=quadrature, dtype=dtype, device=where, what="computing Q")
-    B1d, G1d = _operator_basis(dspace.local, nq, quadrature, xp)
-    return DistributedOperator(dspace, xp.asarray(Q), B1d, G1d, qfunc="diffusion",
+    Q, B1d, G1d = _diffusion_parts(dspace, nq, kappa, quadrature, dtype, where, xp)
+    return DistributedOperator(dspace, Q, B1d, G1d, qfunc="diffusion",
                                backend=backend, deterministic=deterministic)
 
 
@@ -429,21 +441,13 @@ def distributed_helmholtz_operator(space, alpha, nq=None, kappa=None, *, assembl
     """
     from smalltc._validate import check_scalar
     alpha = check_scalar("alpha", alpha)
-    args = {"alpha": alpha, "nq": nq, "kappa": spelling(kappa), "assembled": assembled,
-            "quadrature": quadrature, "dtype": np.dtype(dtype).name, "backend": backend,
-            "device": device, "fused": fused, "deterministic": bool(deterministic)}
-    dspace, where, xp = _space_and_device(
-        space, comm, args, "helmholtz_operator", device,
-        lambda V, dev, c: distributed_helmholtz_operator(V, alpha, nq, kappa,
-                                                         quadrature=quadrature, dtype=dtype,
-                                                         backend=backend, device=dev,
-                                                         deterministic=deterministic, comm=c))
+    dspace, where, xp = _family_setup(
+        distributed_helmholtz_operator, (alpha, nq, kappa),
+        {"alpha": alpha, "kappa": spelling(kappa)}, space, comm, nq, assembled, quadrature,
+        dtype, backend, device, fused, deterministic)
     nq = _default_nq(dspace.p, nq, quadrature)
-    local = dspace.mesh.local
-    D = collective(dspace.comm, mass_data, local, nq, alpha, quadrature=quadrature,
+    D = collective(dspace.comm, mass_data, dspace.mesh.local, nq, alpha, quadrature=quadrature,
                    dtype=dtype, device=where, what="computing D")
-    Q = collective(dspace.comm, diffusion_data, local, nq, kappa, quadrature=quadrature,
-                   dtype=dtype, device=where, what="computing Q")
-    B1d, G1d = _operator_basis(dspace.local, nq, quadrature, xp)
-    return DistributedOperator(dspace, (xp.asarray(D), xp.asarray(Q)), B1d, G1d,
+    Q, B1d, G1d = _diffusion_parts(dspace, nq, kappa, quadrature, dtype, where, xp)
+    return DistributedOperator(dspace, (xp.asarray(D), Q), B1d, G1d,
                                qfunc="helmholtz", backend=backend, deterministic=deterministic)

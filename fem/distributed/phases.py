@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from .._device import synchronize
 from .comm import load_mpi, node_first
 
-__all__ = ["Timed", "TIMINGS", "check_timings", "halos_of", "reducers_of", "compile_ahead",
-           "ahead_done"]
+__all__ = ["Timed", "TIMINGS", "check_timings", "halos_of", "reducers_of", "distribution",
+           "compile_ahead", "ahead_done"]
 
 #: the ``timings`` choices: None (the phases of setup, the solve and its exchanges'
 #: and reductions' counters), "phases" (also the operator's and the preconditioner's
@@ -107,6 +107,21 @@ class Counters:
         (h1, r1), (h0, r0) = self._now(), self.start
         halo = {k: h1[k] - h0[k] for k in h1}
         return {"halo": sum(halo.values()), "halo_wait": halo["wait"], "allreduce": r1 - r0}
+
+
+def distribution(space, halo, gpu, path):
+    """What this rank held in a distributed solve (its result's ``distribution``): its
+    rank, the ranks, the partition's grid (empty for METIS parts), its owned and local
+    DoFs, the global DoFs, its elements, the transport of the operator's ``halo`` and
+    why, its ``gpu`` (None on the host) and the communication ``path``
+    (:func:`~.comm.comm_path`) and why."""
+    return {
+        "rank": space.rank, "ranks": space.nranks,
+        "grid": tuple(getattr(space.partition, "grid", ())),
+        "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
+        "elements": space.nelements, "transport": halo.transport,
+        "transport_reason": halo.transport_reason, "gpu": gpu,
+        "comm_path": path.name, "comm_path_reason": path.reason}
 
 
 _BOX = ("BoxMesh", "BlockMesh")

@@ -28,15 +28,15 @@ import numpy as np
 
 from .._device import device_name, resolve_device, synchronize, to_host
 from ..boundary import ConstrainedOperator, DirichletBC, boundary_load
-from ..poisson import (PoissonProblem, PoissonResult, _Clock, _dirichlet, _split_exact,
-                       _split_regions)
+from ..poisson import (PoissonProblem, PoissonResult, _check_constrained, _check_pmg_options,
+                       _Clock, _conditions, _dirichlet, _errors)
 from ..projection import _error_sums, _load
 from ..solvers import Jacobi, cg, jacobi
 from .comm import Reducer, agree, check_launch, collective, comm_path, load_mpi, make_reducer
 from .comm import select_gpu, spelling
 from .operators import distributed_diffusion_operator
-from .phases import (Counters, Timed, ahead_done, check_timings, compile_ahead, halos_of,
-                     reducers_of)
+from .phases import (Counters, Timed, ahead_done, check_timings, compile_ahead, distribution,
+                     halos_of, reducers_of)
 from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
 
 __all__ = ["DistributedPoissonProblem", "poisson_problem_distributed",
@@ -244,8 +244,7 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     >>> bool(sol.converged), prob.bc.dofs.size
     (True, 16)
     """
-    if pmg_options and precond != "pmg":
-        raise ValueError(f"pmg_options are for precond='pmg', got precond={precond!r}")
+    _check_pmg_options(precond, pmg_options)
     bad = sorted(set(pmg_options or {}) - set(PMG_OPTIONS))
     if bad:
         raise ValueError(f"pmg_options {bad} are not taken by the distributed p-multigrid; "
@@ -271,22 +270,13 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     dmesh, _ = _as_distributed_mesh(mesh, comm)
     space = DistributedH1Space(dmesh, p)
     c = space.comm
-    neu = _split_regions(neumann, "neumann") or {}
-    dir_ = _split_regions(dirichlet, "dirichlet")
-    if dir_ is None:
-        dir_ = {None: 0.0} if not neu else None
-    if dir_ is None:
-        raise ValueError("no Dirichlet condition: the problem is singular with Neumann data "
-                         "alone; give dirichlet= for some boundary region")
-    if None in neu:
-        raise ValueError("neumann must be a dict region -> h (the regions where it applies)")
+    dir_, neu = _conditions(dirichlet, neumann)
     for r in list(neu) + [r for r in dir_ if r is not None]:
         collective(c, dmesh.local.boundary_facets, r, what="the boundary regions")
     clock.lap("space")
     bc = distributed_dirichlet_bc(space, dir_, list(neu))
     (nbc,) = Reducer(c).sums(float(np.count_nonzero(np.isin(space.owned, bc.dofs))))
-    if nbc == 0:
-        raise ValueError("the Dirichlet regions hold no DoFs: the problem is singular")
+    _check_constrained(nbc)
     clock.lap("bc")
     nq = space.p + 2 if nq is None else int(nq)          # the serial path's rule
     with ahead_done():                  # compiled with the problem's kinds (compile_first)
@@ -321,13 +311,7 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     red = make_reducer(c, xp)
     path = comm_path(c, xp)
     prob = DistributedPoissonProblem(space, K, load, bc, A, b, P, where, clock.laps, comm=red)
-    prob.distribution = {
-        "rank": space.rank, "ranks": space.nranks,
-        "grid": tuple(getattr(space.partition, "grid", ())),
-        "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
-        "elements": space.nelements, "transport": K.halo.transport,
-        "transport_reason": K.halo.transport_reason, "gpu": gpu,
-        "comm_path": path.name, "comm_path_reason": path.reason}
+    prob.distribution = distribution(space, K.halo, gpu, path)
     return prob
 
 
@@ -391,14 +375,9 @@ def solve_poisson_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa
     u = to_host(sol.x)
     t2 = time.perf_counter()
     comm_s = counters.since()
-    l2 = h1 = None
-    if exact is not None:
-        func, grad = _split_exact(exact)
-        sums = collective(space.comm, _error_sums, space.local, xp.asarray(u), func, None,
-                          quadrature, fname="exact", h1=True, gradient=grad,
-                          what="measuring the error")
-        err2, _, h12 = red.sums(*sums)
-        l2, h1 = float(np.sqrt(err2)), float(np.sqrt(h12))
+    l2, h1 = _errors(exact, lambda func, grad: red.sums(*collective(
+        space.comm, _error_sums, space.local, xp.asarray(u), func, None, quadrature,
+        fname="exact", h1=True, gradient=grad, what="measuring the error")))
     t3 = time.perf_counter()
     timings = {"setup": t1 - t0, **prob.timings, "solve": t2 - t1, "error": t3 - t2, **comm_s}
     if phases is not None:

@@ -18,11 +18,11 @@ import numpy as np
 from .._device import device_name, resolve_device, synchronize, to_host
 from ..basis import basis_1d
 from ..geometry import mass_data
-from ..projection import ProjectionResult, _default_nq, _error_sums, _load
+from ..projection import _default_nq, _error_sums, _load, _result
 from ..solvers import cg, jacobi
 from .comm import (agree, check_launch, collective, comm_path, load_mpi, make_reducer,
                    select_gpu, spelling)
-from .phases import Counters, Timed, check_timings, compile_ahead
+from .phases import Counters, Timed, check_timings, compile_ahead, distribution
 from .operators import DistributedMassOperator
 from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
 
@@ -135,25 +135,16 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
                              quadrature, "error_nq", what="measuring the error")
     err2, norm2 = red.sums(err2, norm2)
     t3 = time.perf_counter()
-    return ProjectionResult(
+    return _result(
+        sol,
         u=u,
         space=space,
-        iterations=sol.iterations,
-        residual=float(sol.residuals[-1]),
-        residuals=sol.residuals,
         l2_error=float(np.sqrt(err2)),
         l2_norm=float(np.sqrt(norm2)),
         timings={"setup": t1 - t0, "solve": t2 - t1, "error": t3 - t2, **comm_s,
                  **({} if phases is None else
                     dict(phases, cg_other=t2 - t1 - phases["apply"]))},
         device=where,
-        distribution={
-            "rank": space.rank, "ranks": space.nranks,
-            "grid": tuple(getattr(space.partition, "grid", ())),
-            "owned_dofs": space.nowned, "local_dofs": space.nlocal, "global_dofs": space.ndofs,
-            "elements": space.nelements, "transport": M.halo.transport,
-            "transport_reason": M.halo.transport_reason, "gpu": gpu,
-            "comm_path": path.name, "comm_path_reason": path.reason,
-        },
+        distribution=distribution(space, M.halo, gpu, path),
     )
 

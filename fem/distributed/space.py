@@ -33,8 +33,8 @@ from numbers import Real
 import numpy as np
 
 from .._device import to_host
-from ..mesh import (BOX_REGIONS, BoxMesh, Kershaw, _as_corner, _as_shape, _is_int, _place,
-                    _reference_coordinates)
+from ..mesh import (BOX_REGIONS, BoxMesh, Kershaw, _as_corner, _as_shape, _is_int,
+                    _kershaw_shape, _place, _reference_coordinates)
 from ..quadrature import gauss_lobatto
 from ..space import H1Space
 from .comm import agree, check_launch, collective, load_mpi, private_comm, spelling
@@ -311,14 +311,7 @@ def distributed_kershaw_mesh(n, comm, eps=0.3, *, dim=3, epsz=None, smooth=1, ge
     True
     """
     def check():
-        if not _is_int(dim) or dim not in (2, 3):
-            raise ValueError(f"a Kershaw mesh is 2D or 3D: dim must be 2 or 3, got {dim!r}")
-        shape = _as_shape(n, dim)
-        if shape[0] % 6 or any(k % 2 for k in shape[1:]):
-            raise ValueError(
-                f"a Kershaw mesh needs a multiple of 6 elements along x and an even number "
-                f"along the other directions, got n={shape}")
-        return shape, Kershaw(eps, epsz, smooth)
+        return _kershaw_shape(n, dim), Kershaw(eps, epsz, smooth)
     load_mpi()
     shape, kershaw = collective(comm, check, what="the Kershaw mesh arguments")
     return distributed_box_mesh(dim, shape, comm, geom_order=geom_order, distortion=kershaw,
@@ -390,14 +383,7 @@ class DistributedH1Space:
         if not is_distributed_mesh(mesh):
             raise TypeError(f"mesh must be a DistributedMesh (distribute_mesh or "
                             f"distributed_box_mesh), got {type(mesh).__name__}")
-        comm = mesh.comm
-        agree(comm, {"p": p}, "the space arguments")
-        self.local = collective(comm, H1Space, mesh.local, p, what="building the space")
-        self.mesh = mesh
-        self.comm = private_comm(comm)
-        self.partition = mesh.partition
-        self.rank, self.nranks = mesh.rank, mesh.partition.nranks
-        self.p, self.nd, self.dim = self.local.p, self.local.nd, self.local.dim
+        self._block_space(mesh, p)
         part, p = self.partition, self.p
         self.lattice_shape = tuple(n * p + 1 for n in part.shape)
         self.ndofs = int(np.prod(self.lattice_shape))
@@ -406,11 +392,28 @@ class DistributedH1Space:
         obox = part.owned_box(self.rank, p)
         self.nowned = int(np.prod([b - a for a, b in zip(*obox)]))
         self.owned = box_indices(obox, lbox)
-        self.sends, self.recvs = part.exchange_lists(self.rank, p)
+        self._exchange(*part.exchange_lists(self.rank, p))
+        self.local_to_global = box_indices(lbox, ((0,) * self.dim, self.lattice_shape))
+
+    def _block_space(self, mesh, p):
+        """Checks ``p`` across the ranks; the space of this rank's elements (``local``),
+        the mesh, the space's own communicator, the partition, the rank, the order."""
+        comm = mesh.comm
+        agree(comm, {"p": p}, "the space arguments")
+        self.local = collective(comm, H1Space, mesh.local, p, what="building the space")
+        self.mesh = mesh
+        self.comm = private_comm(comm)
+        self.partition = mesh.partition
+        self.rank, self.nranks = mesh.rank, mesh.partition.nranks
+        self.p, self.nd, self.dim = self.local.p, self.local.nd, self.local.dim
+
+    def _exchange(self, sends, recvs):
+        """The exchange lists (rank -> local DoFs sent to it, received from it), the
+        ghosts (the received DoFs, sorted) and no halo yet."""
+        self.sends, self.recvs = sends, recvs
         self.ghosts = (np.sort(np.concatenate(list(self.recvs.values()))) if self.recvs
                        else np.zeros(0, dtype=np.int64))
         self.nghosts = int(self.ghosts.size)
-        self.local_to_global = box_indices(lbox, ((0,) * self.dim, self.lattice_shape))
         self._halos = {}
 
     def __repr__(self):
@@ -458,16 +461,24 @@ class DistributedH1Space:
         if u.shape != (self.nlocal,):
             raise ValueError(f"u has shape {u.shape}, expected ({self.nlocal},): this rank's "
                              f"local vector")
-        mine = u[self.owned]
+        mine = self._owned_values(u)
         every = (self.comm.allgather(mine) if root is None
                  else self.comm.gather(mine, root=root))
         if every is None:
             return None
         out = np.empty(self.ndofs, dtype=np.float64)
-        full = ((0,) * self.dim, self.lattice_shape)
         for r, vals in enumerate(every):
-            out[box_indices(self.partition.owned_box(r, self.p), full)] = vals
+            self._place(out, r, vals)
         return out
+
+    def _owned_values(self, u):
+        """What :meth:`gather` sends of the local vector ``u``: its owned entries."""
+        return u[self.owned]
+
+    def _place(self, out, r, vals):
+        """Put rank ``r``'s :meth:`_owned_values` into the global vector ``out``."""
+        out[box_indices(self.partition.owned_box(r, self.p),
+                        ((0,) * self.dim, self.lattice_shape))] = vals
 
     def owner_form(self, y, xp=np):
         """Sum the ghosts' values into their owners and zero them (``Halo.reverse``)."""

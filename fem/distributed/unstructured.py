@@ -302,14 +302,8 @@ class PartitionedH1Space(DistributedH1Space):
     """
 
     def __init__(self, mesh, p):
+        self._block_space(mesh, p)
         comm = mesh.comm
-        agree(comm, {"p": p}, "the space arguments")
-        self.local = collective(comm, H1Space, mesh.local, p, what="building the space")
-        self.mesh = mesh
-        self.comm = private_comm(comm)
-        self.partition = mesh.partition
-        self.rank, self.nranks = mesh.rank, mesh.partition.nranks
-        self.p, self.nd, self.dim = self.local.p, self.local.nd, self.local.dim
         self.lattice_shape = None
         if self.rank == 0:
             whole = collective(comm, H1Space, mesh.whole, p, what="numbering the whole space")
@@ -332,13 +326,9 @@ class PartitionedH1Space(DistributedH1Space):
         to_local = lambda g: sorter[np.searchsorted(l2g, g, sorter=sorter)]  # noqa: E731
         self.owned = np.sort(to_local(plan["owned"]))
         self.nowned = int(self.owned.size)
-        self.sends = {q: to_local(g) for q, g in plan["sends"].items()}
-        self.recvs = {q: to_local(g) for q, g in plan["recvs"].items()}
-        self.ghosts = (np.sort(np.concatenate(list(self.recvs.values()))) if self.recvs
-                       else np.zeros(0, dtype=np.int64))
-        self.nghosts = int(self.ghosts.size)
+        self._exchange({q: to_local(g) for q, g in plan["sends"].items()},
+                       {q: to_local(g) for q, g in plan["recvs"].items()})
         self._owned_global = plan["owned"]
-        self._halos = {}
 
     def ghost_elements(self):
         """Boolean mask over the rank's elements: those touching a ghost node."""
@@ -347,20 +337,10 @@ class PartitionedH1Space(DistributedH1Space):
         E = self.local.nelements
         return is_ghost[self.local.elem_dofs.reshape(E, -1)].any(axis=1)
 
-    def gather(self, u, root=0):
-        """The global vector from every rank's local one (owned entries), on ``root``
-        (``root=None``: on every rank); None elsewhere. Collective."""
-        from .._device import to_host
-        u = np.ascontiguousarray(to_host(u), dtype=np.float64)
-        if u.shape != (self.nlocal,):
-            raise ValueError(f"u has shape {u.shape}, expected ({self.nlocal},): this rank's "
-                             f"local vector")
-        mine = (self._owned_global, u[self.owned])
-        every = (self.comm.allgather(mine) if root is None
-                 else self.comm.gather(mine, root=root))
-        if every is None:
-            return None
-        out = np.empty(self.ndofs, dtype=np.float64)
-        for idx, vals in every:
-            out[idx] = vals
-        return out
+    def _owned_values(self, u):
+        """The owned entries of ``u`` with their global numbers (a part's are not a box)."""
+        return (self._owned_global, u[self.owned])
+
+    def _place(self, out, r, vals):
+        idx, vals = vals
+        out[idx] = vals

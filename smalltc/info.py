@@ -22,22 +22,14 @@ from . import __version__, backends
 from . import tables as T
 from ._arrays import cupy_or_none, gpu_available
 from .aot import cache_report
+from .roofline import _cpu_model
 from .spec import QFUNCS
 
 __all__ = ["collect", "add_arguments", "run", "entry_kind"]
 
 
 def _cpu():
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    cpu = {"name": name, "cores": os.cpu_count()}
+    cpu = {"name": _cpu_model(), "cores": os.cpu_count()}
     try:                 # Numba's LLVM, Numba and the CPU backend: loaded by the probe only
         import llvmlite.binding as llvm
         cpu["llvm_target"] = llvm.get_host_cpu_name()

@@ -397,10 +397,16 @@ def cached_plan(key, given, spec, xp, backend, method, reshape_inputs=False):
     p = _PLANS.get(key)
     if p is None:
         p = build_plan(spec, xp, backend, method, reshape_inputs=reshape_inputs)
-        if len(_PLANS) >= _MAX_PLANS:
-            del _PLANS[next(iter(_PLANS))]
-        _PLANS[key] = p
+        remember(_PLANS, key, p)
     return p
+
+
+def remember(cache, key, plan):
+    """Keep ``plan`` in ``cache`` under ``key``, the oldest entry dropped beyond
+    ``_MAX_PLANS`` (the public operations' and the solver operations' plan caches)."""
+    if len(cache) >= _MAX_PLANS:
+        del cache[next(iter(cache))]
+    cache[key] = plan
 
 
 def _warn_once(key, msg, *args):

@@ -50,6 +50,12 @@ def _legendre(n, x):
     return p, p_prev
 
 
+def _legendre_dp(n, x):
+    """Return ``(P_n(x), P_n'(x))`` (n >= 1, x strictly inside (-1, 1))."""
+    p, p_prev = _legendre(n, x)
+    return p, n * (x * p - p_prev) / (x * x - 1.0)
+
+
 def _check_count(n, minimum, rule):
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"n must be an integer, got {type(n).__name__} {n!r} for {rule}")
@@ -123,13 +129,11 @@ def gauss_legendre(n):
     x = np.cos(np.pi * (4.0 * k - 1.0) / (4.0 * n + 2.0)) * (1.0 - (n - 1.0) / (8.0 * n**3))
 
     def step(x):
-        p, p_prev = _legendre(n, x)
-        dp = n * (x * p - p_prev) / (x * x - 1.0)
+        p, dp = _legendre_dp(n, x)
         return p / dp
 
     x = _newton(step, x, "Gauss-Legendre", n)
-    p, p_prev = _legendre(n, x)
-    dp = n * (x * p - p_prev) / (x * x - 1.0)
+    _, dp = _legendre_dp(n, x)
     w = 2.0 / ((1.0 - x * x) * dp * dp)
     return _symmetrize(x, w)
 

@@ -35,7 +35,7 @@ import numpy as np
 from . import _validate_solver as V
 from .backends import Unsupported, candidates
 from .backends.reference_solvers import STOP_CODES
-from .plan import Executed
+from .plan import Executed, remember
 from .spec import SOLVER_OPS
 
 __all__ = ["SolverPlan", "plan", "vector_update", "pcg_iterate", "pmg_transfer", "csr_spmv",
@@ -56,7 +56,6 @@ DEPENDS = {"vector_update": (), "pcg": (), "pmg_transfer": ("size", "index"),
 assert set(DEPENDS) == set(OPS)
 
 _PLANS: dict = {}
-_MAX_PLANS = 256
 _WARNED: set = set()
 
 
@@ -250,9 +249,7 @@ def _cached(op, operands, mode=None, free=None, backend="auto"):
     if p is None:
         p = plan(op, *operands, mode=mode, free=free, backend=backend)
         if key is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                del _PLANS[next(iter(_PLANS))]
-            _PLANS[key] = p
+            remember(_PLANS, key, p)
     return p
 
 

@@ -111,6 +111,56 @@ def _non_default(spec):
                  if getattr(spec, k, v) != v)
 
 
+def _check_choice(name, value, choices):
+    """``value`` is one of ``choices``, else a ValueError naming the field."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def _check_float(name, value):
+    """``value`` is "float64" or "float32", else a ValueError naming the field."""
+    if value not in ("float64", "float32"):
+        raise ValueError(f"{name} must be 'float64' or 'float32', got {value!r}")
+
+
+def _check_dim(dim):
+    if dim not in (1, 2, 3):
+        raise ValueError(f"dim must be 1, 2 or 3, got {dim}")
+
+
+def _check_comp_axis(ncomp, comp_axis, holder, side=""):
+    """More than one component needs the component axis (``holder`` names the array
+    that has it; ``side`` the field suffix, ``"_in"`` for :class:`MixedSpec`)."""
+    if ncomp > 1 and not comp_axis:
+        raise ValueError(f"ncomp{side}={ncomp} needs comp_axis{side}=True ({holder} has a "
+                         "component axis)")
+
+
+def _index_bytes(index_dtype):
+    """Bytes of one index: 4 for "int32", 8 for "int64"."""
+    return int(index_dtype[3:]) // 8
+
+
+def _map_operand(name, batch, n, dim, index_dtype):
+    """An element-to-DoF map: ``(batch, n, ..., n)`` indices of ``index_dtype``."""
+    return Operand(name, (batch,) + (n,) * dim, True, False, index_dtype)
+
+
+def _field_shape(batch, dim, nd, comp, ndofs):
+    """A field's shape: the element vectors ``(E, [ncomp,] nd, ..., nd)`` when ``ndofs``
+    is None, else the global vector ``([ncomp,] ndofs)`` (``comp``: ``()`` or
+    ``(ncomp,)``)."""
+    if ndofs is None:
+        return (batch,) + comp + (nd,) * dim
+    return comp + (ndofs,)
+
+
+def _evals(dim, value, gradients):
+    """Evaluations in slot order: ``-1`` the value (when ``value``), then ``a`` the reference
+    derivative along tensor axis ``a`` (when ``gradients``)."""
+    return ((-1,) if value else ()) + (tuple(range(dim)) if gradients else ())
+
+
 class _Spec:
     """Common behaviour: the kernel key drops the batch count."""
 
@@ -138,7 +188,23 @@ class _Spec:
                                    if f.name not in skip})
 
 
-class _Operator(_Spec):
+@dataclass(frozen=True)
+class _Element(_Spec):
+    """The specs on tensor-product elements: ``dim`` axes, ``nq`` points and ``nd`` nodes
+    an axis, ``batch`` elements, ``dtype``; the fields every such spec begins with."""
+
+    dim: int
+    nq: int
+    nd: int
+    batch: int
+    dtype: str
+
+    @property
+    def p(self):
+        return self.nd - 1
+
+
+class _Operator(_Element):
     """What the FEM specs share: the quadrature function (``qfunc``), the collocated
     form, and the basis and data operands they imply (docs/math.md section 7):
 
@@ -230,10 +296,8 @@ class _Operator(_Spec):
         ("vertices": the point data recomputed from vertex coordinates): action and
         fused apply only, one at a time; the vertex form for mass and diffusion."""
         qdt, geo = getattr(self, "qdtype", None), getattr(self, "geometry", None)
-        if qdt not in QDTYPES:
-            raise ValueError(f"qdtype must be one of {QDTYPES}, got {qdt!r}")
-        if geo not in GEOMETRIES:
-            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geo!r}")
+        _check_choice("qdtype", qdt, QDTYPES)
+        _check_choice("geometry", geo, GEOMETRIES)
         if qdt is not None and self.dtype != "float64":
             raise ValueError(f"qdtype={qdt!r} is for float64 vectors (float32 point data "
                              f"read, float64 arithmetic); the spec's dtype is {self.dtype}")
@@ -390,11 +454,6 @@ class ActionSpec(_Operator):
     V_e``, the diffusion action ``U_e = sum_ab G_a^T Q_e^ab G_b V_e`` or their sum
     (``qfunc``; docs/math.md sections 2 and 7)."""
 
-    dim: int
-    nq: int
-    nd: int
-    batch: int
-    dtype: str
     ncomp: int = 1
     comp_axis: bool = False
     qfunc: str = "mass"
@@ -408,8 +467,7 @@ class ActionSpec(_Operator):
         self._check_data_source()
         # V is (batch, ncomp, nd, ...) for ncomp > 1; without the axis its shape would
         # hold 1/ncomp of the items the kernels process (the tuner made such specs once)
-        if self.ncomp > 1 and not self.comp_axis:
-            raise ValueError(f"ncomp={self.ncomp} needs comp_axis=True (V has a component axis)")
+        _check_comp_axis(self.ncomp, self.comp_axis, "V")
 
     @property
     def b_shape(self):
@@ -441,10 +499,6 @@ class ActionSpec(_Operator):
         return self._basis_operands() + self._data_operands() + field
 
     @property
-    def p(self):
-        return self.nd - 1
-
-    @property
     def size_key(self):
         return self._key(f"action/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}")
 
@@ -465,11 +519,6 @@ class AssemblySpec(_Operator):
     """Element matrices: mass ``M_e = B^T D_e B``, stiffness ``K_e = sum_ab G_a^T Q_e^ab
     G_b`` or their sum (``qfunc``; docs/math.md sections 2 and 7)."""
 
-    dim: int
-    nq: int
-    nd: int
-    batch: int
-    dtype: str
     qfunc: str = "mass"
     collocated: bool = False
     op = "assembly"
@@ -493,10 +542,6 @@ class AssemblySpec(_Operator):
     @property
     def inputs(self):
         return self._basis_operands() + self._data_operands()
-
-    @property
-    def p(self):
-        return self.nd - 1
 
     @property
     def size_key(self):
@@ -534,11 +579,6 @@ class MassApplySpec(_Operator):
     ((35,), 'mass_apply/2d/nd3nq4c1')
     """
 
-    dim: int
-    nq: int
-    nd: int
-    batch: int
-    dtype: str
     ndofs: int
     ncomp: int = 1
     comp_axis: bool = False
@@ -551,10 +591,8 @@ class MassApplySpec(_Operator):
     op = "mass_apply"
 
     def __post_init__(self):
-        if self.ncomp > 1 and not self.comp_axis:
-            raise ValueError(f"ncomp={self.ncomp} needs comp_axis=True (x has a component axis)")
-        if self.index_dtype not in INDEX_DTYPES:
-            raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {self.index_dtype!r}")
+        _check_comp_axis(self.ncomp, self.comp_axis, "x")
+        _check_choice("index_dtype", self.index_dtype, INDEX_DTYPES)
         self._check_operator()
         self._check_data_source()
 
@@ -575,8 +613,7 @@ class MassApplySpec(_Operator):
 
     @property
     def inputs(self):
-        dofs = Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
-                       self.index_dtype)
+        dofs = _map_operand("elem_dofs", self.batch, self.nd, self.dim, self.index_dtype)
         if self.qfunc == "force":          # F e scatter-added into y (dim, ndofs)
             field = Operand("e", self.l2_shape, True)
         elif self.qfunc == "force_t":      # F^T w, w gathered from (dim, ndofs)
@@ -586,16 +623,12 @@ class MassApplySpec(_Operator):
         return self._basis_operands() + self._data_operands() + (field, dofs)
 
     @property
-    def p(self):
-        return self.nd - 1
-
-    @property
     def size_key(self):
         return self._key(f"mass_apply/{self.dim}d/nd{self.nd}nq{self.nq}c{self.ncomp}")
 
     def sizes(self):
         return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp,
-                    ndofs=self.ndofs, index_bytes=int(self.index_dtype[3:]) // 8,
+                    ndofs=self.ndofs, index_bytes=_index_bytes(self.index_dtype),
                     **self._extra_sizes())
 
     def __str__(self):
@@ -616,11 +649,6 @@ class MassDiagonalSpec(_Operator):
     (125,)
     """
 
-    dim: int
-    nq: int
-    nd: int
-    batch: int
-    dtype: str
     ndofs: int
     index_dtype: str = "int32"
     deterministic: bool = False
@@ -629,8 +657,7 @@ class MassDiagonalSpec(_Operator):
     op = "mass_diagonal"
 
     def __post_init__(self):
-        if self.index_dtype not in INDEX_DTYPES:
-            raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {self.index_dtype!r}")
+        _check_choice("index_dtype", self.index_dtype, INDEX_DTYPES)
         self._check_operator()
 
     def kernel_key(self):
@@ -644,12 +671,7 @@ class MassDiagonalSpec(_Operator):
     @property
     def inputs(self):
         return (self._basis_operands() + self._data_operands()
-                + (Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True, False,
-                           self.index_dtype),))
-
-    @property
-    def p(self):
-        return self.nd - 1
+                + (_map_operand("elem_dofs", self.batch, self.nd, self.dim, self.index_dtype),))
 
     @property
     def size_key(self):
@@ -657,7 +679,7 @@ class MassDiagonalSpec(_Operator):
 
     def sizes(self):
         return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ndofs=self.ndofs,
-                    index_bytes=int(self.index_dtype[3:]) // 8, **self._extra_sizes())
+                    index_bytes=_index_bytes(self.index_dtype), **self._extra_sizes())
 
     def __str__(self):
         det = " deterministic" if self.deterministic else ""
@@ -714,24 +736,17 @@ class MixedSpec(_Spec):
 
     def __post_init__(self):
         for side in ("in", "out"):
-            ev = getattr(self, f"eval_{side}")
-            if ev not in EVALS:
-                raise ValueError(f"eval_{side} must be one of {EVALS}, got {ev!r}")
-            if getattr(self, f"index_dtype_{side}") not in INDEX_DTYPES:
-                raise ValueError(f"index_dtype_{side} must be one of {INDEX_DTYPES}, got "
-                                 f"{getattr(self, f'index_dtype_{side}')!r}")
-        if self.dim not in (1, 2, 3):
-            raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
-        if self.ncomp_in > 1 and not self.comp_axis_in:
-            raise ValueError(f"ncomp_in={self.ncomp_in} needs comp_axis_in=True (the input "
-                             "has a component axis)")
+            _check_choice(f"eval_{side}", getattr(self, f"eval_{side}"), EVALS)
+            _check_choice(f"index_dtype_{side}", getattr(self, f"index_dtype_{side}"),
+                          INDEX_DTYPES)
+        _check_dim(self.dim)
+        _check_comp_axis(self.ncomp_in, self.comp_axis_in, "the input", "_in")
 
     def evals(self, side):
         """The evaluations of one side, in slot order: ``-1`` the value, ``a`` the reference
         derivative along tensor axis ``a``."""
         ev = getattr(self, f"eval_{side}")
-        return ((-1,) if ev != "grad" else ()) + (tuple(range(self.dim))
-                                                  if ev != "value" else ())
+        return _evals(self.dim, ev != "grad", ev != "value")
 
     @property
     def nslots_in(self):
@@ -742,13 +757,10 @@ class MixedSpec(_Spec):
         return self.ncomp_out * len(self.evals("out"))
 
     def _side_shape(self, side):
-        nd, nc = getattr(self, f"nd_{side}"), getattr(self, f"ncomp_{side}")
+        nc = getattr(self, f"ncomp_{side}")
         axis = self.comp_axis_in if side == "in" else nc > 1
-        ndofs = getattr(self, f"ndofs_{side}")
-        comp = (nc,) if axis else ()
-        if ndofs is None:
-            return (self.batch,) + comp + (nd,) * self.dim
-        return comp + (ndofs,)
+        return _field_shape(self.batch, self.dim, getattr(self, f"nd_{side}"),
+                            (nc,) if axis else (), getattr(self, f"ndofs_{side}"))
 
     @property
     def out_shape(self):
@@ -768,9 +780,9 @@ class MixedSpec(_Spec):
                            self.ndofs_in is None))
         for side in ("in", "out"):
             if getattr(self, f"ndofs_{side}") is not None:
-                ops.append(Operand(f"elem_dofs_{side}", (self.batch,) + (
-                    getattr(self, f"nd_{side}"),) * self.dim, True, False,
-                    getattr(self, f"index_dtype_{side}")))
+                ops.append(_map_operand(f"elem_dofs_{side}", self.batch,
+                                        getattr(self, f"nd_{side}"), self.dim,
+                                        getattr(self, f"index_dtype_{side}")))
         return tuple(ops)
 
     def kernel_key(self):
@@ -809,7 +821,7 @@ BASIS_WHATS = ("values", "gradients", "both")
 
 
 @dataclass(frozen=True)
-class BasisSpec(_Spec):
+class BasisSpec(_Element):
     """CEED's basis application: the evaluation of element fields at the quadrature points
     (``EVAL_INTERP``, ``EVAL_GRAD``) or, ``transpose``, its transpose (the integration
     against the basis and its derivatives); docs/math.md section 7, the input and output
@@ -833,11 +845,6 @@ class BasisSpec(_Spec):
     ([('B1d', (3, 2)), ('H', (7, 3, 3, 3))], (7, 2, 2, 2))
     """
 
-    dim: int
-    nq: int
-    nd: int
-    batch: int
-    dtype: str
     what: str = "values"
     transpose: bool = False
     ncomp: int = 1
@@ -848,26 +855,15 @@ class BasisSpec(_Spec):
     qfunc = "basis"           # not a field: no operator instance of the FEM families
 
     def __post_init__(self):
-        if self.what not in BASIS_WHATS:
-            raise ValueError(f"what must be one of {BASIS_WHATS}, got {self.what!r}")
-        if self.dim not in (1, 2, 3):
-            raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
-        if self.index_dtype not in INDEX_DTYPES:
-            raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got "
-                             f"{self.index_dtype!r}")
-        if self.ncomp > 1 and not self.comp_axis:
-            raise ValueError(f"ncomp={self.ncomp} needs comp_axis=True (the field has a "
-                             "component axis)")
-
-    @property
-    def p(self):
-        return self.nd - 1
+        _check_choice("what", self.what, BASIS_WHATS)
+        _check_dim(self.dim)
+        _check_choice("index_dtype", self.index_dtype, INDEX_DTYPES)
+        _check_comp_axis(self.ncomp, self.comp_axis, "the field")
 
     def evals(self):
         """The evaluations in slot order: ``-1`` the value, ``a`` the reference derivative
         along tensor axis ``a`` (:meth:`MixedSpec.evals`'s convention)."""
-        return ((-1,) if self.what != "gradients" else ()) + (
-            tuple(range(self.dim)) if self.what != "values" else ())
+        return _evals(self.dim, self.what != "gradients", self.what != "values")
 
     @property
     def nslots(self):
@@ -883,10 +879,8 @@ class BasisSpec(_Spec):
     @property
     def field_shape(self):
         """The field's shape: ``([ncomp,] ndofs)``, or the element vectors."""
-        comp = (self.ncomp,) if self.comp_axis else ()
-        if self.ndofs is None:
-            return (self.batch,) + comp + (self.nd,) * self.dim
-        return comp + (self.ndofs,)
+        return _field_shape(self.batch, self.dim, self.nd,
+                            (self.ncomp,) if self.comp_axis else (), self.ndofs)
 
     @property
     def out_shape(self):
@@ -903,8 +897,8 @@ class BasisSpec(_Spec):
             ops.append(Operand("V" if self.ndofs is None else "x", self.field_shape,
                                self.ndofs is None))
         if self.ndofs is not None:
-            ops.append(Operand("elem_dofs", (self.batch,) + (self.nd,) * self.dim, True,
-                               False, self.index_dtype))
+            ops.append(_map_operand("elem_dofs", self.batch, self.nd, self.dim,
+                                    self.index_dtype))
         return tuple(ops)
 
     def kernel_key(self):
@@ -920,7 +914,7 @@ class BasisSpec(_Spec):
     def sizes(self):
         return dict(dim=self.dim, nq=self.nq, nd=self.nd, batch=self.batch, ncomp=self.ncomp,
                     nslots=self.nslots, ndofs=self.ndofs,
-                    index_bytes=int(self.index_dtype[3:]) // 8)
+                    index_bytes=_index_bytes(self.index_dtype))
 
     def __str__(self):
         comp = f" ncomp={self.ncomp}" if self.comp_axis else ""
@@ -991,14 +985,10 @@ class GeometrySpec(_Spec):
     qfunc = "geometry"        # not a field: no operator instance of the FEM families
 
     def __post_init__(self):
-        if self.what not in GEOMETRY_WHATS:
-            raise ValueError(f"what must be one of {GEOMETRY_WHATS}, got {self.what!r}")
-        if self.dim not in (1, 2, 3):
-            raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
-        for name in ("dtype", "jdtype"):
-            if getattr(self, name) not in ("float64", "float32"):
-                raise ValueError(f"{name} must be 'float64' or 'float32', got "
-                                 f"{getattr(self, name)!r}")
+        _check_choice("what", self.what, GEOMETRY_WHATS)
+        _check_dim(self.dim)
+        _check_float("dtype", self.dtype)
+        _check_float("jdtype", self.jdtype)
         if self.coef and not self.weighted:
             raise ValueError(f"coef is for what 'mass', 'diffusion' or 'both' (point data), "
                              f"not {self.what!r}")
@@ -1071,18 +1061,40 @@ VECTOR_MODES = ("start", "step", "residual", "last")
 SOLVER_OPS = ("vector_update", "pcg", "pmg_transfer", "csr_spmv", "schwarz_fdm")
 
 
-def _check_common(spec, *, dtype=True):
-    if dtype and spec.dtype not in ("float64", "float32"):
-        raise ValueError(f"dtype must be 'float64' or 'float32', got {spec.dtype!r}")
+def _check_common(spec):
+    """The solver specs' checks: the dtype, the index dtype and ``dim`` where the spec has
+    them, a batch count >= 0."""
+    _check_float("dtype", spec.dtype)
     idt = getattr(spec, "index_dtype", None)
-    if idt is not None and idt not in INDEX_DTYPES:
-        raise ValueError(f"index_dtype must be one of {INDEX_DTYPES}, got {idt!r}")
+    if idt is not None:
+        _check_choice("index_dtype", idt, INDEX_DTYPES)
     if spec.batch < 0:
         raise ValueError(f"batch must be >= 0, got {spec.batch}")
+    if hasattr(spec, "dim"):
+        _check_dim(spec.dim)
+
+
+class _Vectors(_Spec):
+    """The specs on vectors of length ``batch``: the operands :meth:`_names` lists, each a
+    vector; the result a vector."""
+
+    def __post_init__(self):
+        _check_common(self)
+
+    @property
+    def inputs(self):
+        return tuple(Operand(n, (self.batch,), True) for n in self._names())
+
+    @property
+    def out_shape(self):
+        return (self.batch,)
+
+    def sizes(self):
+        return dict(n=self.batch)
 
 
 @dataclass(frozen=True)
-class VectorUpdateSpec(_Spec):
+class VectorUpdateSpec(_Vectors):
     """One vector update of a Chebyshev smoothing step or of a V-cycle's residual, on
     vectors of length ``batch``, in place (``f`` the free mask, 1 free and 0 constrained;
     ``y = A(f v)`` the raw operator's result; ``inv = 1 / diag(A_c)``):
@@ -1114,29 +1126,19 @@ class VectorUpdateSpec(_Spec):
     op = "vector_update"
 
     def __post_init__(self):
-        if self.mode not in VECTOR_MODES:
-            raise ValueError(f"mode must be one of {VECTOR_MODES}, got {self.mode!r}")
-        _check_common(self)
+        _check_choice("mode", self.mode, VECTOR_MODES)
+        super().__post_init__()
 
     #: the vectors of each mode, in order (the mask ``f`` follows where ``masked``)
     OPERANDS = {"start": ("r", "inv"), "step": ("y", "r", "x", "d", "dm", "inv"),
                 "residual": ("b", "y", "x"), "last": ("d", "x")}
 
-    @property
-    def inputs(self):
-        names = self.OPERANDS[self.mode] + (("f",) if self.masked else ())
-        return tuple(Operand(n, (self.batch,), True) for n in names)
-
-    @property
-    def out_shape(self):
-        return (self.batch,)
+    def _names(self):
+        return self.OPERANDS[self.mode] + (("f",) if self.masked else ())
 
     @property
     def size_key(self):
         return f"vector/{self.mode}{'' if self.masked else '+nomask'}/n{self.batch}"
-
-    def sizes(self):
-        return dict(n=self.batch)
 
     def __str__(self):
         return (f"vector_{self.mode} n={self.batch} {self.dtype}"
@@ -1144,7 +1146,7 @@ class VectorUpdateSpec(_Spec):
 
 
 @dataclass(frozen=True)
-class PcgSpec(_Spec):
+class PcgSpec(_Vectors):
     """The fused vector updates of preconditioned conjugate gradients on vectors of length
     ``batch``: ``p.Ap``; ``x += alpha p``, ``r -= alpha Ap`` with ``r.r`` and ``r.z``
     (``z = inv r`` when ``jacobi``, else ``z = r``); ``p = z + beta p``.
@@ -1159,26 +1161,12 @@ class PcgSpec(_Spec):
     jacobi: bool = True
     op = "pcg"
 
-    def __post_init__(self):
-        _check_common(self)
-
-    @property
-    def inputs(self):
-        vec = [Operand(n, (self.batch,), True) for n in ("x", "r")]
-        if self.jacobi:
-            vec.append(Operand("inv", (self.batch,), True))
-        return tuple(vec)
-
-    @property
-    def out_shape(self):
-        return (self.batch,)
+    def _names(self):
+        return ("x", "r") + (("inv",) if self.jacobi else ())
 
     @property
     def size_key(self):
         return f"pcg/{'jacobi' if self.jacobi else 'none'}/n{self.batch}"
-
-    def sizes(self):
-        return dict(n=self.batch)
 
     def __str__(self):
         return f"pcg n={self.batch}{' jacobi' if self.jacobi else ''} {self.dtype}"
@@ -1211,8 +1199,6 @@ class TransferSpec(_Spec):
 
     def __post_init__(self):
         _check_common(self)
-        if self.dim not in (1, 2, 3):
-            raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
         if self.nin < 1 or self.nout < 1:
             raise ValueError(f"nin and nout must be >= 1, got {self.nin}, {self.nout}")
 
@@ -1221,9 +1207,9 @@ class TransferSpec(_Spec):
         E, d, it = self.batch, self.dim, self.index_dtype
         return (Operand("M", (self.nout, self.nin), False),
                 Operand("x", (self.n_in,), False),
-                Operand("in_map", (E,) + (self.nin,) * d, True, False, it),
+                _map_operand("in_map", E, self.nin, d, it),
                 Operand("in_w", (self.n_in,), False),
-                Operand("out_map", (E,) + (self.nout,) * d, True, False, it),
+                _map_operand("out_map", E, self.nout, d, it),
                 Operand("out_w", (self.n_out,), False))
 
     @property
@@ -1316,8 +1302,6 @@ class SchwarzSpec(_Spec):
 
     def __post_init__(self):
         _check_common(self)
-        if self.dim not in (1, 2, 3):
-            raise ValueError(f"dim must be 1, 2 or 3, got {self.dim}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.rdtype not in (None, "float64"):
@@ -1328,7 +1312,7 @@ class SchwarzSpec(_Spec):
         E, n, d = self.batch, self.n, self.dim
         return (Operand("S", (E, d, n, n), True),
                 Operand("inv", (E,) + (n,) * d, True),
-                Operand("idx", (E,) + (n,) * d, True, False, self.index_dtype),
+                _map_operand("idx", E, n, d, self.index_dtype),
                 Operand("r", (self.ndofs,), False, False, self.rdtype),
                 Operand("w", (self.ndofs,), False))
 

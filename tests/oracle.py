@@ -60,7 +60,7 @@ def sym_pairs(dim):
     return [(a, b) for a in range(dim) for b in range(a, dim)]
 
 
-def _kron(mats):
+def kron_all(mats):
     out = np.ones((1, 1))
     for m in mats:
         out = np.kron(out, m)
@@ -73,15 +73,15 @@ def gradients(B1d, G1d, dim):
     is the identity (collocated)."""
     G1d = np.asarray(G1d, dtype=np.float64)
     B = np.eye(G1d.shape[1]) if B1d is None else np.asarray(B1d, dtype=np.float64)
-    return [_kron([G1d if d == a else B for d in range(dim)]) for a in range(dim)], \
-        _kron([B] * dim)
+    return [kron_all([G1d if d == a else B for d in range(dim)]) for a in range(dim)], \
+        kron_all([B] * dim)
 
 
 def operator_matrices(qfunc, B1d, G1d, D, Q, dim):
     """Element matrices ``(E, nd**dim, nd**dim)`` straight from the definition:
     ``sum_ab G_a^T diag(Q^ab) G_b`` (+ ``B^T diag(D) B`` for Helmholtz, or alone for mass)."""
     if qfunc == "mass":
-        Bk = _kron([np.asarray(B1d, dtype=np.float64)] * dim)
+        Bk = kron_all([np.asarray(B1d, dtype=np.float64)] * dim)
         Gs = None
     else:
         Gs, Bk = gradients(B1d, G1d, dim)

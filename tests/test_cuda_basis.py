@@ -29,9 +29,9 @@ from smalltc.backends.cuda.family import DEFAULT_DEVICE, SMEM_TARGET
 from smalltc.spec import BasisSpec
 
 from conftest import TOL, rel_err
+from ptxas import NVCC, compiles_clean
 from test_evaluation import integrate_oracle, interp_oracle, mesh_map
 
-NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
 HOST_H = pathlib.Path(__file__).parent / "data" / "cuda_host.h"
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
@@ -78,25 +78,12 @@ def _compiled(case):
 def test_every_variant_compiles_for_sm90_without_spills(tmp_path):
     """One translation unit (each kernel in its namespace), ptxas -v: every entry compiles,
     no warning, no spill store, no stack."""
-    parts, entries = [], []
+    kernels = {}
     for i, case in enumerate(COMPILED):
         spec, ctx = _compiled(case)
         entry = f"{BASIS.entry(spec, ctx)}_{i}"
-        entries.append(entry)
-        parts.append(f"namespace ns{i} {{\n{RT.render('basis.cu.j2', dict(ctx, entry=entry))}"
-                     "\n}\n")
-    path = tmp_path / "basis_sm_90.cu"
-    path.write_text("".join(parts))
-    res = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
-                          "-Xptxas", "-v", str(path)], capture_output=True, text=True)
-    log = res.stdout + res.stderr
-    assert res.returncode == 0, log
-    assert not re.search(r"warning", log), log
-    frames = dict(re.findall(r"Function properties for (\w+)\n\s+(\d+ bytes stack frame, "
-                             r"\d+ bytes spill stores)", log))
-    assert set(frames) == set(entries)
-    bad = {e: f for e, f in frames.items() if f != "0 bytes stack frame, 0 bytes spill stores"}
-    assert not bad, bad
+        kernels[entry] = RT.render("basis.cu.j2", dict(ctx, entry=entry))
+    compiles_clean(tmp_path / "basis_sm_90.cu", kernels)
 
 
 def test_entry_names_say_what_runs():

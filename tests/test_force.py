@@ -5,8 +5,6 @@ sum-factorised code), each output poisoned with NaN first; the transpose identit
 ``W . (F E) == (F^T W) . E``; ``F 1`` against the assembled force matrix; errors naming
 the operand. GPU cases skip without a CUDA device.
 """
-from functools import reduce
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,7 @@ import smalltc
 from smalltc import fem
 from smalltc._arrays import gpu_available
 
+import oracle
 from conftest import TOL, rel_err
 
 
@@ -36,18 +35,21 @@ def operands(dim, p, E, dtype="float64", seed=0, nq=None):
 
 def dense(L, B, G, dim):
     """The dense 1D-product matrices: B_L2 (nq^d x p^d) and G_a (nq^d x (p+1)^d)."""
-    L, B, G = (np.asarray(x, dtype=np.float64) for x in (L, B, G))
-    BL = reduce(np.kron, [L] * dim)
-    Ga = [reduce(np.kron, [G if d == a else B for d in range(dim)]) for a in range(dim)]
-    return BL, Ga
+    Ga, _ = oracle.gradients(B, G, dim)
+    return oracle.kron_all([np.asarray(L, dtype=np.float64)] * dim), Ga
+
+
+def _dense_force(L, B, G, A):
+    """``(dim, E, B_L2, G_a, A)`` of the corner force's oracles, A ``(E, dim, dim, nq^d)``
+    in float64."""
+    dim, E = A.ndim - 3, A.shape[0]
+    BL, Ga = dense(L, B, G, dim)
+    return dim, E, BL, Ga, np.asarray(A, dtype=np.float64).reshape(E, dim, dim, -1)
 
 
 def oracle_force(L, B, G, A, e):
     """``(F e)_c = sum_a G_a^T (A[c, a] * B_L2 e)`` with dense matrices, float64."""
-    dim = A.ndim - 3
-    E = A.shape[0]
-    BL, Ga = dense(L, B, G, dim)
-    A = np.asarray(A, dtype=np.float64).reshape(E, dim, dim, -1)
+    dim, E, BL, Ga, A = _dense_force(L, B, G, A)
     u = np.asarray(e, dtype=np.float64).reshape(E, -1) @ BL.T
     out = np.stack([sum((A[:, c, a] * u) @ Ga[a] for a in range(dim)) for c in range(dim)],
                    axis=1)
@@ -56,10 +58,7 @@ def oracle_force(L, B, G, A, e):
 
 def oracle_force_t(L, B, G, A, w):
     """``F^T w = B_L2^T sum_{c,a} A[c, a] * (G_a w_c)`` with dense matrices, float64."""
-    dim = A.ndim - 3
-    E = A.shape[0]
-    BL, Ga = dense(L, B, G, dim)
-    A = np.asarray(A, dtype=np.float64).reshape(E, dim, dim, -1)
+    dim, E, BL, Ga, A = _dense_force(L, B, G, A)
     w = np.asarray(w, dtype=np.float64).reshape(E, dim, -1)
     s = sum(A[:, c, a] * (w[:, c] @ Ga[a].T) for c in range(dim) for a in range(dim))
     return (s @ BL).reshape((E,) + (L.shape[1],) * dim)

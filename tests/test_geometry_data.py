@@ -7,10 +7,6 @@ backends, and with CuPy arrays where a GPU answers; the element minimum and its 
 errors. Without a GPU the CUDA sources of a table of contexts compile with nvcc for
 sm_90 (no warning, no spill).
 """
-import re
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 
@@ -24,8 +20,8 @@ from smalltc.plan import build_plan
 from smalltc.spec import GeometrySpec
 
 from conftest import to_numpy, xp_of
+from ptxas import NVCC, compiles_clean
 
-NVCC = shutil.which("nvcc")
 def needs_gpu(test):
     return pytest.mark.gpu(pytest.mark.skipif(not gpu_available(), reason="no CUDA device")(test))
 TOL = {"float64": 1e-12, "float32": 2e-6}
@@ -234,26 +230,13 @@ COMPILED = [GeometrySpec(dim=d, nq=q, batch=1, dtype=dt, what=w, coef=c, jdtype=
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
 def test_cuda_sources_compile_for_sm90_without_spills(tmp_path):
-    parts, entries = [], []
-    for i, spec in enumerate(COMPILED):
+    kernels = {}
+    for spec in COMPILED:
         for params in (None, dict(tpe=4, threads=128, min_blocks=0)):
             ctx = CUDA_GEOMETRY.context(spec, params)
-            entry = f"{CUDA_GEOMETRY.entry(spec, ctx)}_{len(entries)}"
-            entries.append(entry)
-            parts.append(f"namespace ns{len(entries)} {{\n"
-                         f"{RT.render('geometry.cu.j2', dict(ctx, entry=entry))}\n}}\n")
-    path = tmp_path / "geometry_sm_90.cu"
-    path.write_text("".join(parts))
-    res = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
-                          "-Xptxas", "-v", str(path)], capture_output=True, text=True)
-    log = res.stdout + res.stderr
-    assert res.returncode == 0, log
-    assert not re.search(r"warning", log), log
-    frames = dict(re.findall(r"Function properties for (\w+)\n\s+(\d+ bytes stack frame, "
-                             r"\d+ bytes spill stores)", log))
-    assert set(frames) == set(entries)
-    bad = {e: f for e, f in frames.items() if f != "0 bytes stack frame, 0 bytes spill stores"}
-    assert not bad, bad
+            entry = f"{CUDA_GEOMETRY.entry(spec, ctx)}_{len(kernels)}"
+            kernels[entry] = RT.render("geometry.cu.j2", dict(ctx, entry=entry))
+    compiles_clean(tmp_path / "geometry_sm_90.cu", kernels)
 
 
 def test_cuda_choice_and_params():

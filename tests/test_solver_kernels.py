@@ -9,8 +9,6 @@ import ast
 import logging
 import pathlib
 import re
-import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -23,19 +21,13 @@ from smalltc.spec import (CsrSpmvSpec, PcgSpec, SchwarzSpec, TransferSpec,
                           VectorUpdateSpec)
 
 from conftest import TOL, backend_params, rel_err, to_numpy, xp_of
+from oracle import kron_all
+from ptxas import NVCC, ptxas_sm90
 
-NVCC = shutil.which("nvcc")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # ---- oracles (dense, float64) -----------------------------------------------------------
-
-def kron_all(mats):
-    out = np.ones((1, 1))
-    for m in mats:
-        out = np.kron(out, m)
-    return out
-
 
 def transfer_oracle(M, x, in_map, in_w, out_map, out_w, n_out):
     dim = in_map.ndim - 1
@@ -339,18 +331,12 @@ def _family(spec):
 
 
 def _nvcc(path):
-    res = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", "/dev/null",
-                          "-Xptxas", "-v", str(path)], capture_output=True, text=True)
-    log = res.stdout + res.stderr
-    assert res.returncode == 0, log
-    assert not re.search(r"warning", log), log
-    spills = dict(re.findall(r"Function properties for (\w+)\n\s+\d+ bytes stack frame, "
-                             r"(\d+) bytes spill stores", log))
-    assert spills, log
+    frames, log = ptxas_sm90(path)
+    assert frames, log
     # the Schwarz solve's 3D kernel at n = 7 (p = 4) spills 8 bytes with ptxas 12 for
     # sm_90 (its 128 threads' unrolled products): allowed up to that, the rest none
-    bad = {e: int(b) for e, b in spills.items()
-           if int(b) > (8 if e.startswith("stc_schwarz_fdm_3d") else 0)}
+    bad = {e: b for e, (_, b) in frames.items()
+           if b > (8 if e.startswith("stc_schwarz_fdm_3d") else 0)}
     assert not bad, bad
 
 

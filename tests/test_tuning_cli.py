@@ -9,6 +9,7 @@ from smalltc.app.cli import main
 from smalltc.tuning import cli
 from smalltc.tuning import tables as T
 from smalltc.tuning.measure import DryRunDevice
+from test_tuning_search import Clock
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -17,14 +18,6 @@ def _args(*argv):
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
     return p.parse_args(list(argv))
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
 
 
 class TickingDevice(DryRunDevice):

@@ -31,18 +31,20 @@ from smalltc.backends import get
 from smalltc.backends.cpu import family_of
 from smalltc.backends.cpu.target import host
 
-from .measure import FOOTPRINT, _Built, _host_cast, _is_index, _Problem, _random_host, \
-    _reference, _scalars, _seen, box_map, check_spec, rel_err
+from .measure import FOOTPRINT, _Built, _Device, _is_index, _reference, _seen, box_map, \
+    rel_err
 
 __all__ = ["CpuDevice"]
 
 
-class CpuDevice:
+class CpuDevice(_Device):
     """This machine's CPU through the CPU backend (NumPy arrays)."""
 
     dry_run = False
     compiler = "cpu"
     family_of = staticmethod(family_of)
+    _xp = np
+    _host = staticmethod(np.asarray)
 
     def __init__(self, dtype, repeats=20, warmup=3, footprint=FOOTPRINT):
         self.backend = get("cpu")
@@ -64,51 +66,15 @@ class CpuDevice:
     def forms(self, spec):
         return ("separate", "double")
 
-    def bound(self, spec):
-        self.info()
-        return roofline.bound(spec, bandwidth=self._bw, peak=self._peak)
-
     def _operands(self, spec, seed=1000):
         rng = np.random.default_rng(seed)
         return [box_map(spec) if _is_index(o) else
                 (rng.random(o.shape) + 0.5 if o.positive else rng.random(o.shape) - 0.5)
                 .astype(o.dtype or spec.dtype) for o in spec.inputs]
 
-    def prepare(self, spec) -> _Problem:
-        dt = spec.dtype
-        big = self._operands(spec)
-        out = np.empty(spec.out_shape, dtype=dt)
-        chk = check_spec(spec)
-        host64 = _seen(chk, _random_host(chk, None, seed=7))
-        ref = _reference(chk, host64)
-        dev = _host_cast(chk, host64)
-        chk_out = np.empty(chk.out_shape, dtype=dt)
-        n = spec.batch
-        samples = sorted({*range(min(4, n)), *range(max(0, n - 4), n), n // 2, n // 3})
-        problem = _Problem(spec, big, out, host64, dev, chk_out, ref, samples)
-        problem.check_spec = chk
-        return problem
-
-    def release(self, problem) -> None:
-        problem.big = problem.out = problem.check_dev = problem.check_out = None
-        problem.double = None
-
-    def _build(self, spec, params):
-        return self.backend.build(spec, params="heuristic" if params is None else params)
-
     def build(self, spec, params):
         big = self._build(spec, params)
         return _Built(big, big, params)          # a CPU executor serves any batch count
-
-    def _run(self, ex, spec, ops, out):
-        ops = list(ops) + ([None] if spec.op == "gemm" and spec.beta_zero else [])
-        ex.run(tuple(ops), out, **_scalars(spec))
-
-    def verify(self, problem, ex) -> float:
-        spec = problem.check_spec
-        problem.check_out.fill(math.nan)
-        self._run(ex.check, spec, problem.check_dev, problem.check_out)
-        return rel_err(problem.check_out, problem.check_ref)
 
     def verify_big(self, problem, ex) -> float:
         problem.out.fill(math.nan)

@@ -262,7 +262,50 @@ class _Built:
         self.kernel = getattr(big, "kernel", "?")
 
 
-class GpuDevice:
+class _Device:
+    """What the measuring devices share (:class:`GpuDevice`, ``tuning.cpu.CpuDevice``):
+    the roofline bound, the problem of one size (``_xp`` the device's array module,
+    ``_operands`` the timed operands), running an executor and its check."""
+
+    def bound(self, spec):
+        self.info()
+        return roofline.bound(spec, bandwidth=self._bw, peak=self._peak)
+
+    def prepare(self, spec) -> _Problem:
+        xp, dt = self._xp, spec.dtype
+        big = self._operands(spec)
+        out = xp.empty(spec.out_shape, dtype=dt)
+        chk = check_spec(spec)
+        host = _seen(chk, _random_host(chk, None, seed=7))      # what the kernel sees
+        ref = _reference(chk, host)
+        dev = [xp.asarray(h) for h in _host_cast(chk, host)]
+        chk_out = xp.empty(chk.out_shape, dtype=dt)
+        n = spec.batch
+        samples = sorted({*range(min(4, n)), *range(max(0, n - 4), n), n // 2, n // 3})
+        problem = _Problem(spec, big, out, host, dev, chk_out, ref, samples)
+        problem.check_spec = chk
+        return problem
+
+    def release(self, problem) -> None:
+        problem.big = problem.out = problem.check_dev = problem.check_out = None
+        problem.double = None
+
+    def _build(self, spec, params):
+        """The backend's executor with ``params`` (None: the heuristic, tables aside)."""
+        return self.backend.build(spec, params="heuristic" if params is None else params)
+
+    def _run(self, ex, spec, ops, out):
+        ops = list(ops) + ([None] if spec.op == "gemm" and spec.beta_zero else [])
+        ex.run(tuple(ops), out, **_scalars(spec))
+
+    def verify(self, problem, ex) -> float:
+        spec = problem.check_spec
+        problem.check_out.fill(math.nan)
+        self._run(ex.check, spec, problem.check_dev, problem.check_out)
+        return rel_err(self._host(problem.check_out), problem.check_ref)
+
+
+class GpuDevice(_Device):
     """The current CuPy device; kernels built through the CUDA backend."""
 
     dry_run = False
@@ -293,9 +336,12 @@ class GpuDevice:
                     cuda_runtime=rt.runtimeGetVersion(), cuda_driver=rt.driverGetVersion(),
                     nvrtc=nvrtc, cupy=cp.__version__, bandwidth=self._bw, peak=self._peak)
 
-    def bound(self, spec):
-        self.info()
-        return roofline.bound(spec, bandwidth=self._bw, peak=self._peak)
+    @property
+    def _xp(self):
+        return self.cp
+
+    def _host(self, a):
+        return self.cp.asnumpy(a)
 
     def _operands(self, spec):
         cp, big = self.cp, []
@@ -313,47 +359,17 @@ class GpuDevice:
             del a
         return big
 
-    def prepare(self, spec) -> _Problem:
-        cp, dt = self.cp, spec.dtype
-        big = self._operands(spec)
-        out = cp.empty(spec.out_shape, dtype=dt)
-        chk = check_spec(spec)
-        host = _seen(chk, _random_host(chk, None, seed=7))      # what the kernel sees
-        ref = _reference(chk, host)
-        dev = [cp.asarray(h) for h in _host_cast(chk, host)]
-        chk_out = cp.empty(chk.out_shape, dtype=dt)
-        n = spec.batch
-        samples = sorted({*range(min(4, n)), *range(max(0, n - 4), n), n // 2, n // 3})
-        problem = _Problem(spec, big, out, host, dev, chk_out, ref, samples)
-        problem.check_spec = chk
-        return problem
-
     def release(self, problem) -> None:
         """Free the size's arrays, and its compiled variants (one module per variant)."""
-        problem.big = problem.out = problem.check_dev = problem.check_out = None
-        problem.double = None
+        super().release(problem)
         RT.clear_cache()                     # CuPy's disk cache keeps them: rebuilt in ms
         self.cp.get_default_memory_pool().free_all_blocks()
-
-    def _build(self, spec, params):
-        """The backend's executor with ``params`` (None: the heuristic, tables aside)."""
-        return self.backend.build(spec, params="heuristic" if params is None else params)
 
     def build(self, spec, params):
         """Executors of the timed size and of the check size (an executor's batch is fixed)."""
         big = self._build(spec, params)
         check = self._build(check_spec(spec), params)
         return _Built(big, check, params)
-
-    def _run(self, ex, spec, ops, out):
-        ops = list(ops) + ([None] if spec.op == "gemm" and spec.beta_zero else [])
-        ex.run(tuple(ops), out, **_scalars(spec))
-
-    def verify(self, problem, ex) -> float:
-        spec = problem.check_spec
-        problem.check_out.fill(math.nan)
-        self._run(ex.check, spec, problem.check_dev, problem.check_out)
-        return rel_err(self.cp.asnumpy(problem.check_out), problem.check_ref)
 
     def verify_big(self, problem, ex) -> float:
         problem.out.fill(math.nan)

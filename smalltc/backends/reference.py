@@ -90,16 +90,30 @@ def _scatter_add(xp, emap, v, ndofs):
     return xp.asarray(out)
 
 
-def mass_apply_unfused(B1d, D, x, elem_dofs, dim):
-    """``y = sum_e R_e^T B^T D_e B R_e x``: gather (fancy indexing), the einsum chain,
-    scatter-add (``bincount``). ``x`` is ``(ndofs,)`` or ``(ncomp, ndofs)``."""
+def _apply_unfused(action, x, elem_dofs):
+    """``y = sum_e R_e^T action(R_e x)``: gather (fancy indexing), ``action`` on the element
+    vectors ``(E, ncomp, nd, ...)``, scatter-add (``bincount``). ``x`` is ``(ndofs,)`` or
+    ``(ncomp, ndofs)``."""
     xp = _xp(x)
     ndofs = x.shape[-1]
     xc = x.reshape(-1, ndofs)
     E = elem_dofs.shape[0]
     V = xp.moveaxis(xc[:, elem_dofs], 0, 1)                # (E, ncomp, nd, ...)
-    U = action_einsum(B1d, D, V, dim).reshape(E, xc.shape[0], -1)
+    U = action(V).reshape(E, xc.shape[0], -1)
     return _scatter_add(xp, elem_dofs.reshape(E, -1), U, ndofs).reshape(x.shape)
+
+
+def _scatter_diagonal(xp, elem_dofs, t, ndofs):
+    """``sum_e R_e^T t_e``: the element diagonals ``t`` ``(E, nd, ...)`` added into a
+    vector of ``ndofs``."""
+    E = elem_dofs.shape[0]
+    return _scatter_add(xp, elem_dofs.reshape(E, -1), t.reshape(E, 1, -1), ndofs)[0]
+
+
+def mass_apply_unfused(B1d, D, x, elem_dofs, dim):
+    """``y = sum_e R_e^T B^T D_e B R_e x``: gather (fancy indexing), the einsum chain,
+    scatter-add (``bincount``). ``x`` is ``(ndofs,)`` or ``(ncomp, ndofs)``."""
+    return _apply_unfused(lambda V: action_einsum(B1d, D, V, dim), x, elem_dofs)
 
 
 def mass_diagonal_unfused(B1d, D, elem_dofs, ndofs, dim):
@@ -109,8 +123,7 @@ def mass_diagonal_unfused(B1d, D, elem_dofs, ndofs, dim):
     t = D
     for ax in range(dim):
         t = _apply_axis(xp, B1d * B1d, t, 1 + ax, transpose=True)
-    E = D.shape[0]
-    return _scatter_add(xp, elem_dofs.reshape(E, -1), t.reshape(E, 1, -1), ndofs)[0]
+    return _scatter_diagonal(xp, elem_dofs, t, ndofs)
 
 
 # --- the generalised operators (docs/math.md section 7) -----------------------------------
@@ -267,21 +280,14 @@ def operator_assembly_gemm(qfunc, B1d, G1d, D, Q, dim):
 def operator_apply_unfused(qfunc, B1d, G1d, D, Q, x, elem_dofs, dim):
     """``y = sum_e R_e^T A_e R_e x`` for the element action of ``qfunc``: gather, the
     einsum chains, scatter-add (as :func:`mass_apply_unfused`)."""
-    xp = _xp(x)
-    ndofs = x.shape[-1]
-    xc = x.reshape(-1, ndofs)
-    E = elem_dofs.shape[0]
-    V = xp.moveaxis(xc[:, elem_dofs], 0, 1)
-    U = operator_action_einsum(qfunc, B1d, G1d, D, Q, V, dim).reshape(E, xc.shape[0], -1)
-    return _scatter_add(xp, elem_dofs.reshape(E, -1), U, ndofs).reshape(x.shape)
+    return _apply_unfused(lambda V: operator_action_einsum(qfunc, B1d, G1d, D, Q, V, dim), x,
+                          elem_dofs)
 
 
 def operator_diagonal_unfused(qfunc, B1d, G1d, D, Q, elem_dofs, ndofs, dim):
     """The global matrix's diagonal for ``qfunc``, scatter-added."""
-    xp = _xp(elem_dofs)
     t = operator_diagonal_einsum(qfunc, B1d, G1d, D, Q, dim)
-    E = elem_dofs.shape[0]
-    return _scatter_add(xp, elem_dofs.reshape(E, -1), t.reshape(E, 1, -1), ndofs)[0]
+    return _scatter_diagonal(_xp(elem_dofs), elem_dofs, t, ndofs)
 
 
 # --- the corner force (mixed spaces H1^d and L2; docs/math.md section 7) -------------------

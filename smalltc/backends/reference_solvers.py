@@ -24,7 +24,7 @@ import numpy as np
 from .base import Executor
 
 __all__ = ["vector_update_ref", "pcg_ref", "transfer_ref", "csr_spmv_ref", "schwarz_ref",
-           "apply_axes", "solver_executor", "STOP_CODES"]
+           "apply_axes", "solver_executor", "STOP_CODES", "pcg_loop", "store_result"]
 
 #: the stop codes of a PCG iteration (:func:`pcg_ref` and the compiled families)
 STOP_CODES = {1: "converged", 2: "maxiter", 3: "pAp", 4: "rz", 5: "nonfinite"}
@@ -33,6 +33,18 @@ STOP_CODES = {1: "converged", 2: "maxiter", 3: "pAp", 4: "rz", 5: "nonfinite"}
 def _xp(x):
     from .._arrays import array_module
     return array_module(x)
+
+
+def store_result(y, out, add=False):
+    """``y`` itself when ``out`` is None, else ``out`` with ``y`` written into it (added
+    to it with ``add``)."""
+    if out is None:
+        return y
+    if add:
+        out += y
+    else:
+        out[...] = y
+    return out
 
 
 # ---- the vector updates -----------------------------------------------------------------
@@ -58,15 +70,7 @@ def vector_update_ref(spec, *ops, out=None, c0=0.0, c1=1.0, beta=1.0, xzero=Fals
         else:
             r -= y * f
             r -= (1 - f) * d
-        if beta == 1:
-            if xzero:
-                x[...] = d
-            else:
-                x += d
-        elif xzero:
-            xp.multiply(d, beta, out=x)
-        else:
-            x += beta * d
+        _add_scaled(xp, x, d, beta, xzero)
         d *= c0
         t = inv * r
         t *= c1
@@ -82,13 +86,21 @@ def vector_update_ref(spec, *ops, out=None, c0=0.0, c1=1.0, beta=1.0, xzero=Fals
         r -= (1 - f) * x
         return r
     d, x = ops[:2]
-    if beta != 1:
-        d = d * beta
-    if xzero:
-        x[...] = d
-    else:
-        x += d
+    _add_scaled(xp, x, d, beta, xzero)
     return x, (x if f is None else xp.multiply(x, f, out=out))
+
+
+def _add_scaled(xp, x, d, beta, xzero):
+    """``x = beta d`` (``xzero``) or ``x += beta d``, in place."""
+    if beta == 1:
+        if xzero:
+            x[...] = d
+        else:
+            x += d
+    elif xzero:
+        xp.multiply(d, beta, out=x)
+    else:
+        x += beta * d
 
 
 # ---- conjugate gradients ------------------------------------------------------------------
@@ -109,10 +121,35 @@ def pcg_ref(spec, x, r, inv=None, *, apply, tol, maxiter, bnorm, history, shape=
     products in float64."""
     xp = _xp(r)
     jacobi = inv is not None
+    z = r * inv if jacobi else r
+
+    def update(p, Ap, alpha):
+        nonlocal x, r, z
+        x += alpha * p
+        r -= alpha * Ap
+        z = r * inv if jacobi else r
+        return _dot(xp, r, r), _dot(xp, r, z)
+
+    def direction(p, beta):
+        p *= beta
+        p += z
+
+    return pcg_loop(x, r, z, apply=apply, tol=tol, maxiter=maxiter, bnorm=bnorm,
+                       history=history, shape=shape, red=red,
+                       dot=lambda a, b: _dot(xp, a, b), update=update, direction=direction)
+
+
+def pcg_loop(x, r, z, *, apply, tol, maxiter, bnorm, history, shape, red, dot, update,
+                direction):
+    """The PCG iteration and its stop test around a backend's vector steps, from ``x``,
+    the residual ``r`` and the preconditioned residual ``z``: ``dot(a, b)`` (a float64
+    sum), ``update(p, Ap, alpha)`` (``x += alpha p``, ``r -= alpha Ap``; returns ``(r.r,
+    r.z)``) and ``direction(p, beta)`` (``p = z + beta p``). Arguments and result as
+    :func:`pcg_ref`'s (``shape`` None: ``x``'s)."""
+    xp = _xp(r)
     dtype = r.dtype.type
     shape = x.shape if shape is None else tuple(shape)
-    z = r * inv if jacobi else r
-    rz = _dot(xp, r, z)
+    rz = dot(r, z)
     if red is not None:
         (rz,) = red.sums(rz)
     p = z.copy()
@@ -125,24 +162,19 @@ def pcg_ref(spec, x, r, inv=None, *, apply, tol, maxiter, bnorm, history, shape=
         if not rz > 0:
             return it, 4, rz
         Ap = _apply_checked(xp, apply, p, shape)
-        pAp = _dot(xp, p, Ap)
+        pAp = dot(p, Ap)
         if red is not None:
             (pAp,) = red.sums(pAp)
         if not pAp > 0:
             return it, 3, pAp
-        alpha = dtype(rz / pAp)
-        x += alpha * p
-        r -= alpha * Ap
-        z = r * inv if jacobi else r
-        rr, rz_new = _dot(xp, r, r), _dot(xp, r, z)
+        rr, rz_new = update(p, Ap, dtype(rz / pAp))
         if red is not None:
             rr, rz_new = red.sums(rr, rz_new)
         it += 1
         history.append(math.sqrt(rr) / bnorm)
         if not math.isfinite(history[-1]):
             return it, 5, history[-1]
-        p *= dtype(rz_new / rz)
-        p += z
+        direction(p, dtype(rz_new / rz))
         rz = rz_new
 
 
@@ -185,13 +217,7 @@ def transfer_ref(spec, M, x, in_map, in_w, out_map, out_w, *, out=None, add=Fals
     v = (in_w * x)[in_map]
     U = apply_axes(M, v, spec.dim) * out_w[out_map]
     y = _scatter(xp, out_map, U, spec.n_out).astype(spec.dtype, copy=False)
-    if out is None:
-        return y
-    if add:
-        out += y
-    else:
-        out[...] = y
-    return out
+    return store_result(y, out, add)
 
 
 # ---- the CSR product ------------------------------------------------------------------
@@ -203,10 +229,7 @@ def csr_spmv_ref(spec, indptr, indices, data, x, *, out=None):
     rows = xp.repeat(xp.arange(spec.batch), xp.diff(indptr.astype(np.int64)).tolist()
                      if xp is not np else np.diff(indptr))
     y = _scatter(xp, rows, data * x[indices], spec.batch).astype(spec.dtype, copy=False)
-    if out is None:
-        return y
-    out[...] = y
-    return out
+    return store_result(y, out)
 
 
 # ---- the Schwarz local solves -------------------------------------------------------------
@@ -249,10 +272,7 @@ def schwarz_ref(spec, S, inv, idx, r, w, *, out=None):
         cupyx.scatter_add(zp, idx.reshape(-1), U.reshape(-1))
         z = zp[:n]
     z *= w
-    if out is None:
-        return z
-    out[...] = z
-    return out
+    return store_result(z, out)
 
 
 # ---- executors ------------------------------------------------------------------------

@@ -59,12 +59,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..reference import sym_index
 from .family import CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT, signature
 from .target import resolve
 
 __all__ = ["ACTION", "ActionFamily", "action_steps", "operator_steps", "diagonal_steps",
-           "inner_steps",
+           "inner_steps", "StepBuilder",
            "lanes_ctx", "lanes_space",
            "vector_bits", "simd_lanes", "MAX_ND", "MAX_NQ", "HEURISTIC"]
 
@@ -148,6 +149,76 @@ def action_steps(dim, nd, nq, back_only=False):
     return steps, [(b, sz) for b, sz in sizes.items() if sz]
 
 
+class StepBuilder:
+    """The one-axis contractions of a lanes sum factorisation (:func:`operator_steps`,
+    :func:`.force.force_steps`), as template data: ``steps``, each ``dict(src, dst, out,
+    inp, axis, nin, coef, scale, acc)`` between lane buffers whose shapes are padded to 3
+    axes; ``new_buffer(rows)`` names a fresh intermediate."""
+
+    def __init__(self, dim, nq, new_buffer):
+        self.dim, self.nq, self.pad = dim, nq, 3 - dim
+        self.steps = []
+        self._new = new_buffer
+
+    def contract(self, src, shape, ax, mat, back, n=None, dst=None, acc=False):
+        """``mat`` along axis ``ax`` of ``src``: to the ``nq`` points, or (``back``) its
+        transpose to ``n`` nodes; into ``dst`` (default a fresh buffer), added with
+        ``acc``. Returns ``(dst, its shape)``."""
+        out = list(shape)
+        out[ax] = n if back else self.nq
+        if dst is None:
+            dst = self._new(out[0] * out[1] * out[2])
+        coef = f"{mat}[{{s}}, {{i}}]" if back else f"{mat}[{{i}}, {{s}}]"
+        self.steps.append(dict(src=src, dst=dst, out=tuple(out), inp=tuple(shape), axis=ax,
+                               nin=shape[ax], coef=coef, scale=False, acc=acc))
+        return dst, tuple(out)
+
+    def gradients(self, src, shape, values=False):
+        """The reference gradients ``g_a`` of the field in ``src`` (of ``shape``), over the
+        axes last to first with shared partial sums: from the all-B node a B and a G
+        contraction, from a node that already holds its G a B contraction; ``values``: the
+        all-B node carried to the end too (the interpolated values). Returns ``(g, the
+        values' buffer or None)``."""
+        pad = self.pad
+        nodes = [(src, shape, None)]
+        for i, ax in enumerate(range(2, pad - 1, -1)):
+            last = i == self.dim - 1
+            new = []
+            for buf, shape, g in nodes:
+                if g is None and (not last or values):
+                    new.append(self.contract(buf, shape, ax, "B", False) + (None,))
+                if g is None:
+                    new.append(self.contract(buf, shape, ax, "G", False) + (ax - pad,))
+                else:
+                    new.append(self.contract(buf, shape, ax, "B", False) + (g,))
+            nodes = new
+        return ([next(b for b, _, g in nodes if g == a) for a in range(self.dim)],
+                next((b for b, _, g in nodes if g is None), None))
+
+    def back_sum(self, hs, n, dst, values=None):
+        """``dst = sum_a G_a^T hs[a]`` (``n`` nodes an axis), plus ``B^T`` on every axis of
+        the buffer ``values`` where given; over the axes first to last with shared partial
+        sums: a pending ``h_a`` takes B^T (G^T on its own axis, into the sum), the sum
+        takes B^T; the contributions to the sum are added (``acc``), the last into
+        ``dst``."""
+        pad, qshape = self.pad, (1,) * self.pad + (self.nq,) * self.dim
+        pending = [(hs[a], qshape, a) for a in range(self.dim)]
+        total = None if values is None else (values, qshape)
+        for i, ax in enumerate(range(pad, 3)):
+            into_dst = dst if i == self.dim - 1 else None
+            parts = [(buf, shape, "G" if a == ax - pad else "B", a) for buf, shape, a in pending]
+            if total is not None:
+                parts.insert(0, (total[0], total[1], "B", None))
+            into = [p for p in parts if p[3] is None or p[2] == "G"]
+            pending = [self.contract(buf, shape, ax, mat, True, n) + (a,)
+                       for buf, shape, mat, a in parts if (buf, shape, mat, a) not in into]
+            target = None
+            for k, (buf, shape, mat, a) in enumerate(into):
+                target, out = self.contract(buf, shape, ax, mat, True, n,
+                                            dst=into_dst if k == 0 else target, acc=k > 0)
+            total = (target, out)
+
+
 def operator_steps(qfunc, collocated, dim, nd, nq):
     """The lanes form's steps of a diffusion or Helmholtz action (docs/math.md section 7):
     the direct sum factorisation, one-axis contractions between lane buffers, and the
@@ -178,74 +249,30 @@ def operator_steps(qfunc, collocated, dim, nd, nq):
     pad = 3 - dim
     helm = qfunc == "helmholtz"
     nsym = dim * (dim + 1) // 2
-    steps, buffers = [], []
+    buffers = []
     fresh = iter(f"f{i}" for i in range(64))
 
-    def contract(src, shape, ax, mat, back, dst=None, acc=False):
-        out = list(shape)
-        out[ax] = nd if back else nq
-        if dst is None:
-            dst = next(fresh)
-            buffers.append((dst, out[0] * out[1] * out[2]))
-        coef = f"{mat}[{{s}}, {{i}}]" if back else f"{mat}[{{i}}, {{s}}]"
-        steps.append(dict(src=src, dst=dst, out=tuple(out), inp=tuple(shape), axis=ax,
-                          nin=shape[ax], coef=coef, scale=False, acc=acc))
-        return dst, tuple(out)
+    def new_buffer(rows):
+        buffers.append((next(fresh), rows))
+        return buffers[-1][0]
 
+    sb = StepBuilder(dim, nq, new_buffer)
+    steps = sb.steps
     vshape = (1,) * pad + (nd,) * dim
-    # forward: nodes (buffer, shape, g) with g the tensor axis of its G (None: all B)
+    # forward: the gradients (and, Helmholtz, the values) at the points
     if collocated:
-        grads = [contract("vt", vshape, pad + a, "G", False)[0] for a in range(dim)]
+        grads = [sb.contract("vt", vshape, pad + a, "G", False)[0] for a in range(dim)]
         u = "vt" if helm else None
     else:
-        nodes = [("vt", vshape, None)]
-        for i, ax in enumerate(range(2, pad - 1, -1)):
-            last = i == dim - 1
-            new = []
-            for buf, shape, g in nodes:
-                if g is None and (not last or helm):
-                    new.append(contract(buf, shape, ax, "B", False) + (None,))
-                if g is None:
-                    new.append(contract(buf, shape, ax, "G", False) + (ax - pad,))
-                else:
-                    new.append(contract(buf, shape, ax, "B", False) + (g,))
-            nodes = new
-        grads = [next(b for b, _, g in nodes if g == a) for a in range(dim)]
-        u = next((b for b, _, g in nodes if g is None), None)
-    sym = [[0] * dim for _ in range(dim)]
-    c = 0
-    for a in range(dim):
-        for b in range(a, dim):
-            sym[a][b] = sym[b][a] = c
-            c += 1
-    steps.append(dict(kind="qfunc", g=grads, u=u, sym=sym, npts=nq ** dim))
+        grads, u = sb.gradients("vt", vshape, values=helm)
+    steps.append(dict(kind="qfunc", g=grads, u=u, sym=sym_index(dim), npts=nq ** dim))
     # back
-    qshape = (1,) * pad + (nq,) * dim
     if collocated:
+        qshape = (1,) * pad + (nq,) * dim
         for a in range(dim):
-            contract(grads[a], qshape, pad + a, "G", True, dst="vt", acc=helm or a > 0)
+            sb.contract(grads[a], qshape, pad + a, "G", True, nd, dst="vt", acc=helm or a > 0)
     else:
-        pending = [(grads[a], qshape, a) for a in range(dim)]
-        total = (u, qshape) if helm else None
-        for i, ax in enumerate(range(pad, 3)):
-            dst = "vt" if i == dim - 1 else None
-            parts = [(buf, shape, "G" if a == ax - pad else "B", a)
-                     for buf, shape, a in pending]
-            if total is not None:
-                parts.insert(0, (total[0], total[1], "B", None))
-            into = [p for p in parts if p[3] is None or p[2] == "G"]
-            pending = []
-            for buf, shape, mat, a in parts:
-                if (buf, shape, mat, a) in into:
-                    continue
-                pending.append(contract(buf, shape, ax, mat, True) + (a,))
-            target = None
-            for n, (buf, shape, mat, a) in enumerate(into):
-                target, out = contract(buf, shape, ax, mat, True,
-                                       dst=dst if n == 0 else target, acc=n > 0)
-                if n == 0 and dst is None:
-                    dst = target
-            total = (target, out)
+        sb.back_sum(grads, nd, "vt", values=u)
     gathers = ([("dt", "D", nq ** dim, 0)] if helm else []) + \
         [(f"q{c}", "Q", nq ** dim, c * nq ** dim) for c in range(nsym)]
     data_args = ", ".join((["G"] if collocated else ["B", "G"]) + (["D"] if helm else [])

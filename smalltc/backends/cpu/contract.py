@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from .family import Choice, CpuExecutor, Family
+from .gemm import gemm_args
 from .runtime import NB_TYPES, SHORT, signature
 from .target import host, resolve
 
@@ -115,14 +114,8 @@ class GenericExecutor(CpuExecutor):
         nb = out.shape[0]
         n = self.nparts(nb)
         if s.op == "gemm":
-            A, B, C = operands
-            A2 = A.reshape(1 if s.shared_a else nb, -1)
-            B2 = B.reshape(1 if s.shared_b else nb, -1)
-            o2 = out.reshape(nb, -1)
-            C2 = o2 if C is None else C.reshape(nb, -1)
-            dt = np.dtype(s.dtype).type
-            self.fn(A2, B2, C2, o2, dt(alpha), dt(beta), s.m, s.n, s.k, s.trans_a, s.trans_b,
-                    s.beta_zero, nb, n)
+            self.fn(*gemm_args(s, operands, out, alpha, beta), s.m, s.n, s.k, s.trans_a,
+                    s.trans_b, s.beta_zero, nb, n)
         elif s.op == "action":
             B, D, V = operands
             self.fn(B, D.reshape(nb, -1), V.reshape(nb, -1), out.reshape(nb, -1), s.dim,

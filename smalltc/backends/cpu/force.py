@@ -38,7 +38,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...maps import map_info
-from .action import LanesFamily, MAX_ND, MAX_NQ, lanes_ctx, HEURISTIC, ActionExecutor
+from .action import LanesFamily, MAX_ND, MAX_NQ, lanes_ctx, HEURISTIC, ActionExecutor, \
+    StepBuilder
 from .mass_apply import _Checked, _sig, _unchecked
 from .runtime import SHORT, signature
 from .target import resolve
@@ -58,7 +59,7 @@ def force_steps(qfunc, dim, nd, nq, per_comp=False):
     every pointwise step lists the entries of A it reads as ``acol`` (``c * dim + a``)."""
     pad = 3 - dim
     nl = nd - 1
-    steps, sizes = [], {}
+    sizes = {}
     state = {"n": 0, "prefix": "f"}
 
     def fresh(size):
@@ -67,53 +68,11 @@ def force_steps(qfunc, dim, nd, nq, per_comp=False):
         sizes[name] = max(sizes.get(name, 0), size)
         return name
 
-    def contract(src, shape, ax, mat, back, n, dst=None, acc=False):
-        out = list(shape)
-        out[ax] = n if back else nq
-        if dst is None:
-            dst = fresh(out[0] * out[1] * out[2])
-        coef = f"{mat}[{{s}}, {{i}}]" if back else f"{mat}[{{i}}, {{s}}]"
-        steps.append(dict(src=src, dst=dst, out=tuple(out), inp=tuple(shape), axis=ax,
-                          nin=shape[ax], coef=coef, scale=False, acc=acc))
-        return dst, tuple(out)
-
+    sb = StepBuilder(dim, nq, fresh)
+    steps, contract = sb.steps, sb.contract
     qshape = (1,) * pad + (nq,) * dim
     hshape = (1,) * pad + (nd,) * dim
     lshape = (1,) * pad + (nl,) * dim
-
-    def gradients(src):
-        """The reference gradients of the H1 field in ``src`` (shared partial sums)."""
-        nodes = [(src, hshape, None)]
-        for i, ax in enumerate(range(2, pad - 1, -1)):
-            last = i == dim - 1
-            new = []
-            for buf, shape, g in nodes:
-                if g is None and not last:
-                    new.append(contract(buf, shape, ax, "B", False, nd) + (None,))
-                if g is None:
-                    new.append(contract(buf, shape, ax, "G", False, nd) + (ax - pad,))
-                else:
-                    new.append(contract(buf, shape, ax, "B", False, nd) + (g,))
-            nodes = new
-        return [next(b for b, _, g in nodes if g == a) for a in range(dim)]
-
-    def back_sum(hs, dst):
-        """``dst = sum_a G_a^T hs[a]`` (shared partial sums, axes first to last)."""
-        pending = [(hs[a], qshape, a) for a in range(dim)]
-        total = None
-        for i, ax in enumerate(range(pad, 3)):
-            into_dst = dst if i == dim - 1 else None
-            parts = [(buf, shape, "G" if a == ax - pad else "B", a) for buf, shape, a in pending]
-            if total is not None:
-                parts.insert(0, (total[0], total[1], "B", None))
-            into = [p for p in parts if p[3] is None or p[2] == "G"]
-            pending = [contract(buf, shape, ax, mat, True, nd) + (a,)
-                       for buf, shape, mat, a in parts if (buf, shape, mat, a) not in into]
-            target = None
-            for n, (buf, shape, mat, a) in enumerate(into):
-                target, out = contract(buf, shape, ax, mat, True, nd,
-                                       dst=into_dst if n == 0 else target, acc=n > 0)
-            total = (target, out)
 
     if qfunc == "force":
         state["prefix"] = "l"
@@ -130,16 +89,16 @@ def force_steps(qfunc, dim, nd, nq, per_comp=False):
                     sizes[f"h{a}"] = nq ** dim
                 steps.append(dict(kind="force_scale", u=src, a=[f"h{a}" for a in range(dim)],
                                   acol=[c * dim + a for a in range(dim)], npts=nq ** dim))
-                back_sum([f"h{a}" for a in range(dim)], "vt")
+                sb.back_sum([f"h{a}" for a in range(dim)], nd, "vt")
             else:
-                back_sum([f"a{c * dim + a}" for a in range(dim)], "vt")
+                sb.back_sum([f"a{c * dim + a}" for a in range(dim)], nd, "vt")
             steps.append(dict(kind="out", comp=c))
     elif qfunc == "force_t":
         sizes["s"] = nq ** dim
         for c in range(dim):
             state.update(n=0, prefix="f")
             steps.append(dict(kind="in", comp=c))
-            g = gradients("vt")
+            g, _ = sb.gradients("vt", hshape)
             steps.append(dict(kind="force_sum", g=g, a=[f"a{c * dim + a}" for a in range(dim)],
                               acol=[c * dim + a for a in range(dim)], dst="s", acc=c > 0,
                               npts=nq ** dim))

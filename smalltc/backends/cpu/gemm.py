@@ -36,7 +36,7 @@ from .family import CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT, signature
 from .target import resolve
 
-__all__ = ["GEMM", "GemmFamily", "MAX_GEMM", "ACC_SCALARS"]
+__all__ = ["GEMM", "GemmFamily", "MAX_GEMM", "ACC_SCALARS", "gemm_args"]
 
 MAX_GEMM = 64            # m, n, k of the unrolled/row-blocked GEMM
 FULL_MAX = 125           # m*n*k up to which the heuristic unrolls the whole product
@@ -116,16 +116,22 @@ class GemmFamily(Family):
 GEMM = GemmFamily()
 
 
+def gemm_args(spec, operands, out, alpha, beta):
+    """A GEMM's kernel arguments ``(A, B, C, out, alpha, beta)``: the arrays as 2D views
+    ``(batch or 1, core)`` (C is ``out`` where it is None), the scalars in the dtype."""
+    A, B, C = operands
+    nb = out.shape[0]
+    A2 = A.reshape(1 if spec.shared_a else nb, -1)
+    B2 = B.reshape(1 if spec.shared_b else nb, -1)
+    o2 = out.reshape(nb, -1)
+    C2 = o2 if C is None else C.reshape(nb, -1)
+    dt = np.dtype(spec.dtype).type
+    return A2, B2, C2, o2, dt(alpha), dt(beta)
+
+
 class GemmExecutor(CpuExecutor):
     """One matrix product per item; operands as 2D views ``(batch or 1, core)``."""
 
     def run(self, operands, out, alpha=1.0, beta=0.0):
-        s = self.spec
-        A, B, C = operands
         nb = out.shape[0]
-        A2 = A.reshape(1 if s.shared_a else nb, -1)
-        B2 = B.reshape(1 if s.shared_b else nb, -1)
-        o2 = out.reshape(nb, -1)
-        C2 = o2 if C is None else C.reshape(nb, -1)
-        dt = np.dtype(s.dtype).type
-        self.fn(A2, B2, C2, o2, dt(alpha), dt(beta), nb, self.nparts(nb))
+        self.fn(*gemm_args(self.spec, operands, out, alpha, beta), nb, self.nparts(nb))

@@ -127,18 +127,27 @@ class _Checked(CpuExecutor):
         if err[0]:
             out_of_range(MAP, n, int(err[1]))
 
+    @staticmethod
+    def _start(data, MAP, out):
+        """``(E, n, order, offsets, data)``: the element count, the vector length, the map's
+        colouring (once per map) and ``data`` with its batched arrays flattened per element;
+        None, with ``out`` zeroed, when there are no elements."""
+        E, n = MAP.shape[0], out.shape[-1]
+        if E == 0:
+            out[...] = 0
+            return None
+        order, offsets = map_info(MAP, n).colors(MAP)
+        return E, n, order, offsets, [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
+
 
 class MassApplyExecutor(_Checked):
     """One kernel call: y = 0, then the colours in turn (the map's colouring, once per map)."""
 
     def run(self, operands, out, **_):
         *data, X, MAP = operands            # the bases (B1d, G1d) and the data (D, Q)
-        E, n = MAP.shape[0], out.shape[-1]
-        if E == 0:
-            out[...] = 0
+        if (start := self._start(data, MAP, out)) is None:
             return
-        order, offsets = map_info(MAP, n).colors(MAP)
-        data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
+        E, n, order, offsets, data = start
         self._call(MAP, n, *data, X.reshape(-1, n), MAP.reshape(E, -1), out.reshape(-1, n),
                    order, offsets, out.size // n, self.nparts(E))
 
@@ -146,13 +155,10 @@ class MassApplyExecutor(_Checked):
 class MassDiagonalExecutor(_Checked):
     def run(self, operands, out, **_):
         *data, MAP = operands
-        E, n = MAP.shape[0], out.shape[-1]
-        if E == 0:
-            out[...] = 0
-            return
-        order, offsets = map_info(MAP, n).colors(MAP)
         if self.spec.collocated:            # B1d is the identity: the kernel takes it
             data = [np.eye(self.spec.nd, dtype=self.spec.dtype)] + data
-        data = [a if a.ndim == 2 else a.reshape(E, -1) for a in data]
+        if (start := self._start(data, MAP, out)) is None:
+            return
+        E, n, order, offsets, data = start
         self._call(MAP, n, *data, MAP.reshape(E, -1), out.reshape(1, n), order, offsets,
                    self.nparts(E))

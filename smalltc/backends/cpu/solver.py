@@ -30,13 +30,11 @@ Examples
 """
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 
 from ..base import Executor
-from ..reference_solvers import solver_executor
+from ..reference_solvers import pcg_loop, solver_executor, store_result
 from .family import Family
 from .runtime import NB_TYPES, SHORT, load_kernel
 from .target import resolve
@@ -65,6 +63,16 @@ class _Built(Executor):
         self.choice, self.spec, self.ctx = choice, choice.spec, choice.ctx
         self.kernel, self.source, self.table = choice.entry, choice.source, choice.table
         self.params = dict(choice.family.public(choice.ctx), isa=choice.target.isa)
+
+
+class _Compiled(_Built):
+    """A choice's executor with its rendered kernel (compiled, or loaded from Numba's disk
+    cache)."""
+
+    def __init__(self, choice):
+        super().__init__(choice)
+        self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
+                                              **choice.ctx["render"])
 
 
 # ---- the array families: the reference path ---------------------------------------------
@@ -157,43 +165,13 @@ class PcgExecutor(_Built):
     def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, shape=None,
             check_every=8, red=None):
         x, r = operands[:2]
-        shape = x.shape if shape is None else tuple(shape)
         jacobi = self.spec.jacobi
         inv = operands[2] if jacobi else r            # a placeholder of the right type
-        dtype = r.dtype.type
-        z = r * inv if jacobi else r
-        rz = pcg_dot(r, z)
-        if red is not None:
-            (rz,) = red.sums(rz)
-        p = np.array(z, copy=True)
-        it = 0
-        while True:
-            if history[-1] <= tol:
-                return it, 1, history[-1]
-            if it >= maxiter:
-                return it, 2, history[-1]
-            if not rz > 0:
-                return it, 4, rz
-            Ap = np.asarray(apply(p.reshape(shape)))
-            if Ap.shape != shape:
-                raise ValueError(f"the operator returned an array of shape {Ap.shape} for a "
-                                 f"vector of shape {shape}: apply(x) must return A x in "
-                                 "x's shape")
-            Ap = Ap.reshape(-1)
-            pAp = pcg_dot(p, Ap)
-            if red is not None:
-                (pAp,) = red.sums(pAp)
-            if not pAp > 0:
-                return it, 3, pAp
-            rr, rz_new = pcg_update(x, r, p, Ap, inv, dtype(rz / pAp), jacobi)
-            if red is not None:
-                rr, rz_new = red.sums(rr, rz_new)
-            it += 1
-            history.append(math.sqrt(rr) / bnorm)
-            if not math.isfinite(history[-1]):
-                return it, 5, history[-1]
-            pcg_direction(p, r, inv, dtype(rz_new / rz), jacobi)
-            rz = rz_new
+        return pcg_loop(
+            x, r, r * inv if jacobi else r, apply=apply, tol=tol, maxiter=maxiter,
+            bnorm=bnorm, history=history, shape=shape, red=red, dot=pcg_dot,
+            update=lambda p, Ap, alpha: pcg_update(x, r, p, Ap, inv, alpha, jacobi),
+            direction=lambda p, beta: pcg_direction(p, r, inv, beta, jacobi))
 
 
 # ---- the p-multigrid transfers ----------------------------------------------------------
@@ -222,14 +200,9 @@ class TransferFamily(_SolverFamily):
         return TransferExecutor(choice)
 
 
-class TransferExecutor(_Built):
+class TransferExecutor(_Compiled):
     """The element products ``U`` (threads over elements), then ``numpy.bincount`` over
     the output map; ``add``: added to ``out``."""
-
-    def __init__(self, choice):
-        super().__init__(choice)
-        self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
-                                              **choice.ctx["render"])
 
     def run(self, operands, out=None, add=False):
         M, x, imap, w_in, omap, w_out = operands
@@ -241,14 +214,7 @@ class TransferExecutor(_Built):
             self.fn(M, x.reshape(1, -1), im, w_in.reshape(1, -1), om, w_out.reshape(1, -1), U,
                     E, max(1, min(E, numba.get_num_threads())))
         y = np.bincount(om.ravel(), weights=U.ravel(), minlength=s.n_out)
-        y = y.astype(s.dtype, copy=False)
-        if out is None:
-            return y
-        if add:
-            out += y
-        else:
-            out[...] = y
-        return out
+        return store_result(y.astype(s.dtype, copy=False), out, add)
 
 
 # ---- the Schwarz fast-diagonalisation solve ---------------------------------------------
@@ -286,14 +252,12 @@ class SchwarzFamily(_SolverFamily):
             yield dict(lanes=W), (None if W <= 2 * vl else "lanes")
 
 
-class SchwarzExecutor(_Built):
+class SchwarzExecutor(_Compiled):
     """The weighted residual padded with a zero, the local solves of the chunks of
     elements, ``numpy.bincount`` over the index map, the weights again."""
 
     def __init__(self, choice):
         super().__init__(choice)
-        self.fn, self.compile_s = load_kernel(choice.template, choice.entry,
-                                              **choice.ctx["render"])
         self.W = choice.ctx["lanes"]
 
     def run(self, operands, out=None):
@@ -314,10 +278,7 @@ class SchwarzExecutor(_Built):
         z = np.bincount(flat, weights=U.reshape(-1), minlength=n + 1)
         z = z[:n].astype(s.dtype, copy=False)
         z *= w
-        if out is None:
-            return z
-        out[...] = z
-        return out
+        return store_result(z, out)
 
 
 VECTOR_UPDATE = VectorUpdateFamily()

@@ -135,12 +135,20 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if start is None:
         rng = np.random.default_rng(seed)
-        start = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype))
+        r = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype, copy=False))
+    else:
+        r = start.copy()                  # updated in place below
     if dot is None:
         def dot(a, b):
             return float(xp.vdot(a, b).real)
-    r = start
-    prec = (lambda v: v * inv_diag) if preconditioner is None else preconditioner
+    # In place, on r, p and one work vector t (z = D^-1 r, then alpha A p): the arithmetic
+    # of r = r - alpha A p, p = z + beta p, with no new vector a step besides A p's
+    t = xp.empty_like(r)
+    if preconditioner is None:
+        def prec(v):
+            return xp.multiply(v, inv_diag, out=t)
+    else:
+        prec = preconditioner
     z = prec(r)
     p = z.copy()
     rz = dot(r, z)
@@ -153,14 +161,16 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
                              f"Lanczos step {it} of the eigenvalue estimate")
         alpha = rz / pAp
         alphas.append(alpha)
-        r = r - alpha * Ap
+        r -= xp.multiply(Ap, alpha, out=t)
+        del Ap
         z = prec(r)
         rz_new = dot(r, z)
         if not rz_new > 1e-28 * rz:       # converged (an invariant subspace): T is complete
             break
         beta = rz_new / rz
         betas.append(beta)
-        p = z + beta * p
+        p *= beta
+        p += z
         rz = rz_new
     m = len(alphas)
     T = np.zeros((m, m))

@@ -148,11 +148,12 @@ def test_estimate_matches_out_of_place_lanczos(case, dtype, rtol):
     if case == "converged":                      # D^-1 A = I: stops after one step
         A = np.diag(np.repeat([1.0, 2.0, 5.0], n // 3)).astype(dtype)
     inv = (1 / np.diag(A)).astype(dtype)
-    op = lambda x: A @ x                         # noqa: E731
+    op = raw = lambda x: A @ x                   # noqa: E731
     kw, prec = {}, None
     if case == "constrained":                    # the multigrid levels' operators
-        op = Constrained(op, np.diag(A).copy(), rng.random(n) < 0.8)
+        op = Constrained(raw, np.diag(A).copy(), rng.random(n) < 0.8)
         inv = 1 / op.diagonal()
+        kw["free"] = op.free                     # raw A and the mask, A_c applied inside
     if case == "preconditioner":
         L = np.linalg.cholesky(A.astype(np.float64) + np.eye(n))
         prec = kw["preconditioner"] = lambda r: np.linalg.solve(L @ L.T, r).astype(dtype)
@@ -161,9 +162,11 @@ def test_estimate_matches_out_of_place_lanczos(case, dtype, rtol):
         kw["start"] = start.copy()
     else:
         start = np.random.default_rng(0).standard_normal(n).astype(dtype)
-    got = estimate_lambda_max(op, inv, steps=10, **kw)
+    got = estimate_lambda_max(raw if "free" in kw else op, inv, steps=10, **kw)
     ref = _lanczos_out_of_place(op, inv, start, prec)
     assert got == pytest.approx(ref, rel=rtol)
+    if case == "constrained":                    # a smoother of Constrained estimates alike
+        assert Chebyshev(op).estimate == got
     if case == "start":
         np.testing.assert_array_equal(kw["start"], start)     # the caller's start is kept
     if dtype == np.float64:

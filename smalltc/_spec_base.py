@@ -41,7 +41,7 @@ QDTYPES = (None, "float32")
 #: kernel from the vertex coordinates of trilinear/bilinear elements and one coefficient
 #: an element; docs/math.md section 8)
 GEOMETRIES = (None, "vertices")
-
+#: the index dtypes of an element-to-DoF map
 INDEX_DTYPES = ("int32", "int64")
 
 

@@ -311,7 +311,10 @@ def evaluation_job(points):
     try:
         yield
     finally:
-        _JOB.reset(token)
+        try:
+            _JOB.reset(token)
+        except ValueError:      # a generator that holds the job, closed from another context
+            pass
 
 
 def _limit():

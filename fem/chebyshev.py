@@ -88,7 +88,7 @@ def _as_apply(operator):
 
 
 def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=None, start=None,
-                        dot=None):
+                        dot=None, free=None):
     """Largest eigenvalue of ``D^-1 A`` (``M^-1 A``) from ``steps`` Jacobi-PCG (PCG with
     ``M``) Lanczos iterations.
 
@@ -110,6 +110,12 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
     dot : callable, optional
         ``(a, b) -> float``, the inner product (e.g. summed across MPI ranks); the
         vectors' own ``vdot`` by default.
+    free : array, optional
+        The free mask ``f`` (1 free, 0 constrained, in ``inv_diag``'s dtype) of a
+        constrained operator ``A_c v = f A(f v) + (1 - f) v``
+        (:class:`~smalltc.fem.multigrid.Constrained`): ``apply`` is then the raw ``A``
+        and the estimate is of ``A_c`` (``A``'s output is overwritten on the constrained
+        DoFs).
 
     Returns
     -------
@@ -129,18 +135,37 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
     >>> round(estimate_lambda_max(lambda x: A @ x, np.ones(3),
     ...                           preconditioner=lambda r: r / np.diag(A)), 6)
     1.0
+    >>> round(estimate_lambda_max(lambda x: A @ x, np.ones(3),            # A_c = diag(1, 2, 1)
+    ...                           free=np.array([1.0, 1.0, 0.0])), 6)
+    2.0
     """
     xp = array_module(inv_diag)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if start is None:
         rng = np.random.default_rng(seed)
-        start = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype))
+        r = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype, copy=False))
+    else:
+        r = start.copy()                  # updated in place below
     if dot is None:
         def dot(a, b):
             return float(xp.vdot(a, b).real)
-    r = start
-    prec = (lambda v: v * inv_diag) if preconditioner is None else preconditioner
+    # In place, on r, p and one work vector t (z = D^-1 r, f p, alpha A p): the arithmetic
+    # of r = r - alpha A p, p = z + beta p, with no new vector a step besides A p's
+    t = xp.empty_like(r)
+    if preconditioner is None:
+        def prec(v):
+            return xp.multiply(v, inv_diag, out=t)
+    else:
+        prec = preconditioner
+    if free is not None:
+        fixed = free == 0
+        raw = apply
+
+        def apply(v):                     # f A(f v) + (1 - f) v, f in {0, 1}: v where fixed
+            Av = raw(xp.multiply(v, free, out=t))
+            xp.copyto(Av, v, where=fixed)
+            return Av
     z = prec(r)
     p = z.copy()
     rz = dot(r, z)
@@ -153,14 +178,16 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
                              f"Lanczos step {it} of the eigenvalue estimate")
         alpha = rz / pAp
         alphas.append(alpha)
-        r = r - alpha * Ap
+        r -= xp.multiply(Ap, alpha, out=t)
+        del Ap
         z = prec(r)
         rz_new = dot(r, z)
         if not rz_new > 1e-28 * rz:       # converged (an invariant subspace): T is complete
             break
         beta = rz_new / rz
         betas.append(beta)
-        p = z + beta * p
+        p *= beta
+        p += z
         rz = rz_new
     m = len(alphas)
     T = np.zeros((m, m))
@@ -410,8 +437,9 @@ class Chebyshev(_Preconditioner):
         self.preconditioner = preconditioner
         self.estimate = None
         if lambda_max is None or check:
-            self.estimate = estimate_lambda_max(self.apply, self.inv_diag, steps=steps,
-                                                preconditioner=preconditioner)
+            self.estimate = estimate_lambda_max(self._raw, self.inv_diag, steps=steps,
+                                                preconditioner=preconditioner,
+                                                free=self._free)
         if lambda_max is None:
             lambda_max = safety * self.estimate
         elif not (np.isfinite(lambda_max) and lambda_max > 0):

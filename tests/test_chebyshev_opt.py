@@ -1,10 +1,12 @@
 """Chebyshev smoothing polynomials: the fourth kind's and the optimised fourth kind's
 error polynomials on a diagonal spectrum (Lottes 2022), the weighted steps against a
-dense reference, CPU and GPU vector updates with weights."""
+dense reference, CPU and GPU vector updates with weights; the in-place Lanczos estimate
+of ``lambda_max`` against the recurrence written out of place."""
 import numpy as np
 import pytest
 
-from smalltc.fem.chebyshev import OPT_FOURTH_BETAS, Chebyshev, VectorOps
+from smalltc.fem.chebyshev import OPT_FOURTH_BETAS, Chebyshev, VectorOps, estimate_lambda_max
+from smalltc.fem.levels import Constrained
 
 from conftest import array_modules, to_numpy, xp_of
 
@@ -105,3 +107,67 @@ def test_weighted_vector_updates(xp_name, masked, xzero, beta):
     x, xm = ops.last(xp.array(v["d"]), x, xzero, beta)
     np.testing.assert_allclose(to_numpy(x), x_ref, rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(to_numpy(xm), f * x_ref, rtol=1e-13, atol=1e-13)
+
+
+def _lanczos_out_of_place(apply, inv, r, prec=None, steps=10):
+    """The largest Ritz value of the Jacobi-PCG (PCG with ``prec``) Lanczos recurrence,
+    every vector a new array (the oracle of the in-place estimate)."""
+    prec = prec or (lambda v: v * inv)
+    z = prec(r)
+    p = z.copy()
+    rz = float(np.vdot(r, z))
+    alphas, betas = [], []
+    for _ in range(steps):
+        Ap = apply(p)
+        alpha = rz / float(np.vdot(p, Ap))
+        alphas.append(alpha)
+        r = r - alpha * Ap
+        z = prec(r)
+        rz_new = float(np.vdot(r, z))
+        if not rz_new > 1e-28 * rz:
+            break
+        betas.append(rz_new / rz)
+        p = z + betas[-1] * p
+        rz = rz_new
+    m = len(alphas)
+    T = np.diag([1 / alphas[j] + (betas[j - 1] / alphas[j - 1] if j else 0.0)
+                 for j in range(m)])
+    for j in range(m - 1):
+        T[j, j + 1] = T[j + 1, j] = np.sqrt(betas[j]) / alphas[j]
+    return float(np.linalg.eigvalsh(T)[-1])
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-14), (np.float32, 1e-5)])
+@pytest.mark.parametrize("case", ["jacobi", "constrained", "preconditioner", "start",
+                                  "converged"])
+def test_estimate_matches_out_of_place_lanczos(case, dtype, rtol):
+    n = 60
+    rng = np.random.default_rng(5)
+    Q = rng.standard_normal((n, n))
+    A = (Q @ Q.T / n + np.diag(rng.random(n) + 0.5)).astype(dtype)
+    if case == "converged":                      # D^-1 A = I: stops after one step
+        A = np.diag(np.repeat([1.0, 2.0, 5.0], n // 3)).astype(dtype)
+    inv = (1 / np.diag(A)).astype(dtype)
+    op = raw = lambda x: A @ x                   # noqa: E731
+    kw, prec = {}, None
+    if case == "constrained":                    # the multigrid levels' operators
+        op = Constrained(raw, np.diag(A).copy(), rng.random(n) < 0.8)
+        inv = 1 / op.diagonal()
+        kw["free"] = op.free                     # raw A and the mask, A_c applied inside
+    if case == "preconditioner":
+        L = np.linalg.cholesky(A.astype(np.float64) + np.eye(n))
+        prec = kw["preconditioner"] = lambda r: np.linalg.solve(L @ L.T, r).astype(dtype)
+    start = rng.standard_normal(n).astype(dtype)
+    if case == "start":
+        kw["start"] = start.copy()
+    else:
+        start = np.random.default_rng(0).standard_normal(n).astype(dtype)
+    got = estimate_lambda_max(raw if "free" in kw else op, inv, steps=10, **kw)
+    ref = _lanczos_out_of_place(op, inv, start, prec)
+    assert got == pytest.approx(ref, rel=rtol)
+    if case == "constrained":                    # a smoother of Constrained estimates alike
+        assert Chebyshev(op).estimate == got
+    if case == "start":
+        np.testing.assert_array_equal(kw["start"], start)     # the caller's start is kept
+    if dtype == np.float64:
+        assert got == ref                        # the same arithmetic, bit for bit

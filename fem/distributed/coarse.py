@@ -161,7 +161,6 @@ class GatheredAMG:
         if self.rank != 0:
             return None
         import scipy.sparse as sp
-
         rows, cols, vals = trip
         n = self.ndofs
         A = sp.coo_matrix((vals, (rows, cols)), shape=(n, n)).tocsr()

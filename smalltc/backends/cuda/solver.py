@@ -221,7 +221,6 @@ class PcgExecutor(_Launches):
     def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, shape=None,
             check_every=8, red=None):
         import cupy as cp
-
         x, r = operands[:2]
         shape = x.shape if shape is None else tuple(shape)
         inv = operands[2] if self.spec.jacobi else None

@@ -39,7 +39,7 @@ def mass_operator(space, nq=None, rho=None, *, comm=None, **kwargs):
     """
     if _distributed(space, comm):
         # the distributed layer loads for comm= only, not with every `import smalltc.fem`
-        from .distributed.operators import distributed_mass_operator
+        from .distributed.operators import distributed_mass_operator  # loaded for comm=
         return distributed_mass_operator(space, nq, rho, comm=comm, **kwargs)
     return _operators.mass_operator(space, nq, rho, **kwargs)
 
@@ -58,7 +58,7 @@ def diffusion_operator(space, nq=None, kappa=None, *, comm=None, **kwargs):
     (9, 9)
     """
     if _distributed(space, comm):
-        from .distributed.operators import distributed_diffusion_operator
+        from .distributed.operators import distributed_diffusion_operator  # loaded for comm=
         return distributed_diffusion_operator(space, nq, kappa, comm=comm, **kwargs)
     return _operators.diffusion_operator(space, nq, kappa, **kwargs)
 
@@ -75,7 +75,7 @@ def helmholtz_operator(space, alpha, nq=None, kappa=None, *, comm=None, **kwargs
     (9, 9)
     """
     if _distributed(space, comm):
-        from .distributed.operators import distributed_helmholtz_operator
+        from .distributed.operators import distributed_helmholtz_operator  # loaded for comm=
         return distributed_helmholtz_operator(space, alpha, nq, kappa, comm=comm, **kwargs)
     return _operators.helmholtz_operator(space, alpha, nq, kappa, **kwargs)
 
@@ -104,7 +104,7 @@ def l2_project(mesh, p, f, *, comm=None, **kwargs):
     True
     """
     if _distributed(mesh, comm):
-        from .distributed.projection import l2_project_distributed   # (as above)
+        from .distributed.projection import l2_project_distributed  # loaded for comm=
         return l2_project_distributed(mesh, p, f, comm=comm, **kwargs)
     return _projection.l2_project(mesh, p, f, **kwargs)
 
@@ -121,7 +121,7 @@ def cg(apply, b, *, comm=None, **kwargs):
     [0.090909 0.636364]
     """
     if comm is not None and not hasattr(comm, "sums"):
-        from .distributed.comm import Reducer, cuda_aware   # (as above)
+        from .distributed.comm import Reducer, cuda_aware  # loaded for comm=
         xp = array_module(b)
         comm = Reducer(comm, device_buffers=xp is not np and cuda_aware()[0])
     return _solvers.cg(apply, b, comm=comm, **kwargs)

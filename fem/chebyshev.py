@@ -53,6 +53,9 @@ import numpy as np
 import smalltc
 from smalltc._arrays import array_module
 
+from .operators import _like, linear_operator
+from .solvers import jacobi
+
 __all__ = ["Chebyshev", "chebyshev", "estimate_lambda_max", "KINDS", "OPT_FOURTH_BETAS",
            "VectorOps", "PreconditionedVectorOps"]
 
@@ -314,13 +317,11 @@ class _Preconditioner:
     def matvec(self, r):
         """``z = P r`` for one vector of shape ``(n,)`` or ``(n, 1)``, in r's shape and
         module (a GPU preconditioner copies a NumPy ``r`` to the device and back)."""
-        from .operators import _like
         z = self(self.xp.asarray(r).reshape(-1))
         return _like(r, z.reshape(r.shape))
 
     def matmat(self, R):
         """``P R`` for ``R`` of shape ``(n, k)``, column by column."""
-        from .operators import _like
         R_ = self.xp.asarray(R)
         return _like(R, self.xp.stack([self(R_[:, j]) for j in range(R_.shape[1])], axis=1))
 
@@ -330,7 +331,6 @@ class _Preconditioner:
     def aslinearoperator(self):
         """This preconditioner as a SciPy (CuPy, on the GPU) ``LinearOperator``: the
         ``M=`` of ``scipy.sparse.linalg.cg`` (``cupyx.scipy.sparse.linalg.cg``)."""
-        from .operators import linear_operator
         return linear_operator(self)
 
 
@@ -396,7 +396,6 @@ class Chebyshev(_Preconditioner):
 
     def __init__(self, operator, diagonal=None, *, degree=2, kind="fourth", lambda_max=None,
                  lower=0.3, safety=1.1, steps=10, check=True, preconditioner=None):
-        from .solvers import jacobi
         if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)) or degree < 1:
             raise ValueError(f"degree must be an integer >= 1, got {degree!r}")
         if kind not in KINDS:

@@ -19,6 +19,8 @@
   (the plain alternative).
 """
 
+import logging
+
 import numpy as np
 
 import smalltc
@@ -26,6 +28,7 @@ from smalltc._arrays import array_module
 
 from ._device import to_host
 from .chebyshev import Chebyshev, _Preconditioner
+from .solvers import cg, jacobi
 
 __all__ = ["assemble_csr", "AMGSolver", "CGSolver", "COARSE_SOLVERS"]
 
@@ -302,7 +305,6 @@ class AMGSolver(_Preconditioner):
         self.spmv = "host" if xp is np else ("cupyx" if spmv == "cupyx" else "kernel")
         self.levels = self._levels(xp, smoother_degree, self.spmv == "kernel")
         if self.spmv == "kernel" and not self._kernel_agrees():
-            import logging
             logging.getLogger("smalltc").warning(
                 "smalltc: the CSR product kernel disagreed with cupyx's on the AMG levels; "
                 "using cupyx's")
@@ -380,7 +382,6 @@ class CGSolver(_Preconditioner):
     """
 
     def __init__(self, operator, diagonal, *, tol=1e-10, maxiter=None):
-        from .solvers import jacobi
         self.operator, self.P = operator, jacobi(diagonal)
         self.xp = array_module(self.P.inv)
         self.n, self.dtype = int(self.P.inv.size), self.P.inv.dtype
@@ -388,7 +389,6 @@ class CGSolver(_Preconditioner):
         self.iterations = []            # of each application (the last 100)
 
     def __call__(self, b):
-        from .solvers import cg
         res = cg(self.operator, b, tol=self.tol, maxiter=self.maxiter, precond=self.P)
         self.iterations = (self.iterations + [res.iterations])[-100:]
         return res.x

@@ -32,16 +32,21 @@ The transfers, the constrained level operators and the boundary masks are in
 
 import logging
 import math
+import time
 
 import numpy as np
 
 from smalltc._arrays import array_module
+from smalltc._errors import raise_pending
+from smalltc._timing import median, time_calls
 
+from . import operators as ops
 from ._device import to_host
 from .chebyshev import KINDS, Chebyshev, _Preconditioner
 from .coarse import COARSE_SOLVERS, AMGSolver, CGSolver, _pyamg_present, assemble_csr
 # the levels' parts, in their own module; imported from here too
 from .levels import Constrained, Transfer, _Level, _touches, boundary_mask
+from .schwarz import Schwarz
 from .schwarz import _numba_present  # noqa: F401 - imported from here (fem.distributed)
 from .space import H1Space
 
@@ -98,7 +103,6 @@ class _Timer:
             ev.record()
             self.marks.append([key, ev, None])
         else:
-            import time
             self.marks.append([key, time.perf_counter(), None])
         return self
 
@@ -113,7 +117,6 @@ class _Timer:
             ev.record()
             m[2] = ev
         else:
-            import time
             m[2] = time.perf_counter()
         return False
 
@@ -205,7 +208,6 @@ class PMultigrid(_Preconditioner):
         if hit is False:
             return None
         gin, gout, graph, _ = hit
-        from smalltc._errors import raise_pending
         raise_pending(xp.cuda.Device().id)         # a map error of an earlier launch
         gin[...] = r
         graph.launch()
@@ -286,7 +288,6 @@ class PMultigrid(_Preconditioner):
         >>> sorted(prof["levels"][0]), sorted(prof["levels"][1])
         (['ndofs', 'p', 'postsmooth', 'presmooth', 'prolong', 'residual', 'restrict'], ['coarse', 'ndofs', 'p'])
         """
-        from smalltc._timing import median, time_calls
         on_gpu = self.xp is not np
         self._vcycle(0, r, _NO_TIMER)
         runs = []
@@ -365,7 +366,6 @@ def _factory(kind, operator, device, nq_offset=None, quadrature=None, coefficien
     """``space -> operator`` of the family (:func:`~smalltc.fem.operators.mass_operator`,
     ``diffusion_operator``, ``helmholtz_operator``) for the named kind, or like ``operator``
     (its ``qfunc``, quadrature rule, ``nq - p``, dtype, backend, fused)."""
-    from . import operators as ops
     options = dict(options or {})
     if operator is not None:
         qf = getattr(operator, "qfunc", None)
@@ -634,7 +634,6 @@ class _SetupClock:
     (synchronising the GPU first, so a part's kernels count in it)."""
 
     def __init__(self):
-        import time
         self._now, self.xp = time.perf_counter, np
         self.times, self._t = {}, self._now()
 
@@ -652,7 +651,6 @@ RELAXATIONS = ("jacobi", "schwarz")
 
 def _schwarz_level(lev, xp, dtype, kind, kappa, alpha, options):
     """The Schwarz preconditioner of one level (its space, free DoFs, coefficients)."""
-    from .schwarz import Schwarz
     if kind == "mass":
         raise ValueError("relaxation='schwarz' is for diffusion and Helmholtz levels, not "
                          "mass: use relaxation='jacobi'")

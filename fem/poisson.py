@@ -41,12 +41,15 @@ import smalltc
 
 from ._device import device_name, resolve_device, synchronize, to_host
 from .boundary import ConstrainedOperator, DirichletBC, boundary_load, dirichlet_bc
+from .chebyshev import chebyshev
 from .geometry import _Field, _Maps, _tensor_weights, evaluate_field
+from .multigrid import pmg
 from .operators import _build, _operator_basis
 from .projection import _error_sums, _LoadSum
 from .quadrature import quadrature_rule
 from .solvers import cg, jacobi
 from .space import H1Space
+from .unstructured import read_mesh
 
 __all__ = ["PoissonProblem", "PoissonResult", "poisson_problem", "solve_poisson", "h1_error",
            "exact_gradient"]
@@ -274,7 +277,6 @@ def _distributed(mesh, comm):
 def _as_mesh(mesh):
     if hasattr(mesh, "nodes"):
         return mesh
-    from .unstructured import read_mesh
     return read_mesh(mesh)
 
 
@@ -301,7 +303,7 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
     (True, 16)
     """
     if _distributed(mesh, comm):
-        from .distributed.poisson import poisson_problem_distributed
+        from .distributed.poisson import poisson_problem_distributed  # loaded for comm= (cycle)
         return poisson_problem_distributed(
             mesh, p, f, dirichlet=dirichlet, neumann=neumann, kappa=kappa, nq=nq,
             precond=precond, quadrature=quadrature, device=device, pmg_options=pmg_options,
@@ -367,10 +369,8 @@ def _preconditioner(name, A, kappa, pmg_options=None):
     if name == "jacobi":
         return jacobi(A.diagonal())
     if name == "chebyshev":
-        from .chebyshev import chebyshev
         return chebyshev(A)
     if name == "pmg":
-        from .multigrid import pmg
         return pmg(A, kappa=kappa, **dict(pmg_options or {}))
     return None
 
@@ -516,7 +516,7 @@ def solve_poisson(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, exact
     True
     """
     if _distributed(mesh, comm):
-        from .distributed.poisson import solve_poisson_distributed
+        from .distributed.poisson import solve_poisson_distributed  # loaded for comm= (cycle)
         return solve_poisson_distributed(
             mesh, p, f, dirichlet=dirichlet, neumann=neumann, kappa=kappa, exact=exact, nq=nq,
             precond=precond, tol=tol, maxiter=maxiter, quadrature=quadrature, device=device,

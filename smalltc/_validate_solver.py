@@ -21,6 +21,7 @@ import numpy as np
 
 from ._arrays import array_module, is_array
 from ._validate import _dtype
+from .maps import check_range, map_info
 from .spec import (INDEX_DTYPES, VECTOR_MODES, CsrSpmvSpec, PcgSpec, SchwarzSpec,
                    TransferSpec, VectorUpdateSpec)
 
@@ -160,7 +161,6 @@ def schwarz_spec(S, inv, idx, r, w):
 def check_maps(spec, operands):
     """The index operands' ranges, checked once per array object
     (:func:`smalltc.maps.map_info`); CSR: ``indptr`` non-decreasing from 0 to ``nnz``."""
-    from .maps import check_range, map_info
     if spec.op == "pmg_transfer":
         pairs = (("in_map", operands[2], spec.n_in, "x"),
                  ("out_map", operands[4], spec.n_out, "y"))

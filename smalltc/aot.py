@@ -36,14 +36,18 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import logging
 import os
 import re
 import threading
 import time
 from pathlib import Path
+from queue import Queue
 
 import numpy as np
+
+import smalltc
 
 from . import solver as _solver
 from ._arrays import cupy_or_none, gpu_available
@@ -207,7 +211,6 @@ def _build(it, xp, backend, folder, shared=False) -> dict:
     """Plan and call the item's problems; its record. ``shared``: other processes write
     the cache meanwhile, so the new files counted are those of the kernels this build
     loaded (their modules and Numba's files of them), not every change in the folder."""
-    import smalltc
     loaded = _cpu_compile_log() if shared else None
     start = len(loaded) if loaded is not None else 0
     before = _files(folder)
@@ -239,7 +242,7 @@ def _build(it, xp, backend, folder, shared=False) -> dict:
 def _cpu_compile_log():
     """The CPU runtime's list of kernels this process loaded (entry, seconds)."""
     try:
-        from .backends.cpu import runtime
+        from .backends.cpu import runtime  # optional: Numba
     except ImportError:                       # numba missing: nothing compiles
         return []
     return runtime.compile_log
@@ -264,9 +267,8 @@ def _parallel(items, backend, jobs, bar):
     """Build the items in ``jobs`` compile processes, each taking the next item when its
     last one is done (the largest first); the records in the items' order. An item a
     worker could not build is built here (its error raised here, as in one process)."""
-    from queue import Queue
 
-    from .backends.cpu.compile_process import CompileProcess
+    from .backends.cpu.compile_process import CompileProcess  # optional: Numba
     todo = sorted(range(len(items)), key=lambda i: -_cost(items[i]))
     lock, done = threading.Lock(), Queue()
     records = [None] * len(items)
@@ -470,7 +472,6 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    import json
     det = {"no": [False], "yes": [True], "both": [False, True]}[args.deterministic]
     t0 = time.perf_counter()
     records = precompile(_words(args.ops), _ints(args.p), _words(args.nq), _ints(args.dims),

@@ -38,7 +38,7 @@ def _cpu():
     except Exception:  # llvmlite missing or too old
         pass
     try:                 # what the CPU backend compiles for (Numba's target): its ISA
-        from .backends.cpu.target import host
+        from .backends.cpu.target import host  # optional: Numba
         t = host()
         cpu.update(isa=t.isa, vector_bits=t.vector_bits or t.vector_bytes * 8,
                    max_vector_bits=t.vector_bytes * 8, numba_target=t.llvm_cpu,
@@ -48,7 +48,7 @@ def _cpu():
     try:                 # the kernels' threads and the BLAS threads beside them
         import numba
 
-        from .backends.cpu.threads import blas_policy, blas_threads
+        from .backends.cpu.threads import blas_policy, blas_threads  # optional: Numba
         cpu["threads"] = numba.get_num_threads()
         cpu["blas_threads"] = {os.path.basename(k): v for k, v in blas_threads().items()}
         cpu["blas_limit"] = blas_policy(os.environ, cpu["threads"])

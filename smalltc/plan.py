@@ -590,7 +590,7 @@ def plan(op, *operands, backend="auto", method="auto", params=None, **options):
     ('interp_3d p=1 nq=3 values E=1 ndofs=8 float64', (1, 3, 3, 3))
     """
     if op in SOLVER_OPS:                 # the solver kernels' plans (smalltc.solver)
-        from . import solver
+        from . import solver  # cycle: smalltc.solver imports this module
         return solver.plan(op, *operands, backend=backend, params=params, **options)
     entry = OPS.get(op) if isinstance(op, str) else None
     if entry is None:

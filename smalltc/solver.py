@@ -33,6 +33,7 @@ import logging
 import numpy as np
 
 from . import _validate_solver as V
+from ._validate import check_operands
 from .backends import Unsupported, candidates
 from .backends.reference_solvers import STOP_CODES
 from .plan import Executed, remember
@@ -94,7 +95,6 @@ class SolverPlan(Executed):
         for x, (name, shape, dt) in zip(operands, self._inputs):
             if type(x) is not nd or x.shape != shape or x.dtype != dt or \
                     not x.flags.c_contiguous:
-                from ._validate import check_operands
                 check_operands(self._inputs, operands, self.xp)
                 raise ValueError(f"{name} is not C-contiguous; pass a contiguous array")
         if self._maps:

@@ -67,7 +67,7 @@ def point_data(qfunc, X, coef, nq, collocated=False):
     x, w = rule_1d(nq, collocated)
     N, dN = _linear_basis(x, xp)
     from .evaluation import interpolate      # a cycle: the checks import check_vertices
-    from .geometry import geometry_data
+    from .geometry import geometry_data  # the same cycle
     J = interpolate(N, dN, _vertex_field(X), what="gradients", dim=dim)   # (E, i, a, q..)
     W = functools.reduce(np.multiply.outer, [w] * dim)
     c = xp.ascontiguousarray(xp.broadcast_to(

@@ -15,9 +15,16 @@ benchmarks (``smalltc/bench``)  ``smalltc.app``
 ============================  ==========================================================
 
 The application layer (``smalltc/app``, with ``smalltc/__main__.py``) may import anything.
+
+Imports sit at module level. A function imports a module itself only for an optional
+dependency (:data:`OPTIONAL`) or for a reason said in a comment on the import's line:
+``# cycle: ...`` (the module imports this one), ``# optional ...`` (it loads an optional
+dependency), ``# loaded when ...`` / ``# loaded for ...`` (a layer loaded only where it is
+used, such as the MPI layer for ``comm=``).
 """
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -39,6 +46,15 @@ def module_name(path, root=ROOT):
     raise ValueError(f"{rel} is in none of the package folders {sorted(PACKAGE_DIRS.values())}")
 
 
+def _from_target(node, package):
+    """The absolute name of the module of ``from X import ...`` (``node``, an ``ImportFrom``)
+    in ``package`` (a list of names)."""
+    if not node.level:
+        return node.module
+    base = package[:len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imported_modules(source, module, is_package=False):
     """Every module ``source`` (the text of ``module``) imports, as ``(name, line)``: absolute
     and relative imports anywhere in the file (functions, classes, ``if`` blocks),
@@ -50,11 +66,7 @@ def imported_modules(source, module, is_package=False):
         if isinstance(node, ast.Import):
             out += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[:len(package) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module
+            target = _from_target(node, package)
             out.append((target, node.lineno))
             out += [(f"{target}.{alias.name}", node.lineno) for alias in node.names]
         elif (isinstance(node, ast.Call) and node.args
@@ -147,3 +159,94 @@ def test_a_function_level_import_of_the_fem_layer_is_a_violation(tmp_path):
     bad.write_text("import numpy\n\n\ndef f():\n    from .fem.geometry import map_points\n")
     rel = bad.relative_to(tmp_path).as_posix()
     assert violations(bad, FORBIDDEN["core"], tmp_path) == [f"{rel}:5 imports smalltc.fem.geometry"]
+
+
+# optional dependencies: a function imports them where they are used, so that its module
+# loads without them (or without their import time)
+OPTIONAL = ("cupy", "cupyx", "numba", "llvmlite", "matplotlib", "scipy", "pyamg", "meshio",
+            "mpi4py", "pymetis", "gmsh", "torch", "jax", "tqdm", "threadpoolctl")
+# the reason a function imports a module itself, in a comment on the import's lines
+REASON = re.compile(r"#.*\b(cycle|optional|loaded (when|for))\b")
+# function-level imports whose lines carry no reason: smalltc/backends/cuda changes only where
+# its kernels can run, so its reasons are written here
+ALLOWED = {
+    ("smalltc/backends/cuda/force.py", "smalltc.backends.cpu.force"):
+        "optional: the CPU backend's step list loads Numba",
+}
+
+
+def function_imports(source, module, is_package=False):
+    """The imports inside functions (methods and nested functions too) of ``source`` (the
+    text of ``module``), as ``(names, first line, last line)``; ``names``: the modules
+    imported, absolute (``from . import a, b``: ``pkg.a``, ``pkg.b``)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    out, seen = [], set()
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                target = _from_target(node, package)
+                names = [f"{target}.{alias.name}" for alias in node.names] if node.module is None \
+                    else [target]
+            out.append((names, node.lineno, node.end_lineno))
+    return out
+
+
+def function_import_violations(path, root=ROOT):
+    """``"file:line imports name inside a function"`` for each import inside a function of
+    ``path`` of a module that is not optional, with no reason on its lines."""
+    module, is_package = module_name(path, root)
+    rel = path.relative_to(root).as_posix()
+    source = path.read_text()
+    lines = source.splitlines()
+    found = []
+    for names, first, last in function_imports(source, module, is_package):
+        if any(REASON.search(line) for line in lines[first - 1:last]):
+            continue
+        for name in names:
+            if name.split(".")[0] not in OPTIONAL and (rel, name) not in ALLOWED:
+                found.append(f"{rel}:{first} imports {name} inside a function (move it to the "
+                             "module's imports, or say why not: # cycle: / # optional / "
+                             "# loaded when)")
+    return found
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_imports_at_module_level(path):
+    assert function_import_violations(path) == []
+
+
+def test_each_allowed_function_import_is_there():
+    for (rel, name), _ in ALLOWED.items():
+        module, is_package = module_name(ROOT / rel)
+        found = function_imports((ROOT / rel).read_text(), module, is_package)
+        assert any(name in names for names, _, _ in found), (rel, name)
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("    import json\n", [(5, "json")]),
+    ("    from .maps import check_range\n", [(5, "smalltc.maps")]),
+    ("    from . import maps, plan\n", [(5, "smalltc.maps"), (5, "smalltc.plan")]),
+    ("    class A:\n        def m(self):\n            import time\n", [(7, "time")]),
+    ("    from .solver import (plan,\n                         call)  # cycle: it imports this\n", []),
+    ("    from . import solver  # cycle: smalltc.solver imports this module\n", []),
+    ("    from .backends import cpu  # optional: loads Numba\n", []),
+    ("    from .fem.distributed import comm  # loaded for comm=\n", []),
+    ("    import json  # json\n", [(5, "json")]),
+    ("    import cupy as cp\n    from numba.core import config\n", []),
+    ("    from matplotlib.ticker import MaxNLocator\n", []),
+])
+def test_a_function_level_import_needs_a_reason(tmp_path, body, expected):
+    (tmp_path / "smalltc").mkdir()
+    bad = tmp_path / "smalltc" / "bad.py"
+    bad.write_text("import numpy\n\n\ndef f():\n" + body)
+    rel = bad.relative_to(tmp_path).as_posix()
+    found = function_import_violations(bad, tmp_path)
+    assert [v.split(" (")[0] for v in found] == [
+        f"{rel}:{line} imports {name} inside a function" for line, name in expected]

@@ -73,7 +73,7 @@ def table_name(info: dict, dtype: str, arch: bool = False) -> str:
 def family_of(table):
     """The ``family_of`` of the backend a table is for (its ``arch``: ``cpu-*`` or ``sm*``)."""
     if str(table.get("arch", "")).startswith("cpu-"):
-        from smalltc.backends.cpu import family_of as cpu_family_of   # loads Numba: here
+        from smalltc.backends.cpu import family_of as cpu_family_of  # optional: loads Numba
         return cpu_family_of
     return cuda_family_of
 

@@ -23,6 +23,7 @@
 import numpy as np
 
 from .._device import to_host
+from ..coarse import AMGSolver
 from ..solvers import cg, jacobi
 from .comm import collective, load_mpi
 
@@ -160,8 +161,6 @@ class GatheredAMG:
         if self.rank != 0:
             return None
         import scipy.sparse as sp
-
-        from ..coarse import AMGSolver
         rows, cols, vals = trip
         n = self.ndofs
         A = sp.coo_matrix((vals, (rows, cols)), shape=(n, n)).tocsr()

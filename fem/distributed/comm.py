@@ -41,6 +41,8 @@ import numpy as np
 
 from smalltc._arrays import is_cupy
 
+from .nccl import NcclComm, nccl_module
+
 __all__ = ["RankError", "Reducer", "agree", "collective", "cuda_aware", "load_mpi",
            "check_launch", "local_rank", "private_comm", "select_gpu", "spelling",
            "ENV_CUDA_AWARE", "ENV_COMM", "COMM_PATHS", "CommPath", "comm_path",
@@ -482,7 +484,6 @@ def decide_path(on_gpu, forced=None, nccl=None, aware=None):
 
 
 def _nccl_probe():
-    from .nccl import nccl_module
     try:
         nccl = nccl_module()
     except RuntimeError as err:
@@ -532,7 +533,6 @@ def comm_path(comm, xp=np):
         _log.info("smalltc: the distributed solve's messages go by %s: %s", name, reason)
     nccl = None
     if name == "nccl":
-        from .nccl import NcclComm
         nccl = collective(comm, NcclComm, comm, what="building the NCCL communicator")
     path = cache[key] = CommPath(name, reason, nccl)
     return path

@@ -39,6 +39,7 @@ import numpy as np
 import smalltc
 
 from ..basis import lagrange_basis
+from .._device import to_host
 from ..chebyshev import Chebyshev, estimate_lambda_max
 from ..coarse import _pyamg, _pyamg_present
 from ..multigrid import _numba_present, pmg_orders
@@ -47,6 +48,7 @@ from ..quadrature import gauss_lobatto
 from .coarse import COARSE, DistributedCG, GatheredAMG
 from .comm import collective, make_reducer
 from .operators import distributed_diffusion_operator
+from .space import DistributedH1Space
 
 __all__ = ["DistributedTransfer", "DistributedChebyshev", "DistributedPMultigrid",
            "distributed_pmg"]
@@ -288,8 +290,7 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
     ImportError
         ``coarse="amg"`` (asked for by name) without pyamg.
     """
-    from .poisson import DistributedConstrainedOperator, distributed_dirichlet_bc
-    from .space import DistributedH1Space
+    from .poisson import DistributedConstrainedOperator, distributed_dirichlet_bc  # cycle: .poisson imports this
     space, xp = A.op.space, A.xp
     orders = pmg_orders(space.p) if orders is None else [int(q) for q in orders]
     if orders[0] != space.p or any(b > a for a, b in zip(orders, orders[1:])):
@@ -338,5 +339,4 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
 
 
 def _host(a):
-    from .._device import to_host
     return to_host(a)

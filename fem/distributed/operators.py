@@ -29,14 +29,17 @@ import numpy as np
 
 import smalltc
 from smalltc._arrays import is_cupy
+from smalltc._validate import check_scalar
 
 from .._device import device_name, resolve_device
 from ..basis import basis_1d
 from ..geometry import diffusion_data, mass_data
 from ..operators import Operator, _operator_basis
+from ..space import H1Space
 from .comm import agree, collective, load_mpi, select_gpu, spelling
 from .phases import compile_ahead
 from .space import DistributedH1Space, distribute_mesh
+from .unstructured import partition_mesh
 
 __all__ = ["DistributedOperator", "DistributedMassOperator", "distributed_mass_operator",
            "distributed_diffusion_operator", "distributed_helmholtz_operator"]
@@ -301,7 +304,6 @@ def _space_and_device(space, comm, args, name, device, build=None):
     if where == "gpu":
         collective(comm, select_gpu, comm, what="selecting a GPU")
     if build is not None:
-        from ..space import H1Space
         compile_ahead(comm, space.mesh, name,
                       lambda mesh1, comm1: _touch(build(H1Space(mesh1, space.p), where, comm1)),
                       **dict(args, p=space.p, device=where))
@@ -309,7 +311,6 @@ def _space_and_device(space, comm, args, name, device, build=None):
         if type(space.mesh).__name__ == "BoxMesh":
             dmesh = distribute_mesh(space.mesh, comm)
         else:                               # an unstructured mesh: METIS parts
-            from .unstructured import partition_mesh
             dmesh = partition_mesh(space.mesh, comm)
         dspace = DistributedH1Space(dmesh, space.p)
     return dspace, where, resolve_device(where)
@@ -439,7 +440,6 @@ def distributed_helmholtz_operator(space, alpha, nq=None, kappa=None, *, assembl
     >>> print(round(float(A(np.ones(9)).sum()), 12))          # 2 * area
     2.0
     """
-    from smalltc._validate import check_scalar
     alpha = check_scalar("alpha", alpha)
     dspace, where, xp = _family_setup(
         distributed_helmholtz_operator, (alpha, nq, kappa),

@@ -20,6 +20,7 @@ import time
 from contextlib import contextmanager
 
 from .._device import synchronize
+from ..mesh import box_mesh
 from .comm import load_mpi, node_first
 
 __all__ = ["Timed", "TIMINGS", "check_timings", "halos_of", "reducers_of", "distribution",
@@ -167,7 +168,6 @@ def compile_ahead(comm, mesh, what, run, **kind):
     box = _box_kind(mesh)
     if box is None or _INSIDE[0]:
         return
-    from ..mesh import box_mesh
     key = (what, box) + tuple(sorted((k, repr(v)) for k, v in kind.items()))
     MPI = load_mpi()
 

@@ -34,10 +34,12 @@ from ..projection import _error_sums, _load
 from ..solvers import Jacobi, cg, jacobi
 from .comm import Reducer, agree, check_launch, collective, comm_path, load_mpi, make_reducer
 from .comm import select_gpu, spelling
+from .multigrid import distributed_pmg
 from .operators import distributed_diffusion_operator
 from .phases import (Counters, Timed, ahead_done, check_timings, compile_ahead, distribution,
                      halos_of, reducers_of)
 from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
+from .unstructured import partition_mesh
 
 __all__ = ["DistributedPoissonProblem", "poisson_problem_distributed",
            "solve_poisson_distributed", "distributed_dirichlet_bc"]
@@ -172,7 +174,6 @@ def _as_distributed_mesh(mesh, comm):
                         f"{type(mesh).__name__}")
     if type(mesh).__name__ == "BoxMesh":
         return distribute_mesh(mesh, comm), comm
-    from .unstructured import partition_mesh
     return partition_mesh(mesh, comm), comm
 
 
@@ -300,7 +301,6 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     if precond == "jacobi":
         P = collective(c, jacobi, A.diagonal(), what="the Jacobi diagonal")
     elif precond == "pmg":
-        from .multigrid import distributed_pmg
         with ahead_done():
             P = distributed_pmg(A, dirichlet=dir_, neumann_regions=list(neu), kappa=kappa,
                                 quadrature=quadrature, backend=backend,

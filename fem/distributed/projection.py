@@ -25,6 +25,7 @@ from .comm import (agree, check_launch, collective, comm_path, load_mpi, make_re
 from .phases import Counters, Timed, check_timings, compile_ahead, distribution
 from .operators import DistributedMassOperator
 from .space import DistributedH1Space, distribute_mesh, is_distributed_mesh, mesh_fingerprint
+from .unstructured import partition_mesh
 
 __all__ = ["l2_project_distributed"]
 
@@ -103,7 +104,6 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
     elif type(mesh).__name__ == "BoxMesh":
         dmesh = distribute_mesh(mesh, comm)
     else:                                   # a mesh file or an unstructured mesh: METIS parts
-        from .unstructured import partition_mesh
         dmesh = partition_mesh(mesh, comm)
     space = DistributedH1Space(dmesh, p)
     nq = collective(comm, _default_nq, space.p, nq, what="checking nq")

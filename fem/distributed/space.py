@@ -375,7 +375,7 @@ class DistributedH1Space:
 
     def __new__(cls, mesh, p):
         if cls is DistributedH1Space and is_distributed_mesh(mesh) and hasattr(mesh, "elements"):
-            from .unstructured import PartitionedH1Space     # a partitioned file mesh
+            from .unstructured import PartitionedH1Space  # cycle: .unstructured imports this
             return super().__new__(PartitionedH1Space)
         return super().__new__(cls)
 

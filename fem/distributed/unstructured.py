@@ -35,6 +35,7 @@ import numpy as np
 from ..space import H1Space
 from ..topology import facet_keys, unique_rows
 from ..unstructured import UnstructuredMesh
+from ..unstructured import read_mesh
 from .comm import agree, check_launch, collective, load_mpi, private_comm
 from .space import DistributedH1Space
 
@@ -208,7 +209,6 @@ def _split(path_or_mesh, nranks):
     if isinstance(path_or_mesh, UnstructuredMesh):
         mesh = path_or_mesh
     else:
-        from ..unstructured import read_mesh
         mesh = read_mesh(path_or_mesh)
     if not hasattr(mesh, "vertices"):
         raise TypeError(f"mesh must be an UnstructuredMesh or a mesh file, got "

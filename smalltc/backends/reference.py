@@ -16,7 +16,9 @@ import functools
 import numpy as np
 
 from . import register
+from ..maps import check_range
 from ..spec import SOLVER_OPS
+from ..vertices import point_data
 from .base import Backend, Executor, Unsupported
 from .reference_einsum import (GEMM_ASSEMBLY_MAX_ND, _xp, action_einsum, assembly_einsum,
                                contract_einsum, force_apply_unfused, force_einsum,
@@ -146,7 +148,6 @@ def mixed_apply_unfused(spec, *operands, out=None):
     action (:func:`mixed_action_sumfac`), the result added into the global ``y`` through
     ``elem_dofs_out`` (or returned per element). Each map's range is checked on every call,
     before it is used (an index outside the vector raises ``ValueError`` naming the map)."""
-    from ..maps import check_range
     a = dict(zip((o.name for o in spec.inputs), operands))
     dim = spec.dim
     for side, vec in (("in", "x"), ("out", "y")):
@@ -194,7 +195,6 @@ def basis_apply_unfused(spec, *operands, out=None):
     point values integrated against the basis and summed into the global vector through
     ``elem_dofs`` (float64 sums per DoF), or returned per element. The map's range is
     checked on every call."""
-    from ..maps import check_range
     a = dict(zip((o.name for o in spec.inputs), operands))
     xp = _xp(operands[-1])
     dim, nq, nd, E, nc = spec.dim, spec.nq, spec.nd, spec.batch, spec.ncomp
@@ -403,7 +403,6 @@ def _geometry_path(spec):
     """(kernel text, function of the operands) for a spec whose point data come from the
     element vertices (``geometry="vertices"``, docs/math.md section 8): D or Q computed
     by :func:`smalltc.vertices.point_data`, then the stored-data path."""
-    from ..vertices import point_data
     names = [o.name for o in spec.inputs]
     q, dim = spec.qfunc, spec.dim
 

@@ -12,6 +12,8 @@ import string
 
 import numpy as np
 
+from .._arrays import array_module
+
 __all__ = ["action_einsum", "assembly_einsum", "contract_einsum", "operator_assembly_gemm",
            "mass_apply_unfused", "mass_diagonal_unfused", "operator_action_einsum",
            "operator_assembly_einsum", "operator_diagonal_einsum", "operator_apply_unfused",
@@ -20,7 +22,6 @@ __all__ = ["action_einsum", "assembly_einsum", "contract_einsum", "operator_asse
 
 
 def _xp(x):
-    from .._arrays import array_module
     return array_module(x)
 
 

@@ -21,6 +21,8 @@ import math
 
 import numpy as np
 
+from .._arrays import array_module
+
 from .base import Executor
 
 __all__ = ["vector_update_ref", "pcg_ref", "transfer_ref", "csr_spmv_ref", "schwarz_ref",
@@ -31,7 +33,6 @@ STOP_CODES = {1: "converged", 2: "maxiter", 3: "pAp", 4: "rz", 5: "nonfinite"}
 
 
 def _xp(x):
-    from .._arrays import array_module
     return array_module(x)
 
 

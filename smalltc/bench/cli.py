@@ -35,6 +35,7 @@ from .bp1 import run_case as run_bp1
 from .cases import footprint as case_bytes
 from .compare import compare_files
 from .force import run_case as run_force
+from .geometry import run_case as run_geometry
 from .plots import plot_all
 from .poisson import run_case as run_poisson
 from .report import environment, load, load_average, table, write_json
@@ -222,7 +223,7 @@ def _set_threads(n):
     spin between parallel regions and on a busy host each region can wait a scheduler
     time slice (a Jacobi-CG solve 10-50x slower, load ~6 on 2 cores)."""
     try:
-        from ..backends import cpu  # noqa: F401  (the OpenMP wait policy, before Numba's)
+        from ..backends import cpu  # noqa: F401  optional (Numba): its wait policy first
         import numba
     except Exception:
         return None
@@ -331,7 +332,6 @@ def main_run(args) -> dict:
                                           repeats=repeats, warmup=args.warmup))
             continue
         if case.op == "geometry":
-            from .geometry import run_case as run_geometry
             doc["cases"].append(run_geometry(case, bound_args, xp=xp, backend=args.backend,
                                              repeats=repeats, warmup=args.warmup))
             continue
@@ -499,7 +499,7 @@ def run(args) -> int:
         if args.suite != ["scaling"]:
             raise SystemExit("smalltc bench: --suite scaling runs on its own (it launches "
                              "mpiexec once per rank count); give it alone")
-        from .scaling import main as run_scaling
+        from .scaling import main as run_scaling  # loaded when the suite runs (the MPI layer)
         return run_scaling(args)
     doc = main_run(args)
     bad = [c for c in doc["cases"] if c.get("error") or any(

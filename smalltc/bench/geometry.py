@@ -31,7 +31,14 @@ from __future__ import annotations
 
 import numpy as np
 
+import smalltc
+
 from .. import roofline
+from ..fem import box_mesh
+from ..fem.basis import lagrange_basis
+from ..fem.quadrature import quadrature_rule
+from ..plan import build_plan
+from ..spec import GeometrySpec
 from .basis import BYTES, _plan_info, target_bytes  # noqa: F401 (BYTES: the basis suite's)
 from .cases import Case
 from .report import impl_table
@@ -56,7 +63,6 @@ def cases(dtype, kind, ps=None, quick=False, footprint=None) -> list:
     geometry det dim=3 p=2 nq=4 float64
     geometry adjugate dim=3 p=2 nq=4 float64
     """
-    from ..spec import GeometrySpec
     target = target_bytes(kind, quick, footprint)
     out = []
     for p in ps or ([1, 2, 4] if quick else range(1, 9)):
@@ -117,12 +123,6 @@ def _linalg(xp, spec, J, W, coef):
 
 def run_case(case, bound_args, *, xp, backend="auto", repeats=20, warmup=2) -> dict:
     """Measure one case; the record has the bench's layout (``impls``, ``bound``)."""
-    import smalltc
-    from ..fem import box_mesh
-    from ..fem.basis import lagrange_basis
-    from ..fem.quadrature import quadrature_rule
-    from ..plan import build_plan
-    from ..spec import GeometrySpec
     s, dt = case.sizes, case.dtype
     rec = case_record(case)
     with recorded(rec, xp):

@@ -279,7 +279,7 @@ def plot_bp1(doc, path, plt, suite="bp1"):
 def _suite_plots() -> tuple:
     """``(plot, stem)`` of the suites with their own plots: their modules import this
     one's helpers, so they are imported here, when the plots are drawn."""
-    from . import basis, force, poisson, solve
+    from . import basis, force, poisson, solve  # cycle: they import this module
     return ((solve.plot, "solve"), (force.plot, "force"), (basis.plot, "basis"),
             (poisson.plot, "poisson"))
 

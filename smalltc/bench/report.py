@@ -261,7 +261,7 @@ def impl_table(rows, file, *, suite, baseline, width, specialized=False) -> None
 def _suite_tables() -> dict:
     """The suites with their own tables: their modules import this one's formatting, so
     they are imported here, when a table is printed."""
-    from . import basis, bp1, force, geometry, poisson, solve
+    from . import basis, bp1, force, geometry, poisson, solve  # cycle: they import this module
     return {"bp1": bp1.table, "bp3": bp1.table, "bp5": bp1.table, "force": force.table,
             "solve": solve.table, "poisson": poisson.table, "basis": basis.table,
             "geometry": geometry.table}

@@ -61,7 +61,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .._arrays import cupy_or_none, gpu_available
+from ..fem.distributed import distributed_box_mesh, distributed_kershaw_mesh, load_mpi
+from ..fem.distributed.comm import quiet_barrier
+from ..fem.distributed.poisson import solve_poisson_distributed
+from ..roofline import device_name
 from .plots import pyplot_or_say, save_figure
+from .poisson import exact_grad, exact_u, source
+from .report import environment, load_average, write_json
 from .solve import KERSHAW_EPS, kershaw_eps
 
 __all__ = ["SCHEMA", "TOL", "MODES", "plan_cases", "weak_shape", "strong_shape",
@@ -299,8 +306,6 @@ def _progress(total, enabled):
 def main(args) -> int:
     """``smalltc bench --suite scaling``: launch the rank counts, write the JSON, print the
     table, draw the plot; exit status 1 when a case failed."""
-    from ..roofline import device_name
-    from .report import environment, load_average, write_json
     kind = args.device or "cpu"
     quick = bool(args.quick)
     ranks = sorted({int(r) for r in str(args.ranks or "1,2").split(",") if r.strip()})
@@ -318,7 +323,6 @@ def main(args) -> int:
         raise SystemExit(f"smalltc bench: {err}") from None
     mpiexec = find_mpiexec()
     if kind == "gpu":
-        from .._arrays import cupy_or_none, gpu_available
         if not gpu_available():
             raise SystemExit("smalltc bench: --device gpu asked for, but no CUDA device answers "
                              "here (see `smalltc info`)")
@@ -435,7 +439,6 @@ def plot(doc, path, plt):
 
 # ---------------------------------------------------------------------------- the worker
 def _build_mesh(case, comm):
-    from ..fem.distributed import distributed_box_mesh, distributed_kershaw_mesh
     name, _, eps = case["mesh"].partition(":")
     if name == "kershaw":
         return distributed_kershaw_mesh(tuple(case["shape"]), comm, float(eps or KERSHAW_EPS))
@@ -443,8 +446,6 @@ def _build_mesh(case, comm):
 
 
 def _solve(case, mesh, device, tol, timings):
-    from ..fem.distributed.poisson import solve_poisson_distributed
-    from .poisson import exact_grad, exact_u, source
     return solve_poisson_distributed(mesh, case["p"], source, dirichlet=exact_u,
                                      exact=(exact_u, exact_grad), precond=case["precond"],
                                      tol=tol, device=device, timings=timings)
@@ -452,7 +453,6 @@ def _solve(case, mesh, device, tol, timings):
 
 def _run_case(case, comm, device, repeats, tol):
     """One case on every rank; the record on rank 0 (None elsewhere)."""
-    from ..fem.distributed.comm import quiet_barrier
     rank = comm.Get_rank()
     t0 = time.perf_counter()
     mesh = _build_mesh(case, comm)
@@ -494,7 +494,6 @@ def worker(argv=None) -> int:
     args = ap.parse_args(argv)
     with open(args.spec) as f:
         spec = json.load(f)
-    from ..fem.distributed import load_mpi
     MPI = load_mpi()
     comm = MPI.COMM_WORLD
     for case in spec["cases"]:

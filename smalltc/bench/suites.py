@@ -66,6 +66,7 @@ from .basis import cases as basis_cases
 from .bp1 import cases as bp_cases
 from .cases import Case
 from .force import cases as force_cases
+from .geometry import cases as geometry_cases
 from .poisson import cases as poisson_cases
 from .solve import cases as solve_cases
 
@@ -262,7 +263,6 @@ def cases(suite, dtype, kind, *, sizes=None, ps=None, dims=None, quick=False,
     if suite == "basis":
         return basis_cases(dtype, kind, ps, quick, footprint)
     if suite == "geometry":
-        from .geometry import cases as geometry_cases
         return geometry_cases(dtype, kind, ps, quick, footprint)
     if suite == "scaling":
         raise ValueError("the scaling suite launches mpiexec per rank count: run it on its own "

@@ -59,6 +59,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...quadrature import rule_1d
+
 from ..reference import sym_index
 from .family import CpuExecutor, Family
 from .runtime import NB_TYPES, SHORT, signature
@@ -482,7 +484,6 @@ def _operator_heuristic(spec, target):
 def _vertex_render(spec, data_args):
     """The template data of the vertex geometry (``_lanes.j2``'s ``vertex_data``): no data
     gathered, the arguments XV and CF in place of D or Q, the 1D rule's constants."""
-    from ...quadrature import rule_1d
     x, w = rule_1d(spec.nq, bool(spec.collocated))
     lit = (lambda v: [repr(float(a)) for a in v])
     args = data_args.replace("Q", "XV, CF") if spec.qfunc != "mass" else \

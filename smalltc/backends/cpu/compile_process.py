@@ -100,7 +100,7 @@ class CompileProcess:
 def serve(stdin=None, stdout=None):
     """The child's loop: build each request (or run each call), answer as the module
     docstring says."""
-    from .runtime import load_kernel
+    from .runtime import load_kernel  # cycle: .runtime imports this module
     if stdout is None:
         # the answers on a copy of fd 1; whatever else writes to stdout (a print, a C
         # library) goes to stderr and cannot corrupt them

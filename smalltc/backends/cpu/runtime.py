@@ -49,7 +49,7 @@ from pathlib import Path
 
 import jinja2
 import numba
-from numba.core import caching
+from numba.core import caching, config
 from numba.core.runtime import rtsys
 
 from ..._jinja import environment
@@ -202,7 +202,6 @@ def _compile_process_tasks() -> int:
 def _in_numba_cache(path: Path) -> bool:
     """Whether Numba's disk cache holds an index for the kernel module at ``path`` (in
     ``NUMBA_CACHE_DIR``'s folder for it, else ``__pycache__`` beside it)."""
-    from numba.core import caching, config
     if config.CACHE_DIR:
         folder = Path(config.CACHE_DIR) / \
             caching.UserProvidedCacheLocator.get_suitable_cache_subpath(str(path))

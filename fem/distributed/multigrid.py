@@ -290,7 +290,8 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
     ImportError
         ``coarse="amg"`` (asked for by name) without pyamg.
     """
-    from .poisson import DistributedConstrainedOperator, distributed_dirichlet_bc  # cycle: .poisson imports this
+    from .poisson import (DistributedConstrainedOperator,  # cycle: .poisson imports this
+                          distributed_dirichlet_bc)
     space, xp = A.op.space, A.xp
     orders = pmg_orders(space.p) if orders is None else [int(q) for q in orders]
     if orders[0] != space.p or any(b > a for a, b in zip(orders, orders[1:])):

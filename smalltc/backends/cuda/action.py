@@ -44,10 +44,7 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
-
 from ..._arrays import cupy_or_none
-from ...quadrature import rule_1d
 from . import runtime as RT
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, MAX_LOCAL_BYTES, MAX_THREADS, MIN_THREADS,
                      SM_REGISTERS, SM_THREADS, SMEM_TARGET, THREADS, Family, KernelExecutor,
@@ -111,6 +108,7 @@ def _wavefronts(addr, active, itemsize):
     at a time by 32 banks; a wavefront serves one word per bank, a word read by several
     lanes once.
     """
+    import numpy as np
     g = 16 if itemsize == 8 else 32
     nc, nt = addr.shape
     pad = -nt % 32
@@ -130,6 +128,7 @@ def _wavefronts(addr, active, itemsize):
 def _layout_costs(nd, nq, per_block, colloc, qsmem, itemsize, nsym=6, mass=False):
     """Every layout :func:`qfunc_line_layout` compares, ``(wavefronts, TT, LS, PS, istr)``:
     the modelled shared-memory wavefronts of one group's steps."""
+    import numpy as np
     T = max(nd, nq)
     nbuf = 2 if mass else 3                       # S0, S1 (mass); S0, S1, S2
     NDD = nd ** 3
@@ -607,6 +606,7 @@ def vertex_ctx(ctx, spec, rebuild):
             ctx = new
         if bad(ctx):
             return None
+    from ...quadrature import rule_1d
     x, w = rule_1d(spec.nq, bool(getattr(spec, "collocated", False)))
     lit = (lambda v: [repr(float(a)) for a in v])
     return dict(ctx, geometry=1, vx_n0=lit((1 - x) / 2), vx_n1=lit((1 + x) / 2), vx_w=lit(w))

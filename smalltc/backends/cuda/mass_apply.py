@@ -45,8 +45,6 @@ measure of its cost).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..._arrays import cupy_or_none
 from ..._errors import device_flag, raise_pending, record_map
 from ..._memory import guard
@@ -260,6 +258,7 @@ class MassApplyExecutor(ActionExecutor):
         fmt = "P" * len(head) + "qP" + "P" * len(tail) + "q"
         d = self._direct(fmt, nitems)
         if d is None:
+            import numpy as np
             self._launch(nitems, tuple(head) + (np.int64(self.ndofs), np.uint64(self._err))
                          + tuple(tail))
         else:
@@ -272,6 +271,7 @@ _SUM_THREADS = 256
 
 def _scatter_sum(U, pos, off, y, ndofs, ncomp, ndd):
     """``y`` from the E-vector ``U`` through the transposed map (``scatter_sum.cu.j2``)."""
+    import numpy as np
     dt = DT[np.dtype(y.dtype).name]
     pt = "int" if pos.dtype == np.int32 else "long long"
     ctx = dict(dtype=np.dtype(y.dtype).name, ncomp=ncomp, ndd=ndd, threads=_SUM_THREADS,
@@ -418,6 +418,7 @@ class MassDiagonalExecutor(KernelExecutor):
     def _launch_map(self, nitems, head, tail, err):
         """One launch: the arrays ``head``, ``ndofs``, the error flag, the arrays ``tail``
         (a colour's element list), the item count."""
+        import numpy as np
         d = self._direct("P" * len(head) + "qP" + "P" * len(tail) + "q", nitems)
         if d is None:
             self._launch(nitems, tuple(head) + (np.int64(self.ndofs), np.uint64(err))

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._errors import raise_pending
 from ..base import Executor
 from . import runtime as RT
 from .family import DEFAULT_DEVICE, DT, ITEMSIZE, Family
@@ -221,6 +220,8 @@ class PcgExecutor(_Launches):
     def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, shape=None,
             check_every=8, red=None):
         import cupy as cp
+
+        from ..._errors import raise_pending
         x, r = operands[:2]
         shape = x.shape if shape is None else tuple(shape)
         inv = operands[2] if self.spec.jacobi else None

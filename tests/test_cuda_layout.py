@@ -4,8 +4,8 @@ themselves are checked against the einsum oracle by the GPU tests of the operato
 (tests/test_cuda_operators.py, tests/test_mass_apply.py) with the heuristic's layout."""
 import pytest
 
-from smalltc.backends.cuda.action import (_layout_costs, _wavefronts, action_line_ctx,
-                                          qfunc_ctx, qfunc_line_layout)
+from smalltc.backends.cuda.action import action_line_ctx, qfunc_ctx
+from smalltc.backends.cuda.smem_layout import _layout_costs, _wavefronts, qfunc_line_layout
 from smalltc.backends.cuda.family import DEFAULT_DEVICE
 from smalltc.backends.cuda.mass_apply import MASS_APPLY
 from smalltc.spec import MassApplySpec

@@ -167,19 +167,10 @@ OPTIONAL = ("cupy", "cupyx", "numba", "llvmlite", "matplotlib", "scipy", "pyamg"
             "mpi4py", "pymetis", "gmsh", "torch", "jax", "tqdm", "threadpoolctl")
 # the reason a function imports a module itself, in a comment on the import's lines
 REASON = re.compile(r"#.*\b(cycle|optional|loaded (when|for))\b")
-# function-level imports whose lines carry no reason: smalltc/backends/cuda changes only where
-# its kernels can run, so its reasons are written here
-#: (file, module) imported inside a function there, and why. The CUDA backend's own are
-#: moved with a change that runs on a GPU (its modules change only where they are tested).
-_GPU_UNTESTED = "CUDA backend: moved with the next change that runs on a GPU"
+#: (file, module) imported inside a function there with no reason on its line, and why
 ALLOWED = {
     ("smalltc/backends/cuda/force.py", "smalltc.backends.cpu.force"):
         "optional: the CPU backend's step list loads Numba",
-    **{(f"smalltc/backends/cuda/{rel}", name): _GPU_UNTESTED for rel, name in [
-        ("__init__.py", "smalltc.pairwise"), ("action.py", "numpy"),
-        ("action.py", "smalltc.quadrature"), ("force.py", "numpy"),
-        ("force.py", "smalltc.backends.cuda.mass_apply"), ("mass_apply.py", "numpy"),
-        ("runtime.py", "smalltc._arrays"), ("solver.py", "smalltc._errors")]},
 }
 
 

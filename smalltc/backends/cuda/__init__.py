@@ -45,6 +45,7 @@ Examples
 from __future__ import annotations
 
 from ... import tables
+from ...pairwise import PairwiseExecutor
 from ..._arrays import gpu_available
 from .. import register
 from ..base import Backend, Executor, Unsupported
@@ -100,7 +101,6 @@ class _PairwiseFallback(Executor):
     """The generic path of the action/assembly: the pairwise steps on this backend's kernels."""
 
     def __init__(self, backend, spec, why):
-        from ...pairwise import PairwiseExecutor
         self._inner = PairwiseExecutor(backend, spec)
         self.kernel = f"{self._inner.kernel} (no fused kernel: {why})"
         self.params, self.specialized, self.source = {}, False, "generic"

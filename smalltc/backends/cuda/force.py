@@ -37,12 +37,15 @@ force"), and no choice of it spills under ptxas (sm_90).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..._arrays import cupy_or_none
 from ..._memory import guard
 from ...maps import map_info
 from . import runtime as RT
 from .family import (DEFAULT_DEVICE, DT, ITEMSIZE, POW2, SMEM_TARGET, Family,
                      KernelExecutor)
+from .mass_apply import _flag, _scatter_sum, _zero
 
 __all__ = ["FORCE", "ForceFamily", "force_ctx", "slots"]
 
@@ -341,8 +344,6 @@ class ForceExecutor(KernelExecutor):
         self._bank.launched()
 
     def _run(self, operands, out):
-        import numpy as np
-        from .mass_apply import _flag, _scatter_sum, _zero
         L, B, G, A, F, *rest = operands
         E = A.shape[0]
         if not self.fused:

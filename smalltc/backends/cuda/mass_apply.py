@@ -45,6 +45,8 @@ measure of its cost).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..._arrays import cupy_or_none
 from ..._errors import device_flag, raise_pending, record_map
 from ..._memory import guard
@@ -128,7 +130,7 @@ class MassApplyFamily(Family):
     def heuristic_3d(spec):
         """The 3D heuristic: the line form at every p, no prefetch, ~110 threads a block
         (at most 8 items), the shared-memory layout with the fewest modelled wavefronts
-        (``layout`` "model": :func:`.action.qfunc_line_layout`; on the H200 BP1 ran
+        (``layout`` "model": :func:`.smem_layout.qfunc_line_layout`; on the H200 BP1 ran
         1.081x the odd layout, 1.11-1.41x at p = 1, 2). Measured on the H200 (BP1, ~3M
         DoFs, nq = p+2, float64, a sweep of per_block 1-4 or 2-8, min_blocks 0/2/3,
         prefetch 0/1 against the action's heuristic, one run): the best variant was the
@@ -258,7 +260,6 @@ class MassApplyExecutor(ActionExecutor):
         fmt = "P" * len(head) + "qP" + "P" * len(tail) + "q"
         d = self._direct(fmt, nitems)
         if d is None:
-            import numpy as np
             self._launch(nitems, tuple(head) + (np.int64(self.ndofs), np.uint64(self._err))
                          + tuple(tail))
         else:
@@ -271,7 +272,6 @@ _SUM_THREADS = 256
 
 def _scatter_sum(U, pos, off, y, ndofs, ncomp, ndd):
     """``y`` from the E-vector ``U`` through the transposed map (``scatter_sum.cu.j2``)."""
-    import numpy as np
     dt = DT[np.dtype(y.dtype).name]
     pt = "int" if pos.dtype == np.int32 else "long long"
     ctx = dict(dtype=np.dtype(y.dtype).name, ncomp=ncomp, ndd=ndd, threads=_SUM_THREADS,
@@ -418,7 +418,6 @@ class MassDiagonalExecutor(KernelExecutor):
     def _launch_map(self, nitems, head, tail, err):
         """One launch: the arrays ``head``, ``ndofs``, the error flag, the arrays ``tail``
         (a colour's element list), the item count."""
-        import numpy as np
         d = self._direct("P" * len(head) + "qP" + "P" * len(tail) + "q", nitems)
         if d is None:
             self._launch(nitems, tuple(head) + (np.int64(self.ndofs), np.uint64(err))

@@ -111,7 +111,6 @@ _GET_DEVICE = []     # cupy.cuda.runtime.getDevice, looked up once (a call's hot
 def current_device_id() -> int:
     """CuPy's current device (called on every launch: no import, one C call)."""
     if not _GET_DEVICE:
-        from ..._arrays import cupy_or_none
         _GET_DEVICE.append(cupy_or_none().cuda.runtime.getDevice)
     return _GET_DEVICE[0]()
 

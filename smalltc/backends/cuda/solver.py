@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..._errors import raise_pending
 from ..base import Executor
 from . import runtime as RT
 from .family import DEFAULT_DEVICE, DT, ITEMSIZE, Family
@@ -221,7 +222,6 @@ class PcgExecutor(_Launches):
             check_every=8, red=None):
         import cupy as cp
 
-        from ..._errors import raise_pending
         x, r = operands[:2]
         shape = x.shape if shape is None else tuple(shape)
         inv = operands[2] if self.spec.jacobi else None

@@ -208,7 +208,6 @@ def test_line_form_orders_its_constant_bank_per_module(fake_device, monkeypatch)
                                    ("copy", dst, src, n, s)))
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
         runtime=rt, Event=Event, get_current_stream=lambda: current[0]))
-    monkeypatch.setattr(A, "cupy_or_none", lambda: fake)
     monkeypatch.setattr(RT, "cupy_or_none", lambda: fake)     # its ConstantBank
     monkeypatch.setattr(RT, "get_global", get_global)
     B = types.SimpleNamespace(data=types.SimpleNamespace(ptr=55), nbytes=8 * 30)

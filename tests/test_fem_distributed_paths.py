@@ -100,6 +100,26 @@ def test_gpu_fallback_without_nccl_logs_and_a_forced_nccl_errors(monkeypatch, ca
     assert comm_path(_fresh(), fake).transport == "device"
 
 
+def test_ranks_sharing_a_gpu_do_not_take_nccl(monkeypatch):
+    """NCCL refuses two ranks on one GPU (more ranks than GPUs): the next path is taken and
+    says which ranks share; forcing NCCL then is an error naming them."""
+    assert dcomm.shared_gpus([("h", "a"), None, ("h", "b"), ("g", "a")]) is None
+    assert dcomm.shared_gpus([("h", "a"), ("h", "b"), ("h", "a"), ("h", "b"), ("h", "a")]) \
+        == "ranks 0, 2, 4 share GPU a of host h; ranks 1, 3 share GPU b of host h"
+    fake = types.SimpleNamespace(__name__="cupy-standin")
+    monkeypatch.setattr(dcomm, "_nccl_probe", lambda: (True, "NCCL 2.21"))
+    monkeypatch.setattr(dcomm, "cuda_aware", lambda: (False, "asked"))
+    monkeypatch.delenv(ENV_COMM, raising=False)
+    monkeypatch.setattr(dcomm, "shared_gpus", lambda places: "ranks 0-1 share GPU a of host h")
+    path = comm_path(_fresh(), fake)
+    assert path.name == "staged" and path.nccl is None
+    assert "NCCL not available (it needs a GPU a rank: ranks 0-1 share GPU a" in path.reason
+    monkeypatch.setenv(ENV_COMM, "nccl")
+    with pytest.raises(RuntimeError, match="SMALLTC_DIST_COMM=nccl, but NCCL is not available "
+                                           r"\(it needs a GPU a rank"):
+        comm_path(_fresh(), fake)
+
+
 def test_nccl_module_says_what_is_missing():
     if not missing("cupy"):
         pytest.skip("CuPy is installed: the lead's GPU runs test NCCL itself")

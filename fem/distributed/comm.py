@@ -14,7 +14,7 @@ distributed object is built, and says what is missing when it cannot.
   buffers (``MPIX_Query_cuda_support``, or ``SMALLTC_MPI_CUDA_AWARE=0/1``).
 * :func:`comm_path` chooses, once per communicator, how the halo exchanges and the
   array reductions travel (:func:`decide_path`): on GPUs NCCL through CuPy where it
-  imports (:mod:`.nccl`), else CUDA-aware MPI where :func:`cuda_aware` says so, else
+  imports (:mod:`.nccl`) and no two ranks share a GPU (:func:`shared_gpus`), else CUDA-aware MPI where :func:`cuda_aware` says so, else
   MPI on page-locked host copies (``"staged"``); on the CPU plain MPI on NumPy arrays
   (``"host"``). ``SMALLTC_DIST_COMM=nccl|mpi-device|staged`` forces one.
 * :func:`node_first` runs a function on the first rank of each node while the node's
@@ -495,6 +495,36 @@ def _nccl_probe():
     return True, f"NCCL {version}" if version else "cupy.cuda.nccl imports"
 
 
+def _gpu_place():
+    """``(host, PCI bus id)`` of this rank's current GPU, or None where CuPy or a GPU is
+    missing (each rank asks its own)."""
+    try:
+        import cupy               # optional: only GPU solves get here with it
+        dev = cupy.cuda.Device()
+        return load_mpi().Get_processor_name(), str(getattr(dev, "pci_bus_id", dev.id))
+    except Exception:
+        return None
+
+
+def shared_gpus(places):
+    """Which ranks share a GPU, from every rank's ``(host, GPU)`` (None: no GPU), as text;
+    None if every rank has a GPU of its own. NCCL refuses two ranks on one GPU.
+
+    Examples
+    --------
+    >>> shared_gpus([("a", "0000:01:00.0"), ("a", "0000:02:00.0"), ("b", "0000:01:00.0")])
+    >>> shared_gpus([("a", "0000:01:00.0"), ("a", "0000:01:00.0"), ("a", "0000:02:00.0")])
+    'ranks 0-1 share GPU 0000:01:00.0 of host a'
+    """
+    by_place = {}
+    for rank, place in enumerate(places):
+        if place is not None:
+            by_place.setdefault(tuple(place), []).append(rank)
+    shared = [f"ranks {_ranges(r)} share GPU {gpu} of host {host}"
+              for (host, gpu), r in by_place.items() if len(r) > 1]
+    return "; ".join(shared) or None
+
+
 _PATHKEY = []    # the MPI attribute key under which comm_path keeps its choice
 
 
@@ -526,8 +556,12 @@ def comm_path(comm, xp=np):
     if key in cache:
         return cache[key]
     on_gpu = xp is not np
+    probe = _nccl_probe
+    shared = shared_gpus(comm.allgather(_gpu_place())) if on_gpu else None
+    if shared:                     # more ranks than GPUs: NCCL would fail to start
+        probe = (lambda: (False, f"it needs a GPU a rank: {shared}"))
     name, reason = collective(comm, decide_path, on_gpu, os.environ.get(ENV_COMM),
-                              _nccl_probe, cuda_aware, what="choosing the communication path")
+                              probe, cuda_aware, what="choosing the communication path")
     agree(comm, {"communication path": name}, "the communication paths found")
     if "NCCL not available" in reason and comm.Get_rank() == 0:
         _log.info("smalltc: the distributed solve's messages go by %s: %s", name, reason)

@@ -143,7 +143,8 @@ def test_a_bad_call_errors_on_every_rank(case, n, expect):
 def test_demo_mpi(tmp_path):
     smalltc_cli = Path(sys.executable).parent / "smalltc"
     cmd = [smalltc_cli] if smalltc_cli.exists() else [sys.executable, "-m", "smalltc"]
-    res = mpirun(2, cmd + ["demo", "--mpi", "--quick", "--out", tmp_path], timeout=180)
+    res = mpirun(2, cmd + ["demo", "--mpi", "--quick", "--device", "cpu", "--out", tmp_path],
+                 timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     out = "\n".join(lines(res))
     assert "over 2 ranks (grid 1 x 1 x 2)" in out

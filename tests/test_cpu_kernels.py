@@ -156,6 +156,26 @@ def test_action_generic_matches_specialised(dim, p, nq):
     assert rel(u_fast, u_slow) < 1e-13
 
 
+@pytest.mark.parametrize("p,nq,ncomp,dtype", [(2, 4, None, "float64"), (1, 4, 3, "float32")])
+def test_action_with_its_body_inlined(p, nq, ncomp, dtype):
+    """The 3D lanes action whose D moves into the lanes by scalar copies runs its body
+    inlined into the parallel loop (its entry point the driver itself); E = 13: a partial
+    last chunk."""
+    from smalltc.backends.cpu import ACTION
+    B1d, D, V = _action_inputs(np.random.default_rng(15), 3, p, nq, dtype, ncomp=ncomp)
+    spec = smalltc.plan("action", B1d, D, V, backend="reference").spec
+    from smalltc.backends.cpu.target import host
+    t = host()
+    lanes = dict(lanes=t.lanes(dtype), rb=1, tr=0, vbits=t.vector_bits)
+    assert ACTION.context(spec, lanes, t)["render"]["inline_body"]
+    assert not ACTION.context(spec, dict(lanes, tr=1), t)["render"]["inline_body"]
+    ex = get("cpu").build(spec, params=lanes)
+    out = poisoned(V.shape, dtype)
+    ex.run((B1d, D, V), out)
+    ref = action_einsum(B1d.astype(float), D.astype(float), V.astype(float), 3)
+    assert rel(out, ref) < TOL[dtype]
+
+
 def test_fallback_is_reported(caplog):
     B1d, D, V = _action_inputs(np.random.default_rng(6), 1, 17, 25, "float32")   # nq > 24
     with caplog.at_level("WARNING", logger="smalltc"):

@@ -146,6 +146,20 @@ def test_cg_with_a_reducer_of_one_rank_is_serial_cg(fused):
     assert np.array_equal(res.x, ser.x)
 
 
+def test_a_reducer_of_one_rank_sends_nothing():
+    """On one rank a sum is the rank's own: no MPI call, no copy (CuPy arrays too)."""
+    class Alone:
+        def Get_size(self):
+            return 1
+
+        def Allreduce(self, *args, **kwargs):
+            raise AssertionError("a one-rank reduction called MPI")
+    red = dist.Reducer(Alone())
+    a = np.arange(3.0)
+    assert red.sums(1.5, 2) == (1.5, 2.0) and red.sum_array(a) is a
+    assert np.array_equal(a, [0.0, 1.0, 2.0]) and red.calls == 2
+
+
 def test_cg_errors_are_raised_with_a_communicator():
     with pytest.raises(ValueError, match="b contains non-finite values"):
         cg(lambda v: v, np.array([1.0, np.nan]), comm=MPI.COMM_SELF)

@@ -320,7 +320,8 @@ class Reducer:
     nccl : NcclComm, optional
         For CuPy arrays in :meth:`sum_array`: NCCL's allreduce on the current stream
         (:mod:`.nccl`; no host wait). The scalars of :meth:`sums` are host floats
-        already and go through MPI.
+        already and go through MPI. On one rank nothing travels: a sum is the rank's own
+        (no copy, no wait).
 
     Attributes
     ----------
@@ -334,6 +335,7 @@ class Reducer:
         self.comm = comm
         self.device_buffers = bool(device_buffers)
         self.nccl = nccl
+        self.alone = comm.Get_size() == 1
         self.seconds = 0.0
         self.calls = 0
         self._host = {}
@@ -342,7 +344,8 @@ class Reducer:
         """The sum over the ranks of each of ``values`` (Python floats), in one ``Allreduce``."""
         t = time.perf_counter()
         buf = np.array(values, dtype=np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        if not self.alone:
+            self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
         self.seconds += time.perf_counter() - t
         self.calls += 1
         return tuple(float(v) for v in buf)
@@ -350,7 +353,9 @@ class Reducer:
     def sum_array(self, a):
         """Replace the array ``a`` (NumPy or CuPy, contiguous) by its sum over the ranks."""
         t = time.perf_counter()
-        if not is_cupy(a):
+        if self.alone:
+            pass                                             # the rank's own sum
+        elif not is_cupy(a):
             self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
         elif self.nccl is not None:
             self.nccl.allreduce(a)                           # stream-ordered, no host wait

@@ -393,7 +393,7 @@ def test_precompile_builds_the_solver_kernels():
     assert [(r["op"], r["backend"]) for r in recs] == [("pmg_transfer", "cpu"),
                                                        ("vector_update", "cpu")]
     assert recs[0]["kernel"] == "stc_pmg_transfer_2d_f64_i32"
-    assert recs[1]["nothing_to_compile"]
+    assert recs[1]["kernel"].startswith("vector_update_") and not recs[1]["nothing_to_compile"]
 
 
 # ---- the FEM layer reaches them through the public API only ------------------------------

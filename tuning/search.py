@@ -372,7 +372,7 @@ class Search:
                     max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
             futs = {self._pool.submit(self.compile_fn, spec, c.params, *args): c for c in todo}
             pending = set(futs)
-            lost = []           # the variants a dead compile process took down with the pool
+            broken = 0
             try:
                 while pending:
                     done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -381,48 +381,19 @@ class Search:
                             part["compiled"][futs[f].label] = f.result()
                         except Exception as err:   # a worker that died: a failed compile
                             part["compiled"][futs[f].label] = dict(ok=False, error=repr(err))
-                            if isinstance(err, BrokenProcessPool):
-                                lost.append(futs[f])
+                            broken += isinstance(err, BrokenProcessPool)
                         bar.update()
                     self._check_budget()
             finally:
                 for f in pending:
                     f.cancel()
-                if lost:        # a compiler crashed (a segfault in ptxas): a new pool next time
+                if broken:      # a compiler crashed (a segfault in ptxas): a new pool next time
+                    self.log(f"{key}: a compile process died; {broken} variants counted as "
+                             "failed compiles, the next size gets a new pool")
                     self._pool.shutdown(wait=False, cancel_futures=True)
                     self._pool = None
-            if lost:
-                crashed = self._compile_alone(spec, lost, part, args)
-                self.log(f"{key}: a compile process died; the {len(lost)} variants its pool "
-                         f"lost compiled again one at a time, {crashed} of them crashing again "
-                         "(failed compiles)")
         finally:
             bar.close()
-
-    def _compile_alone(self, spec, todo, part, args):
-        """Compile ``todo`` one at a time in a pool of one process, a new pool after each
-        crash, so that a variant whose compiler dies fails alone; returns the crashes."""
-        pool, crashed = None, 0
-        try:
-            for c in todo:
-                self._check_budget()
-                if pool is None:
-                    pool = ProcessPoolExecutor(max_workers=1,
-                                               mp_context=multiprocessing.get_context("spawn"))
-                try:
-                    part["compiled"][c.label] = pool.submit(self.compile_fn, spec, c.params,
-                                                            *args).result()
-                except BrokenProcessPool as err:
-                    part["compiled"][c.label] = dict(ok=False, error=repr(err))
-                    crashed += 1
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    pool = None
-                except Exception as err:
-                    part["compiled"][c.label] = dict(ok=False, error=repr(err))
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True)
-        return crashed
 
     def _measure(self, spec, problem, params):
         """Build, verify, time one variant (``params`` None: the heuristic)."""

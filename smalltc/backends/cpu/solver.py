@@ -78,16 +78,26 @@ class _Compiled(_Built):
                                               **choice.ctx["render"])
 
 
-# ---- the array families: the reference path ---------------------------------------------
+# ---- families without parameters or templates --------------------------------------------
 
-class _ArrayFamily(_SolverFamily):
-    """An op whose host path is the array code of :mod:`..reference_solvers`."""
+class _PlainFamily(_SolverFamily):
+    """A family with no parameters and no template: its host code is Python (the array
+    code of :mod:`..reference_solvers`, or the Numba loops of this module, run by
+    :attr:`executor_class`)."""
 
     params = ()
     templates = ("",)
+    executor_class = None
 
     def context(self, spec, params=None, target=None):
         return None if params else dict(dtype=spec.dtype, render={})
+
+    def executor(self, choice):
+        return self.executor_class(choice)
+
+
+class _ArrayFamily(_PlainFamily):
+    """An op whose host path is the array code of :mod:`..reference_solvers`."""
 
     def entry(self, spec, ctx):
         return solver_executor(spec).kernel
@@ -98,12 +108,16 @@ class _ArrayFamily(_SolverFamily):
         return ex
 
 
+class CsrSpmvFamily(_ArrayFamily):
+    name = op = "csr_spmv"
+
+
 # ---- the vector updates ----------------------------------------------------------------
 # One pass a mode over its vectors, the operations of vector_update_ref in its order (no
-# fastmath: the same roundings, NaN and Inf propagate; the scalars in the vectors' dtype). ``masked`` False: ``f`` is a
-# placeholder and not read. AMD EPYC Zen 4, 2 threads, "step" masked on 531,441 float64
-# DoFs: 0.33 ms against 2.06 ms for the array expressions (their temporaries and eight
-# passes).
+# fastmath: the same roundings, NaN and Inf propagate; the scalars in the vectors' dtype).
+# ``masked`` False: ``f`` is a placeholder and not read. AMD EPYC Zen 4, 2 threads, "step"
+# masked on 531,441 float64 DoFs: 0.33 ms against 2.06 ms for the array expressions (their
+# temporaries and eight passes).
 
 @numba.njit(parallel=True, fastmath=False, cache=True)
 def vu_start(r, inv, f, d, dm, c1, masked):
@@ -162,24 +176,6 @@ def vu_last(d, x, f, xm, beta, xzero, masked):
             xm[i] = xi * f[i]
 
 
-class VectorUpdateFamily(_SolverFamily):
-    """The vector updates of the Chebyshev smoother and the V-cycle (the Numba loops
-    above)."""
-
-    name = op = "vector_update"
-    params = ()
-    templates = ("",)
-
-    def context(self, spec, params=None, target=None):
-        return None if params else dict(dtype=spec.dtype, render={})
-
-    def entry(self, spec, ctx):
-        return f"vector_update_{spec.mode}_{SHORT[spec.dtype]}{'_masked' if spec.masked else ''}"
-
-    def executor(self, choice):
-        return VectorUpdateExecutor(choice)
-
-
 class VectorUpdateExecutor(_Built):
     """One update of :class:`~smalltc.spec.VectorUpdateSpec` in place, returning what
     :func:`smalltc.vector_update` returns (see the reference's
@@ -233,8 +229,15 @@ class VectorUpdateExecutor(_Built):
         return x, xm
 
 
-class CsrSpmvFamily(_ArrayFamily):
-    name = op = "csr_spmv"
+class VectorUpdateFamily(_PlainFamily):
+    """The vector updates of the Chebyshev smoother and the V-cycle (the Numba loops
+    above)."""
+
+    name = op = "vector_update"
+    executor_class = VectorUpdateExecutor
+
+    def entry(self, spec, ctx):
+        return f"vector_update_{spec.mode}_{SHORT[spec.dtype]}{'_masked' if spec.masked else ''}"
 
 
 # ---- Jacobi-PCG -------------------------------------------------------------------------
@@ -270,23 +273,6 @@ def pcg_dot(a, b):
     return s
 
 
-class PcgFamily(_SolverFamily):
-    """The fused PCG iteration (the Numba loops of this module)."""
-
-    name = op = "pcg"
-    params = ()
-    templates = ("",)
-
-    def context(self, spec, params=None, target=None):
-        return None if params else dict(dtype=spec.dtype, render={})
-
-    def entry(self, spec, ctx):
-        return f"pcg_update_{SHORT[spec.dtype]}{'_jacobi' if spec.jacobi else ''}"
-
-    def executor(self, choice):
-        return PcgExecutor(choice)
-
-
 class PcgExecutor(_Built):
     """Iterate on NumPy vectors (flat) until the stop test; returns ``(iterations, code,
     value)``. ``red``: sums the inner products across ranks."""
@@ -306,6 +292,17 @@ class PcgExecutor(_Built):
             bnorm=bnorm, history=history, shape=shape, red=red, dot=pcg_dot,
             update=lambda p, Ap, alpha: pcg_update(x, r, p, Ap, inv, alpha, jacobi),
             direction=lambda p, beta: pcg_direction(p, r, inv, beta, jacobi))
+
+
+
+class PcgFamily(_PlainFamily):
+    """The fused PCG iteration (the Numba loops of this module)."""
+
+    name = op = "pcg"
+    executor_class = PcgExecutor
+
+    def entry(self, spec, ctx):
+        return f"pcg_update_{SHORT[spec.dtype]}{'_jacobi' if spec.jacobi else ''}"
 
 
 # ---- the p-multigrid transfers ----------------------------------------------------------

@@ -69,6 +69,24 @@ def _fresh():
     return MPI.COMM_SELF.Dup()
 
 
+@pytest.fixture
+def many(monkeypatch):
+    """COMM_SELF's copies treated as communicators of several ranks (the one-rank rule off)."""
+    monkeypatch.setattr(dcomm, "_alone", lambda comm: False)
+
+
+def test_one_rank_on_gpus_sends_nothing_and_builds_no_nccl(monkeypatch):
+    fake = types.SimpleNamespace(__name__="cupy-standin")
+    monkeypatch.setattr(dcomm, "_nccl_probe", lambda: pytest.fail("NCCL probed on one rank"))
+    monkeypatch.delenv(ENV_COMM, raising=False)
+    path = comm_path(_fresh(), fake)
+    assert (path.name, path.nccl) == ("staged", None) and "one rank" in path.reason
+    monkeypatch.setattr(dcomm, "_nccl_probe", lambda: (False, "not installed"))
+    monkeypatch.setenv(ENV_COMM, "nccl")                   # forced: asked for, so checked
+    with pytest.raises(RuntimeError, match="SMALLTC_DIST_COMM=nccl, but NCCL is not"):
+        comm_path(_fresh(), fake)
+
+
 def test_cpu_path_is_plain_mpi_and_forcing_nccl_on_the_cpu_fails(monkeypatch):
     c = _fresh()
     path = comm_path(c, np)
@@ -81,7 +99,7 @@ def test_cpu_path_is_plain_mpi_and_forcing_nccl_on_the_cpu_fails(monkeypatch):
     assert Halo(_fresh(), {}, {}, np).transport == "staged"
 
 
-def test_gpu_fallback_without_nccl_logs_and_a_forced_nccl_errors(monkeypatch, caplog):
+def test_gpu_fallback_without_nccl_logs_and_a_forced_nccl_errors(monkeypatch, caplog, many):
     """A stand-in for CuPy (no GPU here): NCCL missing, MPI not CUDA-aware."""
     fake = types.SimpleNamespace(__name__="cupy-standin")
     monkeypatch.setattr(dcomm, "_nccl_probe", lambda: (False, "cupy.cuda.nccl does not import"))
@@ -100,7 +118,7 @@ def test_gpu_fallback_without_nccl_logs_and_a_forced_nccl_errors(monkeypatch, ca
     assert comm_path(_fresh(), fake).transport == "device"
 
 
-def test_ranks_sharing_a_gpu_do_not_take_nccl(monkeypatch):
+def test_ranks_sharing_a_gpu_do_not_take_nccl(monkeypatch, many):
     """NCCL refuses two ranks on one GPU (more ranks than GPUs): the next path is taken and
     says which ranks share; forcing NCCL then is an error naming them."""
     assert dcomm.shared_gpus([("h", "a"), None, ("h", "b"), ("g", "a")]) is None

@@ -533,10 +533,17 @@ def shared_gpus(places):
 _PATHKEY = []    # the MPI attribute key under which comm_path keeps its choice
 
 
+def _alone(comm):
+    """Whether ``comm`` has one rank (a solve with no messages)."""
+    return comm.Get_size() == 1
+
+
 def comm_path(comm, xp=np):
     """The :class:`CommPath` of ``comm`` for vectors of module ``xp``, chosen once per
     communicator and module (collective the first time: the ranks must agree, and the
-    NCCL communicator is built by all of them).
+    NCCL communicator is built by all of them). GPU vectors on a communicator of one
+    rank take ``"staged"`` unless :data:`ENV_COMM` forces a path: nothing is sent, so
+    no NCCL communicator is built.
 
     Raises
     ------
@@ -561,11 +568,16 @@ def comm_path(comm, xp=np):
     if key in cache:
         return cache[key]
     on_gpu = xp is not np
+    forced = os.environ.get(ENV_COMM)
+    if on_gpu and not (forced or "").strip() and _alone(comm):
+        # nothing will be sent: no NCCL communicator to build (half a second), no probe
+        path = cache[key] = CommPath("staged", "one rank: no messages to exchange")
+        return path
     probe = _nccl_probe
     shared = shared_gpus(comm.allgather(_gpu_place())) if on_gpu else None
     if shared:                     # more ranks than GPUs: NCCL would fail to start
         probe = (lambda: (False, f"it needs a GPU a rank: {shared}"))
-    name, reason = collective(comm, decide_path, on_gpu, os.environ.get(ENV_COMM),
+    name, reason = collective(comm, decide_path, on_gpu, forced,
                               probe, cuda_aware, what="choosing the communication path")
     agree(comm, {"communication path": name}, "the communication paths found")
     if "NCCL not available" in reason and comm.Get_rank() == 0:

@@ -26,8 +26,9 @@ included; ``--quick`` is a smoke test of a few seconds.
 
 ``mpiexec -n R smalltc demo --mpi`` runs step 1 distributed over the ``R`` ranks
 (:mod:`smalltc.fem.distributed`; on GPUs one per rank, node-local rank modulo
-the device count): a first, untimed solve compiles the kernels (the first rank of
-each node compiles, the others load them from the disk cache), then the timed one
+the device count): a first, untimed solve on a small mesh of the same kind compiles the
+kernels (the first rank of each node compiles, the others load them from the disk
+cache), then the timed one
 with the per-phase timers on; it prints the communication path (NCCL, CUDA-aware
 MPI, staged through host memory, or plain MPI on the CPU, and why), each rank's
 elements, DoFs, iterations, error, DoF/s per CG iteration and warm phase times
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import threading
@@ -58,6 +60,7 @@ from ..bench.runner import run_case
 from ..fem import poisson_demo, projection_demo
 from ..fem.distributed import load_mpi
 from ..fem.distributed.comm import quiet_barrier
+from ..plan import SMALL_JOB
 from ..spec import MassApplySpec
 from .cli import plain_text
 
@@ -131,14 +134,31 @@ def _mesh_n(args, kind, nranks=1):
     return 3 if args.quick else (30 if kind == "gpu" else 6)
 
 
-def _projection(args, kind, comm=None, timings=None):
+def _projection(args, kind, comm=None, timings=None, warmup=False):
     """Step 1; returns the fem layer's report (a dict). On a GPU the mesh is large enough
-    (1.7M DoFs) for the solve to be measured, not its launches."""
+    (1.7M DoFs) for the solve to be measured, not its launches. ``warmup``: the same
+    solve on a mesh of :func:`_warmup_n` elements a rank (its kernels, not its answer)."""
     p = args.p if args.p is not None else (2 if args.quick else 4)
-    n = _mesh_n(args, kind, 1 if comm is None else comm.Get_size())
+    nranks = 1 if comm is None else comm.Get_size()
+    n = _mesh_n(args, kind, nranks)
+    if warmup:
+        n = _warmup_n(n, p, nranks, kind)
     extra = {} if comm is None else {"timings": timings}
     return projection_demo(dim=3, p=p, n=n, distortion=0.05, geom_order=2, backend=args.backend,
                            device=kind, comm=comm, **extra)
+
+
+def _warmup_n(n, p, nranks, kind):
+    """The elements a direction of a warm-up solve's mesh, at most the full mesh's: on a
+    GPU 4 a rank; on the CPU a rank's block holding just over :data:`smalltc.plan.SMALL_JOB`
+    points (below it the setup's one-shot evaluations run NumPy's reference path, not the
+    kernels the full mesh compiles: :func:`smalltc.evaluation_job`)."""
+    k = 4
+    if kind != "gpu":
+        points = (p + 2) ** 3                               # the projection's nq = p + 2
+        k = int(math.ceil((SMALL_JOB / points) ** (1 / 3))) + 1
+    full = (n, n, n) if isinstance(n, int) else tuple(n)
+    return tuple(min(f, k * (nranks if i == 2 else 1)) for i, f in enumerate(full))
 
 
 def _poisson(args, kind):
@@ -306,7 +326,7 @@ def run_mpi(args) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     kind = args.device or "auto"
     try:
-        first = _projection(args, kind, comm)                 # untimed: the kernels compiled
+        first = _projection(args, kind, comm, warmup=True)   # untimed: the kernels compiled
         quiet_barrier(comm)
         rec = _projection(args, kind, comm, timings="phases")
         rec["first_call_s"] = first["time_total_s"]
@@ -344,7 +364,8 @@ def _print_mpi(every):
           f"matrix-free operator, CG with Jacobi")
     print(f"  communication: {r0['comm_path']} ({r0['comm_path_reason']}); halo buffers: "
           f"{r0['transport']}")
-    print(f"  kernels compiled by a first, untimed solve ({r0['first_call_s']:.2f} s on rank 0); "
+    print(f"  kernels compiled by a first, untimed solve on a small mesh ({r0['first_call_s']:.2f} s "
+          "on rank 0); "
           "the times below are the second solve's, per rank, with its phases timed")
     ulabel, uscale = rate_unit([r["rank_dofs_per_s"] for r in every])
     print(f"  {'rank':>4s} {'gpu':>3s} {'elements':>9s} {'local DoFs':>11s} {'owned DoFs':>11s} "

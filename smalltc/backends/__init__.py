@@ -26,9 +26,12 @@ __all__ = ["Backend", "Executor", "Unsupported", "register", "get", "names",
 log = logging.getLogger("smalltc")
 
 _REGISTRY: dict[str, Backend] = {}
-# Optional backends, imported on first use: (name, module). A module that
-# fails to import leaves its backend out and says why in the log.
-_LAZY = [("cpu", "smalltc.backends.cpu"), ("cuda", "smalltc.backends.cuda")]
+# Optional backends, imported on first use: (name, module, the array modules it takes).
+# A module that fails to import leaves its backend out and says why in the log. A
+# question about one array module imports only the backends that take it (a GPU run
+# does not import Numba's CPU backend).
+_LAZY = [("cpu", "smalltc.backends.cpu", ("numpy",)),
+         ("cuda", "smalltc.backends.cuda", ("cupy",))]
 
 
 def register(backend: Backend) -> Backend:
@@ -36,16 +39,22 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
-def _load_lazy():
-    while _LAZY:
-        name, module = _LAZY.pop(0)
+def _load_lazy(xp_name=None, name=None):
+    """Import the optional backends not loaded yet: all of them, or those taking arrays
+    of module ``xp_name``, or the one called ``name``."""
+    for entry in list(_LAZY):
+        backend, module, takes = entry
+        if (xp_name is not None and xp_name not in takes) or \
+                (name is not None and name != backend):
+            continue
+        _LAZY.remove(entry)
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as err:
             if err.name != module:
-                log.info("smalltc: backend %r unavailable: %s", name, err)
+                log.info("smalltc: backend %r unavailable: %s", backend, err)
         except Exception as err:  # a broken optional dependency
-            log.warning("smalltc: backend %r failed to load: %s", name, err)
+            log.warning("smalltc: backend %r failed to load: %s", backend, err)
 
 
 def names():
@@ -55,7 +64,9 @@ def names():
 
 
 def get(name: str) -> Backend:
-    _load_lazy()
+    _load_lazy(name=name)
+    if name not in _REGISTRY:
+        _load_lazy()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -64,7 +75,7 @@ def get(name: str) -> Backend:
 
 def candidates(xp_name: str, requested: str = "auto"):
     """Backends to try, best first, for arrays of module ``xp_name``."""
-    _load_lazy()
+    _load_lazy(xp_name=xp_name)
     if requested != "auto":
         b = get(requested)
         if xp_name not in b.array_modules:

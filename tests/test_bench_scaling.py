@@ -42,13 +42,17 @@ def test_plan_and_efficiencies():
     weak = [c for c in cases if c["mode"] == "weak" and c["precond"] == "jacobi"]
     assert [c["elements"] / c["ranks"] for c in weak] == [weak[0]["elements"]] * 3
     times = {1: 2.0, 2: 2.5, 4: 4.0}
+    its = {1: 10, 2: 12, 4: 20}                      # a weak mesh's Jacobi-CG: more
     for c in cases:
-        c.update(solve_s=times[c["ranks"]], whole_s=2 * times[c["ranks"]], error=None)
+        c.update(solve_s=times[c["ranks"]], whole_s=2 * times[c["ranks"]], error=None,
+                 iterations=its[c["ranks"]])
     scaling.efficiencies(cases)
     for c in cases:
         t1, tr, r = 2.0, times[c["ranks"]], c["ranks"]
         expect = t1 / tr if c["mode"] == "weak" else t1 / (r * tr)
-        assert c["efficiency"] == pytest.approx({"solve": expect, "whole": expect})
+        per = (t1 / 10) / (tr / its[r]) / (1 if c["mode"] == "weak" else r)
+        assert c["efficiency"] == pytest.approx({"solve": expect, "whole": expect,
+                                                 "iteration": per})
     with pytest.raises(ValueError, match="--precond takes jacobi, pmg"):
         scaling._names("ilu", scaling.PRECONDS, "--precond", ())
     with pytest.raises(ValueError, match="'box' or 'kershaw"):
@@ -98,7 +102,7 @@ def test_scaling_suite_end_to_end(tmp_path, capsys):
         assert 0 < c["timings_max"]["apply"] < c["timings_max"]["solve"] <= c["whole_s"]
         assert c["efficiency_reference_ranks"] == 1
         if c["ranks"] == 1:
-            assert c["efficiency"] == {"solve": 1.0, "whole": 1.0}
+            assert c["efficiency"] == {"solve": 1.0, "whole": 1.0, "iteration": 1.0}
         else:
             assert c["timings_max"]["halo"] > 0                 # two ranks exchange
     weak = [c for c in doc["cases"] if c["mode"] == "weak"]

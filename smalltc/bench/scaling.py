@@ -30,7 +30,8 @@ For each rank count the suite launches ``mpiexec -n R`` (the one beside this Pyt
 else on ``PATH``) of this module's worker (``python -m smalltc.bench.scaling worker``),
 one rank a GPU with ``--device gpu`` (node-local rank modulo the device count), on a
 CPU ``cores / R`` Numba threads a rank. Each worker builds its block of the mesh, calls
-the solve once untimed (kernels compiled, caches warm), then ``--repeats`` timed calls
+the solve once untimed (kernels compiled, caches warm; on GPUs on a small mesh of the same
+kind, :func:`_warmup_shape`), then ``--repeats`` timed calls
 (default 1), each between barriers, with the per-phase timers on
 (``timings="phases"``): rank 0 prints one ``RESULT`` line a case, with every phase's
 time on every rank (``timings_ranks``) and the largest (``timings_max``): setup phases
@@ -197,10 +198,13 @@ def plan_cases(ranks, *, p=4, dofs=20_000, total_dofs=None, mesh="box", preconds
 
 
 def efficiencies(cases):
-    """Add ``efficiency`` (``solve`` and ``whole``) to every successful case, against the
+    """Add ``efficiency`` (``solve``, ``whole`` and, where the iterations are known,
+    ``iteration``: the solve's time an iteration) to every successful case, against the
     smallest rank count of its mode, mesh, preconditioner and order (in place).
 
-    Weak: ``t_ref / t_R``; strong: ``R_ref t_ref / (R t_R)``.
+    Weak: ``t_ref / t_R``; strong: ``R_ref t_ref / (R t_R)``. A weak-scaling mesh
+    grows with the ranks, and so do Jacobi-CG's iterations: ``iteration`` is the
+    efficiency of the distributed iteration itself, ``solve`` that of the answer.
 
     Examples
     --------
@@ -217,8 +221,14 @@ def efficiencies(cases):
         ref = min(group, key=lambda c: c["ranks"])
         for c in group:
             eff = {}
-            for what in ("solve", "whole"):
-                t_ref, t = ref[f"{what}_s"], c[f"{what}_s"]
+            for what in ("solve", "whole", "iteration"):
+                if what == "iteration":         # the solve's time an iteration
+                    if not (ref.get("iterations") and c.get("iterations")):
+                        continue
+                    t_ref = ref["solve_s"] / ref["iterations"]
+                    t = c["solve_s"] / c["iterations"]
+                else:
+                    t_ref, t = ref[f"{what}_s"], c[f"{what}_s"]
                 if c["mode"] == "weak":
                     eff[what] = t_ref / t
                 else:
@@ -293,6 +303,14 @@ def _launch(mpiexec, nranks, spec, kind, on_result):
                 pass
 
 
+def _summary(rec):
+    """A finished case in a line: its id, iterations, solve and whole-call seconds."""
+    if rec.get("error"):
+        return f"{rec['id']}: error: {str(rec['error'])[:200]}"
+    return (f"{rec['id']}: {rec['iterations']} iterations, solve {rec['solve_s']:.3g} s, "
+            f"whole call {rec['whole_s']:.3g} s, first call {rec['first_call_s']:.3g} s")
+
+
 def _progress(total, enabled):
     if not enabled:
         return None
@@ -342,14 +360,20 @@ def main(args) -> int:
           f"{','.join(map(str, ranks))}, through {' '.join(mpiexec)}", file=sys.stderr, flush=True)
     bar = _progress(len(todo), not args.no_progress)
     done = {}
+    out_dir = args.out or os.path.join("smalltc-bench", doc["device"]["slug"])
+    tag = "-".join([kind, "r" + "_".join(map(str, ranks))] + [f"p{p}" for p in ps])
+    path = os.path.join(out_dir, f"bench-scaling-{tag}.json")
 
     def on_result(rec):
         done[rec["id"]] = rec
+        # the JSON holds every finished case as it comes (a run stopped midway keeps them)
+        doc["cases"] = efficiencies([done[c["id"]] for c in todo if c["id"] in done])
+        write_json(path, doc)
         if bar is not None:
             bar.set_description(rec["id"][:40])
             bar.update(1)
         else:
-            print(f"[{len(done)}/{len(todo)}] {rec['id']}", file=sys.stderr, flush=True)
+            print(f"[{len(done)}/{len(todo)}] {_summary(rec)}", file=sys.stderr, flush=True)
 
     for r in ranks:
         mine = [c for c in todo if c["ranks"] == r]
@@ -367,9 +391,7 @@ def main(args) -> int:
         bar.close()
     doc["cases"] = efficiencies([done[c["id"]] for c in todo])
     doc["load_average_end"] = load_average()
-    out_dir = args.out or os.path.join("smalltc-bench", doc["device"]["slug"])
-    tag = "-".join([kind, "r" + "_".join(map(str, ranks))] + [f"p{p}" for p in ps])
-    path = write_json(os.path.join(out_dir, f"bench-scaling-{tag}.json"), doc)
+    path = write_json(path, doc)
     table(doc)
     print(f"\nwrote {path}")
     if not args.no_plot:
@@ -385,11 +407,12 @@ def table(doc, file=None):
     efficiencies."""
     file = file or sys.stdout
     print(f"\n== scaling ({doc['device']['name']}; seconds, the largest over the ranks; "
-          f"eff: weak t1/tR, strong t1/(R tR), of the solve and of the whole call) ==",
+          f"eff: weak t1/tR, strong t1/(R tR), of the solve, of its iteration and of the "
+          f"whole call) ==",
           file=file)
     head = (f"{'case':34s} {'DoFs':>10s} {'DoF/rank':>9s} {'its':>4s} "
             + " ".join(f"{k[:7]:>7s}" for k in PHASES)
-            + f" {'whole':>7s} {'eff':>5s} {'effW':>5s} {'L2 err':>8s}")
+            + f" {'whole':>7s} {'eff':>5s} {'effI':>5s} {'effW':>5s} {'L2 err':>8s}")
     print(head, file=file)
     for c in doc["cases"]:
         if c.get("error"):
@@ -400,6 +423,7 @@ def table(doc, file=None):
         print(f"{c['id']:34s} {c['dofs']:10d} {c['dofs'] / c['ranks']:9.0f} {c['iterations']:4d} "
               + " ".join(f"{t.get(k, float('nan')):7.3g}" for k in PHASES)
               + f" {c['whole_s']:7.3g} {100 * eff.get('solve', float('nan')):4.0f}%"
+              f" {100 * eff.get('iteration', float('nan')):4.0f}%"
               f" {100 * eff.get('whole', float('nan')):4.0f}% {c['l2_error']:8.1e}", file=file)
     paths = {c.get("comm_path") for c in doc["cases"] if c.get("comm_path")}
     if paths:
@@ -438,11 +462,23 @@ def plot(doc, path, plt):
 
 
 # ---------------------------------------------------------------------------- the worker
-def _build_mesh(case, comm):
+def _build_mesh(case, comm, shape=None):
     name, _, eps = case["mesh"].partition(":")
+    shape = tuple(case["shape"]) if shape is None else shape
     if name == "kershaw":
-        return distributed_kershaw_mesh(tuple(case["shape"]), comm, float(eps or KERSHAW_EPS))
-    return distributed_box_mesh(3, tuple(case["shape"]), comm)
+        return distributed_kershaw_mesh(shape, comm, float(eps or KERSHAW_EPS))
+    return distributed_box_mesh(3, shape, comm)
+
+
+def _warmup_shape(case, device):
+    """The mesh of the untimed warm-up solve: on a GPU a small one of the same kind (6
+    elements a direction, the rank grid along z: its kernels are the full mesh's, its
+    setup and solve take a fraction of a second); on the CPU the case's own (below the
+    small-evaluation threshold a smaller mesh would not compile the setup's kernels)."""
+    shape = tuple(case["shape"])
+    if device != "gpu":
+        return shape
+    return tuple(min(a, b) for a, b in zip(shape, (6, 6, 6 * case["ranks"])))
 
 
 def _solve(case, mesh, device, tol, timings):
@@ -459,7 +495,9 @@ def _run_case(case, comm, device, repeats, tol):
     t_mesh = time.perf_counter() - t0
     quiet_barrier(comm)
     t0 = time.perf_counter()
-    _solve(case, mesh, device, tol, None)                 # untimed: kernels, caches
+    shape = _warmup_shape(case, device)                   # untimed: kernels, caches
+    _solve(case, mesh if shape == tuple(case["shape"]) else _build_mesh(case, comm, shape),
+           device, tol, None)
     warm_s = time.perf_counter() - t0
     best = None
     for _ in range(max(1, repeats)):

@@ -153,10 +153,9 @@ class DistributedPoissonProblem(PoissonProblem):
         finally:
             if coarse is not None:
                 self.precond.coarse = coarse
-        x = sol.x
-        host = x if self.A.xp is np else to_host(x)
-        self.space.consistent_form(host)
-        sol.x = self.bc.apply(self.A.xp.asarray(host))
+        x = sol.x                    # where it is: no round trip through the host
+        self.space.consistent_form(x, self.A.xp)
+        sol.x = self.bc.apply(x)
         return sol
 
 
@@ -284,14 +283,13 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
         K = distributed_diffusion_operator(space, nq, kappa, quadrature=quadrature,
                                            device=where, backend=backend)
     clock.lap("operator")
-    load = to_host(collective(c, _load, space.local, f, nq, quadrature, xp,
-                              what="the right-hand side"))
+    load = xp.asarray(collective(c, _load, space.local, f, nq, quadrature, xp,
+                                 what="the right-hand side"))
     if neu:
-        load = load + to_host(collective(c, boundary_load, space.local, neu, nq=nq,
-                                         quadrature=quadrature, device=where,
-                                         what="the Neumann load"))
-    space.owner_form(load)
-    load = xp.asarray(load)
+        load = load + xp.asarray(collective(c, boundary_load, space.local, neu, nq=nq,
+                                            quadrature=quadrature, device=where,
+                                            what="the Neumann load"))
+    space.owner_form(load, xp)                 # on the vectors' device
     clock.lap("load")
     A = DistributedConstrainedOperator(K, bc)
     b = bc.lift(K, load)

@@ -110,10 +110,9 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
     B1d = basis_1d(space.p, nq, quadrature).B1d
     D = collective(comm, mass_data, dmesh.local, nq, quadrature=quadrature, device=where,
                    what="computing the geometry")
-    b = to_host(collective(comm, _load, space.local, f, nq, quadrature, xp,
-                           what="the right-hand side"))
-    space.owner_form(b)
-    b = xp.asarray(b)
+    b = xp.asarray(collective(comm, _load, space.local, f, nq, quadrature, xp,
+                              what="the right-hand side"))
+    space.owner_form(b, xp)                       # on the vectors' device
     M = DistributedMassOperator(space, D, xp.asarray(B1d), backend=backend,
                                 deterministic=deterministic)
     P = None
@@ -127,11 +126,12 @@ def l2_project_distributed(mesh, p, f, *, nq=None, operator="matrix-free", tol=1
     phases = {} if timings == "phases" else None
     A = M if phases is None else Timed(M, phases, "apply", xp)
     sol = cg(A, b, tol=tol, maxiter=maxiter, precond=P, comm=red)
-    u = to_host(sol.x)
+    x = sol.x
+    space.consistent_form(x, xp)                  # on the device: the error is measured there
+    u = to_host(x)
     t2 = time.perf_counter()
     comm_s = counters.since()
-    space.consistent_form(u)
-    err2, norm2 = collective(comm, _error_sums, space.local, xp.asarray(u), f, error_nq,
+    err2, norm2 = collective(comm, _error_sums, space.local, x, f, error_nq,
                              quadrature, "error_nq", what="measuring the error")
     err2, norm2 = red.sums(err2, norm2)
     t3 = time.perf_counter()

@@ -98,12 +98,20 @@ class H1Space:
         self.ndofs = int(np.prod(self.lattice_shape))
         strides = np.cumprod((self.lattice_shape[1:] + (1,))[::-1])[::-1]
         dim, nd = self.dim, self.nd
-        idx = np.zeros(mesh.shape + (nd,) * dim, dtype=np.int64)
+        terms = []                   # direction d's part of every index, broadcastable
         for d, n_d in enumerate(mesh.shape):
-            g = np.arange(n_d)[:, None] * self.p + np.arange(nd)[None, :]
+            g = (np.arange(n_d)[:, None] * self.p + np.arange(nd)[None, :]) * strides[d]
             bshape = [1] * (2 * dim)
             bshape[d], bshape[dim + d] = n_d, nd
-            idx = idx + strides[d] * g.reshape(bshape)
+            terms.append(g.astype(np.int64).reshape(bshape))
+        # one pass a direction after the first two, into the result (no temporaries)
+        idx = np.empty(mesh.shape + (nd,) * dim, dtype=np.int64)
+        if dim == 1:
+            idx[...] = terms[0]
+        else:
+            np.add(terms[0], terms[1], out=idx)
+            for t in terms[2:]:
+                idx += t
         self.elem_dofs = idx.reshape((mesh.nelements,) + (nd,) * dim)
         self._flat = self.elem_dofs.ravel()
 

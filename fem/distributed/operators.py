@@ -37,6 +37,7 @@ from ..geometry import diffusion_data, mass_data
 from ..operators import Operator, _operator_basis
 from ..space import H1Space
 from .comm import agree, collective, load_mpi, select_gpu, spelling
+from .halo import add_at
 from .phases import compile_ahead
 from .space import DistributedH1Space, distribute_mesh
 from .unstructured import partition_mesh
@@ -204,7 +205,7 @@ class DistributedOperator:
         if self.boundary.size:
             yb = self._apply(self.data_bnd, x[self.bdofs], self.map_bnd)
             rev = halo.start_reverse(yb, self.ghost_pos)
-            y[self.bdofs] += yb
+            add_at(y, self.bdofs, yb, xp)
         else:
             rev = halo.start_reverse(y)
         return halo.finish_reverse(rev, y)

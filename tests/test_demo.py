@@ -3,7 +3,8 @@ import json
 
 from optional_deps import needs
 from smalltc.app.cli import main
-from smalltc.app.demo import timing_cases
+from smalltc.app.demo import _warmup_n, timing_cases
+from smalltc.plan import SMALL_JOB
 
 
 def test_demo_quick_runs(tmp_path, capsys):
@@ -35,3 +36,13 @@ def test_demo_sizes():
     assert [c.sizes["p"] for c in full if c.op == "action"] == list(range(1, 9))
     assert [c.sizes["p"] for c in full if c.op == "assembly"] == list(range(1, 7))
     assert all(c.sizes["nq"] == c.sizes["p"] + 2 and c.sizes["dim"] == 3 for c in full)
+
+
+def test_the_mpi_demo_warms_up_on_a_small_mesh_of_the_same_kind():
+    assert _warmup_n(60, 4, 1, "gpu") == (4, 4, 4)
+    assert _warmup_n((60, 60, 120), 4, 2, "gpu") == (4, 4, 8)       # the rank grid along z
+    assert _warmup_n(3, 4, 1, "gpu") == (3, 3, 3)                    # never above the mesh
+    k = _warmup_n(60, 4, 1, "cpu")[0]          # the CPU: just past the small-evaluation limit
+    assert k ** 3 * 6 ** 3 > SMALL_JOB >= (k - 2) ** 3 * 6 ** 3
+    assert _warmup_n(8, 4, 1, "cpu") == (8, 8, 8)
+

@@ -25,17 +25,16 @@ Sized to finish in well under two minutes on a 2-core CPU, Numba compile
 included; ``--quick`` is a smoke test of a few seconds.
 
 ``mpiexec -n R smalltc demo --mpi`` runs step 1 distributed over the ``R`` ranks
-(:mod:`smalltc.fem.distributed`; on GPUs one per rank, node-local rank modulo
-the device count): a first, untimed solve on a small mesh of the same kind compiles the
+(:mod:`smalltc.fem.distributed`; on GPUs one per rank, node-local rank modulo the
+device count): a first, untimed solve on a small mesh of the same kind compiles the
 kernels (the first rank of each node compiles, the others load them from the disk
-cache), then the timed one
-with the per-phase timers on; it prints the communication path (NCCL, CUDA-aware
-MPI, staged through host memory, or plain MPI on the CPU, and why), each rank's
-elements, DoFs, iterations, error, DoF/s per CG iteration and warm phase times
-(setup, solve, operator applications, halo exchanges, reductions), and the total,
-writes ``demo-mpi.json``, and skips the Poisson problem and the roofline report. ``--weak N`` gives every rank ``N^3``
-elements (the mesh is ``N x N x RN``): the same command at 1, 2, ... ranks
-measures weak scaling.
+cache), then the timed one with the per-phase timers on; it prints the communication
+path (NCCL, CUDA-aware MPI, staged through host memory, or plain MPI on the CPU, and
+why), each rank's elements, DoFs, iterations, error, DoF/s per CG iteration and warm
+phase times (setup, solve, operator applications, halo exchanges, reductions), and the
+total, writes ``demo-mpi.json``, and skips the Poisson problem and the roofline report.
+``--weak N`` gives every rank ``N^3`` elements (the mesh is ``N x N x RN``): the same
+command at 1, 2, ... ranks measures weak scaling.
 """
 from __future__ import annotations
 
@@ -154,7 +153,7 @@ def _warmup_n(n, p, nranks, kind):
     points (below it the setup's one-shot evaluations run NumPy's reference path, not the
     kernels the full mesh compiles: :func:`smalltc.evaluation_job`)."""
     k = 4
-    if kind != "gpu":
+    if not (kind == "gpu" or (kind == "auto" and gpu_available())):
         points = (p + 2) ** 3                               # the projection's nq = p + 2
         k = int(math.ceil((SMALL_JOB / points) ** (1 / 3))) + 1
     full = (n, n, n) if isinstance(n, int) else tuple(n)
@@ -364,9 +363,9 @@ def _print_mpi(every):
           f"matrix-free operator, CG with Jacobi")
     print(f"  communication: {r0['comm_path']} ({r0['comm_path_reason']}); halo buffers: "
           f"{r0['transport']}")
-    print(f"  kernels compiled by a first, untimed solve on a small mesh ({r0['first_call_s']:.2f} s "
-          "on rank 0); "
-          "the times below are the second solve's, per rank, with its phases timed")
+    print(f"  kernels compiled by a first, untimed solve on a small mesh "
+          f"({r0['first_call_s']:.2f} s on rank 0); the times below are the second solve's, "
+          "per rank, with its phases timed")
     ulabel, uscale = rate_unit([r["rank_dofs_per_s"] for r in every])
     print(f"  {'rank':>4s} {'gpu':>3s} {'elements':>9s} {'local DoFs':>11s} {'owned DoFs':>11s} "
           f"{'iters':>5s} {'L2 error':>9s} {'setup s':>8s} {'solve s':>8s} {ulabel + '/it':>9s} "

@@ -260,11 +260,41 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
     if isinstance(distortion, Real) and distortion == 0:
         nodes = _reference_coordinates(shape, nodes1d, box=(lo, hi))
     else:
-        nodes = _place(_reference_coordinates(shape, nodes1d), distortion, lo, hi)
+        nodes = _placed_box(shape, nodes1d, distortion, lo, hi)
     return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, nodes, distortion)
 
 
-def _place(xhat, distortion, lo, hi):
+def _lattice_sines(shape, nodes1d, start=None, stop=None):
+    """``prod_b sin(pi xhat_b)`` at every node of :func:`_reference_coordinates`' block,
+    ``(E, ng...)``, from the sines of each direction's 1D coordinates (the same values
+    :func:`sine_distortion` takes, multiplied in the same order: the same bits, with
+    ``dim`` sines a 1D coordinate instead of ``dim`` a node)."""
+    dim, ng = len(shape), nodes1d.size
+    start = (0,) * dim if start is None else tuple(start)
+    stop = shape if stop is None else tuple(stop)
+    block = tuple(b - a for a, b in zip(start, stop))
+    bump = None
+    for d, n_d in enumerate(shape):
+        e = np.arange(start[d], stop[d], dtype=np.float64)
+        c = (e[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d       # as there
+        bshape = [1] * (2 * dim)
+        bshape[d], bshape[dim + d] = block[d], ng
+        s_d = np.sin(np.pi * c).reshape(bshape)
+        bump = s_d if bump is None else bump * s_d
+    return bump.reshape((int(np.prod(block)),) + (ng,) * dim)
+
+
+def _placed_box(shape, nodes1d, distortion, lo, hi, start=None, stop=None):
+    """:func:`_place` of :func:`_reference_coordinates` (the block ``start:stop`` of a box
+    mesh): with a sine amplitude, the bump from the 1D sines (:func:`_lattice_sines`)."""
+    xhat = _reference_coordinates(shape, nodes1d, start, stop)
+    if isinstance(distortion, Real) and np.isfinite(distortion) and distortion != 0:
+        return _place(xhat, distortion, lo, hi,
+                      bump=_lattice_sines(shape, nodes1d, start, stop))
+    return _place(xhat, distortion, lo, hi)
+
+
+def _place(xhat, distortion, lo, hi, bump=None):
     """Unit-box node coordinates ``(E, dim, ng...)`` -> distorted, scaled to ``[lo, hi]``
     (a new C-contiguous array: ``lo + (hi - lo) * moved``, each factor once per value)."""
     dim = xhat.shape[1]
@@ -280,7 +310,10 @@ def _place(xhat, distortion, lo, hi):
                 "(the shape of its input, coordinate axis first)"
             )
     elif isinstance(distortion, Real) and np.isfinite(distortion):
-        moved = sine_distortion(xhat_c, float(distortion)) if distortion != 0 else xhat_c
+        if bump is not None:        # sine_distortion's expression, its bump made by lattice
+            moved = xhat_c + float(distortion) * bump[None]
+        else:
+            moved = sine_distortion(xhat_c, float(distortion)) if distortion != 0 else xhat_c
     else:
         raise ValueError(f"distortion must be a finite amplitude or a callable, got {distortion!r}")
     if moved is not xhat_c and not np.all(np.isfinite(moved)):

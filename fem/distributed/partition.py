@@ -133,11 +133,22 @@ def box_indices(box, within):
     """
     (lo, hi), (wlo, whi) = box, within
     wshape = tuple(b - a for a, b in zip(wlo, whi))
+    if any(not (w0 <= a <= b <= w1) for a, b, w0, w1 in zip(lo, hi, wlo, whi)):
+        raise ValueError(f"box {box} does not lie inside {within}")
     ranges = [np.arange(a - w, b - w, dtype=np.int64) for a, b, w in zip(lo, hi, wlo)]
     if any(r.size == 0 for r in ranges):
         return np.zeros(0, dtype=np.int64)
-    grids = np.meshgrid(*ranges, indexing="ij")
-    return np.ravel_multi_index(tuple(g.ravel() for g in grids), wshape).astype(np.int64)
+    # C order: index = sum_d r_d * stride_d, summed in place over broadcast views
+    strides = np.cumprod((wshape[1:] + (1,))[::-1])[::-1]
+    dim = len(ranges)
+    out = np.empty(tuple(r.size for r in ranges), dtype=np.int64)
+    for d, (r, st) in enumerate(zip(ranges, strides)):
+        view = (r * int(st)).reshape((1,) * d + (r.size,) + (1,) * (dim - d - 1))
+        if d == 0:
+            out[...] = view
+        else:
+            out += view
+    return out.ravel()
 
 
 def _intersect(a, b):

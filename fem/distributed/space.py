@@ -34,7 +34,7 @@ import numpy as np
 
 from .._device import to_host
 from ..mesh import (BOX_REGIONS, BoxMesh, Kershaw, _as_corner, _as_shape, _is_int,
-                    _kershaw_shape, _place, _reference_coordinates)
+                    _kershaw_shape, _placed_box)
 from ..quadrature import gauss_lobatto
 from ..space import H1Space
 from .comm import agree, check_launch, collective, load_mpi, private_comm, spelling
@@ -280,8 +280,8 @@ def distributed_box_mesh(dim, n, comm, *, geom_order=1, distortion=0.0, lower=0.
     part = collective(comm, _partition, comm, whole.shape, what="partitioning")
     start, stop = part.block(comm.Get_rank())
     nodes1d, _ = gauss_lobatto(whole.geom_order + 1)
-    nodes = collective(comm, lambda: _place(_reference_coordinates(whole.shape, nodes1d, start, stop),
-                                            whole.distortion, whole.lower, whole.upper),
+    nodes = collective(comm, lambda: _placed_box(whole.shape, nodes1d, whole.distortion,
+                                                 whole.lower, whole.upper, start, stop),
                        what="placing the mesh nodes")
     lo, hi = _block_corners(whole, start, stop)
     local = BlockMesh(whole.dim, part.block_shape(comm.Get_rank()), whole.geom_order, lo, hi,

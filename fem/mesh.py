@@ -264,40 +264,52 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
     return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, nodes, distortion)
 
 
-def _lattice_sines(shape, nodes1d, start=None, stop=None):
-    """``prod_b sin(pi xhat_b)`` at every node of :func:`_reference_coordinates`' block,
-    ``(E, ng...)``, from the sines of each direction's 1D coordinates (the same values
-    :func:`sine_distortion` takes, multiplied in the same order: the same bits, with
-    ``dim`` sines a 1D coordinate instead of ``dim`` a node)."""
+def _lattice(shape, nodes1d, start=None, stop=None):
+    """The unit-box coordinate of each direction at :func:`_reference_coordinates`' nodes,
+    as 1D values shaped to broadcast to ``block + (ng,) * dim`` (the same values, so a
+    map of one coordinate at a time, evaluated on them, gives the nodes' bits)."""
     dim, ng = len(shape), nodes1d.size
     start = (0,) * dim if start is None else tuple(start)
     stop = shape if stop is None else tuple(stop)
-    block = tuple(b - a for a, b in zip(start, stop))
-    bump = None
+    out = []
     for d, n_d in enumerate(shape):
         e = np.arange(start[d], stop[d], dtype=np.float64)
         c = (e[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d       # as there
         bshape = [1] * (2 * dim)
-        bshape[d], bshape[dim + d] = block[d], ng
-        s_d = np.sin(np.pi * c).reshape(bshape)
-        bump = s_d if bump is None else bump * s_d
-    return bump.reshape((int(np.prod(block)),) + (ng,) * dim)
+        bshape[d], bshape[dim + d] = stop[d] - start[d], ng
+        out.append(c.reshape(bshape))
+    return out
 
 
 def _placed_box(shape, nodes1d, distortion, lo, hi, start=None, stop=None):
     """:func:`_place` of :func:`_reference_coordinates` (the block ``start:stop`` of a box
-    mesh): with a sine amplitude, the bump from the 1D sines (:func:`_lattice_sines`)."""
-    xhat = _reference_coordinates(shape, nodes1d, start, stop)
+    mesh). A sine amplitude and the :class:`Kershaw` map are evaluated on the 1D
+    coordinates (:func:`_lattice`) and combined by broadcasting: the same operations on
+    the same values, so the same bits, with the costly parts (sines, the blend's layers)
+    done once a 1D coordinate instead of once a node, and no array of the undistorted
+    nodes."""
+    dim, ng = len(shape), nodes1d.size
     if isinstance(distortion, Real) and np.isfinite(distortion) and distortion != 0:
-        return _place(xhat, distortion, lo, hi,
-                      bump=_lattice_sines(shape, nodes1d, start, stop))
-    return _place(xhat, distortion, lo, hi)
+        coords = _lattice(shape, nodes1d, start, stop)
+        bump = None                       # sine_distortion's prod over the axes, in order
+        for c in coords:
+            s_d = np.sin(np.pi * c)
+            bump = s_d if bump is None else bump * s_d
+        shift = float(distortion) * bump
+        moved = np.empty((dim,) + shift.shape)
+        for d, c in enumerate(coords):   # sine_distortion: xhat + amplitude * bump
+            np.add(c, shift, out=moved[d])
+    elif isinstance(distortion, Kershaw) and dim in (2, 3):
+        moved = distortion.on_lattice(_lattice(shape, nodes1d, start, stop))
+    else:
+        return _place(_reference_coordinates(shape, nodes1d, start, stop), distortion, lo, hi)
+    E = int(np.prod(moved.shape[1:1 + dim]))
+    return _scaled(moved.reshape((dim, E) + (ng,) * dim), lo, hi)
 
 
-def _place(xhat, distortion, lo, hi, bump=None):
+def _place(xhat, distortion, lo, hi):
     """Unit-box node coordinates ``(E, dim, ng...)`` -> distorted, scaled to ``[lo, hi]``
     (a new C-contiguous array: ``lo + (hi - lo) * moved``, each factor once per value)."""
-    dim = xhat.shape[1]
     xhat_c = np.moveaxis(xhat, 1, 0)  # (dim, E, ng...)
     if callable(distortion):
         try:
@@ -310,17 +322,23 @@ def _place(xhat, distortion, lo, hi, bump=None):
                 "(the shape of its input, coordinate axis first)"
             )
     elif isinstance(distortion, Real) and np.isfinite(distortion):
-        if bump is not None:        # sine_distortion's expression, its bump made by lattice
-            moved = xhat_c + float(distortion) * bump[None]
-        else:
-            moved = sine_distortion(xhat_c, float(distortion)) if distortion != 0 else xhat_c
+        moved = sine_distortion(xhat_c, float(distortion)) if distortion != 0 else xhat_c
     else:
         raise ValueError(f"distortion must be a finite amplitude or a callable, got {distortion!r}")
     if moved is not xhat_c and not np.all(np.isfinite(moved)):
         raise ValueError("distortion produced non-finite coordinates")
-    bshape = (1, dim) + (1,) * dim
+    return _scaled(moved, lo, hi, check=False)
+
+
+def _scaled(moved, lo, hi, check=True):
+    """Distorted unit-box coordinates ``(dim, E, ng...)`` scaled to ``[lo, hi]``, as
+    ``(E, dim, ng...)`` (``check``: non-finite coordinates are an error)."""
+    if check and not np.all(np.isfinite(moved)):
+        raise ValueError("distortion produced non-finite coordinates")
+    dim = moved.shape[0]
+    bshape = (1, dim) + (1,) * (moved.ndim - 2)
     nodes = np.multiply(np.moveaxis(moved, 0, 1), (hi - lo).reshape(bshape),
-                        out=np.empty(xhat.shape))
+                        out=np.empty((moved.shape[1], dim) + moved.shape[2:]))
     nodes += lo.reshape(bshape)
     return nodes
 
@@ -415,6 +433,21 @@ class Kershaw:
         return np.select([layer == 0, (layer == 1) | (layer == 4), layer == 2, layer == 3],
                          [np.zeros_like(x), g(lam), 1.0 - g(0.5 * lam),
                           1.0 - g(0.5 * (1.0 + lam))], default=1.0)
+
+    def on_lattice(self, coords):
+        """The map at the nodes of a lattice: ``coords`` the 1D coordinates of each
+        direction, shaped to broadcast together; returns ``(dim, *broadcast shape)``,
+        what :meth:`__call__` gives on the broadcast points (the same operations on the
+        same values, the blend and the 1D maps once a 1D coordinate)."""
+        dim = len(coords)
+        full = np.broadcast_shapes(*[np.shape(c) for c in coords])
+        s = self.blend(coords[0])
+        out = np.empty((dim,) + full)
+        out[0] = coords[0]
+        for a, eps in zip(range(1, dim), (self.epsy, self.epsz)):
+            left, right = _kershaw_left(eps, coords[a]), _kershaw_right(eps, coords[a])
+            np.add(left, s * (right - left), out=out[a])
+        return out
 
     def __call__(self, xhat):
         xhat = np.asarray(xhat, dtype=np.float64)

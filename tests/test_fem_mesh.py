@@ -180,3 +180,20 @@ ERROR_CASES = [
 def test_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+@pytest.mark.parametrize("order", [1, 2])
+def test_box_nodes_made_on_the_lattice_are_the_pointwise_maps_bits(dim, order):
+    """A sine amplitude and the Kershaw map evaluated on the 1D coordinates and broadcast
+    give the bits of the map applied node by node, for the whole mesh and for a block."""
+    from smalltc.fem.mesh import Kershaw, _place, _placed_box, _reference_coordinates
+    from smalltc.quadrature import gauss_lobatto
+    nodes1d = gauss_lobatto(order + 1)[0]
+    shape = (12, 4, 6)[:dim]
+    lo, hi = np.full(dim, -0.5), np.full(dim, 2.0)
+    for dist in (0.05, -0.08, Kershaw(0.3), Kershaw(0.4, 0.2, smooth=3)):
+        for start, stop in ((None, None), ((2,) * dim, (7, 3, 5)[:dim])):
+            ref = _place(_reference_coordinates(shape, nodes1d, start, stop), dist, lo, hi)
+            new = _placed_box(shape, nodes1d, dist, lo, hi, start, stop)
+            assert new.shape == ref.shape and np.array_equal(new, ref), (dist, start)

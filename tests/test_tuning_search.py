@@ -1,6 +1,9 @@
 """The search driver with a mock device and a mock clock (no GPU): checkpoint and resume,
 budget stops, wrong and spilling variants never win, the heuristic kept when not beaten."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -245,14 +248,35 @@ def compile_crashing(spec, params, arch=None, smem_optin=None):
     return compile_none(spec, params, arch, smem_optin)
 
 
+_CRASH_SCENARIO = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import test_tuning_search as T
+logs = []
+s = T.Search("mixed", T.F64, [T.SPECS[2], T.SPECS[3]], T.MockDevice(),
+             compiler=T.compile_crashing, jobs=2, progress=False, log=logs.append)
+status = s.run()
+print(json.dumps(dict(status=status, logs=logs, results={{
+    k: dict(per_block=r["winner"]["params"]["per_block"], failed=r["space"]["failed"])
+    for k, r in s.results.items()}})))
+"""
+
+
 def test_a_compile_process_that_dies_fails_its_variants_not_the_search():
-    logs = []
-    s = Search("mixed", F64, [SPECS[2], SPECS[3]], MockDevice(), compiler=compile_crashing,
-               jobs=2, progress=False, log=logs.append)
-    assert s.run() == "done" and len(s.results) == 2          # the next size got a new pool
-    assert any("a compile process died" in m for m in logs)
-    assert all(r["winner"]["params"]["per_block"] != 2 for r in s.results.values())
-    assert s.results[size_key(SPECS[2])]["space"]["failed"] >= 1
+    """The search runs in a process of its own (as ``smalltc tune`` does): the scenario is
+    a compile process dying under it, and whatever that does to its parent shows here as
+    the process's exit status and error output. (Run inside a pytest-xdist worker that had
+    run other tests, the worker itself was lost now and then, with no trace of why.)"""
+    res = subprocess.run([sys.executable, "-c",
+                          _CRASH_SCENARIO.format(tests=str(Path(__file__).parent))],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"the search's process exited with {res.returncode}: " \
+                                f"{res.stderr[-3000:]}"
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["status"] == "done" and len(out["results"]) == 2   # the next size got a new pool
+    assert any("a compile process died" in m for m in out["logs"])
+    assert all(r["per_block"] != 2 for r in out["results"].values())
+    assert out["results"][size_key(SPECS[2])]["failed"] >= 1
 
 
 def test_sizes_without_a_specialised_kernel_are_skipped():

@@ -438,7 +438,16 @@ class Kershaw:
         """The map at the nodes of a lattice: ``coords`` the 1D coordinates of each
         direction, shaped to broadcast together; returns ``(dim, *broadcast shape)``,
         what :meth:`__call__` gives on the broadcast points (the same operations on the
-        same values, the blend and the 1D maps once a 1D coordinate)."""
+        same values, the blend and the 1D maps once a 1D coordinate).
+
+        Examples
+        --------
+        >>> K = Kershaw(0.3)
+        >>> x, y = np.linspace(0, 1, 7)[:, None], np.array([[0.25, 0.75]])
+        >>> pts = np.stack(np.broadcast_arrays(x, y))
+        >>> bool(np.array_equal(K.on_lattice([x, y]), K(pts)))
+        True
+        """
         dim = len(coords)
         full = np.broadcast_shapes(*[np.shape(c) for c in coords])
         s = self.blend(coords[0])

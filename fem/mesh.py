@@ -187,24 +187,14 @@ def _reference_coordinates(shape, nodes1d, start=None, stop=None, box=None):
     whole mesh has there, bit for bit (a distributed mesh builds only its block).
     ``box = (lo, hi)``: the coordinates scaled to that box instead, ``lo + (hi - lo) *
     xhat`` (the values :func:`_place` gives an undistorted mesh, bit for bit, made on
-    the 1D coordinates: one pass over the nodes).
+    the 1D coordinates: one pass over the nodes). The 1D values are :func:`_lattice`'s.
     """
+    coords = _lattice(shape, nodes1d, start, stop, box)
     dim, ng = len(shape), nodes1d.size
-    start = (0,) * dim if start is None else tuple(start)
-    stop = shape if stop is None else tuple(stop)
-    block = tuple(b - a for a, b in zip(start, stop))
+    block = tuple(c.shape[d] for d, c in enumerate(coords))
     out = np.empty(block + (dim,) + (ng,) * dim)
-    for d, n_d in enumerate(shape):
-        # (e + (xi + 1) / 2) / n: a node shared by elements e and e + 1 gets
-        # the same value from both, because (xi + 1) / 2 is exactly 0 or 1 there.
-        e = np.arange(start[d], stop[d], dtype=np.float64)
-        c = (e[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d
-        if box is not None:
-            c = c * (box[1][d] - box[0][d])
-            c += box[0][d]
-        bshape = [1] * (2 * dim)
-        bshape[d], bshape[dim + d] = block[d], ng
-        out[(slice(None),) * dim + (d,)] = c.reshape(bshape)
+    for d, c in enumerate(coords):
+        out[(slice(None),) * dim + (d,)] = c
     return out.reshape((int(np.prod(block)), dim) + (ng,) * dim)
 
 
@@ -264,17 +254,24 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
     return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, nodes, distortion)
 
 
-def _lattice(shape, nodes1d, start=None, stop=None):
-    """The unit-box coordinate of each direction at :func:`_reference_coordinates`' nodes,
-    as 1D values shaped to broadcast to ``block + (ng,) * dim`` (the same values, so a
-    map of one coordinate at a time, evaluated on them, gives the nodes' bits)."""
+def _lattice(shape, nodes1d, start=None, stop=None, box=None):
+    """The coordinate of each direction at the nodes of the elements ``start:stop`` (element
+    multi-indices, stop exclusive; the whole mesh by default), as 1D values shaped to
+    broadcast to ``block + (ng,) * dim``: the unit box's, or with ``box = (lo, hi)``
+    scaled to it (``lo + (hi - lo) * xhat``). A map of one coordinate at a time evaluated
+    on them gives the bits it gives on every node."""
     dim, ng = len(shape), nodes1d.size
     start = (0,) * dim if start is None else tuple(start)
     stop = shape if stop is None else tuple(stop)
     out = []
     for d, n_d in enumerate(shape):
+        # (e + (xi + 1) / 2) / n: a node shared by elements e and e + 1 gets
+        # the same value from both, because (xi + 1) / 2 is exactly 0 or 1 there.
         e = np.arange(start[d], stop[d], dtype=np.float64)
-        c = (e[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d       # as there
+        c = (e[:, None] + 0.5 * (nodes1d[None, :] + 1.0)) / n_d
+        if box is not None:
+            c = c * (box[1][d] - box[0][d])
+            c += box[0][d]
         bshape = [1] * (2 * dim)
         bshape[d], bshape[dim + d] = stop[d] - start[d], ng
         out.append(c.reshape(bshape))

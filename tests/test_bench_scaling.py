@@ -95,11 +95,15 @@ def test_scaling_suite_end_to_end(tmp_path, capsys):
         assert c["error"] is None, c
         assert c["iterations"] > 0 and c["l2_error"] < 1e-2
         assert c["comm_path"].startswith("host")
-        for k in ("setup", "solve", "apply", "precond_apply", "halo", "allreduce", "error",
-                  "operator", "preconditioner"):
+        for k in ("setup", "solve", "halo", "allreduce", "error", "operator", "preconditioner"):
             assert len(c["timings_ranks"][k]) == c["ranks"], k
             assert c["timings_max"][k] == max(c["timings_ranks"][k]), k
-        assert 0 < c["timings_max"]["apply"] < c["timings_max"]["solve"] <= c["whole_s"]
+        assert "apply" not in c["timings_max"]        # the timed solve runs without timers
+        for k in ("apply", "precond_apply", "cg_other", "solve"):   # the breakdown solve's
+            assert len(c["phases_ranks"][k]) == c["ranks"], k
+            assert c["phases_max"][k] == max(c["phases_ranks"][k]), k
+        assert 0 < c["phases_max"]["apply"] < c["phases_max"]["solve"]
+        assert 0 < c["timings_max"]["solve"] <= c["whole_s"]
         assert c["efficiency_reference_ranks"] == 1
         if c["ranks"] == 1:
             assert c["efficiency"] == {"solve": 1.0, "whole": 1.0, "iteration": 1.0}
@@ -112,6 +116,22 @@ def test_scaling_suite_end_to_end(tmp_path, capsys):
         assert (tmp_path / "scaling-efficiency-cpu-r1_2-p1.png").stat().st_size > 10_000
     else:
         assert "plots: skipped (matplotlib not importable)" in out
+
+
+def test_pmg_with_the_distributed_coarse_cg_and_no_breakdown(tmp_path, capsys):
+    """``--precond pmg-cg``: the p-multigrid's coarse level solved by the distributed
+    Jacobi-CG (it converges like ``pmg``); ``--no-phases``: no breakdown solve."""
+    pytest.importorskip("mpi4py")
+    rc = main(["bench", "--suite", "scaling", "--device", "cpu", "--ranks", "2", "--p", "2",
+               "--ndofs", "400", "--scaling", "weak", "--precond", "pmg-cg", "--no-phases",
+               "--no-progress", "--no-plot", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    (case,) = json.loads((tmp_path / "bench-scaling-cpu-r2-p2.json").read_text())["cases"]
+    assert case["id"] == "weak box pmg-cg p=2 R=2" and case["error"] is None
+    assert 0 < case["iterations"] < 30 and case["l2_error"] < 1e-2
+    assert "phases_max" not in case and case["timings_max"]["allreduce"] > 0
+    assert "weak box pmg-cg p=2 R=2" in out
 
 
 def test_scaling_runs_on_its_own():

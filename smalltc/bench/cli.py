@@ -125,7 +125,8 @@ def add_arguments(parser):
     parser.add_argument("--precond", default=None, metavar="LIST",
                         help="poisson suite: the preconditioners, comma separated: jacobi, "
                              "pmg (default both; pmg needs pyamg); scaling suite: the same "
-                             "(default jacobi)")
+                             "and pmg-cg (the p-multigrid with the distributed Jacobi-CG "
+                             "coarse solve; default jacobi)")
     parser.add_argument("--pmg-smoother", default=None, choices=("fourth", "first", "fourth-opt"),
                         help="solve suite: the p-multigrid's Chebyshev kind (default: "
                              "fem.pmg's, fourth)")
@@ -156,6 +157,9 @@ def add_arguments(parser):
                         help="scaling suite: the strong-scaling problem's DoFs")
     parser.add_argument("--scaling", default=None, metavar="weak,strong",
                         help="scaling suite: weak, strong or both (default both)")
+    parser.add_argument("--no-phases", action="store_true",
+                        help="scaling suite: leave out the extra solve with per-phase timers "
+                             "(each application synchronised) that breaks a case's solve down")
     parser.add_argument("--impl", default="smalltc",
                         help="with --compare: the implementation to compare (default smalltc)")
 

@@ -31,13 +31,21 @@ else on ``PATH``) of this module's worker (``python -m smalltc.bench.scaling wor
 one rank a GPU with ``--device gpu`` (node-local rank modulo the device count), on a
 CPU ``cores / R`` Numba threads a rank. Each worker builds its block of the mesh, calls
 the solve once untimed (kernels compiled, caches warm; on GPUs on a small mesh of the same
-kind, :func:`_warmup_shape`), then ``--repeats`` timed calls
-(default 1), each between barriers, with the per-phase timers on
-(``timings="phases"``): rank 0 prints one ``RESULT`` line a case, with every phase's
-time on every rank (``timings_ranks``) and the largest (``timings_max``): setup phases
-(space, bc, operator, load, preconditioner), solve, apply (operator applications in CG,
-halo included), precond_apply (V-cycles; Jacobi is folded into the fused CG),
-halo, halo_wait, allreduce, error. The fastest repeat is kept.
+kind, :func:`_warmup_shape`), then ``--repeats`` timed calls (default 1), each between
+barriers and timed as a user's solve runs (nothing synchronises the device inside it): rank 0 prints one ``RESULT`` line a case, with every phase's time on every rank
+(``timings_ranks``) and the largest (``timings_max``): setup phases (space, bc, operator,
+load, preconditioner), solve, halo and allreduce (the exchanges' and reductions' host
+time), error. The fastest repeat is kept. Then one more solve with the per-phase timers on
+(``timings="phases"``; ``--no-phases`` leaves it out) gives the breakdown of the solve
+(``phases_ranks``, ``phases_max``): apply (operator applications in CG, halo included),
+precond_apply (V-cycles; Jacobi is folded into the fused CG), coarse, cg_other. Those
+timers synchronise the device around every application, which stops the host from
+queueing ahead, so the breakdown's solve is slower than the timed one and no efficiency
+comes from it.
+
+``--precond`` takes ``jacobi``, ``pmg`` (the order-1 coarse level gathered to rank 0 and
+solved by AMG there, where pyamg is installed) and ``pmg-cg`` (the distributed Jacobi-CG
+coarse solve: nothing gathered).
 
 The JSON (``schema: "smalltc-bench-scaling/1"``) holds the device, the rank counts,
 every case and the efficiencies; the table is printed; ``scaling-efficiency.png`` plots
@@ -79,11 +87,17 @@ SCHEMA = "smalltc-bench-scaling/1"
 #: CG's relative residual target (the poisson suite's)
 TOL = 1e-8
 MODES = ("weak", "strong")
-PRECONDS = ("jacobi", "pmg")
+#: the preconditioners: Jacobi, the p-multigrid (its coarse solve gathered to rank 0 and
+#: solved by AMG there where pyamg is installed) and the p-multigrid with the distributed
+#: Jacobi-CG coarse solve (no gathering)
+PRECONDS = ("jacobi", "pmg", "pmg-cg")
 #: DoFs a rank for weak scaling: (GPU, CPU), and with --quick
 DOFS = ((2_000_000, 20_000), (200_000, 3_000))
-#: the per-phase timings a table shows (the JSON has them all)
+#: the per-phase timings a table shows (the JSON has them all); apply and precond_apply
+#: come from the breakdown solve (:data:`PHASE_KEYS`)
 PHASES = ("setup", "solve", "apply", "precond_apply", "halo", "allreduce", "error")
+#: what only the breakdown solve (``timings="phases"``, synchronised) measures
+PHASE_KEYS = ("apply", "precond_apply", "coarse", "cg_other")
 
 
 def rank_grid(nranks, dim=3):
@@ -354,7 +368,8 @@ def main(args) -> int:
                options=dict(device=kind, ranks=ranks, p=ps, dofs_per_rank=int(dofs),
                             total_dofs=args.total_dofs, mesh=args.mesh or "box",
                             precond=preconds, scaling=modes, repeats=args.repeats or 1,
-                            tol=TOL, quick=quick, dtype="float64"),
+                            tol=TOL, quick=quick, dtype="float64",
+                            phases=not args.no_phases),
                cases=[], launches=[])
     print(f"smalltc bench --suite scaling: {len(todo)} cases on {device_name(kind)}, ranks "
           f"{','.join(map(str, ranks))}, through {' '.join(mpiexec)}", file=sys.stderr, flush=True)
@@ -377,7 +392,8 @@ def main(args) -> int:
 
     for r in ranks:
         mine = [c for c in todo if c["ranks"] == r]
-        spec = dict(cases=mine, device=kind, repeats=args.repeats or 1, tol=TOL)
+        spec = dict(cases=mine, device=kind, repeats=args.repeats or 1, tol=TOL,
+                    phases=not args.no_phases)
         t0 = time.perf_counter()
         rc, tail = _launch(mpiexec, r, spec, kind, on_result)
         doc["launches"].append(dict(ranks=r, returncode=rc, seconds=time.perf_counter() - t0,
@@ -418,7 +434,8 @@ def table(doc, file=None):
         if c.get("error"):
             print(f"{c['id']:34s} error: {str(c['error'])[:200]}", file=file)
             continue
-        t = c["timings_max"]
+        t = dict(c["timings_max"])
+        t.update({k: v for k, v in c.get("phases_max", {}).items() if k in PHASE_KEYS})
         eff = c.get("efficiency", {})
         print(f"{c['id']:34s} {c['dofs']:10d} {c['dofs'] / c['ranks']:9.0f} {c['iterations']:4d} "
               + " ".join(f"{t.get(k, float('nan')):7.3g}" for k in PHASES)
@@ -482,13 +499,40 @@ def _warmup_shape(case, device):
 
 
 def _solve(case, mesh, device, tol, timings):
+    precond, options = case["precond"], None
+    if precond == "pmg-cg":              # the p-multigrid with the distributed coarse CG
+        precond, options = "pmg", {"coarse": "cg"}
     return solve_poisson_distributed(mesh, case["p"], source, dirichlet=exact_u,
-                                     exact=(exact_u, exact_grad), precond=case["precond"],
-                                     tol=tol, device=device, timings=timings)
+                                     exact=(exact_u, exact_grad), precond=precond,
+                                     pmg_options=options, tol=tol, device=device,
+                                     timings=timings)
 
 
-def _run_case(case, comm, device, repeats, tol):
-    """One case on every rank; the record on rank 0 (None elsewhere)."""
+def _timed(case, mesh, comm, device, tol, timings):
+    """One solve between barriers on every rank: ``(whole-call seconds, every rank's
+    timings on rank 0, the result)``."""
+    quiet_barrier(comm)
+    t0 = time.perf_counter()
+    res = _solve(case, mesh, device, tol, timings)
+    comm.Barrier()
+    whole = time.perf_counter() - t0
+    return whole, comm.gather(dict(res.timings), root=0), res
+
+
+def _largest(every):
+    return {k: max(t[k] for t in every) for k in every[0]}
+
+
+def _by_rank(every):
+    return {k: [t[k] for t in every] for k in every[0]}
+
+
+def _run_case(case, comm, device, repeats, tol, phases=True):
+    """One case on every rank; the record on rank 0 (None elsewhere).
+
+    The timed solves run as a user's does (no timer synchronises the device); with
+    ``phases`` one more solve with the per-phase timers on (:data:`PHASE_KEYS`, each
+    application synchronised) gives the breakdown, kept apart from the timed figures."""
     rank = comm.Get_rank()
     t0 = time.perf_counter()
     mesh = _build_mesh(case, comm)
@@ -501,27 +545,25 @@ def _run_case(case, comm, device, repeats, tol):
     warm_s = time.perf_counter() - t0
     best = None
     for _ in range(max(1, repeats)):
-        quiet_barrier(comm)
-        t0 = time.perf_counter()
-        res = _solve(case, mesh, device, tol, "phases")
-        comm.Barrier()
-        whole = time.perf_counter() - t0
-        every = comm.gather(dict(res.timings), root=0)
+        whole, every, res = _timed(case, mesh, comm, device, tol, None)
         if rank == 0:
-            tmax = {k: max(t[k] for t in every) for k in every[0]}
+            tmax = _largest(every)
             if best is None or tmax["solve"] < best[1]["solve"]:
                 best = (whole, tmax, every, res)
+    split = _timed(case, mesh, comm, device, tol, "phases")[1] if phases else None
     if rank != 0:
         return None
     whole, tmax, every, res = best
     d = res.distribution
-    return dict(case, iterations=int(res.iterations), residual=float(res.residual),
-                l2_error=float(res.l2_error), h1_error=float(res.h1_error),
-                solve_s=tmax["solve"], whole_s=whole, first_call_s=warm_s, mesh_s=t_mesh,
-                timings_max=tmax,
-                timings_ranks={k: [t[k] for t in every] for k in every[0]},
-                grid=list(d["grid"]), comm_path=f"{d['comm_path']} ({d['comm_path_reason']})",
-                transport=d["transport"], device=res.device, error=None)
+    rec = dict(case, iterations=int(res.iterations), residual=float(res.residual),
+               l2_error=float(res.l2_error), h1_error=float(res.h1_error),
+               solve_s=tmax["solve"], whole_s=whole, first_call_s=warm_s, mesh_s=t_mesh,
+               timings_max=tmax, timings_ranks=_by_rank(every),
+               grid=list(d["grid"]), comm_path=f"{d['comm_path']} ({d['comm_path_reason']})",
+               transport=d["transport"], device=res.device, error=None)
+    if split is not None:
+        rec.update(phases_max=_largest(split), phases_ranks=_by_rank(split))
+    return rec
 
 
 def worker(argv=None) -> int:
@@ -536,7 +578,8 @@ def worker(argv=None) -> int:
     comm = MPI.COMM_WORLD
     for case in spec["cases"]:
         try:
-            rec = _run_case(case, comm, spec["device"], spec["repeats"], spec["tol"])
+            rec = _run_case(case, comm, spec["device"], spec["repeats"], spec["tol"],
+                            spec.get("phases", True))
         except Exception as err:         # the fem layer raises on every rank alike
             rec = dict(case, error=f"{type(err).__name__}: {err}",
                        trace=traceback.format_exc(limit=-6)) if comm.Get_rank() == 0 else None

@@ -374,8 +374,8 @@ def solve_poisson_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kappa
     t2 = time.perf_counter()
     comm_s = counters.since()
     l2, h1 = _errors(exact, lambda func, grad: red.sums(*collective(
-        space.comm, _error_sums, space.local, xp.asarray(u), func, None, quadrature,
-        fname="exact", h1=True, gradient=grad, what="measuring the error")))
+        space.comm, _error_sums, space.local, xp.asarray(sol.x, dtype=np.float64), func, None,
+        quadrature, fname="exact", h1=True, gradient=grad, what="measuring the error")))
     t3 = time.perf_counter()
     timings = {"setup": t1 - t0, **prob.timings, "solve": t2 - t1, "error": t3 - t2, **comm_s}
     if phases is not None:

@@ -114,20 +114,30 @@ def split_key(key: str):
     """``(variant, {name: number})`` of a size key such as ``"gemm/nn+beta/m8n8k8"``; a
     flag after the numbers (``".../nd5nq5c1+co"``, the collocated operators) belongs to
     the variant."""
+    variant, nums = _split(key)
+    return variant, dict(nums)
+
+
+@functools.lru_cache(maxsize=8192)
+def _split(key: str):
+    """:func:`split_key` with the numbers as a tuple of pairs, kept per key (a nearest
+    lookup measures the distance to every entry of a table)."""
     variant, _, nums = key.rpartition("/")
     nums, plus, flags = nums.partition("+")
     variant += plus + flags
-    found = dict((n, int(v)) for n, v in _NUM.findall(nums))
-    if not variant or not found or "".join(f"{n}{v}" for n, v in found.items()) != nums:
+    found = tuple((n, int(v)) for n, v in _NUM.findall(nums))
+    if not variant or not found or "".join(f"{n}{v}" for n, v in found) != nums:
         raise ValueError(f"not a size key: {key!r}")
     return variant, found
 
 
 def distance(a: str, b: str) -> float:
     """``sum |log2 x - log2 y|`` over the numbers of two keys of one variant, else inf."""
-    va, na = split_key(a)
-    vb, nb = split_key(b)
-    if va != vb or na.keys() != nb.keys():
+    (va, na), (vb, nb) = _split(a), _split(b)
+    if va != vb:
+        return math.inf
+    na, nb = dict(na), dict(nb)
+    if na.keys() != nb.keys():
         return math.inf
     return sum(abs(math.log2(max(na[k], 1)) - math.log2(max(nb[k], 1))) for k in na)
 

@@ -14,7 +14,8 @@ exchanges keep such vectors right:
 Both are split in ``start_*`` (pack, post ``Isend``/``Irecv``) and ``finish_*``
 (wait, unpack) so that work on interior elements runs in between. All the
 messages of one exchange to one neighbour go in one buffer; a rank's buffers for
-all neighbours are one array, so packing is one gather.
+all neighbours are one array, so packing is one gather, and where no owned node goes
+to two neighbours the reverse exchange's unpacking is one scatter-add.
 
 Buffers follow the vector's array module. NumPy: host buffers (``transport ==
 "host"``). CuPy: the communication path of the communicator
@@ -159,7 +160,12 @@ class Halo:
         self.ghosts = self.ghost_idx
         self._owned_parts = [self.owned_idx[a:b] for a, b in
                              zip(self.owned_off[:-1], self.owned_off[1:])]
+        # no owned node sent to two neighbours (faces of a 1D rank grid): the reverse
+        # exchange's contributions go in with one scatter-add, each node's single addition
+        owned = np.concatenate([np.asarray(sends[q]) for q in self.send_ranks] or [[]])
+        self._one_add = np.unique(owned).size == owned.size
         self._buffers = {}
+        self._peers = {}
         self.seconds = {"pack": 0.0, "wait": 0.0, "unpack": 0.0}
         self.calls = 0
 
@@ -188,6 +194,16 @@ class Halo:
             self._buffers[key] = buf
         return buf
 
+    def _per_peer(self, buf, ranks, offsets):
+        """``[(rank, buf[a:b])...]``: each neighbour's part of a reused buffer, the views
+        made once."""
+        key = (buf.data.ptr if self.xp is not np else id(buf), buf.size, tuple(ranks))
+        parts = self._peers.get(key)
+        if parts is None:
+            parts = self._peers[key] = [(q, buf[a:b]) for q, a, b in
+                                        zip(ranks, offsets[:-1], offsets[1:])]
+        return parts
+
     def _post(self, send, send_ranks, send_off, recv, recv_ranks, recv_off, tag):
         reqs = [self.comm.Irecv(recv[a:b], source=q, tag=tag)
                 for q, a, b in zip(recv_ranks, recv_off[:-1], recv_off[1:])]
@@ -205,9 +221,8 @@ class Halo:
             xp.take(src, pack_idx, out=send_dev)
         recv_dev = self._buffer("recv_dev", nrecv, dtype)
         if self.transport == "nccl":                        # queued: no host wait
-            event = self.nccl.exchange(
-                [(q, send_dev[a:b]) for q, a, b in zip(send_ranks, send_off[:-1], send_off[1:])],
-                [(q, recv_dev[a:b]) for q, a, b in zip(recv_ranks, recv_off[:-1], recv_off[1:])])
+            event = self.nccl.exchange(self._per_peer(send_dev, send_ranks, send_off),
+                                       self._per_peer(recv_dev, recv_ranks, recv_off))
             self.seconds["pack"] += time.perf_counter() - t0
             return _Pending([], None, recv_dev, dtype, t0, event)
         if self.transport != "staged":
@@ -268,8 +283,12 @@ class Halo:
         nodes (neighbour by neighbour, in increasing rank order), zero ``y``'s ghosts."""
         recv = self._wait(pending)
         t = time.perf_counter()
-        for part, a, b in zip(self._owned_parts, self.owned_off[:-1], self.owned_off[1:]):
-            add_at(y, part, recv[a:b], self.xp)
+        if self._one_add:
+            if recv.size:
+                add_at(y, self.owned_idx, recv, self.xp)
+        else:
+            for part, a, b in zip(self._owned_parts, self.owned_off[:-1], self.owned_off[1:]):
+                add_at(y, part, recv[a:b], self.xp)
         if self.nghosts:
             y[self.ghost_idx] = 0
         self.seconds["unpack"] += time.perf_counter() - t

@@ -128,6 +128,7 @@ class DistributedOperator:
             self.bdofs = xp.asarray(bdofs)
             self.map_bnd = xp.asarray(np.searchsorted(bdofs, bmap).astype(itype))
         self.halo = space.make_halo(xp, transport)
+        self._xb = None                                 # the ghost elements' input, reused
         if self.boundary.size:
             # where the reverse exchange finds each ghost's value: in the halo's ghost order
             # (neighbour by neighbour), as positions in the compact vector of ghost elements
@@ -203,7 +204,8 @@ class DistributedOperator:
                 y.fill(0)
         halo.finish_forward(fwd, x)
         if self.boundary.size:
-            yb = self._apply(self.data_bnd, x[self.bdofs], self.map_bnd)
+            xb = self._xb = xp.take(x, self.bdofs, out=self._xb)
+            yb = self._apply(self.data_bnd, xb, self.map_bnd)
             rev = halo.start_reverse(yb, self.ghost_pos)
             add_at(y, self.bdofs, yb, xp)
         else:

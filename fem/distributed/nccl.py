@@ -37,13 +37,20 @@ def nccl_module():
 
 
 def _nccl_dtype(nccl, dtype):
-    kinds = {"float64": nccl.NCCL_FLOAT64, "float32": nccl.NCCL_FLOAT32,
-             "int64": nccl.NCCL_INT64, "int32": nccl.NCCL_INT32}
-    name = np.dtype(dtype).name
-    if name not in kinds:
-        raise TypeError(f"NCCL messages of dtype {name} are not supported; expected one of "
-                        f"{sorted(kinds)}")
-    return kinds[name]
+    """NCCL's code of ``dtype`` (looked up once a dtype: a halo exchange asks twice)."""
+    code = _CODES.get(dtype)
+    if code is None:
+        kinds = {"float64": nccl.NCCL_FLOAT64, "float32": nccl.NCCL_FLOAT32,
+                 "int64": nccl.NCCL_INT64, "int32": nccl.NCCL_INT32}
+        name = np.dtype(dtype).name
+        if name not in kinds:
+            raise TypeError(f"NCCL messages of dtype {name} are not supported; expected one "
+                            f"of {sorted(kinds)}")
+        code = _CODES[dtype] = kinds[name]
+    return code
+
+
+_CODES = {}
 
 
 class NcclComm:

@@ -32,10 +32,11 @@ one rank a GPU with ``--device gpu`` (node-local rank modulo the device count), 
 CPU ``cores / R`` Numba threads a rank. Each worker builds its block of the mesh, calls
 the solve once untimed (kernels compiled, caches warm; on GPUs on a small mesh of the same
 kind, :func:`_warmup_shape`), then ``--repeats`` timed calls (default 1), each between
-barriers and timed as a user's solve runs (nothing synchronises the device inside it): rank 0 prints one ``RESULT`` line a case, with every phase's time on every rank
-(``timings_ranks``) and the largest (``timings_max``): setup phases (space, bc, operator,
-load, preconditioner), solve, halo and allreduce (the exchanges' and reductions' host
-time), error. The fastest repeat is kept. Then one more solve with the per-phase timers on
+barriers and timed as a user's solve runs (nothing synchronises the device inside it):
+rank 0 prints one ``RESULT`` line a case, with every phase's time on every rank
+(``timings_ranks``) and the largest (``timings_max``): setup phases (space, bc,
+operator, load, preconditioner), solve, halo and allreduce (the exchanges' and
+reductions' host time), error. The fastest repeat is kept. Then one more solve with the per-phase timers on
 (``timings="phases"``; ``--no-phases`` leaves it out) gives the breakdown of the solve
 (``phases_ranks``, ``phases_max``): apply (operator applications in CG, halo included),
 precond_apply (V-cycles; Jacobi is folded into the fused CG), coarse, cg_other. Those

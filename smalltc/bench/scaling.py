@@ -36,10 +36,10 @@ barriers and timed as a user's solve runs (nothing synchronises the device insid
 rank 0 prints one ``RESULT`` line a case, with every phase's time on every rank
 (``timings_ranks``) and the largest (``timings_max``): setup phases (space, bc,
 operator, load, preconditioner), solve, halo and allreduce (the exchanges' and
-reductions' host time), error. The fastest repeat is kept. Then one more solve with the per-phase timers on
-(``timings="phases"``; ``--no-phases`` leaves it out) gives the breakdown of the solve
-(``phases_ranks``, ``phases_max``): apply (operator applications in CG, halo included),
-precond_apply (V-cycles; Jacobi is folded into the fused CG), coarse, cg_other. Those
+reductions' host time), error. The fastest repeat is kept. Then one more solve with the
+per-phase timers on (``timings="phases"``; ``--no-phases`` leaves it out) gives the
+breakdown of the solve (``phases_ranks``, ``phases_max``): apply (operator applications
+in CG, halo included), precond_apply (V-cycles; Jacobi is folded into the fused CG), coarse, cg_other. Those
 timers synchronise the device around every application, which stops the host from
 queueing ahead, so the breakdown's solve is slower than the timed one and no efficiency
 comes from it.

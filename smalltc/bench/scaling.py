@@ -39,10 +39,10 @@ operator, load, preconditioner), solve, halo and allreduce (the exchanges' and
 reductions' host time), error. The fastest repeat is kept. Then one more solve with the
 per-phase timers on (``timings="phases"``; ``--no-phases`` leaves it out) gives the
 breakdown of the solve (``phases_ranks``, ``phases_max``): apply (operator applications
-in CG, halo included), precond_apply (V-cycles; Jacobi is folded into the fused CG), coarse, cg_other. Those
-timers synchronise the device around every application, which stops the host from
-queueing ahead, so the breakdown's solve is slower than the timed one and no efficiency
-comes from it.
+in CG, halo included), precond_apply (V-cycles; Jacobi is folded into the fused CG),
+coarse, cg_other. Those timers synchronise the device around every application, which
+stops the host from queueing ahead, so the breakdown's solve is slower than the timed one
+and no efficiency comes from it.
 
 ``--precond`` takes ``jacobi``, ``pmg`` (the order-1 coarse level gathered to rank 0 and
 solved by AMG there, where pyamg is installed) and ``pmg-cg`` (the distributed Jacobi-CG

@@ -175,7 +175,6 @@ class Halo:
         owned = np.concatenate([np.asarray(sends[q]) for q in self.send_ranks] or [[]])
         self._one_add = np.unique(owned).size == owned.size
         self._buffers = {}
-        self._peers = {}
         self.seconds = {"pack": 0.0, "wait": 0.0, "unpack": 0.0}
         self.calls = 0
 
@@ -204,16 +203,6 @@ class Halo:
             self._buffers[key] = buf
         return buf
 
-    def _per_peer(self, buf, ranks, offsets):
-        """``[(rank, buf[a:b])...]``: each neighbour's part of a reused buffer, the views
-        made once."""
-        key = (buf.data.ptr if self.xp is not np else id(buf), buf.size, tuple(ranks))
-        parts = self._peers.get(key)
-        if parts is None:
-            parts = self._peers[key] = [(q, buf[a:b]) for q, a, b in
-                                        zip(ranks, offsets[:-1], offsets[1:])]
-        return parts
-
     def _post(self, send, send_ranks, send_off, recv, recv_ranks, recv_off, tag):
         reqs = [self.comm.Irecv(recv[a:b], source=q, tag=tag)
                 for q, a, b in zip(recv_ranks, recv_off[:-1], recv_off[1:])]
@@ -231,8 +220,9 @@ class Halo:
             xp.take(src, pack_idx, out=send_dev)
         recv_dev = self._buffer("recv_dev", nrecv, dtype)
         if self.transport == "nccl":                        # queued: no host wait
-            event = self.nccl.exchange(self._per_peer(send_dev, send_ranks, send_off),
-                                       self._per_peer(recv_dev, recv_ranks, recv_off))
+            event = self.nccl.exchange(
+                [(q, send_dev[a:b]) for q, a, b in zip(send_ranks, send_off[:-1], send_off[1:])],
+                [(q, recv_dev[a:b]) for q, a, b in zip(recv_ranks, recv_off[:-1], recv_off[1:])])
             self.seconds["pack"] += time.perf_counter() - t0
             return _Pending([], None, recv_dev, dtype, t0, event)
         if self.transport != "staged":

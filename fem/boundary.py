@@ -33,9 +33,9 @@ import numpy as np
 import smalltc
 from smalltc._arrays import array_module
 
-from ._device import DeviceCache, resolve_device
+from ._device import DeviceCache, resolve_device, to_host
 from .basis import lagrange_basis
-from .geometry import _adjugate, _chunk_elements, _det, _Field, _tensor_weights, evaluate_field
+from .geometry import _adjugate, _chunk_elements, _det, _Field, _tensor_weights
 from .operators import _like, linear_operator
 from .projection import _dof_map
 from .quadrature import gauss_lobatto, quadrature_rule
@@ -141,7 +141,7 @@ class DirichletBC:
         return x
 
 
-def dirichlet_bc(space, data, *, region=None):
+def dirichlet_bc(space, data, *, region=None, device=None):
     """Dirichlet constraints from values on boundary regions.
 
     Parameters
@@ -154,6 +154,11 @@ def dirichlet_bc(space, data, *, region=None):
         the later region's value wins.
     region : str, optional
         With a single ``g``: the region it applies to.
+    device : {"cpu", "gpu", "auto"}, optional
+        Where a callable ``g`` is evaluated: the boundary DoFs' coordinates are
+        computed on that device and ``g`` is called there (a ``g`` that raises on a
+        device array is called on host copies); the values come back to the host.
+        Default: the host. A number needs no coordinates on any device.
 
     Returns
     -------
@@ -175,11 +180,17 @@ def dirichlet_bc(space, data, *, region=None):
     ([0, 1, 2, 6, 7, 8], [0.0, 0.0, 0.0, 0.0, 0.5, 1.0])
     """
     items = [(region, data)] if not isinstance(data, dict) else list(data.items())
+    xp = np if device is None else resolve_device(device)
     values = np.zeros(space.ndofs)
     constrained = np.zeros(space.ndofs, dtype=bool)
     for name, g in items:
-        dofs, x = space.boundary_coordinates(name)      # the boundary elements' maps only
-        values[dofs] = evaluate_field(g, x, f"dirichlet[{name!r}]")
+        field = _Field(g, f"dirichlet[{name!r}]")
+        if field.is_callable:                            # the boundary elements' maps only
+            dofs, x = space.boundary_coordinates(name, xp)
+            values[dofs] = to_host(field(x))
+        else:
+            dofs = space.boundary_dofs(name)
+            values[dofs] = field.constant
         constrained[dofs] = True
     dofs = np.flatnonzero(constrained)
     return DirichletBC(space, dofs, values[dofs])

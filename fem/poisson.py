@@ -320,7 +320,7 @@ def poisson_problem(mesh, p, f, *, dirichlet=None, neumann=None, kappa=None, nq=
     for r in neu:
         mesh.boundary_facets(r)                   # KeyError naming an unknown region
     clock.lap("space")
-    bc = _dirichlet(space, dir_, list(neu))
+    bc = _dirichlet(space, dir_, list(neu), device_name(xp))
     _check_constrained(bc.dofs.size)
     clock.lap("bc")
     K, load, load_s = _operator_and_load(space, nq, kappa, f, quadrature, xp)
@@ -375,12 +375,12 @@ def _preconditioner(name, A, kappa, pmg_options=None):
     return None
 
 
-def _dirichlet(space, regions, neumann_regions):
+def _dirichlet(space, regions, neumann_regions, device=None):
     """The DirichletBC of ``regions`` (None: the boundary's facets outside the Neumann
-    regions)."""
+    regions); callables evaluated on ``device`` (:func:`~.boundary.dirichlet_bc`)."""
     if None not in regions or not neumann_regions:
-        return dirichlet_bc(space, regions)
-    g = regions.pop(None)
+        return dirichlet_bc(space, regions, device=device)
+    g = _Field(regions.pop(None), "dirichlet[None]")
     mesh = space.mesh
     nf = 2 * space.dim
     e, f = mesh.boundary_facets(None)
@@ -388,9 +388,14 @@ def _dirichlet(space, regions, neumann_regions):
     keep = ~np.isin(e * nf + f, np.concatenate(skip))
     dofs = np.unique(space.facet_dofs(e[keep], f[keep]))
     values = np.zeros(space.ndofs)
-    x = space._dof_coordinates
-    values[dofs] = evaluate_field(g, x[:, dofs], "dirichlet")
-    rest = dirichlet_bc(space, regions) if regions else None
+    if g.is_callable:
+        xp = np if device is None else resolve_device(device)
+        every, x = space.boundary_coordinates(None, xp)
+        x = x[:, xp.asarray(np.searchsorted(every, dofs))]
+        values[dofs] = to_host(g(x))
+    else:
+        values[dofs] = g.constant
+    rest = dirichlet_bc(space, regions, device=device) if regions else None
     mask = np.zeros(space.ndofs, dtype=bool)
     mask[dofs] = True
     if rest is not None:

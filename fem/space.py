@@ -385,7 +385,7 @@ class H1Space:
             self._coords = x
         return self._coords
 
-    def boundary_coordinates(self, region=None):
+    def boundary_coordinates(self, region=None, xp=np):
         """The DoFs on the boundary (or a region of it) and their coordinates, from the
         boundary elements' maps alone (the kept :meth:`dof_coordinates` where they exist).
 
@@ -396,13 +396,17 @@ class H1Space:
         ----------
         region : str or sequence of str, optional
             As for :meth:`boundary_dofs`.
+        xp : module, optional
+            Where the coordinates are computed and returned: NumPy (the default) or
+            CuPy (the boundary elements' geometry nodes copied to the device once, the
+            map evaluated there by ``smalltc.interpolate``).
 
         Returns
         -------
         dofs : ndarray of int64, shape (n,)
-            :meth:`boundary_dofs`' answer (sorted).
+            :meth:`boundary_dofs`' answer (sorted, NumPy).
         x : ndarray, shape (dim, n)
-            Their coordinates, the values :meth:`dof_coordinates` holds there.
+            Their coordinates, the values :meth:`dof_coordinates` holds there, in ``xp``.
 
         Examples
         --------
@@ -413,23 +417,25 @@ class H1Space:
         """
         dofs = self.boundary_dofs(region)
         if self._coords is not None:
-            return dofs, self._coords[:, dofs]
+            return dofs, xp.asarray(self._coords[:, dofs])
         names = [region] if region is None or isinstance(region, str) else list(region)
         elems = np.unique(np.concatenate(
             [np.asarray(self.mesh.boundary_facets(n)[0], dtype=np.int64) for n in names]))
         mesh = self.mesh
         ref = gauss_lobatto(self.nd)[0]
+        nodes = xp.asarray(np.ascontiguousarray(mesh.nodes[elems]))
         if np.array_equal(ref, mesh.geom_nodes):
-            X = mesh.nodes[elems]
+            X = nodes
         else:
             Bg, _ = lagrange_basis(mesh.geom_nodes, ref)
             with smalltc.evaluation_job(elems.size * self.nd ** self.dim * self.dim):
-                X = smalltc.interpolate(Bg, None, np.ascontiguousarray(mesh.nodes[elems]),
-                                        dim=self.dim)
-        x = np.empty((self.dim, self.ndofs))
+                X = smalltc.interpolate(Bg, None, nodes, dim=self.dim)
+        # each DoF's value from one of its copies (the last, as a scatter keeps)
         flat = self.elem_dofs[elems].reshape(-1)
-        x[:, flat] = np.moveaxis(X, 1, 0).reshape(self.dim, -1)
-        return dofs, x[:, dofs]
+        copy = np.empty(self.ndofs, dtype=np.int64)
+        copy[flat] = np.arange(flat.size, dtype=np.int64)
+        X = xp.moveaxis(X, 1, 0).reshape(self.dim, -1)
+        return dofs, xp.take(X, xp.asarray(copy[dofs]), axis=1)
 
     def _one_copy(self):
         """For each DoF the flat E-vector index of one of its copies (the last one, as a

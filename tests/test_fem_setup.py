@@ -659,6 +659,45 @@ def test_device_arrays_on_the_gpu_match_the_host():
                                    rtol=1e-13, atol=1e-13)
 
 
+def test_constant_dirichlet_values_map_no_coordinates(monkeypatch):
+    V = fem.H1Space(fem.box_mesh(3, 3, geom_order=2, distortion=0.1), 2)
+    ref = fem.dirichlet_bc(V, {None: 3.0, "xmax": lambda x: x[1]})
+
+    def refuse(*args):
+        raise AssertionError("a constant needs no coordinates")
+    monkeypatch.setattr(V, "boundary_coordinates", refuse)
+    bc = fem.dirichlet_bc(V, {None: 3.0, "xmax": 2.0})
+    np.testing.assert_array_equal(bc.dofs, ref.dofs)
+    on = V.boundary_dofs("xmax")
+    np.testing.assert_array_equal(bc.values, np.where(np.isin(bc.dofs, on), 2.0, 3.0))
+    with pytest.raises(ValueError, match="non-finite"):
+        fem.dirichlet_bc(V, float("nan"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
+@pytest.mark.parametrize("k", [1, len(SPACE_MESHES) - 1])
+def test_dirichlet_values_on_the_gpu_match_the_host(k):
+    """Coordinates mapped and ``g`` called on the device: the host's constraints."""
+    cp = cupy_or_none()
+    mesh = SPACE_MESHES[k]
+    V = fem.H1Space(mesh, 3)
+    dofs, x = V.boundary_coordinates(None, cp)
+    assert isinstance(x, cp.ndarray)
+    dofs_h, x_h = fem.H1Space(mesh, 3).boundary_coordinates(None)
+    np.testing.assert_array_equal(dofs, dofs_h)
+    np.testing.assert_allclose(cp.asnumpy(x), x_h, rtol=0, atol=1e-14)
+    g = lambda x: 1.0 + x[0] * x[1]                      # noqa: E731
+    names = list(mesh.boundary_regions)
+    for regions, neumann in (({None: g}, []), ({None: g}, names[:1]),
+                             ({names[0]: g, names[-1]: 2.5}, [])):
+        on = _dirichlet(V, dict(regions), neumann, "gpu")
+        ref = _dirichlet(fem.H1Space(mesh, 3), dict(regions), neumann)
+        np.testing.assert_array_equal(on.dofs, ref.dofs)
+        assert isinstance(on.values, np.ndarray)
+        np.testing.assert_allclose(on.values, ref.values, rtol=1e-14, atol=1e-14)
+
+
 @pytest.mark.parametrize("dim,g,region", [(2, 1, None), (3, 2, None), (3, 2, "xmax"),
                                           (3, 1, ["ymin", "zmax"])])
 def test_boundary_coordinates_are_the_dof_coordinates_there(dim, g, region):

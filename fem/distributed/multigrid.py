@@ -317,7 +317,7 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
         Vq = DistributedH1Space(space.mesh, q)
         K = distributed_diffusion_operator(Vq, q + nq_offset, kappa, quadrature=quadrature,
                                            device=where, backend=backend)
-        bc = distributed_dirichlet_bc(Vq, zero, list(neumann_regions))
+        bc = distributed_dirichlet_bc(Vq, zero, list(neumann_regions), where)
         Aq = DistributedConstrainedOperator(K, bc)
         free = np.ones(Vq.nlocal, dtype=bool)
         free[bc.dofs] = False
@@ -332,7 +332,7 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
         Vc = last.op.space
         nq = Vc.p + (nq_offset or 2)
         K = collective(space.comm, diffusion_operator, Vc.local, nq, kappa, assembled=True,
-                       quadrature=quadrature, device="cpu", what="the coarse element matrices")
+                       quadrature=quadrature, device=where, what="the coarse element matrices")
         solver = GatheredAMG(Vc, K.matrices, frees[-1], xp)
     else:
         solver = DistributedCG(last, red, coarse_tol)

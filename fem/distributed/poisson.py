@@ -70,7 +70,7 @@ class DistributedConstrainedOperator(ConstrainedOperator):
         return P * self.xp.asarray(self.op.diagonal(ghost_value=1.0), dtype=self.dtype) + (1 - P)
 
 
-def distributed_dirichlet_bc(space, regions, neumann_regions=()):
+def distributed_dirichlet_bc(space, regions, neumann_regions=(), device=None):
     """The Dirichlet constraints of a distributed space, in its local numbering.
 
     Each rank finds the DoFs of its boundary facets (its local mesh's
@@ -86,6 +86,10 @@ def distributed_dirichlet_bc(space, regions, neumann_regions=()):
         Region -> ``g`` (a number or a callable), ``None`` for the boundary outside
         ``neumann_regions`` (as :func:`smalltc.fem.solve_poisson` takes them).
     neumann_regions : sequence of str
+    device : {"cpu", "gpu", "auto"}, optional
+        Where the callables are evaluated and the ranks' agreement is computed (the
+        halo of that device); the constraints come back to the host. Default: the
+        host.
 
     Returns
     -------
@@ -101,27 +105,27 @@ def distributed_dirichlet_bc(space, regions, neumann_regions=()):
     [0, 1, 2, 6, 7, 8]
     """
     bc = collective(space.comm, _dirichlet, space.local, dict(regions), list(neumann_regions),
-                    what="the Dirichlet values")
+                    device, what="the Dirichlet values")
+    xp = np if device is None else resolve_device(device)
     n = space.nlocal
-    flag = np.zeros(n)
-    flag[bc.dofs] = 1.0
-    value = np.zeros(n)
-    value[bc.dofs] = bc.values
-    count = space.owner_form(flag.copy())                  # holders that constrain each node
-    total = space.owner_form(value * flag)                 # the sum of their values
-    owned = np.zeros(n, dtype=bool)
-    owned[space.owned] = True
+    dofs = xp.asarray(bc.dofs)
+    flag = xp.zeros(n)
+    flag[dofs] = 1.0
+    value = xp.zeros(n)
+    value[dofs] = xp.asarray(bc.values)
+    count = space.owner_form(flag.copy(), xp)              # holders that constrain each node
+    total = space.owner_form(value * flag, xp)             # the sum of their values
+    owned = xp.zeros(n, dtype=bool)
+    owned[xp.asarray(space.owned)] = True
     mine = owned & (flag > 0)
     others = owned & (flag == 0) & (count > 0)
-    final = np.zeros(n)
-    final[mine] = value[mine]                              # the owner's own value, exactly
+    final = xp.where(mine, value, 0.0)                     # the owner's own value, exactly
     final[others] = total[others] / count[others]
-    on = np.zeros(n)
-    on[mine | others] = 1.0
-    space.consistent_form(final)
-    space.consistent_form(on)
-    dofs = np.flatnonzero(on > 0)
-    return DirichletBC(space.local, dofs, final[dofs])
+    on = (mine | others).astype(np.float64)
+    space.consistent_form(final, xp)
+    space.consistent_form(on, xp)
+    dofs = xp.flatnonzero(on > 0)
+    return DirichletBC(space.local, to_host(dofs), to_host(final[dofs]))
 
 
 @dataclass
@@ -274,8 +278,10 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     for r in list(neu) + [r for r in dir_ if r is not None]:
         collective(c, dmesh.local.boundary_facets, r, what="the boundary regions")
     clock.lap("space")
-    bc = distributed_dirichlet_bc(space, dir_, list(neu))
-    (nbc,) = Reducer(c).sums(float(np.count_nonzero(np.isin(space.owned, bc.dofs))))
+    bc = distributed_dirichlet_bc(space, dir_, list(neu), where)
+    constrained = np.zeros(space.nlocal, dtype=bool)
+    constrained[bc.dofs] = True
+    (nbc,) = Reducer(c).sums(float(np.count_nonzero(constrained[space.owned])))
     _check_constrained(nbc)
     clock.lap("bc")
     nq = space.p + 2 if nq is None else int(nq)          # the serial path's rule

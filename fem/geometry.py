@@ -30,8 +30,9 @@ User functions (``rho`` here, ``f`` in projections) are called as
 ``f(x)`` with ``x`` of shape ``(dim, E, nq, ..., nq)`` (``E`` the elements of one
 chunk), so ``x[0]`` is the first coordinate, and return an array broadcastable to
 ``(E, nq, ..., nq)``. On a GPU ``x`` is a CuPy array (NumPy's ufuncs such as
-``np.sin`` take it); a function that raises on it is called on host copies instead,
-and that is logged once.
+``np.sin`` take it; CuPy's first such call imports ``cupyx.scipy``, about 0.4 s once a
+process, which ``xp = cupy.get_array_module(x); xp.sin(...)`` avoids); a function that
+raises on it is called on host copies instead, and that is logged once.
 """
 
 import logging

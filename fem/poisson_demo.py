@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 import smalltc
+from smalltc._arrays import array_module
 
 from .basis import lagrange_basis
 from .meshes import demo_mesh_path
@@ -38,10 +39,12 @@ def manufactured():
     True
     """
     def u(x):
-        return np.sin(2 * x[0]) * np.exp(x[1])
+        xp = array_module(x)          # its own ufuncs on a device array (smooth_function)
+        return xp.sin(2 * x[0]) * xp.exp(x[1])
 
     def f(x):
-        return 3 * np.sin(2 * x[0]) * np.exp(x[1])
+        xp = array_module(x)
+        return 3 * xp.sin(2 * x[0]) * xp.exp(x[1])
     return u, f
 
 

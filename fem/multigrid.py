@@ -37,11 +37,11 @@ import time
 import numpy as np
 
 from smalltc._arrays import array_module
-from smalltc._errors import raise_pending
 from smalltc._timing import median, time_calls
 
 from . import operators as ops
 from ._device import to_host
+from ._graph import GRAPH_CHOICES, GraphReplay
 from .chebyshev import KINDS, Chebyshev, _Preconditioner
 from .coarse import COARSE_SOLVERS, AMGSolver, CGSolver, _pyamg_present, assemble_csr
 # the levels' parts, in their own module; imported from here too
@@ -167,10 +167,12 @@ class PMultigrid(_Preconditioner):
         self.n, self.dtype = fine.space.ndofs, fine.A.dtype
         self.cycles = 0
         self.setup_times = {}
-        if graph not in ("auto", True, False):
+        if graph not in GRAPH_CHOICES:
             raise ValueError(f"graph must be 'auto', True or False, got {graph!r}")
         self.graph = graph
-        self._graphs = {}               # (dtype, shape) -> (input, output, Graph, pool)
+        self._replay = (None if self.xp is np else
+                        GraphReplay(lambda r: self._vcycle(0, r, _NO_TIMER), self.xp,
+                                    "the p-multigrid V-cycle", required=graph is True))
 
     @property
     def operator(self):
@@ -180,65 +182,14 @@ class PMultigrid(_Preconditioner):
     def __call__(self, r):
         """One V-cycle on ``A z = r`` from ``z = 0``; ``z`` in r's dtype."""
         self.cycles += 1
-        if self.graph and self.xp is not np and self._graph_ok():
-            z = self._replay(r)
-            if z is not None:
-                return z.astype(r.dtype, copy=False)
+        if self.graph and self._replay is not None and self._graph_ok():
+            return self._replay(r).astype(r.dtype, copy=False)
         return self._vcycle(0, r, _NO_TIMER).astype(r.dtype, copy=False)
 
     def _graph_ok(self):
         """Whether the V-cycle can be one CUDA graph: no host synchronisation in it (the
         AMG's portable cycle, not an iterative coarse solve)."""
         return getattr(self.coarse, "cycle", None) == "portable"
-
-    def _replay(self, r):
-        """The V-cycle as a CUDA graph (CuPy stream capture), made on the first call of an
-        input dtype and shape, which runs eagerly (the kernels then exist) and captures the
-        same V-cycle, unexecuted, on a side stream, its temporaries in a memory pool of the
-        graph's own (their addresses are fixed in it). Later calls copy ``r`` into the
-        graph's input, launch it on the current stream and copy its output. ``None``:
-        not available (the eager V-cycle runs; a capture that failed is not retried)."""
-        xp = self.xp
-        key = (r.dtype.str, r.shape)
-        hit = self._graphs.get(key)
-        if hit is None:
-            z = self._vcycle(0, r, _NO_TIMER)
-            self._graphs[key] = self._capture(r)
-            return z
-        if hit is False:
-            return None
-        gin, gout, graph, _ = hit
-        raise_pending(xp.cuda.Device().id)         # a map error of an earlier launch
-        gin[...] = r
-        graph.launch()
-        return gout.copy()
-
-    def _capture(self, r):
-        """``(input, output, Graph, pool)`` of the V-cycle on inputs like ``r``, or False
-        (logged) where CuPy or the driver refuses the capture."""
-        xp = self.xp
-        try:
-            gin = xp.empty_like(r)
-            gin[...] = r
-            pool = xp.cuda.MemoryPool()
-            side = xp.cuda.Stream(non_blocking=True)
-            xp.cuda.get_current_stream().synchronize()
-            with xp.cuda.using_allocator(pool.malloc), side:
-                mode = getattr(xp.cuda.runtime, "streamCaptureModeRelaxed", None)
-                side.begin_capture() if mode is None else side.begin_capture(mode)
-                try:
-                    gout = self._vcycle(0, gin, _NO_TIMER)
-                finally:
-                    graph = side.end_capture()
-            return gin, gout, graph, pool
-        except Exception as err:                # noqa: BLE001 - any refusal: run eagerly
-            if self.graph is True:
-                raise RuntimeError(f"the V-cycle could not be captured as a CUDA graph: "
-                                   f"{err}") from err
-            logging.getLogger("smalltc").warning(
-                "smalltc: the p-multigrid V-cycle could not be captured as a CUDA graph "
-                "(%s); it runs launch by launch", err)
-            return False
 
     def _vcycle(self, l, b, tm):
         """The V-cycle below level ``l`` on ``A_l x = b``; ``tm(l, part)``: a context

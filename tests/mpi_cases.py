@@ -193,6 +193,13 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi", coarse=None):
                                 precond=precond, pmg_options=pmg_options, **kw)
         ug = res.space.gather(res.u, root=0)
         owned = comm.gather(res.distribution["owned_dofs"], root=0)
+        graphed = getattr(res.problem.precond, "graphed", None)
+        if graphed:                    # the same solve with the V-cycle launch by launch
+            eager = fem.solve_poisson(given, p, f, comm=comm if kind in ("box", "file") else
+                                      None, precond=precond,
+                                      pmg_options={**(pmg_options or {}), "graph": False}, **kw)
+            ue = eager.space.gather(eager.u, root=0)
+            replays = res.problem.precond._replay.replays
         if kind == "file":             # the L2 projection on the METIS parts too
             proj = fem.l2_project(given, p, u, tol=TOL, device=device, comm=comm)
             pg = proj.space.gather(proj.u, root=0)
@@ -215,6 +222,10 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi", coarse=None):
                        iters_pmg_serial=iters_pmg_serial)
             if precond == "pmg":
                 rec["coarse"] = type(res.problem.precond.coarse).__name__
+                rec["graphed"] = graphed
+            if graphed:
+                rec.update(eager_diff=float(np.abs(ug - ue).max() / np.abs(ue).max()),
+                           iters_eager=eager.iterations, replays=replays)
             if kind == "file":
                 sp = fem.l2_project(whole, p, u, tol=TOL, device=device)
                 rec["proj_err"] = float(np.abs(pg - sp.u).max() / np.abs(sp.u).max())

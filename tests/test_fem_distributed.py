@@ -374,6 +374,20 @@ def test_one_rank_pmg_with_amg_is_the_serial_pmg(kind, p):
     assert P.coarse.applications == res.iterations + 1       # one V-cycle per CG step
 
 
+def test_pmg_graph_option_on_the_host():
+    """graph="auto" on the host: launch by launch; True: an error naming what it needs."""
+    needs("pyamg")
+    mesh, f, kw = _pmg_problem("box")
+    res = fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, **kw)
+    P = res.problem.precond
+    assert not P.graphed and P.cycles == res.iterations + 1 and "graphed=False" in repr(P)
+    assert not P.coarse.on_device
+    with pytest.raises(ValueError, match="graph=True needs the GPU"):
+        fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, pmg_options={"graph": True}, **kw)
+    with pytest.raises(ValueError, match="graph must be"):
+        fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, pmg_options={"graph": "yes"}, **kw)
+
+
 def test_one_rank_pmg_coarse_cg_and_the_fallback(monkeypatch, caplog):
     """coarse="cg": the distributed Jacobi-CG; "auto" without pyamg: the same, said once."""
     from smalltc.fem.distributed import multigrid

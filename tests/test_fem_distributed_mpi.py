@@ -278,6 +278,32 @@ def test_distributed_pmg_with_amg_is_the_serial_pmg(n):
 
 
 @needs_mpi
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
+@pytest.mark.parametrize("n", [1, 2])
+def test_distributed_pmg_on_gpus(n):
+    """device="gpu", the AMG coarse solve: the serial GPU solution and the serial pmg's
+    iterations; where the exchanges are NCCL's (or on one rank) the V-cycle is replayed
+    as a CUDA graph, and the launch-by-launch V-cycle gives the same solve."""
+    needs("pyamg")
+    res = mpirun(n, [sys.executable, CASES, "poisson", "--device", "gpu", "--meshes",
+                     "box,kershaw", "--ps", "2,3", "--dims", "3", "--precond", "pmg",
+                     "--coarse", "amg"], timeout=500)
+    found = check_poisson(res, n, ["box", "kershaw"])
+    assert len(found) == 4, found
+    for c in found:
+        what = f"{c['kind']} p={c['p']} on {n} ranks"
+        assert c["device"] == "gpu" and c["coarse"] == "GatheredAMG", what
+        assert abs(c["iters"] - c["iters_pmg_serial"]) <= 1, (what, c)
+        if n == 1:
+            assert c["graphed"], what
+        if c["graphed"]:
+            assert c["replays"] >= c["iters"] - 1, (what, c)
+            assert c["eager_diff"] <= 1e-10 and abs(c["iters"] - c["iters_eager"]) <= 1, c
+    print("\nV-cycle replayed as a CUDA graph:", [c["graphed"] for c in found])
+
+
+@needs_mpi
 def test_distributed_pmg_with_the_coarse_cg():
     """coarse="cg" stays selectable: Jacobi-CG across the ranks on the order-1 level."""
     res = mpirun(2, [sys.executable, CASES, "poisson", "--meshes", "box,kershaw", "--ps", "2",

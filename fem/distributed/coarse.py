@@ -10,11 +10,16 @@
   entries of the coarse residual are gathered to rank 0 (``Gatherv``), one AMG V-cycle
   solves there, and each rank gets back its owned entries of the correction
   (``Scatterv``): two messages per V-cycle in place of an iterative solve with an
-  ``Allreduce`` per iteration. CuPy vectors go through the host (the coarse vectors are
-  small), and rank 0 runs the AMG's cycle where the serial p-multigrid would: pyamg's
-  on the host for NumPy vectors, the portable one on rank 0's GPU for CuPy vectors
-  (:class:`~smalltc.fem.coarse.AMGSolver`'s ``cycle="auto"``). The global numbering is the whole mesh's, so on any number of ranks rank 0
-  builds the serial hierarchy (up to the summation order of the element matrices).
+  ``Allreduce`` per iteration. Rank 0 runs the AMG's cycle where the serial p-multigrid
+  would: pyamg's on the host for NumPy vectors, the portable one on rank 0's GPU for
+  CuPy vectors (:class:`~smalltc.fem.coarse.AMGSolver`'s ``cycle="auto"``). With CuPy
+  vectors and NCCL's exchanges (or one rank) the gather and the scatter are NCCL
+  sends and receives of device buffers and nothing waits on the host, so the V-cycle
+  around it can be one CUDA graph (:class:`~.multigrid.DistributedPMultigrid`);
+  otherwise the coarse vectors (small) go through the host with MPI, and rank 0
+  replays its AMG cycle as a CUDA graph. The global numbering is the whole mesh's, so
+  on any number of ranks rank 0 builds the serial hierarchy (up to the summation order
+  of the element matrices).
 * :class:`DistributedCG` (``coarse="cg"``): Jacobi-CG with inner products summed across the
   ranks, to a relative tolerance (no gathering; on distorted meshes the coarse problem is
   ill-conditioned and it takes hundreds of iterations per V-cycle).
@@ -81,8 +86,11 @@ class GatheredAMG:
     free : ndarray of bool, shape (nlocal,)
         The level's free DoFs (local; agreeing across the ranks).
     xp : module
-        Where the V-cycle's vectors live (CuPy ones are staged through the host; rank 0's
-        AMG cycle runs on its GPU then).
+        Where the V-cycle's vectors live (rank 0's AMG cycle runs on its GPU for CuPy).
+    nccl : NcclComm, optional
+        The ranks' NCCL communicator (:mod:`.nccl`): with CuPy vectors the residual and
+        the correction go as NCCL messages of device buffers. Without it CuPy vectors are
+        staged through the host (MPI), except on one rank, where nothing is sent.
     **amg
         More keyword arguments of :class:`smalltc.fem.coarse.AMGSolver`.
 
@@ -92,6 +100,10 @@ class GatheredAMG:
         On rank 0; None on the others.
     nnz : int
         Of the global matrix (every rank).
+    on_device : bool
+        Whether the vectors stay on the GPU (no host wait in a call).
+    applications : int
+        Coarse solves so far.
 
     Examples
     --------
@@ -111,7 +123,7 @@ class GatheredAMG:
     True
     """
 
-    def __init__(self, space, matrices, free, xp=np, **amg):
+    def __init__(self, space, matrices, free, xp=np, nccl=None, **amg):
         self.MPI = load_mpi()
         self.space, self.xp = space, xp
         comm = self.comm = space.comm
@@ -139,6 +151,21 @@ class GatheredAMG:
         self.nnz = int(comm.bcast(None if self.amg is None else self.amg.nnz, root=0))
         self._buf = np.empty(int(self.counts.sum()) if self.rank == 0 else 0)
         self.applications = 0
+        portable = self.amg is None or self.amg.cycle == "portable"
+        self.nccl = nccl
+        self.on_device = bool(comm.allreduce(int(
+            xp is not np and portable and (nccl is not None or comm.Get_size() == 1)),
+            op=self.MPI.MIN))
+        self._cycle = None
+        if self.on_device:
+            self._owned_dev = xp.asarray(self.owned)
+            self._got = xp.empty(self.owned.size)                    # the correction's part
+            if self.rank == 0:
+                self._order_dev = xp.asarray(self.order)
+                self._gbuf = xp.empty(int(self.counts.sum()))        # the owned parts, by rank
+        elif self.rank == 0 and xp is not np and portable:
+            from .._graph import GraphReplay
+            self._cycle = GraphReplay(self.amg, xp, "the gathered AMG cycle")
 
     def _gather(self, a, dtype):
         """The concatenation of every rank's ``a`` (1D) on rank 0 (``Gatherv``); None
@@ -173,6 +200,8 @@ class GatheredAMG:
 
     def __call__(self, b):
         """The correction for the coarse residual ``b`` (owner form, ``xp``): owner form."""
+        if self.on_device:
+            return self._device_call(b)
         MPI, comm = self.MPI, self.comm
         mine = np.ascontiguousarray(to_host(b)[self.owned], dtype=np.float64)
         dt = MPI.DOUBLE
@@ -180,7 +209,8 @@ class GatheredAMG:
             comm.Gatherv(mine, (self._buf, self.counts, self.displs, dt), root=0)
             g = np.zeros(self.ndofs)
             g[self.order] = self._buf
-            x = np.asarray(to_host(self.amg(self.xp.asarray(g))), dtype=np.float64)
+            cycle = self.amg if self._cycle is None else self._cycle
+            x = np.asarray(to_host(cycle(self.xp.asarray(g))), dtype=np.float64)
             send = (np.ascontiguousarray(x[self.order]), self.counts, self.displs, dt)
         else:
             comm.Gatherv(mine, None, root=0)
@@ -191,6 +221,34 @@ class GatheredAMG:
         out[self.owned] = got
         self.applications += 1
         return self.xp.asarray(out.astype(b.dtype, copy=False))
+
+    def _device_call(self, b):
+        """:meth:`__call__` on the GPU: the owned parts gathered into rank 0's buffer and
+        the correction's parts scattered back by NCCL (one group each way), or on one rank
+        by a copy; queued, no host wait."""
+        xp = self.xp
+        mine = xp.take(b, self._owned_dev).astype(np.float64, copy=False)
+        counts, displs = self.counts, self.displs
+        parts = [(q, int(displs[q]), int(displs[q] + counts[q])) for q in range(counts.size)]
+        if self.rank == 0:
+            buf = self._gbuf
+            buf[:counts[0]] = mine
+            if counts.size > 1:
+                self.nccl.wait(self.nccl.exchange([], [(q, buf[a:z]) for q, a, z in parts[1:]]))
+            g = xp.zeros(self.ndofs)
+            g.put(self._order_dev, buf)
+            xs = xp.take(self.amg(g), self._order_dev)          # the owned parts, by rank
+            if counts.size > 1:
+                self.nccl.wait(self.nccl.exchange([(q, xs[a:z]) for q, a, z in parts[1:]], []))
+            got = xs[:counts[0]]
+        else:
+            self.nccl.wait(self.nccl.exchange([(0, mine)], []))
+            got = self._got
+            self.nccl.wait(self.nccl.exchange([], [(0, got)]))
+        out = xp.zeros(self.space.nlocal, dtype=b.dtype)
+        out.put(self._owned_dev, got.astype(b.dtype, copy=False))
+        self.applications += 1
+        return out
 
     def describe(self):
         where = self.amg.describe() if self.amg is not None else "AMG"

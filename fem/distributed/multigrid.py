@@ -40,6 +40,7 @@ import smalltc
 
 from ..basis import lagrange_basis
 from .._device import to_host
+from .._graph import GRAPH_CHOICES, GraphReplay
 from ..chebyshev import Chebyshev, estimate_lambda_max
 from ..coarse import _pyamg, _pyamg_present
 from ..multigrid import _numba_present, pmg_orders
@@ -204,6 +205,12 @@ class DistributedPMultigrid:
     """The V-cycle over the levels (finest first); a preconditioner for
     :func:`smalltc.fem.cg` (``z = B r``, owner form).
 
+    On GPUs whose exchanges are NCCL's (or on one rank) with the gathered AMG coarse
+    solve, each rank replays its V-cycle as one CUDA graph (:class:`~.._graph.GraphReplay`):
+    the smoothers, transfers, halo exchanges and the coarse gather, AMG cycle and scatter
+    queued by one launch, where launch by launch the host's cost of the coarse levels'
+    hundreds of short launches and exchanges sets the V-cycle's time.
+
     Attributes
     ----------
     orders : list of int
@@ -216,14 +223,35 @@ class DistributedPMultigrid:
         The order-1 solve (:mod:`.coarse`).
     coarse_iterations : list of int
         CG iterations of each coarse solve so far (``coarse="cg"``).
+    graph : {"auto", True, False}
+        As :func:`distributed_pmg` was given it.
+    graphed : bool
+        Whether the V-cycle is replayed as a CUDA graph (``graph`` allowing it, the GPU,
+        the NCCL exchanges or one rank, the AMG coarse solve on the device).
+    eager : bool
+        Set (e.g. by a solve whose phases are timed) to run the V-cycle launch by launch
+        for now, the graph kept.
+    cycles : int
+        V-cycles run so far.
     """
 
-    def __init__(self, operators, smoothers, transfers, red, coarse):
+    def __init__(self, operators, smoothers, transfers, red, coarse, graph="auto"):
         self.operators, self.smoothers, self.transfers = operators, smoothers, transfers
         self.orders = [A.op.space.p for A in operators]
         self.red, self.coarse = red, coarse
         self.xp, self.dtype = operators[0].xp, operators[0].dtype
         self.shape = operators[0].shape
+        if graph not in GRAPH_CHOICES:
+            raise ValueError(f"graph must be 'auto', True or False, got {graph!r}")
+        self.graph, self.eager, self.cycles = graph, False, 0
+        self.graphed = bool(graph) and self.xp is not np and getattr(coarse, "on_device", False)
+        if graph is True and not self.graphed:
+            raise ValueError("graph=True needs the GPU, NCCL's exchanges (or one rank) and "
+                             f"the AMG coarse solve on the device; this V-cycle has "
+                             f"{coarse.describe()}")
+        self._replay = (GraphReplay(lambda r: self._vcycle(0, r), self.xp,
+                                    "the distributed p-multigrid V-cycle",
+                                    required=graph is True) if self.graphed else None)
 
     @property
     def coarse_iterations(self):
@@ -243,16 +271,25 @@ class DistributedPMultigrid:
         return S(b, x)
 
     def __call__(self, r):
-        return self._vcycle(0, self.xp.asarray(r, dtype=self.dtype))
+        r = self.xp.asarray(r, dtype=self.dtype)
+        self.cycles += 1
+        if self._replay is None or self.eager:
+            return self._vcycle(0, r)
+        n = self.coarse.applications
+        z = self._replay(r)        # a replay calls nothing; a capture calls it once more
+        self.coarse.applications = n + 1
+        return z
 
     def __repr__(self):
         return (f"DistributedPMultigrid(orders={self.orders}, degree="
                 f"{self.smoothers[0].degree if self.smoothers else 0}, "
-                f"ranks={self.operators[0].op.space.nranks}, coarse={self.coarse.describe()})")
+                f"ranks={self.operators[0].op.space.nranks}, coarse={self.coarse.describe()}, "
+                f"graphed={self.graphed})")
 
 
 def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature="gauss",
-                    orders=None, degree=3, coarse="auto", coarse_tol=1e-6, backend="auto"):
+                    orders=None, degree=3, coarse="auto", coarse_tol=1e-6, backend="auto",
+                    graph="auto"):
     """The distributed p-multigrid preconditioner of the constrained operator ``A`` (the
     finest level; collective).
 
@@ -280,6 +317,10 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
         imports, else Jacobi-CG, said in one log line (as the serial pmg).
     coarse_tol : float
         The coarse CG's relative residual target (``coarse="cg"``).
+    graph : {"auto", True, False}
+        Replay each rank's V-cycle as a CUDA graph where it can be one (GPUs, NCCL's
+        exchanges or one rank, ``coarse="amg"``; :class:`DistributedPMultigrid`):
+        ``"auto"`` where it can, True to insist (an error where it cannot), False never.
 
     Returns
     -------
@@ -333,10 +374,12 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
         nq = Vc.p + (nq_offset or 2)
         K = collective(space.comm, diffusion_operator, Vc.local, nq, kappa, assembled=True,
                        quadrature=quadrature, device=where, what="the coarse element matrices")
-        solver = GatheredAMG(Vc, K.matrices, frees[-1], xp)
+        halo = A.op.halo
+        solver = GatheredAMG(Vc, K.matrices, frees[-1], xp,
+                             nccl=halo.nccl if halo.transport == "nccl" else None)
     else:
         solver = DistributedCG(last, red, coarse_tol)
-    return DistributedPMultigrid(ops, smoothers, transfers, red, solver)
+    return DistributedPMultigrid(ops, smoothers, transfers, red, solver, graph=graph)
 
 
 def _host(a):

@@ -48,7 +48,7 @@ __all__ = ["DistributedPoissonProblem", "poisson_problem_distributed",
 PRECONDS = ("jacobi", "pmg", None)
 
 #: what ``pmg_options`` may hold in a distributed solve
-PMG_OPTIONS = ("orders", "degree", "coarse", "coarse_tol")
+PMG_OPTIONS = ("orders", "degree", "coarse", "coarse_tol", "graph")
 
 
 def _spell(data):
@@ -143,20 +143,26 @@ class DistributedPoissonProblem(PoissonProblem):
         applications (``"apply"``, its exchanges included), of the preconditioner's
         (``"precond_apply"``: the V-cycles; a Jacobi preconditioner is folded into the
         fused CG's updates and has none) and of the p-multigrid's coarse solves
-        (``"coarse"``), each synchronised on a GPU (:class:`~.phases.Timed`)."""
+        (``"coarse"``), each synchronised on a GPU (:class:`~.phases.Timed`); a V-cycle
+        replayed as a CUDA graph runs launch by launch while they are timed."""
         A, P = self.A, self.precond
         coarse = getattr(P, "coarse", None)
+        eager = getattr(P, "eager", None)
         if phases is not None:
             A = Timed(A, phases, "apply", A.xp)
             if P is not None and not isinstance(P, Jacobi):
                 P = Timed(P, phases, "precond_apply", A.xp)
             if coarse is not None:
                 self.precond.coarse = Timed(coarse, phases, "coarse", A.xp)
+            if eager is not None:              # the timers synchronise: no graph replays
+                self.precond.eager = True
         try:
             sol = cg(A, self.b, tol=tol, maxiter=maxiter, precond=P, comm=self.comm, **cg_kw)
         finally:
             if coarse is not None:
                 self.precond.coarse = coarse
+            if eager is not None:
+                self.precond.eager = eager
         x = sol.x                    # where it is: no round trip through the host
         self.space.consistent_form(x, self.A.xp)
         sol.x = self.bc.apply(x)

@@ -427,7 +427,7 @@ class H1Space:
         if np.array_equal(ref, mesh.geom_nodes):
             X = nodes
         else:
-            Bg, _ = lagrange_basis(mesh.geom_nodes, ref)
+            Bg = xp.asarray(lagrange_basis(mesh.geom_nodes, ref)[0])
             with smalltc.evaluation_job(elems.size * self.nd ** self.dim * self.dim):
                 X = smalltc.interpolate(Bg, None, nodes, dim=self.dim)
         # each DoF's value from one of its copies (the last, as a scatter keeps)

@@ -28,6 +28,7 @@
 import numpy as np
 
 from .._device import to_host
+from .._graph import GraphReplay
 from ..coarse import AMGSolver
 from ..solvers import cg, jacobi
 from .comm import collective, load_mpi
@@ -164,7 +165,6 @@ class GatheredAMG:
                 self._order_dev = xp.asarray(self.order)
                 self._gbuf = xp.empty(int(self.counts.sum()))        # the owned parts, by rank
         elif self.rank == 0 and xp is not np and portable:
-            from .._graph import GraphReplay
             self._cycle = GraphReplay(self.amg, xp, "the gathered AMG cycle")
 
     def _gather(self, a, dtype):

@@ -6,8 +6,9 @@ in one array module, NumPy on the CPU or CuPy on the GPU. Every function of
 the solve path takes its module from its inputs
 (:func:`smalltc._arrays.array_module`); this module turns a user's ``device``
 choice into a module, keeps the arrays copied to a device once
-(:class:`DeviceCache`: the DoF map, the Dirichlet DoFs and values), and moves
-results back to the host.
+(:class:`DeviceCache`: the DoF map, the Dirichlet DoFs and values), moves large host
+arrays there through a page-locked staging buffer (:func:`to_device`), and moves results
+back to the host.
 """
 
 import numpy as np
@@ -15,7 +16,12 @@ import numpy as np
 from smalltc._arrays import cupy_or_none, gpu_available, is_cupy
 
 __all__ = ["DEVICES", "resolve_device", "device_name", "device_key", "DeviceCache", "to_host",
-           "synchronize"]
+           "to_device", "synchronize"]
+
+#: host arrays from this size on go to a GPU through the page-locked staging buffer
+STAGED_BYTES = 4 << 20
+#: the staging buffer's size (one a process, made on first use; larger arrays go in pieces)
+STAGE_BYTES = 64 << 20
 
 DEVICES = ("auto", "cpu", "gpu")
 
@@ -127,6 +133,46 @@ def to_host(a):
     array([1., 2.])
     """
     return a.get() if is_cupy(a) else np.asarray(a)
+
+
+_STAGE = []        # the page-locked staging buffer (uint8), made on first use
+
+
+def _stage(xp):
+    if not _STAGE:
+        mem = xp.cuda.alloc_pinned_memory(STAGE_BYTES)
+        _STAGE.append((mem, np.frombuffer(mem, np.uint8, STAGE_BYTES)))
+    return _STAGE[0][1]
+
+
+def to_device(a, xp):
+    """``a`` (array_like) as an array of ``xp``; a NumPy array of :data:`STAGED_BYTES` or
+    more goes to a GPU through a reused page-locked buffer, in pieces of at most
+    :data:`STAGE_BYTES`.
+
+    A pageable copy into newly allocated device memory runs at 1-2 GB/s (CuPy's
+    ``asarray``; 0.19 s for 140 MB on an H200 host), a staged one at about 6 GB/s (the
+    host copy into the buffer and the transfer, 0.03 s). Each piece's transfer is waited
+    for before the buffer is refilled, so the result is complete on return (as a
+    pageable copy's is).
+
+    Examples
+    --------
+    >>> to_device([1.0, 2.0], np)
+    array([1., 2.])
+    """
+    if xp is np or not isinstance(a, np.ndarray) or a.nbytes < STAGED_BYTES:
+        return xp.asarray(a)
+    a = np.ascontiguousarray(a)
+    out = xp.empty(a.shape, dtype=a.dtype)
+    src, dst = a.reshape(-1).view(np.uint8), out.reshape(-1).view(xp.uint8)
+    stage, stream = _stage(xp), xp.cuda.get_current_stream()
+    for lo in range(0, src.size, STAGE_BYTES):
+        n = min(STAGE_BYTES, src.size - lo)
+        np.copyto(stage[:n], src[lo:lo + n])
+        dst[lo:lo + n].set(stage[:n], stream=stream)
+        stream.synchronize()                   # the buffer is refilled next
+    return out
 
 
 def synchronize(xp):

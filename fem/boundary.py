@@ -33,7 +33,7 @@ import numpy as np
 import smalltc
 from smalltc._arrays import array_module
 
-from ._device import DeviceCache, resolve_device, to_host
+from ._device import DeviceCache, resolve_device, to_device, to_host
 from .basis import lagrange_basis
 from .geometry import _adjugate, _chunk_elements, _det, _Field, _tensor_weights
 from .operators import _like, linear_operator
@@ -371,7 +371,7 @@ def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss", devi
                 step = _chunk_elements(xp, sel.size, per, space.ndofs)
                 for lo in range(0, sel.size, step):
                     part = sel[lo:lo + step]
-                    x, J = _facet_geometry(xp.asarray(mesh.nodes[part]), a, Bg, Gg, Be, Ge)
+                    x, J = _facet_geometry(to_device(mesh.nodes[part], xp), a, Bg, Gg, Be, Ge)
                     adj = _adjugate(J)
                     det = _det(J, adj)
                     c = sign / det                    # J^-T e_a = adj[a, :] / |J|

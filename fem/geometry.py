@@ -44,7 +44,7 @@ import numpy as np
 import smalltc
 from smalltc._arrays import array_module
 
-from ._device import resolve_device, to_host
+from ._device import resolve_device, to_device, to_host
 from .basis import lagrange_basis
 from .quadrature import quadrature_rule
 
@@ -366,7 +366,7 @@ class _Maps:
         with _job(self.mesh, self.Bg.shape[0]):
             for lo in range(0, E, self.step):
                 hi = min(E, lo + self.step)
-                nodes = xp.asarray(self.mesh.nodes[lo:hi])
+                nodes = to_device(self.mesh.nodes[lo:hi], xp)
                 J = smalltc.interpolate(self.Bg, self.Gg, nodes, what="gradients", dim=dim)
                 x = None
                 if self.coords:
@@ -392,7 +392,7 @@ class _Maps:
         nbad = elems.size
         d = _det(to_host(g.J[e:e + 1])).reshape(-1)
         for lo2 in range(g.hi, mesh.nelements, self.step):
-            nodes = xp.asarray(mesh.nodes[lo2:lo2 + self.step])
+            nodes = to_device(mesh.nodes[lo2:lo2 + self.step], xp)
             J = smalltc.interpolate(self.Bg, self.Gg, nodes, what="gradients", dim=mesh.dim)
             m = xp.empty(J.shape[0])
             smalltc.geometry_data(J, what="det", jmin=m)

@@ -31,7 +31,7 @@ import numpy as np
 import smalltc
 from smalltc._arrays import array_module
 
-from ._device import DeviceCache
+from ._device import DeviceCache, to_device
 from .basis import lagrange_basis
 from .quadrature import gauss_lobatto
 from .topology import facet_lattice, h1_numbering
@@ -178,7 +178,7 @@ class H1Space:
         dtype('int32')
         """
         itype = np.int32 if self.ndofs < 2**31 else np.int64
-        return self._device.get(xp, "dof_map", lambda: xp.asarray(self.elem_dofs.astype(itype)))
+        return self._device.get(xp, "dof_map", lambda: to_device(self.elem_dofs.astype(itype), xp))
 
     def scatter(self, v):
         """E-vector -> global vector, adding the contributions of shared nodes.
@@ -423,7 +423,7 @@ class H1Space:
             [np.asarray(self.mesh.boundary_facets(n)[0], dtype=np.int64) for n in names]))
         mesh = self.mesh
         ref = gauss_lobatto(self.nd)[0]
-        nodes = xp.asarray(np.ascontiguousarray(mesh.nodes[elems]))
+        nodes = to_device(mesh.nodes[elems], xp)
         if np.array_equal(ref, mesh.geom_nodes):
             X = nodes
         else:

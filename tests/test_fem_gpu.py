@@ -154,6 +154,25 @@ def test_projection_demo_on_gpu():
 
 @pytest.mark.gpu
 @needs_gpu
+def test_large_arrays_go_to_the_device_through_the_staging_buffer(monkeypatch):
+    """Below the threshold a plain copy; above it the page-locked buffer, in pieces when
+    larger than the buffer (made small here): the same arrays, any dtype and shape."""
+    import cupy
+    monkeypatch.setattr(fem_device, "STAGE_BYTES", 1 << 20)
+    monkeypatch.setattr(fem_device, "STAGED_BYTES", 1 << 16)
+    monkeypatch.setattr(fem_device, "_STAGE", [])
+    rng = np.random.default_rng(0)
+    for a in (rng.random(100), rng.random((3, 700, 111)),
+              rng.integers(0, 2**31 - 1, (5000, 125), dtype=np.int32),
+              np.asfortranarray(rng.random((400, 300)))):
+        d = fem_device.to_device(a, cupy)
+        assert isinstance(d, cupy.ndarray) and d.shape == a.shape and d.dtype == a.dtype
+        np.testing.assert_array_equal(cupy.asnumpy(d), a)
+    assert fem_device._STAGE and fem_device._STAGE[0][1].size == 1 << 20
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_host_operator_rejects_device_vector():
     import cupy
     V = H1Space(box_mesh(2, 2), 2)

@@ -31,7 +31,7 @@ import smalltc
 from smalltc._arrays import is_cupy
 from smalltc._validate import check_scalar
 
-from .._device import device_name, resolve_device
+from .._device import device_name, resolve_device, to_device
 from ..basis import basis_1d
 from ..geometry import diffusion_data, mass_data
 from ..operators import Operator, _operator_basis
@@ -121,12 +121,12 @@ class DistributedOperator:
             self.data_bnd = self.map_bnd = self.bdofs = self.ghost_pos = None
         else:
             self.data_int = _rows(local.data, xp.asarray(self.interior), xp)
-            self.map_int = xp.asarray(emap[self.interior].astype(itype))
+            self.map_int = to_device(emap[self.interior].astype(itype), xp)
             self.data_bnd = _rows(local.data, xp.asarray(self.boundary), xp)
             bmap = emap[self.boundary]
             bdofs = np.unique(bmap)
             self.bdofs = xp.asarray(bdofs)
-            self.map_bnd = xp.asarray(np.searchsorted(bdofs, bmap).astype(itype))
+            self.map_bnd = to_device(np.searchsorted(bdofs, bmap).astype(itype), xp)
         self.halo = space.make_halo(xp, transport)
         self._xb = None                                 # the ghost elements' input, reused
         if self.boundary.size:

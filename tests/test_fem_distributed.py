@@ -404,3 +404,22 @@ def test_one_rank_pmg_coarse_cg_and_the_fallback(monkeypatch, caplog):
     assert sum("coarse solve is Jacobi-CG" in r.getMessage() for r in caplog.records) == 1
     with pytest.raises(ValueError, match="coarse must be one of"):
         fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, pmg_options={"coarse": "lu"}, **kw)
+
+
+def test_box_indices_are_the_ravelled_multi_indices():
+    """Any sub-box (the whole box included, its own path) against NumPy's ravel."""
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        dim = int(rng.integers(1, 4))
+        wlo = tuple(int(v) for v in rng.integers(0, 3, dim))
+        whi = tuple(a + int(v) for a, v in zip(wlo, rng.integers(1, 6, dim)))
+        whole = rng.random() < 0.3
+        lo = wlo if whole else tuple(int(rng.integers(a, b + 1)) for a, b in zip(wlo, whi))
+        hi = whi if whole else tuple(int(rng.integers(a, b + 1)) for a, b in zip(lo, whi))
+        grids = np.meshgrid(*[np.arange(a - w, b - w) for a, b, w in zip(lo, hi, wlo)],
+                            indexing="ij")
+        want = np.ravel_multi_index([g.ravel() for g in grids],
+                                    tuple(b - a for a, b in zip(wlo, whi)))
+        got = box_indices((lo, hi), (wlo, whi))
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)

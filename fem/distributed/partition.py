@@ -135,6 +135,8 @@ def box_indices(box, within):
     wshape = tuple(b - a for a, b in zip(wlo, whi))
     if any(not (w0 <= a <= b <= w1) for a, b, w0, w1 in zip(lo, hi, wlo, whi)):
         raise ValueError(f"box {box} does not lie inside {within}")
+    if tuple(lo) == tuple(wlo) and tuple(hi) == tuple(whi):      # the whole box (one rank)
+        return np.arange(int(np.prod(wshape)), dtype=np.int64)
     ranges = [np.arange(a - w, b - w, dtype=np.int64) for a, b, w in zip(lo, hi, wlo)]
     if any(r.size == 0 for r in ranges):
         return np.zeros(0, dtype=np.int64)

@@ -221,8 +221,13 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi", coarse=None):
                        owned=owned, ndofs=int(ser.u.size), device=res.device,
                        iters_pmg_serial=iters_pmg_serial)
             if precond == "pmg":
-                rec["coarse"] = type(res.problem.precond.coarse).__name__
+                solver = res.problem.precond.coarse
+                rec["coarse"] = type(solver).__name__
                 rec["graphed"] = graphed
+                rec["coarse_on_device"] = getattr(solver, "on_device", None)
+                cycle = getattr(solver, "_cycle", None)       # rank 0's replayed AMG cycle
+                rec["amg_replays"] = None if cycle is None else cycle.replays
+                rec["transport"] = res.distribution.get("transport")
             if graphed:
                 rec.update(eager_diff=float(np.abs(ug - ue).max() / np.abs(ue).max()),
                            iters_eager=eager.iterations, replays=replays)

@@ -280,12 +280,15 @@ def test_distributed_pmg_with_amg_is_the_serial_pmg(n):
 @needs_mpi
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
-@pytest.mark.parametrize("n", [1, 2])
-def test_distributed_pmg_on_gpus(n):
+@pytest.mark.parametrize("n,path", [(1, None), (2, None), (2, "staged")])
+def test_distributed_pmg_on_gpus(n, path, monkeypatch):
     """device="gpu", the AMG coarse solve: the serial GPU solution and the serial pmg's
     iterations; where the exchanges are NCCL's (or on one rank) the V-cycle is replayed
-    as a CUDA graph, and the launch-by-launch V-cycle gives the same solve."""
+    as a CUDA graph, and the launch-by-launch V-cycle gives the same solve; over staged
+    messages the coarse vectors go through the host and rank 0 replays its AMG cycle."""
     needs("pyamg")
+    if path is not None:
+        monkeypatch.setenv("SMALLTC_DIST_COMM", path)
     res = mpirun(n, [sys.executable, CASES, "poisson", "--device", "gpu", "--meshes",
                      "box,kershaw", "--ps", "2,3", "--dims", "3", "--precond", "pmg",
                      "--coarse", "amg"], timeout=500)
@@ -297,6 +300,9 @@ def test_distributed_pmg_on_gpus(n):
         assert abs(c["iters"] - c["iters_pmg_serial"]) <= 1, (what, c)
         if n == 1:
             assert c["graphed"], what
+        if path == "staged":
+            assert c["transport"] == "staged" and not c["graphed"], c
+            assert not c["coarse_on_device"] and c["amg_replays"] >= c["iters"] - 1, c
         if c["graphed"]:
             assert c["replays"] >= c["iters"] - 1, (what, c)
             assert c["eager_diff"] <= 1e-10 and abs(c["iters"] - c["iters_eager"]) <= 1, c

@@ -51,13 +51,12 @@ _TAG_FORWARD, _TAG_REVERSE = 7101, 7102
 
 def add_at(y, idx, values, xp=np):
     """``y[idx] += values`` for indices without repeats: on CuPy one scatter-add kernel
-    (an index read-modify-write is three), the same single addition a node, so the same
-    bits."""
+    (``cupy.add.at``; an index read-modify-write is three), the same single addition a
+    node, so the same bits."""
     if xp is np:
         y[idx] += values
     else:
-        import cupyx
-        cupyx.scatter_add(y, idx, values)
+        xp.add.at(y, idx, values)
     return y
 
 
@@ -88,11 +87,16 @@ def _to_host(dev, host):
         dev.get(out=host)
 
 
-def _to_device(host, dev):
+def _to_device(host, dev, xp=np):
+    """Copy the host array ``host`` into ``dev``; for CuPy waited for: from page-locked
+    memory the copy is asynchronous, and the next exchange's receive reuses ``host``
+    (one that posts no send does not wait on the stream first)."""
     if isinstance(dev, np.ndarray):
         np.copyto(dev, host)
     else:
-        dev.set(host)
+        stream = xp.cuda.get_current_stream()
+        dev.set(host, stream=stream)
+        stream.synchronize()
 
 
 class _Pending:
@@ -247,7 +251,7 @@ class Halo:
             self.MPI.Request.Waitall(pending.requests)
         self.seconds["wait"] += time.perf_counter() - t
         if self.transport == "staged" and pending.recv_dev.size:
-            _to_device(pending.recv_host, pending.recv_dev)
+            _to_device(pending.recv_host, pending.recv_dev, self.xp)
         return pending.recv_dev
 
     # ------------------------------------------------------------------ forward

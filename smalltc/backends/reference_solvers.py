@@ -204,9 +204,8 @@ def _scatter(xp, idx, U, n):
     if xp is np:
         return np.bincount(idx.reshape(-1), weights=U.reshape(-1).astype(np.float64),
                            minlength=n)
-    import cupyx
     y = xp.zeros(n, dtype=np.float64)
-    cupyx.scatter_add(y, idx.reshape(-1).astype(np.int64), U.reshape(-1).astype(np.float64))
+    xp.add.at(y, idx.reshape(-1).astype(np.int64), U.reshape(-1).astype(np.float64))
     return y
 
 
@@ -268,9 +267,8 @@ def schwarz_ref(spec, S, inv, idx, r, w, *, out=None):
         z = np.bincount(idx.reshape(-1).astype(np.intp), weights=U.reshape(-1),
                         minlength=n + 1)[:n].astype(spec.dtype, copy=False)
     else:
-        import cupyx
         zp = xp.zeros(n + 1, dtype=spec.dtype)
-        cupyx.scatter_add(zp, idx.reshape(-1), U.reshape(-1))
+        xp.add.at(zp, idx.reshape(-1), U.reshape(-1))
         z = zp[:n]
     z *= w
     return store_result(z, out)

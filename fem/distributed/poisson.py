@@ -232,7 +232,8 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     other arguments are the serial function's and must agree across the ranks;
     ``precond`` is ``"jacobi"``, ``"pmg"`` (:func:`~.multigrid.distributed_pmg`;
     ``pmg_options``: ``orders``, ``degree``, ``coarse`` (``"auto"``, ``"amg"``, ``"cg"``),
-    ``coarse_tol``) or None.
+    ``coarse_tol``, ``graph`` (the V-cycle replayed as a CUDA graph: ``"auto"``, True,
+    False)) or None.
 
     ``compile_first`` (default True): on a box or Kershaw mesh, the first rank of each
     node compiles the solve's kernels on a tiny problem of the same kind first, the

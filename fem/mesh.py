@@ -383,6 +383,13 @@ class Kershaw:
     the box's boundary stays in place (the volume is kept). ``eps = 1`` is the identity;
     0.3 is the benchmarks' hard case (aspect ratios up to ``(2 - eps) / eps``, ~5.7).
 
+    With ``tiles`` the map is repeated over a grid of ``tiles[0] x tiles[1] (x tiles[2])``
+    equal cells of the unit box, each transformed as the whole box is without it (every
+    other cell along ``x`` mirrored in ``x``, so that neighbours meet): on the box
+    ``[0, tiles]`` (``upper=tiles``) every cell is then the one-cell mesh moved (or
+    mirrored), the family of meshes a weak-scaling study needs (more cells, the same
+    elements), where refining the unit box would flatten the elements instead.
+
     Parameters
     ----------
     epsy : float
@@ -391,11 +398,15 @@ class Kershaw:
         In ``(0, 1]``; ``epsy`` by default.
     smooth : {1, 2, 3}
         The transitions between layers.
+    tiles : int or sequence of int, optional
+        Cells per direction (one number: along every direction), each >= 1; 1 (the
+        default) is the map of the CEED benchmarks.
 
     Raises
     ------
     ValueError
-        For an ``eps`` outside ``(0, 1]``, a bad ``smooth``, or 1D points.
+        For an ``eps`` outside ``(0, 1]``, a bad ``smooth`` or ``tiles``, or 1D points
+        (or points of fewer dimensions than ``tiles`` has entries).
 
     Examples
     --------
@@ -404,9 +415,13 @@ class Kershaw:
     >>> print(np.round(K(xhat), 6))
     [[0.    1.    0.5  ]
      [0.075 0.425 0.5  ]]
+    >>> T = Kershaw(0.3, tiles=(1, 2))        # two cells along y, each mapped as above
+    >>> print(np.round(T(xhat * [[1.0], [0.5]]) * [[1.0], [2.0]], 6))
+    [[0.    1.    0.5  ]
+     [0.075 0.425 0.5  ]]
     """
 
-    def __init__(self, epsy=0.3, epsz=None, smooth=1):
+    def __init__(self, epsy=0.3, epsz=None, smooth=1, *, tiles=1):
         epsz = epsy if epsz is None else epsz
         for name, e in (("epsy", epsy), ("epsz", epsz)):
             if isinstance(e, bool) or not isinstance(e, Real) or not (0 < e <= 1):
@@ -414,6 +429,40 @@ class Kershaw:
         if smooth not in (1, 2, 3) or isinstance(smooth, bool):
             raise ValueError(f"Kershaw smooth must be 1, 2 or 3, got {smooth!r}")
         self.epsy, self.epsz, self.smooth = float(epsy), float(epsz), int(smooth)
+        self.tiles = _as_tiles(tiles)
+
+    def tiles_of(self, dim):
+        """The cells per direction of a ``dim``-dimensional box: ``tiles`` as given, or
+        the one number along every direction.
+
+        Examples
+        --------
+        >>> Kershaw(0.3, tiles=2).tiles_of(3), Kershaw(0.3, tiles=(1, 1, 2)).tiles_of(3)
+        ((2, 2, 2), (1, 1, 2))
+        """
+        if len(self.tiles) == 1:
+            return self.tiles * dim
+        if len(self.tiles) != dim:
+            raise ValueError(f"Kershaw tiles={self.tiles} has {len(self.tiles)} entries; the "
+                             f"points are {dim}-dimensional")
+        return self.tiles
+
+    def _in_cells(self, coords):
+        """Unit-box coordinates -> (coordinates in their cell, the cell index or None);
+        along x every other cell mirrored (the blend runs from ``left`` to ``right``, so
+        a cell moved along x would not meet its neighbour)."""
+        out = []
+        for a, (c, t) in enumerate(zip(coords, self.tiles_of(len(coords)))):
+            if t == 1:
+                out.append((c, None))
+                continue
+            scaled = t * np.asarray(c, dtype=np.float64)
+            cell = np.minimum(np.floor(scaled), t - 1.0)
+            local = scaled - cell
+            if a == 0:
+                local = np.where(cell % 2 == 1, 1.0 - local, local)
+            out.append((local, cell))
+        return out
 
     def blend(self, x):
         """The weight ``s(x)`` of the ``right`` map, ``x`` in the unit interval.
@@ -447,12 +496,17 @@ class Kershaw:
         """
         dim = len(coords)
         full = np.broadcast_shapes(*[np.shape(c) for c in coords])
-        s = self.blend(coords[0])
+        local = self._in_cells(coords)
+        s = self.blend(local[0][0])
         out = np.empty((dim,) + full)
         out[0] = coords[0]
         for a, eps in zip(range(1, dim), (self.epsy, self.epsz)):
-            left, right = _kershaw_left(eps, coords[a]), _kershaw_right(eps, coords[a])
+            t, cell = local[a]
+            left, right = _kershaw_left(eps, t), _kershaw_right(eps, t)
             np.add(left, s * (right - left), out=out[a])
+            if cell is not None:
+                out[a] += cell
+                out[a] /= self.tiles_of(dim)[a]
         return out
 
     def __call__(self, xhat):
@@ -461,20 +515,37 @@ class Kershaw:
         if dim not in (2, 3):
             raise ValueError(f"the Kershaw transformation maps 2D or 3D points (coordinate "
                              f"axis first), got points of shape {xhat.shape}")
-        s = self.blend(xhat[0])
+        local = self._in_cells(list(xhat))
+        s = self.blend(local[0][0])
         out = [xhat[0]]
         for a, eps in zip(range(1, dim), (self.epsy, self.epsz)):
-            left, right = _kershaw_left(eps, xhat[a]), _kershaw_right(eps, xhat[a])
-            out.append(left + s * (right - left))
+            t, cell = local[a]
+            left, right = _kershaw_left(eps, t), _kershaw_right(eps, t)
+            y = left + s * (right - left)
+            if cell is not None:
+                y += cell
+                y /= self.tiles_of(dim)[a]
+            out.append(y)
         return np.stack(out)
 
     def __repr__(self):
         sm = f", smooth={self.smooth}" if self.smooth != 1 else ""
-        return f"Kershaw(epsy={self.epsy:g}, epsz={self.epsz:g}{sm})"
+        tl = f", tiles={self.tiles if len(self.tiles) > 1 else self.tiles[0]}" \
+            if any(t != 1 for t in self.tiles) else ""
+        return f"Kershaw(epsy={self.epsy:g}, epsz={self.epsz:g}{sm}{tl})"
+
+
+def _as_tiles(tiles):
+    """``tiles`` of :class:`Kershaw`, checked: a tuple of ints >= 1."""
+    seq = tuple(tiles) if isinstance(tiles, (tuple, list, np.ndarray)) else (tiles,)
+    if not 1 <= len(seq) <= 3 or not all(_is_int(t) and t >= 1 for t in seq):
+        raise ValueError(f"Kershaw tiles must be an integer >= 1 or 2 or 3 of them (cells per "
+                         f"direction), got {tiles!r}")
+    return tuple(int(t) for t in seq)
 
 
 def kershaw_mesh(n, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1, lower=0.0,
-                 upper=1.0):
+                 upper=1.0, tiles=1):
     """Box mesh deformed by the Kershaw transformation (:class:`Kershaw`): the CEED
     benchmarks' mesh (BP/BPS with ``eps = 0.3``).
 
@@ -494,6 +565,10 @@ def kershaw_mesh(n, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1, lower=
     geom_order, lower, upper
         As for :func:`box_mesh` (the transformation acts on the unit box, which is then
         scaled to ``[lower, upper]``).
+    tiles : int or sequence of int, optional
+        The map repeated over this many cells per direction (:class:`Kershaw`); ``n``
+        then needs its multiples of 6 and 2 in every cell. With ``upper=tiles`` each
+        cell is the one-cell mesh moved: weak scaling's meshes.
 
     Returns
     -------
@@ -504,7 +579,7 @@ def kershaw_mesh(n, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1, lower=
     ------
     ValueError
         For a ``dim`` other than 2 or 3, element counts that are not multiples of 6
-        (``x``) and 2 (the others), and the errors of :class:`Kershaw` and
+        (``x``) and 2 (the others) in every cell, and the errors of :class:`Kershaw` and
         :func:`box_mesh`.
 
     Examples
@@ -515,21 +590,30 @@ def kershaw_mesh(n, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1, lower=
     >>> print(np.round(m.nodes[0, 1], 3))        # first element, y of its 4 vertices
     [[0.   0.05]
      [0.   0.05]]
+    >>> m2 = kershaw_mesh((6, 12), 0.3, dim=2, tiles=(1, 2), upper=(1, 2))
+    >>> cells = m2.nodes.reshape((6, 2, 6) + m2.nodes.shape[1:])   # (x, cell along y, y, ...)
+    >>> bool(np.allclose(cells[:, 0].reshape(m.nodes.shape), m.nodes))  # the first: m
+    True
     """
-    shape = _kershaw_shape(n, dim)
-    return box_mesh(dim, shape, geom_order=geom_order, distortion=Kershaw(eps, epsz, smooth),
+    kershaw = Kershaw(eps, epsz, smooth, tiles=tiles)
+    shape = _kershaw_shape(n, dim, kershaw)
+    return box_mesh(dim, shape, geom_order=geom_order, distortion=kershaw,
                     lower=lower, upper=upper)
 
 
-def _kershaw_shape(n, dim):
+def _kershaw_shape(n, dim, kershaw=None):
     """The element counts of a Kershaw mesh (:func:`kershaw_mesh`'s ``n`` and ``dim``),
-    checked."""
+    checked (a multiple of 6 along x, even along the others, in each of the map's
+    cells)."""
     if not _is_int(dim) or dim not in (2, 3):
         raise ValueError(f"a Kershaw mesh is 2D or 3D: dim must be 2 or 3, got {dim!r}")
     shape = _as_shape(n, dim)
-    if shape[0] % 6 or any(k % 2 for k in shape[1:]):
+    tiles = kershaw.tiles_of(dim) if kershaw is not None else (1,) * dim
+    if any(k % t for k, t in zip(shape, tiles)) or shape[0] // tiles[0] % 6 or any(
+            k // t % 2 for k, t in zip(shape[1:], tiles[1:])):
+        where = "" if kershaw is None or set(tiles) == {1} else f" of each of the {tiles} cells"
         raise ValueError(
             f"a Kershaw mesh needs a multiple of 6 elements along x and an even number "
-            f"along the other directions (each element in one layer of the map, which is "
-            f"then multilinear on it), got n={shape}")
+            f"along the other directions{where} (each element in one layer of the map, "
+            f"which is then multilinear on it), got n={shape}")
     return shape

@@ -1,4 +1,4 @@
-"""``smalltc bench --suite scaling``: the cases (weak: a block a rank times the rank grid;
+"""``smalltc bench --suite scaling``: the cases (weak: a cell a rank times the rank grid;
 strong: one mesh), the efficiencies, the launcher's errors, and one tiny run end to end
 under mpiexec on the CPU (1 and 2 ranks: the JSON, every phase per rank, the table, the
 plot)."""
@@ -23,14 +23,16 @@ def test_weak_cases_give_every_rank_the_same_block(ranks, mesh):
     shape = scaling.weak_shape(dofs, p, ranks, mesh)
     part = partition_box(shape, ranks)
     blocks = {part.block_shape(r) for r in range(ranks)}
+    assert len(blocks) == 1, (shape, part.grid, blocks)        # one block, one cell a rank
+    assert tuple(part.grid) == scaling.rank_grid(ranks)
+    (block,) = blocks
     if mesh == "box":
-        assert len(blocks) == 1, (shape, part.grid, blocks)
-        (block,) = blocks
-        assert abs(block[0] ** 3 * p ** 3 - dofs) / dofs < 0.35       # k^3 elements, (kp)^3 DoFs
-    else:
-        assert shape[0] % 6 == 0 and shape[1] % 2 == 0 and shape[2] % 2 == 0
-        sizes = [int(np.prod(part.block_shape(r))) for r in range(ranks)]
-        assert max(sizes) <= 1.6 * min(sizes)
+        assert abs(block[0] ** 3 * p ** 3 - dofs) / dofs < 0.35   # k^3 elements, (kp)^3 DoFs
+    else:                                                        # each cell a Kershaw mesh
+        assert block[0] % 6 == 0 and block[1] % 2 == 0 and block[2] % 2 == 0
+        assert block == scaling.weak_shape(dofs, p, 1, mesh)
+    (case,) = scaling.plan_cases([ranks], p=p, dofs=dofs, mesh=mesh, modes=("weak",))
+    assert case["tiles"] == list(part.grid) and case["shape"] == list(shape)
 
 
 def test_plan_and_efficiencies():
@@ -93,7 +95,7 @@ def test_scaling_suite_end_to_end(tmp_path, capsys):
         ("weak", 1), ("weak", 2), ("strong", 1), ("strong", 2)]
     for c in doc["cases"]:
         assert c["error"] is None, c
-        assert c["iterations"] > 0 and c["l2_error"] < 1e-2
+        assert c["iterations"] > 0 and c["l2_error"] < 2e-2      # p = 1, 7^3 elements a cell
         assert c["comm_path"].startswith("host")
         for k in ("setup", "solve", "halo", "allreduce", "error", "operator", "preconditioner"):
             assert len(c["timings_ranks"][k]) == c["ranks"], k

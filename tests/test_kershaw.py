@@ -135,6 +135,49 @@ def test_errors(kwargs, match):
         kershaw_mesh(**kwargs)
 
 
+@pytest.mark.parametrize("dim, tiles", [(2, (1, 2)), (3, (2, 1, 2)), (3, 2)])
+def test_tiles_repeat_the_one_cell_mesh(dim, tiles):
+    # every cell of the tiled mesh on [0, tiles] is the one-cell mesh moved by the
+    # cell's corner (mirrored in x where the cell's x index is odd); neighbouring cells
+    # meet; the lattice form and the pointwise map agree bit for bit
+    n1 = (6, 4, 2)[:dim]
+    K = Kershaw(0.3, 0.5, tiles=tiles)
+    t = K.tiles_of(dim)
+    shape = tuple(a * b for a, b in zip(n1, t))
+    one = kershaw_mesh(n1, 0.3, dim=dim, epsz=0.5, geom_order=2)
+    many = kershaw_mesh(shape, 0.3, dim=dim, epsz=0.5, geom_order=2, tiles=tiles, upper=t)
+    assert many.distortion.tiles_of(dim) == t
+    nodes = many.nodes.reshape(shape + many.nodes.shape[1:])
+    ref = one.nodes.reshape(n1 + one.nodes.shape[1:])
+    mirrored = ref[::-1][(slice(None),) * (dim + 1) + (slice(None, None, -1),)].copy()
+    mirrored[(slice(None),) * dim + (0,)] = 1.0 - mirrored[(slice(None),) * dim + (0,)]
+    for cell in np.ndindex(*t):
+        block = tuple(slice(c * k, (c + 1) * k) for c, k in zip(cell, n1))
+        corner = np.array(cell, dtype=float).reshape((1,) * dim + (dim,) + (1,) * dim)
+        want = mirrored if cell[0] % 2 else ref
+        np.testing.assert_allclose(nodes[block] - corner, want, rtol=0, atol=1e-14)
+    for a in range(dim):                  # the faces across every cell boundary agree
+        for c in range(1, t[a]):
+            lo = np.take(np.take(nodes, c * n1[a] - 1, axis=a), -1, axis=dim + a)
+            hi = np.take(np.take(nodes, c * n1[a], axis=a), 0, axis=dim + a)
+            np.testing.assert_array_equal(lo, hi)
+    pts = np.random.default_rng(1).random((dim, 50))
+    np.testing.assert_array_equal(K.on_lattice(list(pts)), K(pts))
+    assert float(quadrature_data(many, 4).wdetJ.sum()) == pytest.approx(np.prod(t), rel=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n=(6, 4, 6), tiles=(1, 2, 2)), "each of the"),      # 3 a cell along z: odd
+    (dict(n=(6, 8, 8), tiles=(2, 2, 2)), "multiple of 6"),
+    (dict(n=6, tiles=0), "tiles must be an integer"),
+    (dict(n=6, tiles=(1, 2)), "has 2 entries"),
+    (dict(n=6, tiles=1.5), "tiles must be an integer"),
+])
+def test_tiles_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kershaw_mesh(**kwargs)
+
+
 def test_one_dimensional_points_refused():
     with pytest.raises(ValueError, match=r"2D or 3D points .* shape \(1, 4\)"):
         Kershaw(0.3)(np.zeros((1, 4)))
@@ -180,6 +223,19 @@ def test_pmg_is_robust_on_kershaw():
     base, refined, doubled = its(2, 6), its(2, 12), its(4, 6)
     assert max(base, refined, doubled) <= 30, (base, refined, doubled)
     assert refined <= 1.5 * base and doubled <= 1.5 * base, (base, refined, doubled)
+
+
+def test_tiled_meshes_keep_the_pmg_iterations():
+    # the weak-scaling family: two and four cells take about one cell's iterations
+    needs("scipy", "pyamg")
+    from smalltc import fem
+    its = []
+    for tiles in ((1, 1, 1), (1, 1, 2), (1, 2, 2)):
+        mesh = kershaw_mesh(tuple(k * t for k, t in zip((6, 6, 6), tiles)), 0.3, tiles=tiles,
+                            upper=tiles)
+        its.append(fem.solve_poisson(mesh, 2, 1.0, precond="pmg", tol=1e-8,
+                                     device="cpu").iterations)
+    assert max(its) <= 1.15 * its[0] + 1, its
 
 
 def test_bench_pmg_options():

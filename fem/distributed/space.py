@@ -290,7 +290,7 @@ def distributed_box_mesh(dim, n, comm, *, geom_order=1, distortion=0.0, lower=0.
 
 
 def distributed_kershaw_mesh(n, comm, eps=0.3, *, dim=3, epsz=None, smooth=1, geom_order=1,
-                             lower=0.0, upper=1.0):
+                             lower=0.0, upper=1.0, tiles=1):
     """This rank's block of ``kershaw_mesh(n, eps, ...)``, built without the whole mesh.
 
     Collective; the arguments are those of :func:`smalltc.fem.kershaw_mesh` (checked
@@ -311,7 +311,8 @@ def distributed_kershaw_mesh(n, comm, eps=0.3, *, dim=3, epsz=None, smooth=1, ge
     True
     """
     def check():
-        return _kershaw_shape(n, dim), Kershaw(eps, epsz, smooth)
+        kershaw = Kershaw(eps, epsz, smooth, tiles=tiles)
+        return _kershaw_shape(n, dim, kershaw), kershaw
     load_mpi()
     shape, kershaw = collective(comm, check, what="the Kershaw mesh arguments")
     return distributed_box_mesh(dim, shape, comm, geom_order=geom_order, distortion=kershaw,

@@ -35,7 +35,7 @@ from smalltc._arrays import array_module
 
 from ._device import DeviceCache, resolve_device, to_device, to_host
 from .basis import lagrange_basis
-from .geometry import _adjugate, _chunk_elements, _det, _Field, _tensor_weights
+from .geometry import _adjugate, _chunk_elements, _det, _Field, _placed_nodes, _tensor_weights
 from .operators import _like, linear_operator
 from .projection import _dof_map
 from .quadrature import gauss_lobatto, quadrature_rule
@@ -358,6 +358,7 @@ def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss", devi
     out = xp.zeros(space.ndofs)
     per = nq ** (dim - 1) * (4 * dim * (dim + 1) + 10)
     sides = {name: mesh.boundary_facets(name) for name, _ in items}
+    placed = _placed_nodes(mesh, xp)       # a box mesh's nodes made on the device, once
     with smalltc.evaluation_job(sum(e.size for e, _ in sides.values()) * nq ** (dim - 1)):
         for name, h in items:
             field, with_normal = _flux_field(h, f"neumann[{name!r}]")
@@ -371,7 +372,9 @@ def boundary_load(space, data, region=None, *, nq=None, quadrature="gauss", devi
                 step = _chunk_elements(xp, sel.size, per, space.ndofs)
                 for lo in range(0, sel.size, step):
                     part = sel[lo:lo + step]
-                    x, J = _facet_geometry(to_device(mesh.nodes[part], xp), a, Bg, Gg, Be, Ge)
+                    nodes = (placed[xp.asarray(part)] if placed is not None
+                             else to_device(mesh.nodes[part], xp))
+                    x, J = _facet_geometry(nodes, a, Bg, Gg, Be, Ge)
                     adj = _adjugate(J)
                     det = _det(J, adj)
                     c = sign / det                    # J^-T e_a = adj[a, :] / |J|

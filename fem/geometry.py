@@ -363,10 +363,12 @@ class _Maps:
         """The chunks, one evaluation job (:func:`smalltc.evaluation_job`: the consumer's
         evaluations of a chunk, made while it holds it, count to the mesh's points)."""
         xp, dim, E = self.xp, self.mesh.dim, self.mesh.nelements
+        placed = _placed_nodes(self.mesh, xp)
         with _job(self.mesh, self.Bg.shape[0]):
             for lo in range(0, E, self.step):
                 hi = min(E, lo + self.step)
-                nodes = to_device(self.mesh.nodes[lo:hi], xp)
+                nodes = (placed[lo:hi] if placed is not None
+                         else to_device(self.mesh.nodes[lo:hi], xp))
                 J = smalltc.interpolate(self.Bg, self.Gg, nodes, what="gradients", dim=dim)
                 x = None
                 if self.coords:
@@ -399,6 +401,14 @@ class _Maps:
             nbad += int((~(to_host(m) > 0)).sum())
         raise ValueError(_tangled_message(g.lo + e, int((~(d > 0)).sum()), np.min(d), nbad,
                                           getattr(mesh, "shape", None)))
+
+
+def _placed_nodes(mesh, xp):
+    """A box mesh's nodes placed on the device ``xp`` (no host array made, nothing
+    copied) where the host has not placed them yet; else None (chunks are copied)."""
+    if xp is np or getattr(mesh, "placement", None) is None or mesh.placed:
+        return None
+    return mesh.nodes_on(xp)
 
 
 class _GeoChunk(NamedTuple):

@@ -15,11 +15,14 @@ transformation of the CEED benchmarks (:class:`Kershaw`, :func:`kershaw_mesh`):
 piecewise multilinear layers of strongly stretched and sheared elements.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Real
 
 import numpy as np
 
+from smalltc._arrays import array_module
+
+from ._device import to_device
 from .quadrature import gauss_lobatto
 
 __all__ = ["BoxMesh", "box_mesh", "sine_distortion", "Kershaw", "kershaw_mesh"]
@@ -80,7 +83,8 @@ class BoxMesh:
     nodes : ndarray, shape (E, dim, ng, ..., ng)
         Physical coordinates of each element's geometry nodes, coordinate
         axis before the ``dim`` node axes (the component layout of an
-        E-vector), ``ng = geom_order + 1``.
+        E-vector), ``ng = geom_order + 1``. Placed on the host when first asked
+        for; a GPU solve places them on the device instead (:meth:`nodes_on`).
     distortion : float or callable
         What was passed to :func:`box_mesh`.
     """
@@ -91,8 +95,43 @@ class BoxMesh:
     lower: np.ndarray
     upper: np.ndarray
     geom_nodes: np.ndarray
-    nodes: np.ndarray
+    _nodes: object
     distortion: object
+    #: how to place the nodes in any array module: ``xp -> nodes`` (or None)
+    placement: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self._nodes is None and self.placement is None:
+            raise ValueError("a BoxMesh needs its nodes or their placement")
+
+    @property
+    def nodes(self):
+        if self._nodes is None:
+            object.__setattr__(self, "_nodes", self.placement(np))
+        return self._nodes
+
+    @property
+    def placed(self):
+        """Are the nodes on the host already?"""
+        return self._nodes is not None
+
+    def nodes_on(self, xp=np):
+        """:attr:`nodes` in module ``xp``: where the host has them, a copy; else placed
+        there anew, not kept (a sine or Kershaw distortion, or none: the 1D coordinates
+        made on the host, their products on the device: the same bits, and no copy of
+        the whole mesh).
+
+        Examples
+        --------
+        >>> m = box_mesh(2, 3, distortion=0.05)
+        >>> m.nodes_on(np) is m.nodes
+        True
+        """
+        if xp is np:
+            return self.nodes
+        if self._nodes is not None:
+            return to_device(self._nodes, xp)
+        return self.placement(xp)
 
     @property
     def nelements(self):
@@ -154,6 +193,22 @@ class BoxMesh:
         )
 
 
+def element_nodes(mesh, elements, xp=np):
+    """The nodes ``mesh.nodes[elements]`` in module ``xp``: a box mesh not placed on the
+    host yet places them on the device (:meth:`BoxMesh.nodes_on`) and takes the rows
+    there; else the host's rows are copied.
+
+    Examples
+    --------
+    >>> m = box_mesh(1, 3)
+    >>> element_nodes(m, np.array([2]))[0].tolist()
+    [[0.6666666666666666, 1.0]]
+    """
+    if xp is not np and getattr(mesh, "placement", None) is not None and not mesh.placed:
+        return mesh.nodes_on(xp)[xp.asarray(elements)]
+    return to_device(np.ascontiguousarray(mesh.nodes[elements]), xp)
+
+
 def _is_int(k):
     return isinstance(k, (int, np.integer)) and not isinstance(k, bool)
 
@@ -179,8 +234,9 @@ def _as_corner(value, dim, name):
     return arr
 
 
-def _reference_coordinates(shape, nodes1d, start=None, stop=None, box=None):
-    """Undistorted unit-box coordinates of every element's nodes, (E, dim, ng...).
+def _reference_coordinates(shape, nodes1d, start=None, stop=None, box=None, xp=np):
+    """Undistorted unit-box coordinates of every element's nodes, (E, dim, ng...), in
+    module ``xp`` (the 1D values made on the host, the broadcast where the array lives).
 
     ``start``/``stop`` (element multi-indices, stop exclusive) restrict it to a
     block of the mesh, in C order within the block; the values are those the
@@ -189,10 +245,10 @@ def _reference_coordinates(shape, nodes1d, start=None, stop=None, box=None):
     xhat`` (the values :func:`_place` gives an undistorted mesh, bit for bit, made on
     the 1D coordinates: one pass over the nodes). The 1D values are :func:`_lattice`'s.
     """
-    coords = _lattice(shape, nodes1d, start, stop, box)
+    coords = [xp.asarray(c) for c in _lattice(shape, nodes1d, start, stop, box)]
     dim, ng = len(shape), nodes1d.size
     block = tuple(c.shape[d] for d, c in enumerate(coords))
-    out = np.empty(block + (dim,) + (ng,) * dim)
+    out = xp.empty(block + (dim,) + (ng,) * dim)
     for d, c in enumerate(coords):
         out[(slice(None),) * dim + (d,)] = c
     return out.reshape((int(np.prod(block)), dim) + (ng,) * dim)
@@ -246,12 +302,34 @@ def box_mesh(dim, n, *, geom_order=1, distortion=0.0, lower=0.0, upper=1.0):
     hi = _as_corner(upper, dim, "upper")
     if np.any(hi <= lo):
         raise ValueError(f"upper must exceed lower in every direction, got lower={lo}, upper={hi}")
+    if not callable(distortion) and not (isinstance(distortion, Real)
+                                         and np.isfinite(distortion)):
+        raise ValueError(f"distortion must be a finite amplitude or a callable, got {distortion!r}")
     nodes1d, _ = gauss_lobatto(int(geom_order) + 1)
-    if isinstance(distortion, Real) and distortion == 0:
-        nodes = _reference_coordinates(shape, nodes1d, box=(lo, hi))
-    else:
-        nodes = _placed_box(shape, nodes1d, distortion, lo, hi)
-    return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, nodes, distortion)
+    place = _Placement(shape, nodes1d, distortion, lo, hi)
+    nodes = place(np) if callable(distortion) and not isinstance(distortion, Kershaw) else None
+    return BoxMesh(dim, shape, int(geom_order), lo, hi, nodes1d, nodes, distortion,
+                   placement=place)
+
+
+class _Placement:
+    """The nodes of a box mesh's block ``start:stop`` (the whole mesh by default) in any
+    array module: ``placement(xp)``. A user's callable distortion runs on the host (when
+    the mesh is made: its errors are raised there), then the nodes are copied."""
+
+    def __init__(self, shape, nodes1d, distortion, lo, hi, start=None, stop=None):
+        self.args = (shape, nodes1d, distortion, lo, hi, start, stop)
+
+    def __call__(self, xp):
+        shape, nodes1d, distortion, lo, hi, start, stop = self.args
+        if isinstance(distortion, Real) and distortion == 0:
+            if start is None:
+                return _reference_coordinates(shape, nodes1d, box=(lo, hi), xp=xp)
+            if xp is np:
+                return _place(_reference_coordinates(shape, nodes1d, start, stop), 0.0, lo, hi)
+            return _scaled(xp.moveaxis(_reference_coordinates(shape, nodes1d, start, stop,
+                                                              xp=xp), 1, 0), lo, hi, False)
+        return _placed_box(shape, nodes1d, distortion, lo, hi, start, stop, xp=xp)
 
 
 def _lattice(shape, nodes1d, start=None, stop=None, box=None):
@@ -278,9 +356,9 @@ def _lattice(shape, nodes1d, start=None, stop=None, box=None):
     return out
 
 
-def _placed_box(shape, nodes1d, distortion, lo, hi, start=None, stop=None):
+def _placed_box(shape, nodes1d, distortion, lo, hi, start=None, stop=None, xp=np):
     """:func:`_place` of :func:`_reference_coordinates` (the block ``start:stop`` of a box
-    mesh). A sine amplitude and the :class:`Kershaw` map are evaluated on the 1D
+    mesh), in module ``xp``. A sine amplitude and the :class:`Kershaw` map are evaluated on the 1D
     coordinates (:func:`_lattice`) and combined by broadcasting: the same operations on
     the same values, so the same bits, with the costly parts (sines, the blend's layers)
     done once a 1D coordinate instead of once a node, and no array of the undistorted
@@ -290,16 +368,18 @@ def _placed_box(shape, nodes1d, distortion, lo, hi, start=None, stop=None):
         coords = _lattice(shape, nodes1d, start, stop)
         bump = None                       # sine_distortion's prod over the axes, in order
         for c in coords:
-            s_d = np.sin(np.pi * c)
+            s_d = xp.asarray(np.sin(np.pi * c))          # the sines on the host: their bits
             bump = s_d if bump is None else bump * s_d
         shift = float(distortion) * bump
-        moved = np.empty((dim,) + shift.shape)
+        moved = xp.empty((dim,) + shift.shape)
         for d, c in enumerate(coords):   # sine_distortion: xhat + amplitude * bump
-            np.add(c, shift, out=moved[d])
+            xp.add(xp.asarray(c), shift, out=moved[d])
     elif isinstance(distortion, Kershaw) and dim in (2, 3):
-        moved = distortion.on_lattice(_lattice(shape, nodes1d, start, stop))
-    else:
+        moved = distortion.on_lattice(_lattice(shape, nodes1d, start, stop), xp)
+    elif xp is np:
         return _place(_reference_coordinates(shape, nodes1d, start, stop), distortion, lo, hi)
+    else:                                 # a callable: on the host, then copied
+        return to_device(_placed_box(shape, nodes1d, distortion, lo, hi, start, stop), xp)
     E = int(np.prod(moved.shape[1:1 + dim]))
     return _scaled(moved.reshape((dim, E) + (ng,) * dim), lo, hi)
 
@@ -330,13 +410,14 @@ def _place(xhat, distortion, lo, hi):
 def _scaled(moved, lo, hi, check=True):
     """Distorted unit-box coordinates ``(dim, E, ng...)`` scaled to ``[lo, hi]``, as
     ``(E, dim, ng...)`` (``check``: non-finite coordinates are an error)."""
-    if check and not np.all(np.isfinite(moved)):
+    xp = array_module(moved)
+    if check and not bool(xp.all(xp.isfinite(moved))):
         raise ValueError("distortion produced non-finite coordinates")
     dim = moved.shape[0]
     bshape = (1, dim) + (1,) * (moved.ndim - 2)
-    nodes = np.multiply(np.moveaxis(moved, 0, 1), (hi - lo).reshape(bshape),
-                        out=np.empty((moved.shape[1], dim) + moved.shape[2:]))
-    nodes += lo.reshape(bshape)
+    nodes = xp.multiply(xp.moveaxis(moved, 0, 1), xp.asarray((hi - lo).reshape(bshape)),
+                        out=xp.empty((moved.shape[1], dim) + moved.shape[2:]))
+    nodes += xp.asarray(lo.reshape(bshape))
     return nodes
 
 
@@ -480,9 +561,10 @@ class Kershaw:
                          [np.zeros_like(x), g(lam), 1.0 - g(0.5 * lam),
                           1.0 - g(0.5 * (1.0 + lam))], default=1.0)
 
-    def on_lattice(self, coords):
+    def on_lattice(self, coords, xp=np):
         """The map at the nodes of a lattice: ``coords`` the 1D coordinates of each
-        direction, shaped to broadcast together; returns ``(dim, *broadcast shape)``,
+        direction (NumPy), shaped to broadcast together; returns ``(dim, *broadcast
+        shape)`` in module ``xp`` (the 1D maps on the host, the broadcast on ``xp``),
         what :meth:`__call__` gives on the broadcast points (the same operations on the
         same values, the blend and the 1D maps once a 1D coordinate).
 
@@ -496,16 +578,16 @@ class Kershaw:
         """
         dim = len(coords)
         full = np.broadcast_shapes(*[np.shape(c) for c in coords])
-        local = self._in_cells(coords)
-        s = self.blend(local[0][0])
-        out = np.empty((dim,) + full)
-        out[0] = coords[0]
+        local = self._in_cells(coords)      # the 1D values on the host, the rest on xp
+        s = xp.asarray(self.blend(local[0][0]))
+        out = xp.empty((dim,) + full)
+        out[0] = xp.asarray(coords[0])
         for a, eps in zip(range(1, dim), (self.epsy, self.epsz)):
             t, cell = local[a]
             left, right = _kershaw_left(eps, t), _kershaw_right(eps, t)
-            np.add(left, s * (right - left), out=out[a])
+            xp.add(xp.asarray(left), s * xp.asarray(right - left), out=out[a])
             if cell is not None:
-                out[a] += cell
+                out[a] += xp.asarray(cell)
                 out[a] /= self.tiles_of(dim)[a]
         return out
 

@@ -31,8 +31,9 @@ import numpy as np
 import smalltc
 from smalltc._arrays import array_module
 
-from ._device import DeviceCache, to_device
+from ._device import DeviceCache, to_device, to_host
 from .basis import lagrange_basis
+from .mesh import element_nodes
 from .quadrature import gauss_lobatto
 from .topology import facet_lattice, h1_numbering
 
@@ -91,29 +92,73 @@ class H1Space:
                 raise TypeError(f"mesh must be a BoxMesh or an UnstructuredMesh, got "
                                 f"{type(mesh).__name__}")
             self.lattice_shape = None
-            self.elem_dofs, self.ndofs = h1_numbering(mesh.vertices, mesh.dim, self.p)
-            self._flat = self.elem_dofs.ravel()
+            self._elem_dofs, self.ndofs = h1_numbering(mesh.vertices, mesh.dim, self.p)
             return
         self.lattice_shape = tuple(n_d * self.p + 1 for n_d in mesh.shape)
         self.ndofs = int(np.prod(self.lattice_shape))
+        self._elem_dofs = None           # made on the host when first asked for
+
+    @property
+    def elem_dofs(self):
+        """The element-to-DoF map, int64 ``(E, nd, ..., nd)`` on the host (a box mesh's
+        is made on first use: a GPU solve builds its map on the device instead,
+        :meth:`dof_map`)."""
+        if self._elem_dofs is None:
+            self._elem_dofs = self.dof_rows(None, np, np.int64)
+        return self._elem_dofs
+
+    @elem_dofs.setter
+    def elem_dofs(self, value):
+        self._elem_dofs = value
+
+    @property
+    def _flat(self):
+        return self.elem_dofs.reshape(-1)
+
+    def dof_rows(self, elements=None, xp=np, dtype=np.int64):
+        """The map's rows of ``elements`` (all by default), made in module ``xp`` as
+        ``dtype``: a box mesh's from the lattice arithmetic where they are needed (no
+        host array, no copy), an unstructured mesh's taken from :attr:`elem_dofs`.
+
+        Examples
+        --------
+        >>> from smalltc.fem import box_mesh
+        >>> V = H1Space(box_mesh(2, 2), p=2)
+        >>> print(V.dof_rows(np.array([1]), np, np.int32)[0])
+        [[ 2  3  4]
+         [ 7  8  9]
+         [12 13 14]]
+        """
+        if self.lattice_shape is None:
+            rows = self.elem_dofs if elements is None else self.elem_dofs[to_host(elements)]
+            return to_device(np.ascontiguousarray(rows, dtype=dtype), xp)
+        shape, dim, nd, p = self.mesh.shape, self.dim, self.nd, self.p
         strides = np.cumprod((self.lattice_shape[1:] + (1,))[::-1])[::-1]
-        dim, nd = self.dim, self.nd
-        terms = []                   # direction d's part of every index, broadcastable
-        for d, n_d in enumerate(mesh.shape):
-            g = (np.arange(n_d)[:, None] * self.p + np.arange(nd)[None, :]) * strides[d]
-            bshape = [1] * (2 * dim)
-            bshape[d], bshape[dim + d] = n_d, nd
-            terms.append(g.astype(np.int64).reshape(bshape))
-        # one pass a direction after the first two, into the result (no temporaries)
-        idx = np.empty(mesh.shape + (nd,) * dim, dtype=np.int64)
-        if dim == 1:
-            idx[...] = terms[0]
-        else:
-            np.add(terms[0], terms[1], out=idx)
-            for t in terms[2:]:
-                idx += t
-        self.elem_dofs = idx.reshape((mesh.nelements,) + (nd,) * dim)
-        self._flat = self.elem_dofs.ravel()
+        local = xp.arange(nd, dtype=dtype)
+        if elements is None:                # every element: a sum of broadcast terms
+            terms = []
+            for d, n_d in enumerate(shape):
+                g = (xp.arange(n_d, dtype=dtype)[:, None] * p + local[None, :]) * int(strides[d])
+                bshape = [1] * (2 * dim)
+                bshape[d], bshape[dim + d] = n_d, nd
+                terms.append(g.reshape(bshape))
+            idx = xp.empty(tuple(shape) + (nd,) * dim, dtype=dtype)
+            if dim == 1:
+                idx[...] = terms[0]
+            else:                           # one pass a direction after the first two
+                xp.add(terms[0], terms[1], out=idx)
+                for t in terms[2:]:
+                    idx += t
+            return idx.reshape((self.nelements,) + (nd,) * dim)
+        e = xp.asarray(elements).astype(dtype, copy=False).reshape(-1)
+        idx = xp.zeros((e.size,) + (nd,) * dim, dtype=dtype)
+        for d in range(dim - 1, -1, -1):    # C order: the last direction runs fastest
+            e_d = e % shape[d]
+            e = e // shape[d]
+            bshape = [e_d.size] + [1] * dim
+            bshape[1 + d] = nd
+            idx += ((e_d[:, None] * p + local[None, :]) * int(strides[d])).reshape(bshape)
+        return idx
 
     @property
     def nelements(self):
@@ -178,7 +223,10 @@ class H1Space:
         dtype('int32')
         """
         itype = np.int32 if self.ndofs < 2**31 else np.int64
-        return self._device.get(xp, "dof_map", lambda: to_device(self.elem_dofs.astype(itype), xp))
+        if self.lattice_shape is None or xp is np:
+            return self._device.get(xp, "dof_map",
+                                    lambda: to_device(self.elem_dofs.astype(itype), xp))
+        return self._device.get(xp, "dof_map", lambda: self.dof_rows(None, xp, itype))
 
     def scatter(self, v):
         """E-vector -> global vector, adding the contributions of shared nodes.
@@ -423,7 +471,7 @@ class H1Space:
             [np.asarray(self.mesh.boundary_facets(n)[0], dtype=np.int64) for n in names]))
         mesh = self.mesh
         ref = gauss_lobatto(self.nd)[0]
-        nodes = to_device(mesh.nodes[elems], xp)
+        nodes = element_nodes(mesh, elems, xp)
         if np.array_equal(ref, mesh.geom_nodes):
             X = nodes
         else:

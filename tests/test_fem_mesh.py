@@ -197,3 +197,53 @@ def test_box_nodes_made_on_the_lattice_are_the_pointwise_maps_bits(dim, order):
             ref = _place(_reference_coordinates(shape, nodes1d, start, stop), dist, lo, hi)
             new = _placed_box(shape, nodes1d, dist, lo, hi, start, stop)
             assert new.shape == ref.shape and np.array_equal(new, ref), (dist, start)
+
+
+class _OtherModule:
+    """NumPy under another name: the array module ``xp is not np`` takes (a device's
+    code path) with NumPy's arithmetic, so its nodes can be compared bit for bit."""
+
+    __name__ = "othernp"
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_nodes_placed_in_another_module_are_the_hosts_bits(dim):
+    """A box mesh places its nodes lazily: ``nodes_on(xp)`` for a device module makes
+    them there (the 1D values on the host, the broadcast on ``xp``) without placing them
+    on the host, and gives the host's bits, for the whole mesh and for a block."""
+    from smalltc.fem.mesh import Kershaw, _Placement
+    other = _OtherModule()
+    nodes1d = gauss_lobatto(3)[0]
+    shape = (12, 4, 6)[:dim]
+    lo, hi = np.full(dim, -0.5), np.array([2.0, 1.0, 3.0])[:dim]
+    for dist in (0.0, 0.05, Kershaw(0.3), Kershaw(0.4, 0.2, smooth=3, tiles=(2, 2, 1)[:dim])):
+        mesh = box_mesh(dim, shape, geom_order=2, distortion=dist, lower=lo, upper=hi)
+        assert not mesh.placed
+        got = mesh.nodes_on(other)
+        assert not mesh.placed                                   # nothing made on the host
+        assert np.array_equal(got, mesh.nodes) and mesh.placed, dist
+        for start, stop in (((2,) * dim, (7, 3, 5)[:dim]), ((0,) * dim, shape)):
+            place = _Placement(shape, nodes1d, dist, lo, hi, start, stop)
+            assert np.array_equal(place(other), place(np)), (dist, start)
+    warped = box_mesh(dim, 3, distortion=lambda x: x + 0.01 * np.sin(np.pi * x))
+    assert warped.placed                         # a user's map runs when the mesh is made
+    assert np.array_equal(warped.nodes_on(other), warped.nodes)
+    with pytest.raises(ValueError, match="its nodes or their placement"):
+        type(warped)(dim, (3,) * dim, 1, lo, hi, nodes1d, None, 0.0)
+
+
+@pytest.mark.gpu
+def test_nodes_placed_on_the_gpu_are_the_hosts_bits():
+    from smalltc._arrays import cupy_or_none, gpu_available
+    from smalltc.fem.mesh import Kershaw
+    if not gpu_available():
+        pytest.skip("no CUDA device (cupy device query failed)")
+    cp = cupy_or_none()
+    for dist in (0.0, 0.08, Kershaw(0.3, tiles=(1, 2, 2))):
+        mesh = box_mesh(3, (6, 8, 4), geom_order=2, distortion=dist, upper=(1.0, 2.0, 2.0))
+        got = mesh.nodes_on(cp)
+        assert not mesh.placed
+        assert np.array_equal(cp.asnumpy(got), mesh.nodes), dist

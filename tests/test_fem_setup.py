@@ -565,6 +565,14 @@ class _FakeDevice:
     def zeros(self, n, dtype=np.float64):
         return np.zeros(n, dtype=dtype).view(_DeviceArray)
 
+    def arange(self, n, dtype=None):
+        return np.arange(n, dtype=dtype).view(_DeviceArray)
+
+    def empty(self, shape, dtype=np.float64):
+        return np.empty(shape, dtype=dtype).view(_DeviceArray)
+
+    add = staticmethod(np.add)
+
 
 def test_device_cache_keys_on_module_and_device():
     fake, cache = _FakeDevice(), _device.DeviceCache()
@@ -579,15 +587,37 @@ def test_device_cache_keys_on_module_and_device():
 
 
 def test_dof_map_is_copied_once_per_device():
+    # an unstructured mesh's map is copied once per device; a box mesh's is made on the
+    # device from the lattice arithmetic (no copy, and no host map until one is asked for)
+    for mesh, copies in ((FILE_MESHES[1], 1), (fem.box_mesh(2, 3), 0)):
+        fake = _FakeDevice()
+        V = fem.H1Space(mesh, 2)
+        m = V.dof_map(fake)
+        assert isinstance(m, _DeviceArray) and m.dtype == np.int32 and fake.copies == copies
+        if copies == 0:
+            assert V._elem_dofs is None
+        np.testing.assert_array_equal(m, V.elem_dofs)
+        assert V.dof_map(fake) is m and fake.copies == copies
+        fake.current = 1
+        assert V.dof_map(fake) is not m and fake.copies == 2 * copies
+        assert V.dof_map(np) is V.dof_map(np) and not isinstance(V.dof_map(np), _DeviceArray)
+
+
+@pytest.mark.parametrize("dim, n, p", [(1, 5, 3), (2, (3, 4), 2), (3, (2, 3, 4), 3)])
+def test_dof_rows_are_the_map_rows(dim, n, p):
+    V = fem.H1Space(fem.box_mesh(dim, n), p)
+    ref = fem.H1Space(fem.box_mesh(dim, n), p).elem_dofs
     fake = _FakeDevice()
-    V = fem.H1Space(fem.box_mesh(2, 3), 2)
-    m = V.dof_map(fake)
-    assert isinstance(m, _DeviceArray) and m.dtype == np.int32 and fake.copies == 1
-    np.testing.assert_array_equal(m, V.elem_dofs)
-    assert V.dof_map(fake) is m and fake.copies == 1
-    fake.current = 1
-    assert V.dof_map(fake) is not m and fake.copies == 2
-    assert V.dof_map(np) is V.dof_map(np) and not isinstance(V.dof_map(np), _DeviceArray)
+    full = V.dof_rows(None, fake, np.int32)
+    assert isinstance(full, _DeviceArray) and full.dtype == np.int32 and fake.copies == 0
+    np.testing.assert_array_equal(full, ref)
+    some = np.random.default_rng(dim).permutation(V.nelements)[:5]
+    for xp in (np, fake):
+        rows = V.dof_rows(xp.asarray(some), xp, np.int64)
+        assert rows.dtype == np.int64 and rows.shape == (some.size,) + ref.shape[1:]
+        np.testing.assert_array_equal(rows, ref[some])
+    U = fem.H1Space(FILE_MESHES[1], p)
+    np.testing.assert_array_equal(U.dof_rows(some[:3], np, np.int32), U.elem_dofs[some[:3]])
 
 
 class _Op:

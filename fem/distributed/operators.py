@@ -114,16 +114,16 @@ class DistributedOperator:
         ghost_el = space.ghost_elements()
         self.interior = np.flatnonzero(~ghost_el)
         self.boundary = np.flatnonzero(ghost_el)
-        emap = space.local.elem_dofs
         itype = np.int32 if space.nlocal < 2**31 else np.int64
         if self.boundary.size == 0:                     # nothing to exchange: the serial operator
             self.data_int, self.map_int = local.data, local.dof_map
             self.data_bnd = self.map_bnd = self.bdofs = self.ghost_pos = None
         else:
-            self.data_int = _rows(local.data, xp.asarray(self.interior), xp)
-            self.map_int = to_device(emap[self.interior].astype(itype), xp)
+            interior = xp.asarray(self.interior)
+            self.data_int = _rows(local.data, interior, xp)
+            self.map_int = space.local.dof_rows(interior, xp, itype)   # made where it is used
             self.data_bnd = _rows(local.data, xp.asarray(self.boundary), xp)
-            bmap = emap[self.boundary]
+            bmap = space.local.dof_rows(self.boundary, np, np.int64)  # the few ghost elements'
             bdofs = np.unique(bmap)
             self.bdofs = xp.asarray(bdofs)
             self.map_bnd = to_device(np.searchsorted(bdofs, bmap).astype(itype), xp)

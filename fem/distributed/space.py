@@ -34,7 +34,7 @@ import numpy as np
 
 from .._device import to_host
 from ..mesh import (BOX_REGIONS, BoxMesh, Kershaw, _as_corner, _as_shape, _is_int,
-                    _kershaw_shape, _placed_box)
+                    _kershaw_shape, _Placement)
 from ..quadrature import gauss_lobatto
 from ..space import H1Space
 from .comm import agree, check_launch, collective, load_mpi, private_comm, spelling
@@ -244,7 +244,7 @@ def distribute_mesh(mesh, comm):
     lo, hi = _block_corners(mesh, start, stop)
     local = BlockMesh(mesh.dim, part.block_shape(comm.Get_rank()), mesh.geom_order, lo, hi,
                       mesh.geom_nodes, np.ascontiguousarray(mesh.nodes[elems]), mesh.distortion,
-                      _sides(start, stop, mesh.shape))
+                      sides=_sides(start, stop, mesh.shape))
     return DistributedMesh(comm, part, mesh, local)
 
 
@@ -280,12 +280,15 @@ def distributed_box_mesh(dim, n, comm, *, geom_order=1, distortion=0.0, lower=0.
     part = collective(comm, _partition, comm, whole.shape, what="partitioning")
     start, stop = part.block(comm.Get_rank())
     nodes1d, _ = gauss_lobatto(whole.geom_order + 1)
-    nodes = collective(comm, lambda: _placed_box(whole.shape, nodes1d, whole.distortion,
-                                                 whole.lower, whole.upper, start, stop),
-                       what="placing the mesh nodes")
+    place = _Placement(whole.shape, nodes1d, whole.distortion, whole.lower, whole.upper,
+                       start, stop)
+    nodes = None                       # placed where they are first used (host or device)
+    if callable(whole.distortion) and not isinstance(whole.distortion, Kershaw):
+        nodes = collective(comm, place, np, what="placing the mesh nodes")   # a user's map
     lo, hi = _block_corners(whole, start, stop)
     local = BlockMesh(whole.dim, part.block_shape(comm.Get_rank()), whole.geom_order, lo, hi,
-                      nodes1d, nodes, whole.distortion, _sides(start, stop, whole.shape))
+                      nodes1d, nodes, whole.distortion, placement=place,
+                      sides=_sides(start, stop, whole.shape))
     return DistributedMesh(comm, part, whole, local)
 
 
@@ -392,9 +395,33 @@ class DistributedH1Space:
         lbox = part.local_box(self.rank, p)
         obox = part.owned_box(self.rank, p)
         self.nowned = int(np.prod([b - a for a, b in zip(*obox)]))
-        self.owned = box_indices(obox, lbox)
+        self._boxes = (obox, lbox)            # owned and local_to_global: made when asked for
+        self._owned = self._local_to_global = None
         self._exchange(*part.exchange_lists(self.rank, p))
-        self.local_to_global = box_indices(lbox, ((0,) * self.dim, self.lattice_shape))
+
+    @property
+    def owned(self):
+        """Local indices of the nodes this rank owns, increasing (int64)."""
+        if self._owned is None:
+            obox, lbox = self._boxes
+            self._owned = box_indices(obox, lbox)
+        return self._owned
+
+    @owned.setter
+    def owned(self, value):
+        self._owned = value
+
+    @property
+    def local_to_global(self):
+        """Global index of each local node (int64, ``(nlocal,)``)."""
+        if self._local_to_global is None:
+            self._local_to_global = box_indices(self._boxes[1],
+                                                ((0,) * self.dim, self.lattice_shape))
+        return self._local_to_global
+
+    @local_to_global.setter
+    def local_to_global(self, value):
+        self._local_to_global = value
 
     def _block_space(self, mesh, p):
         """Checks ``p`` across the ranks; the space of this rank's elements (``local``),

@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 import smalltc
+from smalltc._arrays import array_module
 
 from ._device import to_host
 from ._ordering import HEX_TYPES, QUAD_TYPES, gmsh_reference, meshio_reference, to_tensor_permutation
@@ -57,18 +58,28 @@ def _line_name(p):
     return "line" if p == 1 else f"line{p + 1}"
 
 
-def _check_field(name, u, space):
-    u = to_host(u)
-    u = np.asarray(u, dtype=np.float64)
+def _check_field(name, u, space, xp):
+    u = xp.asarray(u, dtype=np.float64)
     if u.ndim not in (1, 2) or u.shape[-1] != space.ndofs:
         raise ValueError(f"field {name!r} has shape {u.shape}, expected ({space.ndofs},) or "
                          f"(ncomp, {space.ndofs}) for this space")
-    return u
+    return xp.ascontiguousarray(u)
+
+
+def _sampling_module(fields):
+    """Where the fields are sampled: the device of the first CuPy field, else the host."""
+    for u in fields.values():
+        if array_module(u) is not np:
+            return array_module(u)
+    return np
 
 
 def _cells_and_fields(space, cells, fields):
     """The space (a mesh gets its geometry space), the points (ndofs, 3), the fields at
-    them, the cell type's name and the cells' node lists in that type's order."""
+    them, the cell type's name and the cells' node lists in that type's order (NumPy).
+
+    With a field on a GPU, the points, the fields and the node lists are made there (a
+    box mesh's nodes and map placed on the device) and only they are copied back."""
     if not hasattr(space, "elem_dofs"):        # a mesh
         if fields:
             raise ValueError("fields need a space (pass an H1Space, not a mesh)")
@@ -76,21 +87,27 @@ def _cells_and_fields(space, cells, fields):
     dim, p, nd = space.dim, space.p, space.nd
     if dim not in (2, 3):
         raise ValueError(f"only 2D and 3D meshes are written, got dim={dim}")
+    xp = _sampling_module(fields)
+    fields = {name: _check_field(name, u, space, xp) for name, u in fields.items()}
     eq = np.linspace(-1.0, 1.0, nd)
     points = np.zeros((space.ndofs, 3))
-    points[:, :dim] = space.map_nodes(eq).T
+    points[:, :dim] = to_host(space.map_nodes(eq, xp)).T
     gll, _ = gauss_lobatto(nd)
-    Bu, _ = lagrange_basis(gll, eq)
+    Bu = xp.asarray(lagrange_basis(gll, eq)[0])
     data = {}
     for name, u in fields.items():
-        u = _check_field(name, u, space)
         # the field at the equispaced nodes, gathered through the map in the same call
         with smalltc.evaluation_job(u.size // space.ndofs * space.nelements * nd ** dim):
-            ue = smalltc.interpolate(Bu, None, np.ascontiguousarray(u), space.dof_map(np))
-        data[name] = np.ascontiguousarray(space.assign(ue).T)
+            ue = smalltc.interpolate(Bu, None, u, space.dof_map(xp))
+        data[name] = np.ascontiguousarray(to_host(space.assign(ue)).T)
     ctype = _type_name(dim, p, cells)
     ref = meshio_reference(ctype, nd ** dim)
-    conn = space.elem_dofs.reshape(space.nelements, -1)[:, _cell_order(ref, p)]
+    order = _cell_order(ref, p)
+    if xp is np:
+        conn = space.elem_dofs.reshape(space.nelements, -1)[:, order]
+    else:
+        rows = space.dof_map(xp).reshape(space.nelements, -1)
+        conn = to_host(xp.take(rows, xp.asarray(order), axis=1)).astype(np.int64, copy=False)
     return space, points, data, ctype, conn
 
 
@@ -200,7 +217,10 @@ def write_vtu(path, space, *, compression=None, **fields):
         straight from the arrays) or base64 and compressed by meshio, about 3x smaller and
         many times slower to write (zlib on one host core).
     **fields : array, shape (ndofs,) or (ncomp, ndofs)
-        Global vectors of ``space``, e.g. ``u=result.u``; NumPy or CuPy.
+        Global vectors of ``space``, e.g. ``u=result.u``; NumPy or CuPy. With a CuPy
+        field the points and fields are sampled on its GPU (a box mesh's nodes and DoF
+        map made there) and only the samples and the cells' node lists are copied to
+        the host.
 
     Returns
     -------

@@ -168,7 +168,7 @@ class H1Space:
     @property
     def evector_shape(self):
         """Shape ``(E, nd, ..., nd)`` of a scalar E-vector."""
-        return self.elem_dofs.shape
+        return (self.nelements,) + (self.nd,) * self.dim
 
     def __repr__(self):
         return f"H1Space(p={self.p}, ndofs={self.ndofs}, mesh={self.mesh!r})"
@@ -367,7 +367,8 @@ class H1Space:
             if a.size and (a.min() < 0 or a.max() >= n):
                 raise ValueError(f"{name} must lie in [0, {n}), got [{a.min()}, {a.max()}]")
         lattice = facet_lattice(self.dim, self.nd)[facets]      # (n, nd^(dim-1))
-        return self.elem_dofs.reshape(self.nelements, -1)[elements[:, None], lattice]
+        rows = self.dof_rows(elements, np, np.int64).reshape(elements.size, self.nd ** self.dim)
+        return np.take_along_axis(rows, lattice, axis=1)
 
     def _scatter_lattice(self, v, comps):
         """Scatter-add by strided adds along each lattice direction (any array module).
@@ -479,30 +480,48 @@ class H1Space:
             with smalltc.evaluation_job(elems.size * self.nd ** self.dim * self.dim):
                 X = smalltc.interpolate(Bg, None, nodes, dim=self.dim)
         # each DoF's value from one of its copies (the last, as a scatter keeps)
-        flat = self.elem_dofs[elems].reshape(-1)
+        flat = self.dof_rows(elems, np, np.int64).reshape(-1)
         copy = np.empty(self.ndofs, dtype=np.int64)
         copy[flat] = np.arange(flat.size, dtype=np.int64)
         X = xp.moveaxis(X, 1, 0).reshape(self.dim, -1)
         return dofs, xp.take(X, xp.asarray(copy[dofs]), axis=1)
 
-    def _one_copy(self):
+    def _one_copy(self, xp=np):
         """For each DoF the flat E-vector index of one of its copies (the last one, as a
-        scatter-assignment keeps)."""
-        one = np.empty(self.ndofs, dtype=np.int64)
-        one[self._flat] = np.arange(self._flat.size, dtype=np.int64)
-        return one
+        scatter-assignment keeps), in module ``xp``. On a box mesh it is arithmetic: the
+        last element holding lattice node ``i`` has ``e_d = min(i_d // p, n_d - 1)`` in
+        every direction (C order is lexicographic), its local node ``i_d - e_d p``; made
+        where it is used, as the map is."""
+        if self.lattice_shape is None or self._elem_dofs is not None and xp is np:
+            one = np.empty(self.ndofs, dtype=np.int64)
+            one[self._flat] = np.arange(self._flat.size, dtype=np.int64)
+            return to_device(one, xp)
+        dim, nd, p, shape = self.dim, self.nd, self.p, self.mesh.shape
+        estrides = np.cumprod((tuple(shape[1:]) + (1,))[::-1])[::-1]
+        out = None
+        for d, m in enumerate(self.lattice_shape):
+            i = np.arange(m, dtype=np.int64)
+            e = np.minimum(i // p, shape[d] - 1)
+            term = e * int(estrides[d]) * nd ** dim + (i - e * p) * nd ** (dim - 1 - d)
+            bshape = [1] * dim
+            bshape[d] = m
+            term = xp.asarray(term.reshape(bshape))
+            out = term if out is None else out + term
+        return out.reshape(-1)
 
-    def map_nodes(self, ref):
+    def map_nodes(self, ref, xp=np):
         """The element maps at the lattice of 1D reference nodes ``ref``, numbered as the DoFs.
 
         ``smalltc.interpolate`` of the geometry nodes with the order-``geom_order``
         basis at ``ref`` (nothing to compute where ``ref`` are the geometry nodes),
-        then :meth:`assign`.
+        then :meth:`assign`, in module ``xp`` (a box mesh's nodes placed there).
 
         Parameters
         ----------
         ref : array_like, shape (nd,)
             Reference nodes on [-1, 1], as many as the space has per direction.
+        xp : module, optional
+            NumPy (the default) or CuPy.
 
         Returns
         -------
@@ -518,11 +537,12 @@ class H1Space:
         if ref.shape != (self.nd,):
             raise ValueError(f"ref has shape {ref.shape}, expected ({self.nd},) for this space")
         mesh = self.mesh
+        nodes = mesh.nodes_on(xp) if hasattr(mesh, "nodes_on") else to_device(mesh.nodes, xp)
         if np.array_equal(ref, mesh.geom_nodes):
-            return self.assign(mesh.nodes)
+            return self.assign(nodes)
         Bg, _ = lagrange_basis(mesh.geom_nodes, ref)
         with smalltc.evaluation_job(mesh.nelements * self.nd ** self.dim * self.dim):
-            return self.assign(smalltc.interpolate(Bg, None, mesh.nodes, dim=self.dim))
+            return self.assign(smalltc.interpolate(xp.asarray(Bg), None, nodes, dim=self.dim))
 
     def assign(self, v):
         """E-vector -> global vector, each DoF taking the value one of its elements holds.
@@ -550,11 +570,11 @@ class H1Space:
         xp = array_module(v)
         v = xp.asarray(v)
         shape = self.evector_shape
-        one = self._device.get(xp, "one_copy", lambda: xp.asarray(self._one_copy()))
+        one = self._device.get(xp, "one_copy", lambda: self._one_copy(xp))
         if v.shape == shape:
             return v.reshape(-1)[one]
         if v.ndim == len(shape) + 1 and v.shape[0] == shape[0] and v.shape[2:] == shape[1:]:
-            nc, n = v.shape[1], self._flat.size // shape[0]      # components, nodes an element
+            nc, n = v.shape[1], int(np.prod(shape[1:]))         # components, nodes an element
             flat, first = v.reshape(-1), (one // n) * (nc * n) + one % n
             out = xp.empty((nc, self.ndofs), dtype=v.dtype)
             for c in range(nc):

@@ -493,6 +493,40 @@ def test_raw_vtu_reads_back_as_meshio_writes_it(tmp_path, k):
         np.testing.assert_array_equal(raw.point_data[name], ref.point_data[name])
 
 
+@pytest.mark.parametrize("dim, n, p", [(1, 4, 3), (2, (3, 2), 2), (3, (2, 3, 2), 3)])
+def test_one_copy_of_a_box_space_is_the_scatters_last(dim, n, p):
+    # the arithmetic index (no map on the host) is the copy a scatter-assignment keeps
+    V = fem.H1Space(fem.box_mesh(dim, n), p)
+    got = V._one_copy(np)
+    assert V._elem_dofs is None
+    want = np.empty(V.ndofs, dtype=np.int64)
+    want[V.elem_dofs.ravel()] = np.arange(V.elem_dofs.size)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
+@pytest.mark.parametrize("k", [1, len(SPACE_MESHES) - 1])
+def test_vtu_of_device_fields_is_sampled_on_the_device(tmp_path, k):
+    # a CuPy field: points, fields and cells made on the GPU, the file the host's
+    meshio = pytest.importorskip("meshio", reason="the VTU files are read back by meshio")
+    cp = cupy_or_none()
+    mesh = SPACE_MESHES[k]
+    if hasattr(mesh, "shape"):                    # a box mesh not placed on the host
+        mesh = fem.box_mesh(mesh.dim, mesh.shape, geom_order=mesh.geom_order,
+                            distortion=mesh.distortion)
+    V = fem.H1Space(mesh, 3)
+    x = fem.H1Space(SPACE_MESHES[k], 3).dof_coordinates()
+    u = np.sin(x[0]) + x[1] ** 2
+    dev = meshio.read(fem.write_vtu(str(tmp_path / "dev.vtu"), V, u=cp.asarray(u)))
+    if hasattr(mesh, "shape"):
+        assert not mesh.placed and V._elem_dofs is None      # nothing made on the host
+    host = meshio.read(fem.write_vtu(str(tmp_path / "host.vtu"), V, u=u))
+    np.testing.assert_allclose(dev.points, host.points, rtol=0, atol=1e-14)
+    np.testing.assert_array_equal(dev.cells[0].data, host.cells[0].data)
+    np.testing.assert_allclose(dev.point_data["u"], host.point_data["u"], rtol=0, atol=1e-13)
+
+
 def _assign_oracle(V, v):
     """The scatter-assignment: every copy of a DoF written, the last one kept."""
     v = np.asarray(v)

@@ -33,7 +33,8 @@ solve         ``PoissonProblem.solve``: CG to a relative residual of :data:`TOL`
               here: the user's call pays it)
 errors        ``fem.l2_error`` and ``fem.h1_error`` with ``exact=(u, grad u)`` on the
               solution's device
-output        the solution to the host and ``fem.write_vtu`` (a temporary file; its
+output        ``fem.write_vtu`` of the solution where it lives (on a GPU the points and
+              the field sampled there, the samples copied back; a temporary file, its
               size recorded)
 ============  ========================================================================
 
@@ -66,7 +67,6 @@ import numpy as np
 from .. import fem
 from .._arrays import array_module
 from .._timing import synchronize, time_once
-from ..fem._device import to_host
 from .cases import Case
 from .plots import save_figure
 from .runner import case_record
@@ -269,7 +269,7 @@ def _run(case, xp, folder) -> tuple:
                     fem.h1_error(space, sol.x, (exact_u, exact_grad)))
         l2, h1 = phase("errors", errors)
         path = os.path.join(folder, "u.vtu")
-        phase("output", lambda: fem.write_vtu(path, space, u=to_host(sol.x)))
+        phase("output", lambda: fem.write_vtu(path, space, u=sol.x))
         its = int(sol.iterations)
         rec.update(status="ok", total_s=sum(phases.values()), iterations=its,
                    per_iteration_s=phases["solve"] / max(1, its),

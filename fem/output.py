@@ -80,7 +80,7 @@ def _cells_and_fields(space, cells, fields):
 
     With a field on a GPU, the points, the fields and the node lists are made there (a
     box mesh's nodes and map placed on the device) and only they are copied back."""
-    if not hasattr(space, "elem_dofs"):        # a mesh
+    if not hasattr(type(space), "dof_map"):      # a mesh (asking for a map would make it)
         if fields:
             raise ValueError("fields need a space (pass an H1Space, not a mesh)")
         space = H1Space(space, space.geom_order)

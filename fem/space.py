@@ -406,7 +406,17 @@ class H1Space:
         >>> print(H1Space(box_mesh(1, 2), p=2).multiplicity())
         [1 1 2 1 1]
         """
-        return np.bincount(self._flat, minlength=self.ndofs)
+        if self.lattice_shape is None:
+            return np.bincount(self._flat, minlength=self.ndofs)
+        # a box: a product over the directions, 2 where a node is on an inner element face
+        out = np.ones((1,) * self.dim, dtype=np.int64)
+        for d, m in enumerate(self.lattice_shape):
+            i = np.arange(m)
+            c = np.where((i % self.p == 0) & (i > 0) & (i < m - 1), 2, 1).astype(np.int64)
+            bshape = [1] * self.dim
+            bshape[d] = m
+            out = out * c.reshape(bshape)
+        return out.reshape(-1)
 
     def dof_coordinates(self):
         """Physical coordinates of the global nodes, shape (dim, ndofs).

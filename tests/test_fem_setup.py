@@ -495,13 +495,17 @@ def test_raw_vtu_reads_back_as_meshio_writes_it(tmp_path, k):
 
 @pytest.mark.parametrize("dim, n, p", [(1, 4, 3), (2, (3, 2), 2), (3, (2, 3, 2), 3)])
 def test_one_copy_of_a_box_space_is_the_scatters_last(dim, n, p):
-    # the arithmetic index (no map on the host) is the copy a scatter-assignment keeps
+    # the arithmetic index (no map on the host) is the copy a scatter-assignment keeps, and
+    # the arithmetic multiplicity the map's count
     V = fem.H1Space(fem.box_mesh(dim, n), p)
     got = V._one_copy(np)
     assert V._elem_dofs is None
+    mult = V.multiplicity()
+    assert V._elem_dofs is None                   # both without the map on the host
     want = np.empty(V.ndofs, dtype=np.int64)
     want[V.elem_dofs.ravel()] = np.arange(V.elem_dofs.size)
     np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(mult, np.bincount(V.elem_dofs.ravel(), minlength=V.ndofs))
 
 
 @pytest.mark.gpu

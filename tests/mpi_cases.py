@@ -7,6 +7,7 @@
     mpiexec -n 2 python tests/mpi_cases.py node-first      # node_first: one rank, the others wait
     mpiexec -n 3 python tests/mpi_cases.py poisson [--meshes box,block,kershaw,file] [--ps 1,2,3]
                                                    [--precond jacobi|pmg] [--coarse amg|cg]
+    mpiexec -n 4 python tests/mpi_cases.py exchanges [--device gpu] [--ps 2,4]
 
 ``compare``: for each case, the distributed operators (mass, diffusion, Helmholtz)
 applied to a random vector and the distributed L2 projection (CG to 1e-13) against the
@@ -29,6 +30,11 @@ the whole box mesh cut into blocks (``box``), blocks built per rank (``block``: 
 (``--coarse``: its order-1 solve, ``amg`` gathered on rank 0 or ``cg`` across the ranks;
 by default AMG where pyamg imports) the iterations are compared with the same
 p-multigrid on one rank, and recorded for the serial :func:`smalltc.fem.pmg` (with pyamg).
+
+``exchanges``: the halo's neighbour sum of random partial values against their sum
+over the holders (and the holders' bits against each other), and the distributed
+p-multigrid's V-cycle on consistent vectors (``exchanges="sum"``) against the owner-form
+one on the same residual, with the exchanges each made and the CG iterations of both.
 """
 import argparse
 import json
@@ -239,6 +245,69 @@ def poisson(comm, device, kinds, dims, ps, precond="jacobi", coarse=None):
     emit(f"DONE rank {rank}")
 
 
+def exchanges(comm, device, ps):
+    """The neighbour sum and the V-cycle on consistent vectors against the owner-form
+    one, on box and Kershaw blocks (3D, 8 elements along z: every rank grid up to 4 has
+    edges held by 3+ ranks when the grid is 2 x 2)."""
+    from mpi4py import MPI
+
+    from smalltc.fem import _device
+    from smalltc.fem.distributed import distributed_box_mesh, distributed_kershaw_mesh
+    from smalltc.fem.distributed.poisson import poisson_problem_distributed
+    from smalltc.fem.coarse import _pyamg_present
+    xp = _device.resolve_device(device)
+    rank = comm.Get_rank()
+    coarse = "amg" if _pyamg_present() else "cg"   # AMG: linear, so the V-cycles agree to rounding
+    u, _, lap = _exact(3)
+    f = lambda x: -lap * u(x)                                           # noqa: E731
+    for kind, p in ((k, q) for k in ("box", "kershaw") for q in ps):
+        mesh = (distributed_box_mesh(3, (4, 6, 8), comm, distortion=0.05) if kind == "box"
+                else distributed_kershaw_mesh((6, 4, 8), comm, 0.3))
+        probs = {ex: poisson_problem_distributed(mesh, p, f, dirichlet={None: u},
+                                                 precond="pmg", device=device,
+                                                 pmg_options={"exchanges": ex, "coarse": coarse,
+                                                              "graph": False})
+                 for ex in ("owner", "sum")}
+        space = probs["sum"].space
+        # the neighbour sum: every holder gets the sum of the holders' values, same bits
+        part = np.random.default_rng(rank).standard_normal(space.nlocal)
+        summed = _device.to_host(space.halo(xp).sum(xp.array(part)))      # a copy: in place
+        g = space.local_to_global
+        every = comm.gather((g, part, summed), root=0)
+        # one V-cycle on the same residual (owner form), and the exchanges it made
+        r = np.random.default_rng(100 + rank).standard_normal(space.nlocal)
+        r[space.ghosts] = 0
+        z, calls = {}, {}
+        for ex, prob in probs.items():
+            P = prob.precond
+            halos = [A.op.halo for A in P.operators[:-1]] + [       # not the coarse CG's
+                h for T in P.transfers for h in (T.fwd_c, T.fwd_f)]
+            c0 = sum(h.calls for h in halos)
+            z[ex] = _device.to_host(P(xp.asarray(r)))
+            calls[ex] = sum(h.calls for h in halos) - c0
+        zo = comm.gather(z["owner"][space.owned], root=0)
+        zs = comm.gather(z["sum"][space.owned], root=0)
+        its = {ex: prob.solve(tol=1e-10).iterations for ex, prob in probs.items()}
+        if rank == 0:
+            total = np.zeros(space.ndofs)
+            for gg, pp, _ in every:
+                np.add.at(total, gg, pp)
+            held = {}
+            bad, bits = 0.0, True
+            for gg, _, ss in every:
+                bad = max(bad, float(np.abs(ss - total[gg]).max()))
+                for k, v in zip(gg.tolist(), ss.tolist()):
+                    bits &= held.setdefault(k, v) == v
+            a, b = np.concatenate(zo), np.concatenate(zs)
+            emit("CASE " + json.dumps(dict(
+                kind=kind, p=p, ranks=comm.Get_size(), sum_err=bad, sum_bits_agree=bool(bits),
+                modes=[probs[ex].precond.exchanges for ex in ("owner", "sum")], coarse=coarse,
+                z_diff=float(np.abs(a - b).max() / np.abs(a).max()),
+                calls=calls, iterations=its)))
+        quiet_barrier(comm)
+    emit(f"DONE rank {rank}")
+
+
 def _expect_error(comm, fn):
     try:
         fn()
@@ -251,7 +320,7 @@ def _expect_error(comm, fn):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("case", choices=("compare", "mismatch", "local-failure", "unpartitionable",
-                                     "poisson", "node-first"))
+                                     "poisson", "node-first", "exchanges"))
     ap.add_argument("--folder", default=None, help="node-first: a folder every rank sees")
     ap.add_argument("--meshes", default="box,block,kershaw,file")
     ap.add_argument("--precond", default="jacobi", choices=("jacobi", "pmg"))
@@ -271,6 +340,8 @@ def main(argv=None):
     elif args.case == "poisson":
         poisson(comm, args.device, args.meshes.split(","), [int(d) for d in args.dims.split(",")],
                 [int(p) for p in args.ps.split(",")], args.precond, args.coarse)
+    elif args.case == "exchanges":
+        exchanges(comm, args.device, [int(p) for p in args.ps.split(",")])
     elif args.case == "node-first":
         node_first_case(comm, args.folder)
     elif args.case == "mismatch":

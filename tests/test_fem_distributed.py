@@ -388,6 +388,51 @@ def test_pmg_graph_option_on_the_host():
         fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, pmg_options={"graph": "yes"}, **kw)
 
 
+def test_pmg_exchanges_option():
+    """exchanges="auto" on a box mesh: the consistent V-cycle ("sum"); "owner" asked for:
+    the owner-form one; one rank: the same solve either way; a bad value: an error."""
+    needs("pyamg")
+    mesh, f, kw = _pmg_problem("box")
+    got = {ex: fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF,
+                                 pmg_options=None if ex == "auto" else {"exchanges": ex}, **kw)
+           for ex in ("auto", "owner")}
+    assert got["auto"].problem.precond.exchanges == "sum"
+    assert got["owner"].problem.precond.exchanges == "owner"
+    assert got["auto"].iterations == got["owner"].iterations
+    np.testing.assert_allclose(got["auto"].u, got["owner"].u, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="exchanges must be one of"):
+        fem.solve_poisson(mesh, 2, f, comm=MPI.COMM_SELF, pmg_options={"exchanges": "both"},
+                          **kw)
+
+
+@pytest.mark.parametrize("shape, nranks, p", [((4,), 2, 2), ((4, 6), 4, 2), ((4, 4, 6), 8, 3),
+                                               ((3, 5, 4), 6, 2)])
+def test_shared_lists_and_elements(shape, nranks, p):
+    """The nodes two blocks both hold, listed alike on both sides (the same global
+    nodes, in the same order), and the elements touching them (a brute-force check)."""
+    part = partition_box(shape, nranks)
+    for r in range(nranks):
+        lo, hi = part.local_box(r, p)
+        lat = tuple(b - a for a, b in zip(lo, hi))
+        glob = np.ravel_multi_index(np.indices(lat).reshape(len(shape), -1)
+                                    + np.array(lo)[:, None], [n * p + 1 for n in shape])
+        mine = part.shared_lists(r, p)
+        nodes = set()
+        for q, idx in mine.items():
+            qlo, qhi = part.local_box(q, p)
+            qlat = tuple(b - a for a, b in zip(qlo, qhi))
+            qglob = np.ravel_multi_index(np.indices(qlat).reshape(len(shape), -1)
+                                         + np.array(qlo)[:, None], [n * p + 1 for n in shape])
+            np.testing.assert_array_equal(glob[idx], qglob[part.shared_lists(q, p)[r]])
+            nodes |= set(idx.tolist())
+        want = np.zeros(part.block_shape(r), dtype=bool)
+        for e in np.ndindex(*want.shape):
+            box = np.ix_(*[np.arange(k * p, k * p + p + 1) for k in e])
+            want[e] = bool(nodes & set(np.ravel_multi_index(box, lat).ravel().tolist()))
+        np.testing.assert_array_equal(part.shared_elements(r, p), want.ravel())
+        assert not (part.ghost_elements(r) & ~want.ravel()).any()
+
+
 def test_one_rank_pmg_coarse_cg_and_the_fallback(monkeypatch, caplog):
     """coarse="cg": the distributed Jacobi-CG; "auto" without pyamg: the same, said once."""
     from smalltc.fem.distributed import multigrid

@@ -309,6 +309,47 @@ def test_distributed_pmg_on_gpus(n, path, monkeypatch):
     print("\nV-cycle replayed as a CUDA graph:", [c["graphed"] for c in found])
 
 
+def check_exchanges(res, n):
+    """Every ``exchanges`` case: the neighbour sum exact and alike on every holder; the
+    V-cycle on consistent vectors the owner-form one to rounding, with fewer exchanges
+    and the same iterations."""
+    assert res.returncode == 0, res.stdout + res.stderr
+    found = cases(res)
+    assert sorted(ln for ln in lines(res) if ln.startswith("DONE")) == \
+        [f"DONE rank {r}" for r in range(n)], res.stdout + res.stderr
+    assert found, res.stdout + res.stderr
+    for c in found:
+        what = f"{c['kind']} p={c['p']} on {n} ranks"
+        assert c["sum_err"] <= 1e-13 and c["sum_bits_agree"], (what, c)
+        assert c["modes"] == ["owner", "sum"], (what, c)
+        # the AMG coarse cycle is linear: rounding apart; a coarse CG to 1e-6 is not
+        assert c["z_diff"] <= (1e-12 if c["coarse"] == "amg" else 1e-8), (what, c)
+        if n > 1:
+            assert c["calls"]["sum"] < 0.7 * c["calls"]["owner"], (what, c)
+        assert c["iterations"]["sum"] == c["iterations"]["owner"], (what, c)
+    return found
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_the_neighbour_sum_and_the_consistent_v_cycle(n):
+    """``Halo.sum`` on box partitions (4 ranks: edges held by 4), and the distributed
+    p-multigrid with ``exchanges="sum"`` against ``"owner"``."""
+    res = mpirun(n, [sys.executable, CASES, "exchanges", "--ps", "2,4"], timeout=400)
+    found = check_exchanges(res, n)
+    print("\nexchanges a V-cycle, owner -> sum:",
+          [(c["kind"], c["p"], c["calls"]["owner"], c["calls"]["sum"]) for c in found])
+
+
+@needs_mpi
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device (cupy device query failed)")
+def test_the_consistent_v_cycle_on_gpus():
+    res = mpirun(2, [sys.executable, CASES, "exchanges", "--device", "gpu", "--ps", "2,4"],
+                 timeout=400)
+    check_exchanges(res, 2)
+
+
 @needs_mpi
 def test_distributed_pmg_with_the_coarse_cg():
     """coarse="cg" stays selectable: Jacobi-CG across the ranks on the order-1 level."""

@@ -46,7 +46,7 @@ __all__ = ["Halo", "TRANSPORTS"]
 #: host memory; CuPy by NCCL
 TRANSPORTS = ("host", "device", "staged", "nccl")
 
-_TAG_FORWARD, _TAG_REVERSE = 7101, 7102
+_TAG_FORWARD, _TAG_REVERSE, _TAG_SUM = 7101, 7102, 7103
 
 
 def add_at(y, idx, values, xp=np):
@@ -145,7 +145,7 @@ class Halo:
         Every ghost's local index (the union of ``recvs``).
     """
 
-    def __init__(self, comm, sends, recvs, xp, transport=None):
+    def __init__(self, comm, sends, recvs, xp, transport=None, shared=None):
         self.MPI = load_mpi()
         self.comm, self.xp = comm, xp
         self.nccl = None
@@ -181,6 +181,31 @@ class Halo:
         self._buffers = {}
         self.seconds = {"pack": 0.0, "wait": 0.0, "unpack": 0.0}
         self.calls = 0
+        self._shared(shared)
+
+    def _shared(self, shared):
+        """The neighbour sum's lists: each neighbour's shared nodes (concatenated, in
+        increasing rank order), the union of those nodes, and where each neighbour's
+        list sits in the union; the order of the sum (every sharer's contribution in
+        increasing rank order, this rank's included)."""
+        self.has_sum = shared is not None
+        if not self.has_sum:
+            return
+        xp, me = self.xp, self.comm.Get_rank()
+        self.sum_ranks = sorted(shared)
+        self.sum_idx, self.sum_off = _concat(xp, shared, self.sum_ranks)
+        nodes = np.unique(np.concatenate([np.asarray(shared[q]) for q in self.sum_ranks]
+                                         or [np.zeros(0, dtype=np.int64)]))
+        self.sum_nodes = xp.asarray(nodes.astype(np.int64))
+        self._sum_order = []            # (rank, positions in the union, its slice), by rank
+        for q in sorted(self.sum_ranks + [me]):
+            if q == me:
+                self._sum_order.append((q, None, None))
+                continue
+            k = self.sum_ranks.index(q)
+            a, b = int(self.sum_off[k]), int(self.sum_off[k + 1])
+            pos = np.searchsorted(nodes, np.asarray(shared[q]))
+            self._sum_order.append((q, xp.asarray(pos.astype(np.int64)), (a, b)))
 
     @property
     def nghosts(self):
@@ -302,3 +327,39 @@ class Halo:
     def reverse(self, y):
         """Ghosts -> owners: ``y``'s ghost values added to their owners, ghosts zeroed."""
         return self.finish_reverse(self.start_reverse(y), y)
+
+    # ------------------------------------------------------------------ neighbour sum
+    def start_sum(self, values, pos=None):
+        """Post the neighbour sum: ``values[pos]`` are this rank's partial values of the
+        shared nodes, in :attr:`sum_idx` order (``pos`` None: ``values`` is a local
+        vector). Needs the shared lists (``has_sum``)."""
+        idx = self.sum_idx if pos is None else pos
+        return self._start(values, idx, self.sum_ranks, self.sum_off,
+                           self.sum_ranks, self.sum_off, _TAG_SUM)
+
+    def finish_sum(self, pending, y):
+        """Wait for the neighbour sum and give every shared node of ``y`` the sum of all
+        its holders' partial values (``y``'s own among them), added in increasing rank
+        order: the same bits on every rank that holds it (a local vector summed this way
+        is consistent)."""
+        recv = self._wait(pending)
+        t = time.perf_counter()
+        xp = self.xp
+        if self.sum_nodes.size:
+            acc = xp.zeros(self.sum_nodes.size, dtype=y.dtype)
+            for q, pos, part in self._sum_order:
+                if pos is None:
+                    acc += xp.take(y, self.sum_nodes)
+                else:
+                    acc[pos] += recv[part[0]:part[1]]
+            set_at(y, self.sum_nodes, acc, xp)
+        self.seconds["unpack"] += time.perf_counter() - t
+        self.calls += 1
+        return y
+
+    def sum(self, y):
+        """Partial values -> their sums on every holder (consistent form), in place: one
+        exchange with the shared lists, else the reverse exchange then the forward one."""
+        if self.has_sum:
+            return self.finish_sum(self.start_sum(y), y)
+        return self.forward(self.reverse(y))

@@ -39,6 +39,7 @@ import numpy as np
 import smalltc
 
 from ..basis import lagrange_basis
+from ..boundary import ConstrainedOperator
 from .._device import to_host
 from .._graph import GRAPH_CHOICES, GraphReplay
 from ..chebyshev import Chebyshev, estimate_lambda_max
@@ -48,8 +49,12 @@ from ..operators import diffusion_operator
 from ..quadrature import gauss_lobatto
 from .coarse import COARSE, DistributedCG, GatheredAMG
 from .comm import collective, make_reducer
+from .halo import set_at
 from .operators import distributed_diffusion_operator
 from .space import DistributedH1Space
+
+#: how the V-cycle's vectors meet across the ranks (:func:`distributed_pmg`)
+EXCHANGES = ("auto", "sum", "owner")
 
 __all__ = ["DistributedTransfer", "DistributedChebyshev", "DistributedPMultigrid",
            "distributed_pmg"]
@@ -138,6 +143,31 @@ class DistributedTransfer:
             v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
             y = self.fine.local.scatter(v * self.weights)
         return self.fwd_f.reverse(y)
+
+    def prolong_sum(self, xc):
+        """:meth:`prolong` on consistent vectors: ``xc``'s ghosts hold their owners'
+        values already; the result is consistent (the neighbour sum)."""
+        xp = self.xp
+        xc = xp.array(xc, dtype=self.dtype)
+        if self.kernel:
+            cmap, fmap = self._maps
+            y = smalltc.pmg_transfer(self.I1d, xc, cmap, self.coarse_free, fmap, self.fine_w)
+        else:
+            xc *= self.coarse_free
+            v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
+            y = self.fine.local.scatter(v * self.weights)
+        return self.fwd_f.sum(y)
+
+    def restrict_sum(self, rf):
+        """:meth:`restrict` on consistent vectors (in and out)."""
+        xp = self.xp
+        rf = xp.array(rf, dtype=self.dtype)
+        if self.kernel:
+            cmap, fmap = self._maps
+            rc = smalltc.pmg_transfer(self.I1dT, rf, fmap, self.fine_w, cmap, self.coarse_free)
+            return self.fwd_c.sum(rc)
+        v = smalltc.interpolate(self.I1dT, None, self.fine.local.gather(rf) * self.weights)
+        return self.fwd_c.sum(self.coarse.local.scatter(v)) * self.coarse_free
 
     def restrict(self, rf):
         """``P^T r_fine``."""
@@ -235,7 +265,8 @@ class DistributedPMultigrid:
         V-cycles run so far.
     """
 
-    def __init__(self, operators, smoothers, transfers, red, coarse, graph="auto"):
+    def __init__(self, operators, smoothers, transfers, red, coarse, graph="auto",
+                 exchanges="auto"):
         self.operators, self.smoothers, self.transfers = operators, smoothers, transfers
         self.orders = [A.op.space.p for A in operators]
         self.red, self.coarse = red, coarse
@@ -243,13 +274,28 @@ class DistributedPMultigrid:
         self.shape = operators[0].shape
         if graph not in GRAPH_CHOICES:
             raise ValueError(f"graph must be 'auto', True or False, got {graph!r}")
+        if exchanges not in EXCHANGES:
+            raise ValueError(f"exchanges must be one of {list(EXCHANGES)}, got {exchanges!r}")
+        summable = all(A.op.halo.has_sum for A in operators)
+        if exchanges == "sum" and not summable:
+            raise ValueError("exchanges='sum' needs the neighbour sum's lists (a box mesh's "
+                             "blocks); this mesh's partition has none")
+        self.exchanges = "sum" if exchanges == "auto" and summable else (
+            "owner" if exchanges == "auto" else exchanges)
+        self._sum_ops = self._sum_smoothers = None
+        if self.exchanges == "sum":
+            self._sum_ops = [ConstrainedOperator(A.op.summed(), A.bc) for A in operators[:-1]]
+            self._sum_smoothers = [
+                Chebyshev(Ac, degree=S.degree, kind=S.kind, lambda_max=S.lambda_max,
+                          safety=S.safety, check=False)
+                for Ac, S in zip(self._sum_ops, smoothers)]
         self.graph, self.eager, self.cycles = graph, False, 0
         self.graphed = bool(graph) and self.xp is not np and getattr(coarse, "on_device", False)
         if graph is True and not self.graphed:
             raise ValueError("graph=True needs the GPU, NCCL's exchanges (or one rank) and "
                              f"the AMG coarse solve on the device; this V-cycle has "
                              f"{coarse.describe()}")
-        self._replay = (GraphReplay(lambda r: self._vcycle(0, r), self.xp,
+        self._replay = (GraphReplay(self._cycle, self.xp,
                                     "the distributed p-multigrid V-cycle",
                                     required=graph is True) if self.graphed else None)
 
@@ -270,11 +316,37 @@ class DistributedPMultigrid:
         x += T.prolong(self._vcycle(level + 1, T.restrict(r)))
         return S(b, x)
 
+    def _vcycle_sum(self, level, b):
+        """The V-cycle on consistent vectors: each application and transfer ends in one
+        neighbour sum instead of a forward and a reverse exchange."""
+        if level == len(self.operators) - 1:
+            halo = self.operators[level].op.halo
+            owner = b.copy()
+            if halo.nghosts:
+                set_at(owner, halo.ghosts, 0, self.xp)
+            return halo.forward(self._coarse(owner))
+        A, S, T = self._sum_ops[level], self._sum_smoothers[level], self.transfers[level]
+        x = S.smooth(b)
+        r = b - A(x)
+        x += T.prolong_sum(self._vcycle_sum(level + 1, T.restrict_sum(r)))
+        return S.smooth(b, x)
+
+    def _cycle(self, r):
+        """``z = B r`` for ``r`` in owner form, ``z`` in owner form."""
+        if self.exchanges == "owner":
+            return self._vcycle(0, r)
+        halo = self.operators[0].op.halo
+        b = halo.forward(r.copy())                  # consistent
+        z = self._vcycle_sum(0, b)
+        if halo.nghosts:
+            set_at(z, halo.ghosts, 0, self.xp)      # owner form
+        return z
+
     def __call__(self, r):
         r = self.xp.asarray(r, dtype=self.dtype)
         self.cycles += 1
         if self._replay is None or self.eager:
-            return self._vcycle(0, r)
+            return self._cycle(r)
         n = self.coarse.applications
         z = self._replay(r)        # a replay calls nothing; a capture calls it once more
         self.coarse.applications = n + 1
@@ -289,7 +361,7 @@ class DistributedPMultigrid:
 
 def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature="gauss",
                     orders=None, degree=3, coarse="auto", coarse_tol=1e-6, backend="auto",
-                    graph="auto"):
+                    graph="auto", exchanges="auto"):
     """The distributed p-multigrid preconditioner of the constrained operator ``A`` (the
     finest level; collective).
 
@@ -321,6 +393,15 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
         Replay each rank's V-cycle as a CUDA graph where it can be one (GPUs, NCCL's
         exchanges or one rank, ``coarse="amg"``; :class:`DistributedPMultigrid`):
         ``"auto"`` where it can, True to insist (an error where it cannot), False never.
+    exchanges : {"auto", "sum", "owner"}
+        How the V-cycle's vectors meet across the ranks. ``"sum"``: consistent vectors
+        (every held node with its value), each operator application and transfer
+        completed by one neighbour sum (:meth:`~.halo.Halo.sum`: the ranks that hold a
+        node exchange their partial values and add them in rank order, the same bits on
+        each); ``"owner"``: owner-form vectors, a forward exchange (owners to ghosts) and
+        a reverse one (ghosts to owners) each. The same V-cycle up to rounding, with
+        half the exchanges. ``"auto"``: ``"sum"`` where the partition gives the shared
+        lists (box meshes), else ``"owner"``.
 
     Returns
     -------
@@ -379,7 +460,8 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
                              nccl=halo.nccl if halo.transport == "nccl" else None)
     else:
         solver = DistributedCG(last, red, coarse_tol)
-    return DistributedPMultigrid(ops, smoothers, transfers, red, solver, graph=graph)
+    return DistributedPMultigrid(ops, smoothers, transfers, red, solver, graph=graph,
+                                 exchanges=exchanges)
 
 
 def _host(a):

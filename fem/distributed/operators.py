@@ -111,9 +111,11 @@ class DistributedOperator:
         self.space, self.xp, self.dtype, self.qfunc = space, xp, local.dtype, qfunc
         self.B1d, self.G1d = local.B1d, local.G1d
         self.backend, self.deterministic = backend, bool(deterministic)
-        ghost_el = space.ghost_elements()
-        self.interior = np.flatnonzero(~ghost_el)
-        self.boundary = np.flatnonzero(ghost_el)
+        # the elements touching a node another rank holds (a superset of those touching
+        # a ghost): computed after the exchanges start, the rest overlap them
+        touching = space.shared_elements()
+        self.interior = np.flatnonzero(~touching)
+        self.boundary = np.flatnonzero(touching)
         itype = np.int32 if space.nlocal < 2**31 else np.int64
         if self.boundary.size == 0:                     # nothing to exchange: the serial operator
             self.data_int, self.map_int = local.data, local.dof_map
@@ -132,8 +134,16 @@ class DistributedOperator:
         if self.boundary.size:
             # where the reverse exchange finds each ghost's value: in the halo's ghost order
             # (neighbour by neighbour), as positions in the compact vector of ghost elements
-            order = np.concatenate([space.recvs[q] for q in self.halo.recv_ranks])
+            order = np.concatenate([space.recvs[q] for q in self.halo.recv_ranks]
+                                   or [np.zeros(0, dtype=np.int64)])
             self.ghost_pos = xp.asarray(np.searchsorted(bdofs, order))
+        self.sum_pos = None                    # where the neighbour sum finds its values
+        if self.boundary.size and self.halo.has_sum and self.halo.sum_ranks:
+            order = np.concatenate([space.shared[q] for q in self.halo.sum_ranks])
+            pos = np.searchsorted(bdofs, order)
+            if not np.array_equal(bdofs[np.minimum(pos, bdofs.size - 1)], order):
+                raise RuntimeError("a shared node outside the elements that touch one")
+            self.sum_pos = xp.asarray(pos)
         return self
 
     @property
@@ -212,6 +222,49 @@ class DistributedOperator:
             rev = halo.start_reverse(y)
         return halo.finish_reverse(rev, y)
 
+    def apply_sum(self, x, out=None):
+        """``y = A x`` for a consistent ``x`` (its ghosts hold their owners' values; not
+        modified), consistent: every rank's partial sums at its shared nodes completed by
+        the neighbour sum (:meth:`~.halo.Halo.sum`: one exchange instead of the forward
+        and the reverse ones), sent while the elements that touch no shared node run.
+
+        Collective: every rank calls it the same number of times.
+        """
+        x = self._vector(x)
+        if self.boundary.size == 0 and not self.halo.send_ranks:
+            return self._apply(self.data_int, x, self.map_int, out)
+        xp, halo = self.xp, self.halo
+        if self.sum_pos is None:                # no shared lists: reverse, then forward
+            return halo.forward(self.apply(x.copy(), out))
+        xb = self._xb = xp.take(x, self.bdofs, out=self._xb)
+        yb = self._apply(self.data_bnd, xb, self.map_bnd)
+        pending = halo.start_sum(yb, self.sum_pos)
+        if self.interior.size:
+            y = self._apply(self.data_int, x, self.map_int, out)
+        else:
+            y = xp.zeros(self.space.nlocal, dtype=self.dtype) if out is None else out
+            if out is not None:
+                y.fill(0)
+        add_at(y, self.bdofs, yb, xp)
+        return halo.finish_sum(pending, y)
+
+    def diagonal_sum(self):
+        """The diagonal of the global matrix at every node this rank holds, ghosts
+        included (consistent; the neighbour sum). Collective."""
+        s = self.space
+        if self.interior.size:
+            d = self._diagonal(self.data_int, self.map_int, s.nlocal)
+        else:
+            d = self.xp.zeros(s.nlocal, dtype=self.dtype)
+        if self.boundary.size:
+            d[self.bdofs] += self._diagonal(self.data_bnd, self.map_bnd, int(self.bdofs.size))
+        return self.halo.sum(d)
+
+    def summed(self):
+        """This operator on consistent vectors (:meth:`apply_sum`), as an operator object
+        (``shape``, ``dtype``, ``xp``, call, ``diagonal``)."""
+        return _Summed(self)
+
     def diagonal(self, ghost_value=0.0):
         """The diagonal of the global matrix at this rank's nodes (owner form: ghosts get
         ``ghost_value``; e.g. 1 for :func:`~smalltc.fem.solvers.jacobi`). Collective."""
@@ -226,6 +279,20 @@ class DistributedOperator:
         if ghost_value != 0 and s.nghosts:
             d[self.halo.ghosts] = ghost_value
         return d
+
+
+class _Summed:
+    """A distributed operator on consistent vectors: :meth:`DistributedOperator.apply_sum`
+    and its consistent diagonal."""
+
+    def __init__(self, op):
+        self.op, self.xp, self.dtype, self.shape = op, op.xp, op.dtype, op.shape
+
+    def __call__(self, x):
+        return self.op.apply_sum(x)
+
+    def diagonal(self):
+        return self.op.diagonal_sum()
 
 
 def _rows(data, idx, xp):

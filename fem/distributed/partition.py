@@ -252,6 +252,43 @@ class BlockPartition:
                 recvs[q] = box_indices(box, mine)
         return sends, recvs
 
+    def shared_lists(self, rank, p):
+        """The nodes ``rank`` holds together with each neighbour (both hold them: the
+        interfaces' nodes, owned by one of the two or by a third), in local indices:
+        dict rank -> int64 array, the pair's lists in the same (global C) order.
+
+        Examples
+        --------
+        >>> part = partition_box((4,), 2)
+        >>> part.shared_lists(0, 2), part.shared_lists(1, 2)
+        ({1: array([4])}, {0: array([0])})
+        """
+        mine = self.local_box(rank, p)
+        out = {}
+        for q in self.neighbors(rank):
+            box = _intersect(mine, self.local_box(q, p))
+            if box is not None:
+                out[q] = box_indices(box, mine)
+        return out
+
+    def shared_elements(self, rank, p):
+        """Boolean mask over the block's elements (C order): those touching a node that
+        another rank holds too (the first and last layers where the block meets a
+        neighbour; a superset of :meth:`ghost_elements`)."""
+        start, stop = self.block(rank)
+        bshape = tuple(b - a for a, b in zip(start, stop))
+        mask = np.zeros(bshape, dtype=bool)
+        for q in self.neighbors(rank):
+            box = _intersect(self.local_box(rank, p), self.local_box(q, p))
+            if box is None:
+                continue
+            # element e covers lattice nodes e p .. e p + p: it touches [lo, hi) when
+            # (lo - p) / p <= e <= (hi - 1) / p
+            sl = tuple(slice(max(a, -(-(lo - p) // p)) - a, min(b - 1, (hi - 1) // p) - a + 1)
+                       for a, b, lo, hi in zip(start, stop, *box))
+            mask[sl] = True
+        return mask.ravel()
+
     def ghost_elements(self, rank):
         """Boolean mask over the block's elements (C order): those touching a ghost node
         (in the last layer along a direction where the block does not end the mesh)."""

@@ -48,7 +48,7 @@ __all__ = ["DistributedPoissonProblem", "poisson_problem_distributed",
 PRECONDS = ("jacobi", "pmg", None)
 
 #: what ``pmg_options`` may hold in a distributed solve
-PMG_OPTIONS = ("orders", "degree", "coarse", "coarse_tol", "graph")
+PMG_OPTIONS = ("orders", "degree", "coarse", "coarse_tol", "graph", "exchanges")
 
 
 def _spell(data):
@@ -233,7 +233,8 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     ``precond`` is ``"jacobi"``, ``"pmg"`` (:func:`~.multigrid.distributed_pmg`;
     ``pmg_options``: ``orders``, ``degree``, ``coarse`` (``"auto"``, ``"amg"``, ``"cg"``),
     ``coarse_tol``, ``graph`` (the V-cycle replayed as a CUDA graph: ``"auto"``, True,
-    False)) or None.
+    False), ``exchanges`` (``"auto"``, ``"sum"``: consistent vectors and one neighbour
+    sum an application, ``"owner"``: owner-form vectors and two exchanges)) or None.
 
     ``compile_first`` (default True): on a box or Kershaw mesh, the first rank of each
     node compiles the solve's kernels on a tiny problem of the same kind first, the

@@ -366,6 +366,10 @@ class DistributedH1Space:
         Local vector length; nodes this rank owns; its ghosts.
     sends, recvs : dict rank -> int64 array
         :meth:`~.partition.BlockPartition.exchange_lists`.
+    shared : dict rank -> int64 array or None
+        :meth:`~.partition.BlockPartition.shared_lists`: the nodes held with each
+        neighbour, for the one-exchange neighbour sum (:meth:`~.halo.Halo.sum`); None on
+        a partitioned mesh (the sum is then the reverse and forward exchanges).
     ghosts : ndarray of int64
         Local indices of the ghosts, increasing.
     local_to_global : ndarray of int64, shape (nlocal,)
@@ -398,6 +402,7 @@ class DistributedH1Space:
         self._boxes = (obox, lbox)            # owned and local_to_global: made when asked for
         self._owned = self._local_to_global = None
         self._exchange(*part.exchange_lists(self.rank, p))
+        self.shared = part.shared_lists(self.rank, p)
 
     @property
     def owned(self):
@@ -443,6 +448,7 @@ class DistributedH1Space:
                        else np.zeros(0, dtype=np.int64))
         self.nghosts = int(self.ghosts.size)
         self._halos = {}
+        self.shared = None              # the neighbour sum's lists, where known
 
     def __repr__(self):
         return (f"DistributedH1Space(p={self.p}, ndofs={self.ndofs}, rank={self.rank} of "
@@ -464,12 +470,21 @@ class DistributedH1Space:
         key = (xp.__name__, transport)
         h = self._halos.get(key)
         if h is None:
-            h = self._halos[key] = Halo(self.comm, self.sends, self.recvs, xp, transport)
+            h = self._halos[key] = Halo(self.comm, self.sends, self.recvs, xp, transport,
+                                        self.shared)
         return h
 
     def make_halo(self, xp=np, transport=None):
         """A new :class:`~.halo.Halo` (its own buffers and timers), e.g. for an operator."""
-        return Halo(self.comm, self.sends, self.recvs, xp, transport)
+        return Halo(self.comm, self.sends, self.recvs, xp, transport, self.shared)
+
+    def shared_elements(self):
+        """Boolean mask over the rank's elements: those touching a node another rank
+        holds too (where the neighbour sum's lists are known; else those touching a
+        ghost)."""
+        if self.shared is None:
+            return self.ghost_elements()
+        return self.partition.shared_elements(self.rank, self.p)
 
     def global_to_local(self, u):
         """A local vector (consistent form) from a global one every rank has, shape (ndofs,)."""

@@ -249,8 +249,6 @@ def exchanges(comm, device, ps):
     """The neighbour sum and the V-cycle on consistent vectors against the owner-form
     one, on box and Kershaw blocks (3D, 8 elements along z: every rank grid up to 4 has
     edges held by 3+ ranks when the grid is 2 x 2)."""
-    from mpi4py import MPI
-
     from smalltc.fem import _device
     from smalltc.fem.distributed import distributed_box_mesh, distributed_kershaw_mesh
     from smalltc.fem.distributed.poisson import poisson_problem_distributed

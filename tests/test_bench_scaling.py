@@ -7,7 +7,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from optional_deps import missing

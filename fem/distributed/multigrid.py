@@ -258,6 +258,9 @@ class DistributedPMultigrid:
     graphed : bool
         Whether the V-cycle is replayed as a CUDA graph (``graph`` allowing it, the GPU,
         the NCCL exchanges or one rank, the AMG coarse solve on the device).
+    exchanges : {"sum", "owner"}
+        The V-cycle's vectors: consistent, one neighbour sum an application and transfer;
+        or owner form, a forward and a reverse exchange each (:func:`distributed_pmg`).
     eager : bool
         Set (e.g. by a solve whose phases are timed) to run the V-cycle launch by launch
         for now, the graph kept.

@@ -125,7 +125,7 @@ class DistributedOperator:
             self.data_int = _rows(local.data, interior, xp)
             self.map_int = space.local.dof_rows(interior, xp, itype)   # made where it is used
             self.data_bnd = _rows(local.data, xp.asarray(self.boundary), xp)
-            bmap = space.local.dof_rows(self.boundary, np, np.int64)  # the few ghost elements'
+            bmap = space.local.dof_rows(self.boundary, np, np.int64)  # the few first ones'
             bdofs = np.unique(bmap)
             self.bdofs = xp.asarray(bdofs)
             self.map_bnd = to_device(np.searchsorted(bdofs, bmap).astype(itype), xp)

@@ -129,58 +129,47 @@ class DistributedTransfer:
             self._maps = tuple(s.local.dof_map(xp).reshape((E,) + (s.nd,) * dim)
                                for s in (coarse, fine))
 
-    def prolong(self, xc):
-        """``P x_coarse``: the coarse vector's ghosts filled, interpolated on each element,
-        weighted, summed onto the owners."""
-        xp = self.xp
-        xc = xp.array(xc, dtype=self.dtype)
-        self.fwd_c.forward(xc)
+    def _prolong_local(self, xc):
+        """The element part of the prolongation: ``xc`` consistent (a copy the caller
+        gives up), the fine partial sums of this rank's elements."""
         if self.kernel:
             cmap, fmap = self._maps
-            y = smalltc.pmg_transfer(self.I1d, xc, cmap, self.coarse_free, fmap, self.fine_w)
-        else:
-            xc *= self.coarse_free
-            v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
-            y = self.fine.local.scatter(v * self.weights)
-        return self.fwd_f.reverse(y)
+            return smalltc.pmg_transfer(self.I1d, xc, cmap, self.coarse_free, fmap, self.fine_w)
+        xc *= self.coarse_free
+        v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
+        return self.fine.local.scatter(v * self.weights)
+
+    def _restrict_local(self, rf):
+        """The element part of the restriction: ``rf`` consistent, the coarse partial sums
+        of this rank's elements, masked by the coarse free DoFs (the mask agrees across
+        the ranks, so it may come before the sum)."""
+        if self.kernel:
+            cmap, fmap = self._maps
+            return smalltc.pmg_transfer(self.I1dT, rf, fmap, self.fine_w, cmap, self.coarse_free)
+        v = smalltc.interpolate(self.I1dT, None, self.fine.local.gather(rf) * self.weights)
+        return self.coarse.local.scatter(v) * self.coarse_free
+
+    def prolong(self, xc):
+        """``P x_coarse``: the coarse vector's ghosts filled, interpolated on each element,
+        weighted, summed onto the owners (owner form in and out)."""
+        xc = self.xp.array(xc, dtype=self.dtype)
+        self.fwd_c.forward(xc)
+        return self.fwd_f.reverse(self._prolong_local(xc))
 
     def prolong_sum(self, xc):
         """:meth:`prolong` on consistent vectors: ``xc``'s ghosts hold their owners'
         values already; the result is consistent (the neighbour sum)."""
-        xp = self.xp
-        xc = xp.array(xc, dtype=self.dtype)
-        if self.kernel:
-            cmap, fmap = self._maps
-            y = smalltc.pmg_transfer(self.I1d, xc, cmap, self.coarse_free, fmap, self.fine_w)
-        else:
-            xc *= self.coarse_free
-            v = smalltc.interpolate(self.I1d, None, self.coarse.local.gather(xc))
-            y = self.fine.local.scatter(v * self.weights)
-        return self.fwd_f.sum(y)
+        return self.fwd_f.sum(self._prolong_local(self.xp.array(xc, dtype=self.dtype)))
+
+    def restrict(self, rf):
+        """``P^T r_fine`` (owner form in and out)."""
+        rf = self.xp.array(rf, dtype=self.dtype)
+        self.fwd_f.forward(rf)
+        return self.fwd_c.reverse(self._restrict_local(rf))
 
     def restrict_sum(self, rf):
         """:meth:`restrict` on consistent vectors (in and out)."""
-        xp = self.xp
-        rf = xp.array(rf, dtype=self.dtype)
-        if self.kernel:
-            cmap, fmap = self._maps
-            rc = smalltc.pmg_transfer(self.I1dT, rf, fmap, self.fine_w, cmap, self.coarse_free)
-            return self.fwd_c.sum(rc)
-        v = smalltc.interpolate(self.I1dT, None, self.fine.local.gather(rf) * self.weights)
-        return self.fwd_c.sum(self.coarse.local.scatter(v)) * self.coarse_free
-
-    def restrict(self, rf):
-        """``P^T r_fine``."""
-        xp = self.xp
-        rf = xp.array(rf, dtype=self.dtype)
-        self.fwd_f.forward(rf)
-        if self.kernel:        # the coarse weights (the free mask) agree across the ranks
-            cmap, fmap = self._maps
-            rc = smalltc.pmg_transfer(self.I1dT, rf, fmap, self.fine_w, cmap, self.coarse_free)
-            return self.fwd_c.reverse(rc)
-        v = smalltc.interpolate(self.I1dT, None, self.fine.local.gather(rf) * self.weights)
-        rc = self.fwd_c.reverse(self.coarse.local.scatter(v))
-        return rc * self.coarse_free
+        return self.fwd_c.sum(self._restrict_local(self.xp.array(rf, dtype=self.dtype)))
 
 
 def _start_vector(space, xp, dtype):

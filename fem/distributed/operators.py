@@ -195,6 +195,27 @@ class DistributedOperator:
         return smalltc.operator_diagonal(self.qfunc, self.B1d, self.G1d, data, emap, n,
                                          deterministic=self.deterministic, backend=self.backend)
 
+    def _apply_interior(self, x, out=None):
+        """The elements that touch no shared node, into ``out`` (zeros where there are
+        none): a local vector of partial sums."""
+        if self.interior.size:
+            return self._apply(self.data_int, x, self.map_int, out)
+        y = self.xp.zeros(self.space.nlocal, dtype=self.dtype) if out is None else out
+        if out is not None:
+            y.fill(0)
+        return y
+
+    def _local_diagonal(self):
+        """This rank's elements' part of the diagonal (partial sums at shared nodes)."""
+        s = self.space
+        if self.interior.size:
+            d = self._diagonal(self.data_int, self.map_int, s.nlocal)
+        else:
+            d = self.xp.zeros(s.nlocal, dtype=self.dtype)
+        if self.boundary.size:
+            d[self.bdofs] += self._diagonal(self.data_bnd, self.map_bnd, int(self.bdofs.size))
+        return d
+
     def apply(self, x, out=None):
         """``y = A x`` in owner form; ``x``'s ghosts are filled with their owners' values
         (in place when ``x`` is already an array of the operator's module and dtype).
@@ -206,12 +227,7 @@ class DistributedOperator:
             return self._apply(self.data_int, x, self.map_int, out)
         xp, halo = self.xp, self.halo
         fwd = halo.start_forward(x)
-        if self.interior.size:
-            y = self._apply(self.data_int, x, self.map_int, out)
-        else:
-            y = xp.zeros(self.space.nlocal, dtype=self.dtype) if out is None else out
-            if out is not None:
-                y.fill(0)
+        y = self._apply_interior(x, out)
         halo.finish_forward(fwd, x)
         if self.boundary.size:
             xb = self._xb = xp.take(x, self.bdofs, out=self._xb)
@@ -239,26 +255,14 @@ class DistributedOperator:
         xb = self._xb = xp.take(x, self.bdofs, out=self._xb)
         yb = self._apply(self.data_bnd, xb, self.map_bnd)
         pending = halo.start_sum(yb, self.sum_pos)
-        if self.interior.size:
-            y = self._apply(self.data_int, x, self.map_int, out)
-        else:
-            y = xp.zeros(self.space.nlocal, dtype=self.dtype) if out is None else out
-            if out is not None:
-                y.fill(0)
+        y = self._apply_interior(x, out)
         add_at(y, self.bdofs, yb, xp)
         return halo.finish_sum(pending, y)
 
     def diagonal_sum(self):
         """The diagonal of the global matrix at every node this rank holds, ghosts
         included (consistent; the neighbour sum). Collective."""
-        s = self.space
-        if self.interior.size:
-            d = self._diagonal(self.data_int, self.map_int, s.nlocal)
-        else:
-            d = self.xp.zeros(s.nlocal, dtype=self.dtype)
-        if self.boundary.size:
-            d[self.bdofs] += self._diagonal(self.data_bnd, self.map_bnd, int(self.bdofs.size))
-        return self.halo.sum(d)
+        return self.halo.sum(self._local_diagonal())
 
     def summed(self):
         """This operator on consistent vectors (:meth:`apply_sum`), as an operator object
@@ -269,13 +273,7 @@ class DistributedOperator:
         """The diagonal of the global matrix at this rank's nodes (owner form: ghosts get
         ``ghost_value``; e.g. 1 for :func:`~smalltc.fem.solvers.jacobi`). Collective."""
         s = self.space
-        if self.interior.size:
-            d = self._diagonal(self.data_int, self.map_int, s.nlocal)
-        else:
-            d = self.xp.zeros(s.nlocal, dtype=self.dtype)
-        if self.boundary.size:
-            d[self.bdofs] += self._diagonal(self.data_bnd, self.map_bnd, int(self.bdofs.size))
-        self.halo.reverse(d)
+        d = self.halo.reverse(self._local_diagonal())
         if ghost_value != 0 and s.nghosts:
             d[self.halo.ghosts] = ghost_value
         return d

@@ -129,6 +129,12 @@ class H1Space:
          [ 7  8  9]
          [12 13 14]]
         """
+        if elements is not None:
+            elements = xp.asarray(elements)
+            if elements.size and not (bool(elements.min() >= 0)
+                                      and bool(elements.max() < self.nelements)):
+                raise ValueError(f"elements must lie in [0, {self.nelements}), got "
+                                 f"[{int(elements.min())}, {int(elements.max())}]")
         if self.lattice_shape is None:
             rows = self.elem_dofs if elements is None else self.elem_dofs[to_host(elements)]
             return to_device(np.ascontiguousarray(rows, dtype=dtype), xp)

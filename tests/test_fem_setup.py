@@ -656,6 +656,9 @@ def test_dof_rows_are_the_map_rows(dim, n, p):
         np.testing.assert_array_equal(rows, ref[some])
     U = fem.H1Space(FILE_MESHES[1], p)
     np.testing.assert_array_equal(U.dof_rows(some[:3], np, np.int32), U.elem_dofs[some[:3]])
+    for bad in ([V.nelements], [-1, 0]):
+        with pytest.raises(ValueError, match=rf"elements must lie in \[0, {V.nelements}\)"):
+            V.dof_rows(np.array(bad))
 
 
 class _Op:

@@ -9,14 +9,17 @@ unless asked to return the unconverged result (then ``converged`` is False).
 Both are array-module generic: with CuPy vectors (and an operator and
 preconditioner that return CuPy arrays) the iteration runs on the GPU.
 
-With no preconditioner or a :func:`jacobi` one, the iteration is *fused*
-(:mod:`smalltc.fem._cg_fused`): the vector updates of an iteration take two
-passes plus the inner product ``p.Ap`` (13 vector reads and writes instead of
-18), and on the GPU every scalar stays on the device: the host reads the state
-every ``check_every`` iterations instead of synchronising every iteration, and
-the kernels queued past the stop do nothing, so the result is the one a check
-every iteration gives. Any other preconditioner runs the plain loop, which
-copies three scalars to the host each iteration.
+The iteration is *fused* (:mod:`smalltc.fem._cg_fused`): with no preconditioner or
+a :func:`jacobi` one, the vector updates of an iteration take two passes plus the
+inner product ``p.Ap`` (13 vector reads and writes instead of 18), and on the GPU
+every scalar stays on the device: the host reads the state every ``check_every``
+iterations instead of synchronising every iteration, and the kernels queued past
+the stop do nothing, so the result is the one a check every iteration gives. Any
+other preconditioner (a V-cycle) is applied between the fused updates; on the GPU
+the host then stays one iteration ahead of the device and reads each iteration's
+state behind it, so the device does not wait for the host between iterations. A
+``callback`` or ``fused=False`` runs the plain loop, which copies the scalars to the
+host each iteration.
 
 Distributed (``comm=`` a reducer of :mod:`smalltc.fem.distributed`, which
 builds on this module): the vectors are each
@@ -329,8 +332,8 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
         Raise :class:`ConvergenceError` if the tolerance is not reached
         (default); if false, return the result with ``converged=False``.
     fused : bool
-        True (default): the fused iteration where the preconditioner allows it
-        (None or :func:`jacobi`); False: the plain loop (for comparison).
+        True (default): the fused iteration (:mod:`smalltc.fem._cg_fused`); False: the
+        plain loop (for comparison).
     check_every : int
         GPU, fused iteration: the host reads the device's state (stop test,
         breakdowns) every this many iterations; the iterations queued past the
@@ -382,8 +385,7 @@ def cg(apply, b, *, tol=1e-10, maxiter=None, precond=None, x0=None, raise_on_fai
     if isinstance(check_every, bool) or not isinstance(check_every, (int, np.integer)) \
             or check_every < 1:
         raise ValueError(f"check_every must be a positive integer, got {check_every!r}")
-    if fused and callback is None and (precond is None or isinstance(precond, Jacobi)) and \
-            b.dtype in (np.float32, np.float64):
+    if fused and callback is None and b.dtype in (np.float32, np.float64):
         return _fused_cg(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every, xp,
                          red)
     precond = (lambda r: r) if precond is None else precond
@@ -459,8 +461,10 @@ def _fused_cg(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every
     x, r = _start(apply, b, x0, xp, red)
     if x0 is not None:
         r = xp.ascontiguousarray(r)
-    inv = None
-    if precond is not None:
+    inv, other = None, None
+    if precond is not None and not isinstance(precond, Jacobi):
+        other = precond
+    elif precond is not None:
         inv = xp.asarray(precond.inv, dtype=b.dtype)
         if inv.size != b.size and b.ndim > 1 and inv.size == b.shape[-1]:
             inv = xp.broadcast_to(inv.reshape(-1), b.shape)   # one diagonal, every component
@@ -475,7 +479,7 @@ def _fused_cg(apply, b, tol, maxiter, precond, x0, raise_on_failure, check_every
     history = [np.sqrt(rr) / bnorm]
     xf, rf = x.reshape(-1), r.reshape(-1)
     it, code, value = _cg_fused.iterate(apply, b, xf, rf, inv, tol, maxiter, bnorm, history,
-                                        check_every, red)
+                                        check_every, red, other)
     if code == 3:
         raise ValueError(f"operator is not positive definite: p^T A p = {value:.3e} at "
                          f"iteration {it}" + _asymmetry(apply, b, xp, red))

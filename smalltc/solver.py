@@ -13,8 +13,8 @@ function                 what it does
 =======================  ==================================================================
 :func:`vector_update`    a Chebyshev smoothing step's (or a V-cycle residual's) vector
                          updates, in place, fused into one kernel on a GPU
-:func:`pcg_iterate`      Jacobi-PCG iterations with the vector updates fused (the scalars
-                         kept on the device on a GPU)
+:func:`pcg_iterate`      PCG iterations (Jacobi or any preconditioner) with the vector
+                         updates fused (the scalars kept on the device on a GPU)
 :func:`pmg_transfer`     a p-multigrid prolongation or restriction (gather, the sum-
                          factorised interpolation, weighted scatter-add)
 :func:`csr_spmv`         ``y = A x`` for a CSR matrix
@@ -312,11 +312,11 @@ def vector_update(mode, *vectors, free=None, c0=0.0, c1=1.0, beta=1.0, xzero=Fal
 
 
 def pcg_iterate(apply, x, r, inv=None, *, tol, maxiter, bnorm, history, shape=None,
-                check_every=8, reducer=None, backend="auto"):
+                check_every=8, reducer=None, precond=None, backend="auto"):
     """Preconditioned conjugate gradients from ``x`` with residual ``r = b - A x``, the
     vector updates fused: on the host two passes an iteration besides ``p.Ap``; on a GPU
-    five kernels whose scalars stay on the device (the host reads them every
-    ``check_every`` iterations; kernels after the stop return at once).
+    five kernels whose scalars stay on the device, so the host queues iterations without
+    waiting for them.
 
     Parameters
     ----------
@@ -325,7 +325,8 @@ def pcg_iterate(apply, x, r, inv=None, *, tol, maxiter, bnorm, history, shape=No
     x, r : arrays of shape (n,)
         The iterate and its residual, updated in place.
     inv : array of shape (n,), optional
-        The Jacobi preconditioner ``1 / diag(A)``; None: no preconditioner.
+        The Jacobi preconditioner ``1 / diag(A)``; None: ``precond``, or no
+        preconditioner.
     tol : float
         Stop when ``|r| / bnorm <= tol``.
     maxiter : int
@@ -338,15 +339,28 @@ def pcg_iterate(apply, x, r, inv=None, *, tol, maxiter, bnorm, history, shape=No
         The shape ``apply`` takes (``(ncomp, ndofs)``: a vector field); ``(n,)`` by
         default.
     check_every : int
-        GPU: iterations queued between reads of the device's state.
+        GPU, Jacobi or no preconditioner: iterations queued between reads of the
+        device's state (kernels after the stop return at once).
     reducer : object, optional
         A distributed solve's reducer (``sums(*scalars)``, ``sum_array(a)``).
+    precond : callable, optional
+        Any symmetric positive definite preconditioner ``r -> z`` on arrays of ``shape``
+        (e.g. a p-multigrid V-cycle), in place of ``inv``. On a GPU it should queue
+        device work only: the host stays one iteration ahead of the device and reads
+        each iteration's state behind it, waiting only where the residuals' rate says
+        the next iteration may stop (at most one iteration is queued past the stop).
     backend : str
 
     Returns
     -------
     (iterations, code, value)
         ``code`` a key of :data:`STOP_CODES`, ``value`` the scalar that stopped it.
+
+    Raises
+    ------
+    ValueError
+        Both ``inv`` and ``precond`` given; an operator or preconditioner result of
+        another shape than its argument's.
 
     Examples
     --------
@@ -357,11 +371,21 @@ def pcg_iterate(apply, x, r, inv=None, *, tol, maxiter, bnorm, history, shape=No
     ...                                   history=[1.0])
     >>> it, smalltc.solver.STOP_CODES[code], bool(np.allclose(x, [1, 0.5, 0.25]))
     (1, 'converged', True)
+    >>> x = np.zeros(3); r = np.ones(3)
+    >>> it, code, _ = smalltc.pcg_iterate(lambda v: A @ v, x, r, precond=lambda v: v / np.diag(A),
+    ...                                   tol=1e-12, maxiter=10, bnorm=np.sqrt(3),
+    ...                                   history=[1.0])
+    >>> it, smalltc.solver.STOP_CODES[code], bool(np.allclose(x, [1, 0.5, 0.25]))
+    (1, 'converged', True)
     """
+    if inv is not None and precond is not None:
+        raise ValueError("pcg_iterate takes inv (Jacobi) or precond, not both")
+    if precond is not None and not callable(precond):
+        raise TypeError(f"precond must be a callable r -> z, got {type(precond).__name__}")
     ops = (x, r) if inv is None else (x, r, inv)
     p = _cached("pcg", ops, backend=backend)
     return p(*ops, apply=apply, tol=tol, maxiter=maxiter, bnorm=bnorm, history=history,
-             shape=shape, check_every=check_every, red=reducer)
+             shape=shape, check_every=check_every, red=reducer, precond=precond)
 
 
 def pmg_transfer(M, x, in_map, in_w, out_map, out_w, *, out=None, add=False,

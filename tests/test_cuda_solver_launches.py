@@ -126,7 +126,7 @@ def _cg(entry, a, ctx):
         return
     real = np.dtype(ctx["dtype"]).type
     if entry == "stc_cg_dot":
-        a["part"][...] = 0
+        a["part"][::a["stride"]] = 0
         a["part"][0] = np.dot(a["a"].astype(float), a["b"].astype(float))
     elif entry == "stc_cg_alpha":
         pAp = a["part"].sum()
@@ -179,6 +179,22 @@ def fake_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(RT, "current_device_id", lambda: 0)
     monkeypatch.setattr(RT, "get_kernel", lambda t, e, ctx, smem=0: Kernel(t, e, ctx))
+    monkeypatch.setattr(RT, "HostMirror", HostMirror)
+
+
+class HostMirror:
+    """:class:`RT.HostMirror` on NumPy (the fake device has done its work at once)."""
+
+    def __init__(self, a, slots=2):
+        self.a, self.copies = a, [None] * slots
+
+    def queue(self, slot):
+        assert self.copies[slot] is None, "a slot queued twice before it was read"
+        self.copies[slot] = self.a.copy()
+
+    def read(self, slot):
+        out, self.copies[slot] = self.copies[slot], None
+        return out
 
 
 def _executor(spec, params=None):
@@ -269,3 +285,42 @@ def test_pcg_launches(fake_gpu, jacobi):
         history=hist, check_every=4)
     assert code == 1 and len(hist) == it + 1 and hist[-1] <= 1e-11
     assert rel_err(x, np.linalg.solve(A, b)) < 1e-9
+
+
+@pytest.mark.parametrize("tol, maxiter", [(1e-11, 200), (1e-3, 200), (1e-11, 3)])
+def test_pcg_launches_with_a_preconditioner(fake_gpu, tol, maxiter):
+    """Any preconditioner: the host queues one iteration ahead; the iterations, the
+    residuals and the iterate are the reference loop's, and at most one iteration's
+    operator and preconditioner run past the stop."""
+    from smalltc.backends.reference_solvers import pcg_ref
+    rng = np.random.default_rng(4)
+    n = 40
+    Q = rng.standard_normal((n, n))
+    A = Q @ Q.T / n + np.diag(rng.random(n) * 3 + 1)
+    b = rng.standard_normal(n)
+    M = np.linalg.inv(np.diag(np.diag(A)) + 0.1 * np.eye(n))       # SPD, not Jacobi
+    calls = {"apply": 0, "precond": 0}
+
+    def apply(v):
+        calls["apply"] += 1
+        return A @ v
+
+    def precond(v):
+        calls["precond"] += 1
+        return M @ v
+
+    spec = PcgSpec(batch=n, dtype="float64", jacobi=False)
+    x, r, hist = np.zeros(n), b.copy(), [1.0]
+    it, code, _ = _executor(spec, dict(threads=64, blocks=16)).run(
+        (x, r), apply=apply, precond=precond, tol=tol, maxiter=maxiter,
+        bnorm=float(np.linalg.norm(b)), history=hist)
+    x2, r2, hist2 = np.zeros(n), b.copy(), [1.0]
+    it2, code2, _ = pcg_ref(spec, x2, r2, apply=lambda v: A @ v, precond=lambda v: M @ v,
+                            tol=tol, maxiter=maxiter, bnorm=float(np.linalg.norm(b)),
+                            history=hist2)
+    assert (it, code) == (it2, code2) and code == (2 if maxiter == 3 else 1)
+    assert len(hist) == it + 1 and rel_err(np.array(hist), np.array(hist2)) < 1e-10
+    assert rel_err(x, x2) < 1e-10
+    assert it <= calls["apply"] <= it + 1 and calls["precond"] == calls["apply"] + 1
+    if maxiter == 3:
+        assert calls["apply"] == 3            # nothing queued past the iteration limit

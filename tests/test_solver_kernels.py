@@ -205,7 +205,7 @@ def test_csr_spmv_matches_the_oracle(xp_name, backend, dtype, it):
 
 
 @pytest.mark.parametrize("xp_name, backend", BACKENDS)
-@pytest.mark.parametrize("jacobi", [True, False])
+@pytest.mark.parametrize("jacobi", [True, False, "precond"])
 def test_pcg_iterate_solves_an_spd_system(xp_name, backend, jacobi):
     xp = xp_of(xp_name)
     rng = np.random.default_rng(6)
@@ -216,11 +216,13 @@ def test_pcg_iterate_solves_an_spd_system(xp_name, backend, jacobi):
     Ad = xp.asarray(A)
     x = xp.zeros(n)
     r = xp.asarray(b.copy())
-    inv = xp.asarray(1 / np.diag(A)) if jacobi else None
+    inv = xp.asarray(1 / np.diag(A)) if jacobi is True else None
+    Md = xp.asarray(np.linalg.inv(np.diag(np.diag(A)) + 0.2 * np.eye(n)))
+    precond = (lambda v: Md @ v) if jacobi == "precond" else None
     hist = [1.0]
     it, code, _ = smalltc.pcg_iterate(lambda v: Ad @ v, x, r, inv, tol=1e-11, maxiter=500,
                                       bnorm=float(np.linalg.norm(b)), history=hist,
-                                      backend=backend)
+                                      precond=precond, backend=backend)
     assert smalltc.solver.STOP_CODES[code] == "converged" and len(hist) == it + 1
     assert rel_err(x, np.linalg.solve(A, b)) < 1e-9
     assert np.linalg.norm(to_numpy(r) - (b - A @ to_numpy(x))) < 1e-9 * np.linalg.norm(b)
@@ -228,8 +230,21 @@ def test_pcg_iterate_solves_an_spd_system(xp_name, backend, jacobi):
     x2, r2, hist2 = xp.zeros(n), xp.asarray(b.copy()), [1.0]
     it2, _, _ = smalltc.pcg_iterate(lambda v: Ad @ v, x2, r2, inv, tol=1e-11, maxiter=500,
                                     bnorm=float(np.linalg.norm(b)), history=hist2,
-                                    backend="reference")
+                                    precond=precond, backend="reference")
     assert abs(it - it2) <= 1 and rel_err(x, to_numpy(x2)) < 1e-9
+
+
+def test_pcg_iterate_takes_one_preconditioner():
+    with pytest.raises(ValueError, match="inv .Jacobi. or precond, not both"):
+        smalltc.pcg_iterate(lambda v: v, np.zeros(2), np.ones(2), np.ones(2),
+                            precond=lambda v: v, tol=1e-8, maxiter=3, bnorm=1.0,
+                            history=[1.0])
+    with pytest.raises(TypeError, match="precond must be a callable"):
+        smalltc.pcg_iterate(lambda v: v, np.zeros(2), np.ones(2), precond=np.ones(2),
+                            tol=1e-8, maxiter=3, bnorm=1.0, history=[1.0])
+    with pytest.raises(ValueError, match=r"preconditioner returned an array of shape \(3,\)"):
+        smalltc.pcg_iterate(lambda v: v, np.zeros(2), np.ones(2), precond=lambda v: np.ones(3),
+                            tol=1e-8, maxiter=3, bnorm=1.0, history=[1.0])
 
 
 def test_pcg_stop_codes_on_the_host():

@@ -26,7 +26,8 @@ from .._arrays import array_module
 from .base import Executor
 
 __all__ = ["vector_update_ref", "pcg_ref", "transfer_ref", "csr_spmv_ref", "schwarz_ref",
-           "apply_axes", "solver_executor", "STOP_CODES", "pcg_loop", "store_result"]
+           "apply_axes", "solver_executor", "STOP_CODES", "pcg_loop", "preconditioned",
+           "store_result"]
 
 #: the stop codes of a PCG iteration (:func:`pcg_ref` and the compiled families)
 STOP_CODES = {1: "converged", 2: "maxiter", 3: "pAp", 4: "rz", 5: "nonfinite"}
@@ -112,14 +113,15 @@ def _dot(xp, a, b):
 
 
 def pcg_ref(spec, x, r, inv=None, *, apply, tol, maxiter, bnorm, history, shape=None,
-            check_every=8, red=None):
-    """Jacobi-PCG iterations from ``x`` with residual ``r`` (both updated in place) until
-    the stop test: ``history`` (relative residuals, its last entry the current one) gets one
-    entry an iteration; ``apply`` takes and returns arrays of ``shape`` (default
-    ``x``'s). Returns ``(iterations, code, value)``: the stop code
-    (:data:`STOP_CODES`) and the scalar that caused it. ``red``: a reducer whose ``sums``
-    adds scalars across ranks. The array expressions of the textbook iteration, inner
-    products in float64."""
+            check_every=8, red=None, precond=None):
+    """PCG iterations from ``x`` with residual ``r`` (both updated in place) until the stop
+    test: ``history`` (relative residuals, its last entry the current one) gets one entry
+    an iteration; ``apply`` takes and returns arrays of ``shape`` (default ``x``'s).
+    Returns ``(iterations, code, value)``: the stop code (:data:`STOP_CODES`) and the
+    scalar that caused it. ``red``: a reducer whose ``sums`` adds scalars across ranks.
+    The preconditioner: Jacobi (``inv``), any ``precond`` (``r -> z`` on arrays of
+    ``shape``), or none. The array expressions of the textbook iteration, inner products
+    in float64."""
     xp = _xp(r)
     jacobi = inv is not None
     z = r * inv if jacobi else r
@@ -131,25 +133,30 @@ def pcg_ref(spec, x, r, inv=None, *, apply, tol, maxiter, bnorm, history, shape=
         z = r * inv if jacobi else r
         return _dot(xp, r, r), _dot(xp, r, z)
 
-    def direction(p, beta):
+    def direction(p, beta, zp=None):
         p *= beta
-        p += z
+        p += z if zp is None else zp
 
     return pcg_loop(x, r, z, apply=apply, tol=tol, maxiter=maxiter, bnorm=bnorm,
-                       history=history, shape=shape, red=red,
-                       dot=lambda a, b: _dot(xp, a, b), update=update, direction=direction)
+                    history=history, shape=shape, red=red,
+                    dot=lambda a, b: _dot(xp, a, b), update=update, direction=direction,
+                    precond=precond)
 
 
 def pcg_loop(x, r, z, *, apply, tol, maxiter, bnorm, history, shape, red, dot, update,
-                direction):
+             direction, precond=None):
     """The PCG iteration and its stop test around a backend's vector steps, from ``x``,
     the residual ``r`` and the preconditioned residual ``z``: ``dot(a, b)`` (a float64
     sum), ``update(p, Ap, alpha)`` (``x += alpha p``, ``r -= alpha Ap``; returns ``(r.r,
-    r.z)``) and ``direction(p, beta)`` (``p = z + beta p``). Arguments and result as
-    :func:`pcg_ref`'s (``shape`` None: ``x``'s)."""
+    r.z)``) and ``direction(p, beta[, z])`` (``p = z + beta p``). With ``precond`` (``r ->
+    z`` on arrays of ``shape``) ``z`` is its result (``update``'s ``r.z`` unused) and is
+    passed to ``direction``. Arguments and result as :func:`pcg_ref`'s (``shape`` None:
+    ``x``'s)."""
     xp = _xp(r)
     dtype = r.dtype.type
     shape = x.shape if shape is None else tuple(shape)
+    if precond is not None:
+        z = preconditioned(xp, precond, r, shape)
     rz = dot(r, z)
     if red is not None:
         (rz,) = red.sums(rz)
@@ -169,14 +176,31 @@ def pcg_loop(x, r, z, *, apply, tol, maxiter, bnorm, history, shape, red, dot, u
         if not pAp > 0:
             return it, 3, pAp
         rr, rz_new = update(p, Ap, dtype(rz / pAp))
+        if precond is not None:
+            z = preconditioned(xp, precond, r, shape)
+            rz_new = dot(r, z)
         if red is not None:
             rr, rz_new = red.sums(rr, rz_new)
         it += 1
         history.append(math.sqrt(rr) / bnorm)
         if not math.isfinite(history[-1]):
             return it, 5, history[-1]
-        direction(p, dtype(rz_new / rz))
+        if precond is None:
+            direction(p, dtype(rz_new / rz))
+        else:
+            direction(p, dtype(rz_new / rz), z)
         rz = rz_new
+
+
+def preconditioned(xp, precond, r, shape):
+    """``precond(r)`` in ``shape``, flat, contiguous and in ``r``'s module and dtype;
+    ``ValueError`` naming the preconditioner when its result has another shape."""
+    z = precond(r.reshape(shape))
+    if getattr(z, "shape", None) != shape:
+        raise ValueError(f"the preconditioner returned an array of shape "
+                         f"{getattr(z, 'shape', None)} for a vector of shape {shape}: "
+                         f"precond(r) must return z in r's shape")
+    return xp.ascontiguousarray(xp.asarray(z, dtype=r.dtype)).reshape(-1)
 
 
 def _apply_checked(xp, apply, p, shape):

@@ -283,7 +283,7 @@ class PcgExecutor(_Built):
         coordinate()            # made them 4-100x slower (.threads)
 
     def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, shape=None,
-            check_every=8, red=None):
+            check_every=8, red=None, precond=None):
         x, r = operands[:2]
         jacobi = self.spec.jacobi
         inv = operands[2] if jacobi else r            # a placeholder of the right type
@@ -291,8 +291,8 @@ class PcgExecutor(_Built):
             x, r, r * inv if jacobi else r, apply=apply, tol=tol, maxiter=maxiter,
             bnorm=bnorm, history=history, shape=shape, red=red, dot=pcg_dot,
             update=lambda p, Ap, alpha: pcg_update(x, r, p, Ap, inv, alpha, jacobi),
-            direction=lambda p, beta: pcg_direction(p, r, inv, beta, jacobi))
-
+            direction=lambda p, beta, z=None: pcg_direction(
+                p, r if z is None else z, inv, beta, jacobi), precond=precond)
 
 
 class PcgFamily(_PlainFamily):

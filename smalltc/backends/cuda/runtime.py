@@ -19,6 +19,7 @@ import struct
 import threading
 
 import jinja2
+import numpy as np
 
 from ..._arrays import cupy_or_none
 from ..._jinja import environment
@@ -226,6 +227,42 @@ class ConstantBank:
         first = self._device_slots()[0]
         first[1].record(stream)
         first[2] = stream.ptr
+
+
+class HostMirror:
+    """``slots`` page-locked host copies of the device array ``a``: :meth:`queue` copies
+    ``a`` into a slot behind the work queued so far on the current stream (the host does
+    not wait); :meth:`read` waits for that copy and returns it. A solver's host thus reads
+    the state of an iteration the device finished while the next one is already queued.
+
+    Examples
+    --------
+    On a GPU::
+
+        m = HostMirror(state, 2)
+        m.queue(0)          # after iteration k's kernels
+        ...                 # iteration k + 1 queued
+        st = m.read(0)      # iteration k's state, a NumPy copy
+    """
+
+    def __init__(self, a, slots=2):
+        cupy = cupy_or_none()
+        self.a = a
+        self._host = [np.frombuffer(cupy.cuda.alloc_pinned_memory(max(1, a.nbytes)),
+                                    dtype=a.dtype, count=a.size) for _ in range(slots)]
+        self._events = [cupy.cuda.Event(disable_timing=True) for _ in range(slots)]
+
+    def queue(self, slot):
+        cupy = cupy_or_none()
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(self._host[slot].ctypes.data, self.a.data.ptr,
+                                      self.a.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                      stream.ptr)
+        self._events[slot].record(stream)
+
+    def read(self, slot):
+        self._events[slot].synchronize()
+        return self._host[slot].copy()
 
 
 def resident_blocks(kern, threads: int, smem_bytes: int) -> int:

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..._errors import raise_pending
 from ..base import Executor
+from ..reference_solvers import preconditioned
 from . import runtime as RT
 from .family import DEFAULT_DEVICE, DT, ITEMSIZE, Family
 
@@ -214,21 +215,29 @@ class PcgFamily(_SolverFamily):
 
 
 class PcgExecutor(_Launches):
-    """Iterations queued without waiting for the device; its state read every
-    ``check_every`` iterations (``templates/cuda/cg.cu.j2``). ``red``: sums the per-block
-    partial sums across ranks (each sum waits for the device)."""
+    """Iterations queued without waiting for the device (``templates/cuda/cg.cu.j2``).
+    ``red``: sums the per-block partial sums across ranks (stream-ordered through NCCL;
+    an MPI sum waits for the device).
+
+    Jacobi or no preconditioner: the state is read every ``check_every`` iterations (the
+    iterations queued past the stop do nothing). Any other preconditioner (``precond``,
+    e.g. a V-cycle, whose applications cost many operator applications): the host stays
+    one iteration ahead of the device and reads each iteration's state, copied to
+    pinned memory behind it; where the residuals' recent rate says the next iteration
+    may reach ``tol``, it waits for that iteration before queueing another, so at most
+    one iteration (and rarely that) is queued past the stop."""
 
     def run(self, operands, out=None, *, apply, tol, maxiter, bnorm, history, shape=None,
-            check_every=8, red=None):
+            check_every=8, red=None, precond=None):
         import cupy as cp
 
         x, r = operands[:2]
         shape = x.shape if shape is None else tuple(shape)
         inv = operands[2] if self.spec.jacobi else None
-        k = {e: self._k(e) for e in _CG_ENTRIES}
-        NT, NB = self.ctx["threads"], self.ctx["blocks"]
-        n = np.int64(r.size)
-        z = r * inv if inv is not None else r
+        if precond is not None:
+            z = preconditioned(cp, precond, r, shape)
+        else:
+            z = r * inv if inv is not None else r
         p = z.copy()
         rz = float(cp.vdot(r, z).real)
         if red is not None:
@@ -236,38 +245,106 @@ class PcgExecutor(_Launches):
         if history[-1] <= tol or maxiter == 0 or not rz > 0:
             code = 1 if history[-1] <= tol else 2 if maxiter == 0 else 4
             return 0, code, rz if code == 4 else history[-1]
-        ST = cp.asarray([rz, 0, 0, 0, 0, bnorm, tol, maxiter, 0, 0, check_every],
-                        dtype=cp.float64)
-        hist = cp.zeros(check_every, dtype=cp.float64)
-        part1 = cp.zeros(NB, dtype=cp.float64)
-        part2 = cp.zeros(2 * NB, dtype=cp.float64)
-        invv = inv if inv is not None else r
+        hcap = check_every if precond is None else 2
+        state = cp.asarray([rz, 0, 0, 0, 0, bnorm, tol, maxiter, 0, 0, hcap] + [0] * hcap,
+                           dtype=cp.float64)
+        NB = self.ctx["blocks"]
+        parts = (cp.zeros(NB, dtype=cp.float64), cp.zeros(2 * NB, dtype=cp.float64))
+        vectors = (x, r, p, inv, state, parts)
+        if precond is None:
+            return self._iterations(vectors, apply, shape, history, red, hcap)
+        return self._ahead(vectors, apply, precond, shape, history, tol, maxiter, red)
+
+    def _queue(self, vectors, apply, precond, shape, red):
+        """One iteration queued."""
+        import cupy as cp
+
+        x, r, p, inv, state, (part1, part2) = vectors
+        k = {e: self._k(e) for e in _CG_ENTRIES}
+        NT, NB = self.ctx["threads"], self.ctx["blocks"]
+        n = np.int64(r.size)
+        ST, hist = state[:11], state[11:]
+        invv = r if inv is None else inv
         grid, one, blk = (NB,), (1,), (NT,)
+        Ap = cp.asarray(apply(p.reshape(shape)))
+        if Ap.shape != shape:
+            raise ValueError(f"the operator returned an array of shape {Ap.shape} for a "
+                             f"vector of shape {shape}: apply(x) must return A x in x's "
+                             f"shape")
+        Ap = Ap.reshape(-1)
+        k["stc_cg_dot"](grid, blk, (p, Ap, part1, np.int32(1), ST, n))
+        if red is not None:
+            red.sum_array(part1)
+        k["stc_cg_alpha"](one, blk, (part1, ST))
+        k["stc_cg_update"](grid, blk, (x, r, p, Ap, invv, part2, ST, n))
+        if precond is not None:
+            z = preconditioned(cp, precond, r, shape)
+            k["stc_cg_dot"](grid, blk, (r, z, part2[1:], np.int32(2), ST, n))
+        if red is not None:
+            red.sum_array(part2)
+        k["stc_cg_beta"](one, blk, (part2, ST, hist))
+        if precond is None:
+            k["stc_cg_direction"](grid, blk, (p, r, invv, ST, n))
+        else:
+            k["stc_cg_direction"](grid, blk, (p, z, z, ST, n))
+
+    def _iterations(self, vectors, apply, shape, history, red, cap):
+        """Jacobi or none: ``cap`` (``check_every``) iterations queued between reads."""
+        import cupy as cp
+
+        state = vectors[4]
         done, seen = 0, 0
         while not done:
-            for _ in range(check_every):
-                Ap = cp.asarray(apply(p.reshape(shape)))
-                if Ap.shape != shape:
-                    raise ValueError(f"the operator returned an array of shape {Ap.shape} "
-                                     f"for a vector of shape {shape}: apply(x) must "
-                                     "return A x in x's shape")
-                Ap = Ap.reshape(-1)
-                k["stc_cg_dot"](grid, blk, (p, Ap, part1, ST, n))
-                if red is not None:
-                    red.sum_array(part1)
-                k["stc_cg_alpha"](one, blk, (part1, ST))
-                k["stc_cg_update"](grid, blk, (x, r, p, Ap, invv, part2, ST, n))
-                if red is not None:
-                    red.sum_array(part2)
-                k["stc_cg_beta"](one, blk, (part2, ST, hist))
-                k["stc_cg_direction"](grid, blk, (p, r, invv, ST, n))
-            st, h = cp.asnumpy(ST), cp.asnumpy(hist)
+            for _ in range(cap):
+                self._queue(vectors, apply, None, shape, red)
+            st = cp.asnumpy(state)
             raise_pending()              # a bad map index the operator's kernels reported
             done, it = int(st[9]), int(st[8])
-            history.extend(h[(i - 1) % check_every] for i in range(seen + 1, it + 1))
+            history.extend(st[11 + (i - 1) % cap] for i in range(seen + 1, it + 1))
             seen = it
         value = {3: st[1], 4: st[0]}.get(done, history[-1])
         return it, done, float(value)
+
+    def _ahead(self, vectors, apply, precond, shape, history, tol, maxiter, red):
+        """Any preconditioner: one iteration queued ahead, each iteration's state read
+        from pinned memory (see the class docstring)."""
+        mirror = RT.HostMirror(vectors[4], 2)
+        queued, read, done, it, st = 0, 0, 0, 0, None
+
+        def queue():
+            nonlocal queued
+            self._queue(vectors, apply, precond, shape, red)
+            mirror.queue(queued % 2)
+            queued += 1
+
+        queue()
+        while True:
+            if queued - read == 1 and queued < maxiter and not _near_stop(history, tol):
+                queue()                          # the device never waits for the host
+            st = mirror.read(read % 2)
+            read += 1
+            raise_pending()
+            done, now = int(st[9]), int(st[8])
+            history.extend(st[11 + (i - 1) % 2] for i in range(it + 1, now + 1))
+            it = now
+            if done:
+                break
+            if queued == read:
+                queue()
+        if queued > read:
+            mirror.read(read % 2)                # the copy of the one queued past the stop
+        value = {3: st[1], 4: st[0]}.get(done, history[-1])
+        return it, done, float(value)
+
+
+def _near_stop(history, tol, margin=2.0):
+    """Whether the next iteration may reach ``tol``: the last residual times the best of
+    the last three ratios of successive residuals within ``margin`` of it."""
+    if len(history) < 2:
+        return history[-1] <= margin * tol
+    recent = history[-4:]
+    rate = min(b / a if a > 0 else 0.0 for a, b in zip(recent[:-1], recent[1:]))
+    return history[-1] * rate <= margin * tol
 
 
 # ---- the p-multigrid transfers --------------------------------------------------------

@@ -42,8 +42,8 @@ A``, the same Lanczos (PCG with ``M``) estimates its ``lambda_max``, and each st
 ``M^-1`` once after the fused vector update (:class:`PreconditionedVectorOps`).
 
 Everything is array-module generic: NumPy, or CuPy for an operator whose applications
-return CuPy arrays (the random vector is drawn on the host with a fixed seed and
-copied, so the CPU and the GPU estimate the same bound).
+return CuPy arrays (the pseudo-random start vector is an integer hash of the entries'
+numbers, made where the vectors are: the CPU and the GPU start from the same bits).
 """
 
 import math
@@ -56,8 +56,8 @@ from smalltc._arrays import array_module
 from .operators import _like, linear_operator
 from .solvers import jacobi
 
-__all__ = ["Chebyshev", "chebyshev", "estimate_lambda_max", "KINDS", "OPT_FOURTH_BETAS",
-           "VectorOps", "PreconditionedVectorOps"]
+__all__ = ["Chebyshev", "chebyshev", "estimate_lambda_max", "start_vector", "KINDS",
+           "OPT_FOURTH_BETAS", "VectorOps", "PreconditionedVectorOps"]
 
 #: the polynomial kinds :class:`Chebyshev` builds
 KINDS = ("fourth", "first", "fourth-opt")
@@ -90,6 +90,35 @@ def _as_apply(operator):
     raise TypeError(f"operator must be callable or a matrix, got {type(operator).__name__}")
 
 
+def start_vector(keys, dtype=np.float64, seed=0):
+    """Pseudo-random entries in ``[-0.5, 0.5)``, one a key: SplitMix64's finaliser of
+    ``keys`` (unsigned 64-bit integers, NumPy or CuPy) and ``seed``, its top 53 bits as a
+    fraction. Integer arithmetic only, so NumPy and CuPy give the same bits, and a key (a
+    DoF's global number) gets the same entry on any number of ranks.
+
+    Examples
+    --------
+    >>> v = start_vector(np.arange(4, dtype=np.uint64))
+    >>> bool(np.all(np.abs(v) < 0.5)), len(set(v.tolist()))
+    (True, 4)
+    """
+    xp = array_module(keys)
+    u = xp.uint64
+    z = keys.astype(u)                                 # a copy, updated in place
+    t = xp.empty_like(z)
+    with np.errstate(over="ignore"):
+        z += u((int(seed) + 1) * 0x9E3779B97F4A7C15 % 2**64)
+        for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            z ^= xp.right_shift(z, u(shift), out=t)
+            z *= u(mult)
+        z ^= xp.right_shift(z, u(31), out=t)
+    z >>= u(11)
+    v = z.astype(xp.float64)
+    v *= 0.5 ** 53
+    v -= 0.5
+    return v.astype(dtype, copy=False)
+
+
 def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=None, start=None,
                         dot=None, free=None):
     """Largest eigenvalue of ``D^-1 A`` (``M^-1 A``) from ``steps`` Jacobi-PCG (PCG with
@@ -104,7 +133,8 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
     steps : int
         CG iterations (fewer when CG converges first).
     seed : int
-        Seed of the random right-hand side (drawn on the host).
+        Seed of the pseudo-random right-hand side (:func:`start_vector`: made where the
+        vectors are, the same bits on the host and a GPU).
     preconditioner : callable, optional
         ``r -> M^-1 r``, SPD, in place of ``inv_diag * r`` (which then gives only the
         vectors' shape, dtype and module).
@@ -146,8 +176,8 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if start is None:
-        rng = np.random.default_rng(seed)
-        r = xp.asarray(rng.standard_normal(inv_diag.shape).astype(inv_diag.dtype, copy=False))
+        r = start_vector(xp.arange(inv_diag.size, dtype=xp.uint64), inv_diag.dtype,
+                         seed).reshape(inv_diag.shape)
     else:
         r = start.copy()                  # updated in place below
     if dot is None:

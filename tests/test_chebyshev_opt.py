@@ -5,7 +5,8 @@ of ``lambda_max`` against the recurrence written out of place."""
 import numpy as np
 import pytest
 
-from smalltc.fem.chebyshev import OPT_FOURTH_BETAS, Chebyshev, VectorOps, estimate_lambda_max
+from smalltc.fem.chebyshev import (OPT_FOURTH_BETAS, Chebyshev, VectorOps, estimate_lambda_max,
+                                   start_vector)
 from smalltc.fem.levels import Constrained
 
 from conftest import array_modules, to_numpy, xp_of
@@ -161,7 +162,7 @@ def test_estimate_matches_out_of_place_lanczos(case, dtype, rtol):
     if case == "start":
         kw["start"] = start.copy()
     else:
-        start = np.random.default_rng(0).standard_normal(n).astype(dtype)
+        start = start_vector(np.arange(n, dtype=np.uint64), dtype)
     got = estimate_lambda_max(raw if "free" in kw else op, inv, steps=10, **kw)
     ref = _lanczos_out_of_place(op, inv, start, prec)
     assert got == pytest.approx(ref, rel=rtol)
@@ -171,3 +172,18 @@ def test_estimate_matches_out_of_place_lanczos(case, dtype, rtol):
         np.testing.assert_array_equal(kw["start"], start)     # the caller's start is kept
     if dtype == np.float64:
         assert got == ref                        # the same arithmetic, bit for bit
+
+
+def test_start_vector_is_uniform_and_the_same_for_a_key():
+    """The Lanczos start: entries in [-0.5, 0.5) with a uniform's mean and spread, a key's
+    entry independent of the other keys (a DoF's global number on any number of ranks),
+    another seed another vector."""
+    keys = np.arange(200_000, dtype=np.uint64)
+    v = start_vector(keys)
+    assert v.dtype == np.float64 and np.all((v >= -0.5) & (v < 0.5))
+    assert abs(v.mean()) < 3e-3 and abs(v.std() - 12 ** -0.5) < 2e-3
+    np.testing.assert_array_equal(start_vector(keys[::-7])[::-1], v[::-7][::-1])
+    assert np.corrcoef(v[:-1], v[1:])[0, 1] < 0.01
+    w = start_vector(keys, seed=1)
+    assert not np.any(w == v) or np.mean(w == v) < 1e-4
+    assert start_vector(keys[:10], np.float32).dtype == np.float32

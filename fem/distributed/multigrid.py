@@ -42,7 +42,7 @@ from ..basis import lagrange_basis
 from ..boundary import ConstrainedOperator
 from .._device import to_host
 from .._graph import GRAPH_CHOICES, GraphReplay
-from ..chebyshev import Chebyshev, estimate_lambda_max
+from ..chebyshev import Chebyshev, estimate_lambda_max, start_vector
 from ..coarse import _pyamg, _pyamg_present
 from ..multigrid import _numba_present, pmg_orders
 from ..operators import diffusion_operator
@@ -174,12 +174,11 @@ class DistributedTransfer:
 
 def _start_vector(space, xp, dtype):
     """A fixed pseudo-random vector of the DoFs' global numbers (owner form), entries in
-    ``[-0.5, 0.5)``: the same global vector on any number of ranks."""
-    g = space.local_to_global.astype(np.float64)
-    v = np.sin(g * 12.9898 + 78.233) * 43758.5453
-    v = v - np.floor(v) - 0.5
-    v[space.ghosts] = 0.0
-    return xp.asarray(v.astype(dtype))
+    ``[-0.5, 0.5)``: the same global vector on any number of ranks
+    (:func:`~smalltc.fem.chebyshev.start_vector`, made on the vectors' device)."""
+    v = start_vector(xp.asarray(space.local_to_global), dtype)
+    v[xp.asarray(space.ghosts)] = 0
+    return v
 
 
 def distributed_lambda_max(A, red, steps=10, diagonal=None):

@@ -180,9 +180,13 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
                          seed).reshape(inv_diag.shape)
     else:
         r = start.copy()                  # updated in place below
+    # a GPU's own inner products stay on it (0-d arrays): the steps are queued without a
+    # wait, the scalars read once at the end and the stop tests applied to them there
+    deferred = dot is None and xp is not np
     if dot is None:
         def dot(a, b):
-            return float(xp.vdot(a, b).real)
+            s = xp.vdot(a, b).real
+            return s.astype(np.float64) if deferred else float(s)
     # In place, on r, p and one work vector t (z = D^-1 r, f p, alpha A p): the arithmetic
     # of r = r - alpha A p, p = z + beta p, with no new vector a step besides A p's
     t = xp.empty_like(r)
@@ -202,26 +206,37 @@ def estimate_lambda_max(apply, inv_diag, *, steps=10, seed=0, preconditioner=Non
     z = prec(r)
     p = z.copy()
     rz = dot(r, z)
-    alphas, betas = [], []
+    rzs, paps = [rz], []
     for it in range(int(steps)):
         Ap = apply(p)
         pAp = dot(p, Ap)
-        if not pAp > 0:
-            raise ValueError(f"the operator is not positive definite: p^T A p = {pAp:.3e} at "
-                             f"Lanczos step {it} of the eigenvalue estimate")
+        paps.append(pAp)
+        if not deferred and not pAp > 0:
+            break
         alpha = rz / pAp
-        alphas.append(alpha)
-        r -= xp.multiply(Ap, alpha, out=t)
+        r -= xp.multiply(Ap, alpha.astype(r.dtype) if deferred else alpha, out=t)
         del Ap
         z = prec(r)
         rz_new = dot(r, z)
-        if not rz_new > 1e-28 * rz:       # converged (an invariant subspace): T is complete
+        rzs.append(rz_new)
+        if not deferred and not rz_new > 1e-28 * rz:    # converged: T is complete
             break
         beta = rz_new / rz
-        betas.append(beta)
-        p *= beta
+        p *= beta.astype(p.dtype) if deferred else beta
         p += z
         rz = rz_new
+    if deferred:
+        scalars = xp.stack(rzs + paps).get()
+        rzs, paps = scalars[:len(rzs)].tolist(), scalars[len(rzs):].tolist()
+    alphas, betas = [], []
+    for it, pAp in enumerate(paps):
+        if not pAp > 0:
+            raise ValueError(f"the operator is not positive definite: p^T A p = {pAp:.3e} at "
+                             f"Lanczos step {it} of the eigenvalue estimate")
+        alphas.append(rzs[it] / pAp)
+        if not rzs[it + 1] > 1e-28 * rzs[it]:          # converged (an invariant subspace)
+            break
+        betas.append(rzs[it + 1] / rzs[it])
     m = len(alphas)
     T = np.zeros((m, m))
     for j in range(m):

@@ -16,7 +16,7 @@ import numpy as np
 from smalltc._arrays import cupy_or_none, gpu_available, is_cupy
 
 __all__ = ["DEVICES", "resolve_device", "device_name", "device_key", "DeviceCache", "to_host",
-           "to_device", "synchronize"]
+           "to_device", "to_device_many", "synchronize"]
 
 #: host arrays from this size on go to a GPU through the page-locked staging buffer
 STAGED_BYTES = 4 << 20
@@ -173,6 +173,35 @@ def to_device(a, xp):
         dst[lo:lo + n].set(stage[:n], stream=stream)
         stream.synchronize()                   # the buffer is refilled next
     return out
+
+
+def to_device_many(arrays, xp):
+    """Host arrays as arrays of ``xp`` in one transfer: packed at 16-byte-aligned offsets
+    of one host buffer, copied by :func:`to_device`, each a view of the one device
+    buffer in its own dtype and shape (NumPy: the arrays themselves).
+
+    Each small copy costs a GPU about 0.1 ms (allocation, pageable transfer, wait), so
+    the tens of index and value arrays of an AMG hierarchy go faster together.
+
+    Examples
+    --------
+    >>> a, b = to_device_many([np.arange(3), np.ones(2, np.float32)], np)
+    >>> print(a, b)
+    [0 1 2] [1. 1.]
+    """
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    if xp is np:
+        return arrays
+    offsets, n = [], 0
+    for a in arrays:
+        offsets.append(n)
+        n += -(-a.nbytes // 16) * 16
+    packed = np.zeros(max(n, 16), dtype=np.uint8)
+    for a, o in zip(arrays, offsets):
+        packed[o:o + a.nbytes] = a.reshape(-1).view(np.uint8)
+    dev = to_device(packed, xp)
+    return [dev[o:o + a.nbytes].view(a.dtype).reshape(a.shape)
+            for a, o in zip(arrays, offsets)]
 
 
 def synchronize(xp):

@@ -26,7 +26,7 @@ import numpy as np
 import smalltc
 from smalltc._arrays import array_module
 
-from ._device import to_host
+from ._device import to_device_many, to_host
 from .chebyshev import Chebyshev, _Preconditioner
 from .solvers import cg, jacobi
 
@@ -189,15 +189,16 @@ class _SparseLevel:
     (``templates/cuda/csr_spmv.cu.j2``; ``kernel`` True) or cupyx's (cuSPARSE, with its
     host set-up on every call)."""
 
-    def __init__(self, A, xp, kernel=False):
+    def __init__(self, A, xp, kernel=False, arrays=None):
         A = A.tocsr()
         self._diag = np.asarray(A.diagonal())   # on the host: cupyx's diagonal() compiles
         if xp is np:                            # kernels on its first call (seconds)
             self.A = A
         else:       # from the arrays (SciPy's csr_array or csr_matrix alike)
             import cupyx.scipy.sparse as csp
-            self.A = csp.csr_matrix((xp.asarray(A.data), xp.asarray(A.indices),
-                                     xp.asarray(A.indptr)), shape=A.shape)
+            data, indices, indptr = arrays if arrays is not None else \
+                to_device_many((A.data, A.indices, A.indptr), xp)
+            self.A = csp.csr_matrix((data, indices, indptr), shape=A.shape)
         self.xp = xp
         self.n = A.shape[0]
         self.dtype = np.dtype(A.dtype)
@@ -319,13 +320,13 @@ class AMGSolver(_Preconditioner):
                            _SparseLevel(sp.csr_matrix(inv), xp, kernel=True))
 
     def _levels(self, xp, degree, kernel):
-        out = []
-        for lev in self.ml.levels[:-1]:
-            Al = _SparseLevel(lev.A, xp, kernel)
-            P = _SparseLevel(lev.P, xp, kernel)
-            R = _SparseLevel(lev.P.T.tocsr(), xp, kernel)
-            out.append((Al, P, R, Chebyshev(Al, degree=degree)))
-        return out
+        mats = [M.tocsr() for lev in self.ml.levels[:-1]
+                for M in (lev.A, lev.P, lev.P.T.tocsr())]
+        dev = to_device_many([a for M in mats for a in (M.data, M.indices, M.indptr)], xp)
+        sparse = [_SparseLevel(M, xp, kernel, arrays=dev[3 * i:3 * i + 3])
+                  for i, M in enumerate(mats)]
+        return [(Al, P, R, Chebyshev(Al, degree=degree))
+                for Al, P, R in zip(sparse[0::3], sparse[1::3], sparse[2::3])]
 
     def _kernel_agrees(self):
         """The kernel's products against SciPy's on the host, a random vector, every

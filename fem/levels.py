@@ -88,10 +88,11 @@ class Transfer:
         self.I1d = xp.asarray(I1d.astype(self.dtype))        # (nd_fine, nd_coarse)
         self.I1dT = xp.ascontiguousarray(self.I1d.T)
         self.I1d = xp.ascontiguousarray(self.I1d)
-        w = 1.0 / fine.multiplicity()
+        w = 1.0 / fine.multiplicity(xp)                      # made where the vectors are
         if fine_free is not None:
-            w = w * np.asarray(to_host(fine_free), dtype=bool)
-        self.weights = fine.gather(xp.asarray(w.astype(self.dtype)))   # E-vector
+            w = w * xp.asarray(fine_free, dtype=bool)
+        w = w.astype(self.dtype)
+        self.weights = fine.gather(w)                         # E-vector
         self.coarse_free = None if coarse_free is None else \
             xp.asarray(np.asarray(to_host(coarse_free), dtype=self.dtype))
         self.fused = (xp is not np) if fused is None else bool(fused) and xp is not np
@@ -99,7 +100,7 @@ class Transfer:
         self._w = None
         if self.fused:                   # weights per DoF: the coarse, the fine
             self._w = ((xp.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
-                        else self.coarse_free), xp.asarray(w.astype(self.dtype)))
+                        else self.coarse_free), w)
         elif xp is np and self.host_kernel:
             cw = (np.ones(coarse.ndofs, dtype=self.dtype) if self.coarse_free is None
                   else self.coarse_free)

@@ -403,8 +403,9 @@ class H1Space:
         # now ([c], L_0, ..., L_{dim-1}), the lattice in C order
         return xp.ascontiguousarray(a).reshape(extra + (self.ndofs,))
 
-    def multiplicity(self):
-        """Number of elements sharing each global node, shape (ndofs,).
+    def multiplicity(self, xp=np):
+        """Number of elements sharing each global node, shape (ndofs,), an array of ``xp``
+        (a box's made there from its lattice, without a host array).
 
         Examples
         --------
@@ -413,15 +414,16 @@ class H1Space:
         [1 1 2 1 1]
         """
         if self.lattice_shape is None:
-            return np.bincount(self._flat, minlength=self.ndofs)
+            m = np.bincount(self._flat, minlength=self.ndofs)
+            return m if xp is np else xp.asarray(m)
         # a box: a product over the directions, 2 where a node is on an inner element face
-        out = np.ones((1,) * self.dim, dtype=np.int64)
+        out = xp.ones((1,) * self.dim, dtype=np.int64)
         for d, m in enumerate(self.lattice_shape):
             i = np.arange(m)
             c = np.where((i % self.p == 0) & (i > 0) & (i < m - 1), 2, 1).astype(np.int64)
             bshape = [1] * self.dim
             bshape[d] = m
-            out = out * c.reshape(bshape)
+            out = out * xp.asarray(c.reshape(bshape))
         return out.reshape(-1)
 
     def dof_coordinates(self):

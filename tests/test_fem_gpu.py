@@ -173,6 +173,23 @@ def test_large_arrays_go_to_the_device_through_the_staging_buffer(monkeypatch):
 
 @pytest.mark.gpu
 @needs_gpu
+def test_many_small_arrays_go_to_the_device_in_one_buffer():
+    """Packed at aligned offsets of one device buffer: every array back with its dtype,
+    shape and values (odd sizes between them), each usable on its own."""
+    import cupy
+    rng = np.random.default_rng(1)
+    arrays = [rng.random(7), rng.integers(0, 99, 5, dtype=np.int32), np.zeros(0),
+              rng.random((3, 5)).astype(np.float32), np.arange(9, dtype=np.int64),
+              np.array([True, False, True])]
+    got = fem_device.to_device_many(arrays, cupy)
+    for a, d in zip(arrays, got):
+        assert isinstance(d, cupy.ndarray) and d.shape == a.shape and d.dtype == a.dtype
+        np.testing.assert_array_equal(cupy.asnumpy(d), a)
+    assert float((got[1] * 2).sum()) == float(arrays[1].sum() * 2)
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_host_operator_rejects_device_vector():
     import cupy
     V = H1Space(box_mesh(2, 2), 2)

@@ -181,7 +181,9 @@ class Constrained:
             self.free = None
             self._diag = diagonal
         else:
-            self.free = xp.asarray(np.asarray(to_host(free), dtype=diagonal.dtype))
+            # the mask crosses as bytes (a GPU: an eighth of the float64 copy), cast there
+            self.free = xp.asarray(to_host(free) if xp is np else free,
+                                   dtype=bool).astype(diagonal.dtype)
             self.fixed = 1 - self.free
             self._diag = diagonal * self.free + self.fixed
 
@@ -214,7 +216,8 @@ def _touches(coarse, fine, fine_fixed, xp=np):
     on the host (bool)."""
     I1d, _ = lagrange_basis(gauss_lobatto(coarse.nd)[0], gauss_lobatto(fine.nd)[0])
     absI = xp.asarray(np.abs(I1d).T)
-    v = fine.gather(xp.asarray(np.asarray(to_host(fine_fixed), dtype=np.float64)))
+    v = fine.gather(xp.asarray(to_host(fine_fixed) if xp is np else fine_fixed,
+                               dtype=bool).astype(np.float64))
     with smalltc.evaluation_job(v.size // fine.nd ** fine.dim * coarse.nd ** coarse.dim):
         rc = coarse.scatter(smalltc.interpolate(absI, None, v))
     return np.asarray(to_host(rc > 1e-12))

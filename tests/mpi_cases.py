@@ -72,6 +72,15 @@ def compare(comm, device, dims, ps):
         # the operator, on a random vector (every rank draws the same global one)
         M = fem.mass_operator(fem.H1Space(mesh, p), comm=comm, device=device)
         V, xp = M.space, M.xp
+        # the owned mask and the global numbers made from the blocks' boxes on the device,
+        # against the index arrays (a fresh space: nothing made before)
+        W = type(V)(V.mesh, p)
+        mask, l2g = fem._device.to_host(W.owned_mask(xp)), fem._device.to_host(
+            W.local_to_global_on(xp))
+        want = np.zeros(W.nlocal, dtype=bool)
+        want[W.owned] = True
+        index_ok = bool(np.array_equal(mask, want) and np.array_equal(l2g, W.local_to_global)
+                        and int(mask.sum()) == W.nowned)
         xg = np.random.default_rng(k).random(V.ndofs)
         x = xp.asarray(V.global_to_local(xg))
         x[xp.asarray(V.ghosts)] = -1.0e30               # the operator fills the ghosts
@@ -94,7 +103,8 @@ def compare(comm, device, dims, ps):
         res = fem.l2_project(dmesh, p, fem.smooth_function, tol=TOL, device=device,
                              comm=None if k % 2 else comm)
         ug = res.space.gather(res.u, root=0)
-        flags = comm.gather((ghosts_zero, ghosts_filled, res.distribution["gpu"]), root=0)
+        flags = comm.gather((ghosts_zero, ghosts_filled, res.distribution["gpu"], index_ok),
+                            root=0)
         if rank == 0:
             ys = fem._device.to_host(fem.mass_operator(fem.H1Space(mesh, p), device=device)(
                 xp.asarray(xg)))
@@ -114,6 +124,7 @@ def compare(comm, device, dims, ps):
                        l2_error=res.l2_error, l2_error_serial=ser.l2_error,
                        ghosts_zero=all(f[0] for f in flags),
                        ghosts_filled=all(f[1] for f in flags),
+                       index_ok=all(f[3] for f in flags),
                        device=res.device, transport=res.distribution["transport"],
                        transport_reason=res.distribution["transport_reason"],
                        gpus=[f[2] for f in flags])

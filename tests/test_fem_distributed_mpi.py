@@ -96,7 +96,7 @@ def check_against_serial(res, n, ncases):
         assert c["u_err"] <= 1e-12, f"{what}: the projection differs by {c['u_err']:.2e}"
         assert c["iters"] == c["iters_serial"], what
         assert abs(c["l2_error"] - c["l2_error_serial"]) <= 1e-10 * c["l2_error_serial"], what
-        assert c["ghosts_zero"] and c["ghosts_filled"], what
+        assert c["ghosts_zero"] and c["ghosts_filled"] and c["index_ok"], what
     return found
 
 

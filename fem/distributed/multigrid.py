@@ -176,7 +176,7 @@ def _start_vector(space, xp, dtype):
     """A fixed pseudo-random vector of the DoFs' global numbers (owner form), entries in
     ``[-0.5, 0.5)``: the same global vector on any number of ranks
     (:func:`~smalltc.fem.chebyshev.start_vector`, made on the vectors' device)."""
-    v = start_vector(xp.asarray(space.local_to_global), dtype)
+    v = start_vector(space.local_to_global_on(xp), dtype)
     v[xp.asarray(space.ghosts)] = 0
     return v
 

@@ -120,8 +120,9 @@ def _split(n, parts, i):
     return start, start + q + (1 if i < r else 0)
 
 
-def box_indices(box, within):
-    """Flat C-order indices, inside the box ``within``, of the nodes of ``box``.
+def box_indices(box, within, xp=np):
+    """Flat C-order indices, inside the box ``within``, of the nodes of ``box``, an array
+    of ``xp`` (made there).
 
     Boxes are ``(lo, hi)`` tuples of lattice multi-indices, ``hi`` exclusive;
     ``box`` lies inside ``within``. The indices increase (C order of a sub-box).
@@ -136,14 +137,14 @@ def box_indices(box, within):
     if any(not (w0 <= a <= b <= w1) for a, b, w0, w1 in zip(lo, hi, wlo, whi)):
         raise ValueError(f"box {box} does not lie inside {within}")
     if tuple(lo) == tuple(wlo) and tuple(hi) == tuple(whi):      # the whole box (one rank)
-        return np.arange(int(np.prod(wshape)), dtype=np.int64)
-    ranges = [np.arange(a - w, b - w, dtype=np.int64) for a, b, w in zip(lo, hi, wlo)]
+        return xp.arange(int(np.prod(wshape)), dtype=np.int64)
+    ranges = [xp.arange(a - w, b - w, dtype=np.int64) for a, b, w in zip(lo, hi, wlo)]
     if any(r.size == 0 for r in ranges):
-        return np.zeros(0, dtype=np.int64)
+        return xp.zeros(0, dtype=np.int64)
     # C order: index = sum_d r_d * stride_d, summed in place over broadcast views
     strides = np.cumprod((wshape[1:] + (1,))[::-1])[::-1]
     dim = len(ranges)
-    out = np.empty(tuple(r.size for r in ranges), dtype=np.int64)
+    out = xp.empty(tuple(r.size for r in ranges), dtype=np.int64)
     for d, (r, st) in enumerate(zip(ranges, strides)):
         view = (r * int(st)).reshape((1,) * d + (r.size,) + (1,) * (dim - d - 1))
         if d == 0:

@@ -115,8 +115,7 @@ def distributed_dirichlet_bc(space, regions, neumann_regions=(), device=None):
     value[dofs] = xp.asarray(bc.values)
     count = space.owner_form(flag.copy(), xp)              # holders that constrain each node
     total = space.owner_form(value * flag, xp)             # the sum of their values
-    owned = xp.zeros(n, dtype=bool)
-    owned[xp.asarray(space.owned)] = True
+    owned = space.owned_mask(xp)
     mine = owned & (flag > 0)
     others = owned & (flag == 0) & (count > 0)
     final = xp.where(mine, value, 0.0)                     # the owner's own value, exactly
@@ -289,7 +288,7 @@ def poisson_problem_distributed(mesh, p, f, *, dirichlet=None, neumann=None, kap
     bc = distributed_dirichlet_bc(space, dir_, list(neu), where)
     constrained = np.zeros(space.nlocal, dtype=bool)
     constrained[bc.dofs] = True
-    (nbc,) = Reducer(c).sums(float(np.count_nonzero(constrained[space.owned])))
+    (nbc,) = Reducer(c).sums(float(np.count_nonzero(constrained & space.owned_mask())))
     _check_constrained(nbc)
     clock.lap("bc")
     nq = space.p + 2 if nq is None else int(nq)          # the serial path's rule

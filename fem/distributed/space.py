@@ -416,6 +416,35 @@ class DistributedH1Space:
     def owned(self, value):
         self._owned = value
 
+    def owned_mask(self, xp=np):
+        """Boolean mask over the local nodes, True on those this rank owns, an array of
+        ``xp`` (a block's made there from its owned box: no index array).
+
+        Examples
+        --------
+        >>> from mpi4py import MPI
+        >>> from smalltc.fem import box_mesh
+        >>> V = DistributedH1Space(distribute_mesh(box_mesh(2, 2), MPI.COMM_SELF), p=1)
+        >>> int(V.owned_mask().sum()) == V.nowned == V.nlocal
+        True
+        """
+        boxes = getattr(self, "_boxes", None)
+        if boxes is None or self._owned is not None:
+            mask = xp.zeros(self.nlocal, dtype=bool)
+            mask[xp.asarray(self.owned)] = True
+            return mask
+        (olo, ohi), (llo, lhi) = boxes
+        mask = xp.zeros(tuple(b - a for a, b in zip(llo, lhi)), dtype=bool)
+        mask[tuple(slice(a - w, b - w) for a, b, w in zip(olo, ohi, llo))] = True
+        return mask.reshape(-1)
+
+    def local_to_global_on(self, xp=np):
+        """:attr:`local_to_global` as an array of ``xp`` (a block's made there)."""
+        boxes = getattr(self, "_boxes", None)
+        if boxes is None or self._local_to_global is not None:
+            return xp.asarray(self.local_to_global)
+        return box_indices(boxes[1], ((0,) * self.dim, self.lattice_shape), xp)
+
     @property
     def local_to_global(self):
         """Global index of each local node (int64, ``(nlocal,)``)."""

@@ -30,7 +30,8 @@ from ._device import to_device_many, to_host
 from .chebyshev import Chebyshev, _Preconditioner
 from .solvers import cg, jacobi
 
-__all__ = ["assemble_csr", "AMGSolver", "CGSolver", "COARSE_SOLVERS"]
+__all__ = ["assemble_csr", "element_csr", "constrained_csr", "AMGSolver", "CGSolver",
+           "COARSE_SOLVERS"]
 
 #: the coarse solvers :func:`smalltc.fem.pmg` takes by name
 COARSE_SOLVERS = ("amg", "cg")
@@ -77,9 +78,7 @@ def assemble_csr(operator, space):
         A = assemble_csr(inner, space)
         if operator.free is None:
             return A
-        f = to_host(operator.free).astype(np.float64)
-        F = sp.diags(f)
-        return (F @ A @ F + sp.diags(1.0 - f)).tocsr()
+        return constrained_csr(A, to_host(operator.free))
     xp = getattr(operator, "xp", np)
     dtype = getattr(operator, "dtype", np.float64)
     pattern = _pattern(space)                     # A[i, j] may be nonzero: share an element
@@ -98,24 +97,74 @@ def assemble_csr(operator, space):
 
 def _csr_from_elements(matrices, space):
     """The sum of element matrices ``(E, n, n)`` into the global CSR matrix (SciPy, float64,
-    on the host): a COO triple summed by ``tocsr`` (linear time; no global sort), on the
-    device where the matrices are (``cupyx.scipy.sparse``), then copied to the host."""
+    on the host): :func:`element_csr` of the space's DoF map, on the matrices' device."""
+    xp = array_module(matrices)
+    E, m = matrices.shape[:2]
+    dofs = space.dof_map(xp).reshape(E, m) if xp is not np else \
+        np.asarray(space.elem_dofs).reshape(E, m)
+    return element_csr(matrices, dofs, space.ndofs)
+
+
+def element_csr(matrices, dofs, n):
+    """The element matrices ``(E, m, m)`` summed into an ``n x n`` CSR matrix (SciPy,
+    float64, on the host, canonical: sorted, no duplicates): a COO triple summed by
+    ``tocsr`` (linear time; no global sort), on the device where the matrices are
+    (``cupyx.scipy.sparse``; ``dofs`` ``(E, m)`` there too), then copied to the host.
+
+    Examples
+    --------
+    >>> A = element_csr(np.ones((2, 2, 2)), np.array([[0, 1], [1, 2]]), 3)
+    >>> print(A.toarray())
+    [[1. 1. 0.]
+     [1. 2. 1.]
+     [0. 1. 1.]]
+    """
     import scipy.sparse as sp
     xp = array_module(matrices)
     E, m = matrices.shape[:2]
-    N = space.ndofs
-    dofs = space.dof_map(xp).reshape(E, m) if xp is not np else \
-        np.asarray(space.elem_dofs).reshape(E, m)
     rows = xp.repeat(dofs, m, axis=1).ravel()
     cols = xp.tile(dofs, (1, m)).ravel()
     vals = matrices.reshape(-1).astype(np.float64, copy=False)
     if xp is np:
-        return sp.coo_matrix((vals, (rows, cols)), shape=(N, N)).tocsr()
+        A = sp.coo_matrix((vals, (rows, cols)), shape=(n, n)).tocsr()
+        A.sum_duplicates()
+        return A
     import cupyx.scipy.sparse as csp
     A = csp.coo_matrix((vals, (rows.astype(np.int32), cols.astype(np.int32))),
-                       shape=(N, N)).tocsr()
+                       shape=(n, n)).tocsr()
     A.sum_duplicates()
-    return sp.csr_matrix((A.data.get(), A.indices.get(), A.indptr.get()), shape=(N, N))
+    return sp.csr_matrix((A.data.get(), A.indices.get(), A.indptr.get()), shape=(n, n))
+
+
+def constrained_csr(A, free):
+    """``F A F + (I - F)`` of the CSR matrix ``A`` for the free mask ``f`` (``F = diag(f)``,
+    1 free, 0 constrained): the rows and columns of the constrained DoFs zeroed, their
+    diagonal 1, the zeros dropped (as SciPy's products drop them), indices sorted. A copy;
+    the free entries' values exactly ``A``'s.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> A = sp.csr_matrix(np.array([[2.0, -1, 0], [-1, 2, -1], [0, -1, 2]]))
+    >>> print(constrained_csr(A, np.array([True, True, False])).toarray())
+    [[ 2. -1.  0.]
+     [-1.  2.  0.]
+     [ 0.  0.  1.]]
+    """
+    import scipy.sparse as sp
+    A = sp.csr_matrix(A, copy=True)
+    A.sum_duplicates()
+    n = A.shape[0]
+    fixed = ~np.asarray(free, dtype=bool).reshape(-1)
+    rows = np.repeat(np.arange(n, dtype=A.indices.dtype), np.diff(A.indptr))
+    A.data[fixed[rows] | fixed[A.indices]] = 0.0
+    diag = fixed[rows] & (rows == A.indices)
+    A.data[diag] = 1.0
+    if int(np.count_nonzero(diag)) != int(np.count_nonzero(fixed)):   # a missing diagonal
+        A = A + sp.diags(np.where(fixed & (A.diagonal() == 0), 1.0, 0.0))
+    A.eliminate_zeros()
+    A.sort_indices()
+    return A
 
 
 def _pattern(space):

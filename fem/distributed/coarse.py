@@ -27,9 +27,11 @@
 
 import numpy as np
 
+from smalltc._arrays import array_module
+
 from .._device import to_host
 from .._graph import GraphReplay
-from ..coarse import AMGSolver
+from ..coarse import AMGSolver, constrained_csr, element_csr
 from ..solvers import cg, jacobi
 from .comm import collective, load_mpi
 
@@ -64,14 +66,15 @@ class DistributedCG:
         return f"distributed Jacobi-CG to relative residual {self.tol:g}"
 
 
-def _local_triplets(space, matrices):
-    """``(rows, cols, vals)`` of the element matrices ``(E, m, m)`` of the rank's elements
-    in the global numbering (the serial ``_csr_from_elements``'s order)."""
+def _local_csr(space, matrices):
+    """The rank's element matrices ``(E, m, m)`` summed into a CSR matrix of the global
+    numbering (:func:`~smalltc.fem.coarse.element_csr`: on the matrices' device), on the
+    host: ``(indptr, indices, data)``."""
+    xp = array_module(matrices)
     E, m = matrices.shape[:2]
-    dofs = space.local_to_global[np.asarray(space.local.elem_dofs).reshape(E, m)]
-    rows = np.repeat(dofs, m, axis=1).ravel()
-    cols = np.tile(dofs, (1, m)).ravel()
-    return rows, cols, np.ascontiguousarray(matrices.reshape(-1), dtype=np.float64)
+    dofs = space.local_to_global_on(xp)[space.local.dof_map(xp).reshape(E, m)]
+    A = element_csr(matrices, dofs, int(space.ndofs))
+    return A.indptr.astype(np.int64), A.indices.astype(np.int64), A.data
 
 
 class GatheredAMG:
@@ -83,7 +86,9 @@ class GatheredAMG:
     space : DistributedH1Space
         The order-1 level's space.
     matrices : ndarray, shape (E, m, m)
-        The rank's element matrices (host, float64) in its local element order.
+        The rank's element matrices in its local element order, NumPy or CuPy: each rank
+        sums them into its part of the global matrix where they are, rank 0 adds the
+        parts.
     free : ndarray of bool, shape (nlocal,)
         The level's free DoFs (local; agreeing across the ranks).
     xp : module
@@ -129,7 +134,6 @@ class GatheredAMG:
         self.space, self.xp = space, xp
         comm = self.comm = space.comm
         self.rank, self.ndofs = comm.Get_rank(), int(space.ndofs)
-        matrices = np.asarray(to_host(matrices))
         if matrices.ndim != 3 or matrices.shape[0] != space.nelements:
             raise ValueError(f"matrices has shape {matrices.shape}, expected "
                              f"({space.nelements}, m, m): one matrix per element of this rank")
@@ -139,15 +143,16 @@ class GatheredAMG:
         self.owned = np.asarray(space.owned)
         owned_global = space.local_to_global[self.owned].astype(np.int64)
         fixed_global = space.local_to_global[self.owned[~free[self.owned]]].astype(np.int64)
-        rows, cols, vals = _local_triplets(space, matrices)
+        # each rank sums its element matrices on its device; rank 0 adds the ranks' sums
+        indptr, indices, data = collective(comm, _local_csr, space, matrices,
+                                           what="the coarse level's matrix")
         # the owned entries of every rank, in rank order: the gathers' layout on rank 0
         self.counts = np.array(comm.allgather(int(owned_global.size)), dtype=np.int64)
         self.displs = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
         self.order = self._gather(owned_global, np.int64)
         fixed = self._gather(fixed_global, np.int64)
-        trip = [self._gather(a, a.dtype) for a in (rows.astype(np.int64),
-                                                    cols.astype(np.int64), vals)]
-        self.amg = collective(comm, self._setup, trip, fixed, amg,
+        csr = [self._gather(a, a.dtype) for a in (indptr, indices, data)]
+        self.amg = collective(comm, self._setup, csr, fixed, amg,
                               what="the AMG coarse solve's setup")
         self.nnz = int(comm.bcast(None if self.amg is None else self.amg.nnz, root=0))
         self._buf = np.empty(int(self.counts.sum()) if self.rank == 0 else 0)
@@ -182,21 +187,25 @@ class GatheredAMG:
         comm.Gatherv(a, (out, counts, displs, mpi_type), root=0)
         return out
 
-    def _setup(self, trip, fixed, amg):
-        """Rank 0: the global CSR matrix (``F A F + C``, as the serial path's) and its
-        hierarchy; None elsewhere."""
+    def _setup(self, csr, fixed, amg):
+        """Rank 0: the global CSR matrix (the ranks' sums added, then ``F A F + C`` as the
+        serial path's: :func:`~smalltc.fem.coarse.constrained_csr`) and its hierarchy;
+        None elsewhere."""
         if self.rank != 0:
             return None
         import scipy.sparse as sp
-        rows, cols, vals = trip
         n = self.ndofs
-        A = sp.coo_matrix((vals, (rows, cols)), shape=(n, n)).tocsr()
-        if fixed.size:
-            f = np.ones(n)
-            f[fixed] = 0.0
-            F = sp.diags(f)
-            A = (F @ A @ F + sp.diags(1.0 - f)).tocsr()
-        return AMGSolver(A, self.xp, **amg)
+        indptr, indices, data = csr
+        A, lo, at = None, 0, 0
+        for r in range(self.comm.Get_size()):             # rank r's indptr, then its entries
+            ip = indptr[lo:lo + n + 1]
+            nnz = int(ip[-1])
+            Ar = sp.csr_matrix((data[at:at + nnz], indices[at:at + nnz], ip), shape=(n, n))
+            A = Ar if A is None else A + Ar
+            lo, at = lo + n + 1, at + nnz
+        free = np.ones(n, dtype=bool)
+        free[fixed] = False
+        return AMGSolver(constrained_csr(A, free), self.xp, **amg)
 
     def __call__(self, b):
         """The correction for the coarse residual ``b`` (owner form, ``xp``): owner form."""

@@ -114,13 +114,14 @@ class DistributedTransfer:
         self.I1d = xp.ascontiguousarray(xp.asarray(I1d.astype(self.dtype)))
         self.I1dT = xp.ascontiguousarray(self.I1d.T)
         # the global multiplicity of each fine node: the local counts summed on the owners
-        mult = fine.local.multiplicity().astype(np.float64)
-        fine.owner_form(mult)
-        fine.consistent_form(mult)
-        w = np.where(np.asarray(fine_free, dtype=bool), 1.0 / mult, 0.0)
-        self.fine_w = xp.asarray(w.astype(self.dtype))                        # per DoF
+        # (made and exchanged where the vectors are; the masks cross as bytes)
+        mult = fine.local.multiplicity(xp).astype(np.float64)
+        fine.owner_form(mult, xp)
+        fine.consistent_form(mult, xp)
+        w = xp.where(xp.asarray(_host_or(fine_free, xp), dtype=bool), 1.0 / mult, 0.0)
+        self.fine_w = w.astype(self.dtype)                                    # per DoF
         self.weights = fine.local.gather(self.fine_w)                         # E-vector
-        self.coarse_free = xp.asarray(np.asarray(coarse_free, dtype=self.dtype))
+        self.coarse_free = xp.asarray(_host_or(coarse_free, xp), dtype=bool).astype(self.dtype)
         self.fwd_c = coarse.make_halo(xp)
         self.fwd_f = fine.make_halo(xp)
         self.kernel = (xp is not np or _numba_present()) if kernel is None else bool(kernel)
@@ -170,6 +171,11 @@ class DistributedTransfer:
     def restrict_sum(self, rf):
         """:meth:`restrict` on consistent vectors (in and out)."""
         return self.fwd_c.sum(self._restrict_local(self.xp.array(rf, dtype=self.dtype)))
+
+
+def _host_or(a, xp):
+    """``a`` on the host for NumPy work, as it is for a GPU's."""
+    return to_host(a) if xp is np else a
 
 
 def _start_vector(space, xp, dtype):

@@ -600,3 +600,33 @@ def test_amg_setup_is_reproducible_and_leaves_numpy_random_alone():
     assert np.random.random() == before
     assert np.array_equal(a(x), b(x))
 
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_constrained_csr_is_f_a_f_plus_the_identity_on_the_constrained(seed):
+    """The masked CSR arrays give SciPy's ``F A F + (I - F)`` exactly: the same entries
+    (explicit zeros dropped by both), the same values, sorted indices; duplicates summed
+    first; a constrained row without a diagonal entry gets one."""
+    needs("scipy")
+    import scipy.sparse as sp
+    from smalltc.fem.coarse import constrained_csr
+    rng = np.random.default_rng(seed)
+    n = 40
+    B = sp.random(n, n, density=0.15, random_state=seed, format="coo")
+    rows = np.concatenate([B.row, B.col, np.arange(n), [3, 3]])
+    cols = np.concatenate([B.col, B.row, np.arange(n), [5, 5]])   # a duplicate pair
+    vals = np.concatenate([B.data, B.data, rng.random(n) + 1, [0.25, 0.5]])
+    vals[::7] = 0.0                                                # explicit zeros
+    A = sp.csr_matrix((vals, (rows, cols)), shape=(n, n))
+    free = rng.random(n) < 0.7
+    f = free.astype(float)
+    want = (sp.diags(f) @ A @ sp.diags(f) + sp.diags(1.0 - f)).tocsr()
+    want.eliminate_zeros()
+    got = constrained_csr(A, free)
+    assert got.has_sorted_indices and np.all(got.data != 0)
+    assert got.nnz == want.nnz and np.array_equal(got.toarray(), want.toarray())
+    # a constrained DoF whose row has no diagonal entry
+    C = sp.csr_matrix(np.array([[2.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 2.0]]))
+    C.eliminate_zeros()
+    got = constrained_csr(C, np.array([True, False, True]))
+    np.testing.assert_array_equal(got.toarray(), [[2, 0, 0], [0, 1, 0], [0, 0, 2]])

@@ -24,8 +24,8 @@ arrays (NVIDIA GPUs), with a plan/execute API:
   point data ``D`` and ``Q``) from the Jacobians at the points, in one pass
 - :func:`vector_update`, :func:`pcg_iterate`, :func:`pmg_transfer`, :func:`csr_spmv`,
   :func:`schwarz_fdm`: the solver kernels (:mod:`smalltc.solver`): Chebyshev and V-cycle
-  vector updates, fused Jacobi-PCG, p-multigrid transfers, CSR products, Schwarz
-  fast-diagonalisation solves
+  vector updates, fused PCG (Jacobi or any preconditioner), p-multigrid transfers, CSR
+  products, Schwarz fast-diagonalisation solves
 - :func:`plan`: build once, call many times
 - :func:`precompile`: compile the kernels of given sizes ahead, into the disk caches
 

@@ -1,7 +1,7 @@
 """The reference paths of the solver kernels: NumPy/CuPy array code, the oracle of their tests.
 
 One function per spec of :data:`smalltc.spec.SOLVER_OPS` (the Chebyshev/V-cycle vector
-updates, the Jacobi-PCG iteration, the p-multigrid transfers, the CSR product, the Schwarz
+updates, the PCG iteration, the p-multigrid transfers, the CSR product, the Schwarz
 fast-diagonalisation solve), each working on NumPy and CuPy arrays alike. On the host
 these are also the CPU path where no compiled family exists (the vector updates, the CSR
 product): array expressions, no temporaries beyond the ones written out.

@@ -1,4 +1,4 @@
-"""The solver kernel families on the host: Jacobi-PCG, p-multigrid transfers, Schwarz.
+"""The solver kernel families on the host: PCG, p-multigrid transfers, Schwarz.
 
 The CPU side of :mod:`smalltc.backends.cuda.solver`:
 

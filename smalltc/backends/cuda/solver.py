@@ -1,4 +1,4 @@
-"""The solver kernel families: vector updates, Jacobi-PCG, p-multigrid transfers, CSR, Schwarz.
+"""The solver kernel families: vector updates, PCG, p-multigrid transfers, CSR, Schwarz.
 
 The kernels of the iterative solvers (:mod:`smalltc.solver`), one small family each, all
 grid-stride loops whose launch is the tuning:

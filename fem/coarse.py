@@ -31,18 +31,10 @@ from .chebyshev import Chebyshev, _Preconditioner
 from .solvers import cg, jacobi
 
 __all__ = ["assemble_csr", "element_csr", "constrained_csr", "AMGSolver", "CGSolver",
-           "COARSE_SOLVERS", "PMG_AMG"]
+           "COARSE_SOLVERS"]
 
 #: the coarse solvers :func:`smalltc.fem.pmg` takes by name
 COARSE_SOLVERS = ("amg", "cg")
-
-#: the AMG hierarchy of a p-multigrid's order-1 level (keyword arguments of
-#: :class:`AMGSolver`): plain aggregation, the tentative prolongation unsmoothed. Measured
-#: on the Kershaw mesh (CPU, 0.12-0.89M DoFs, p = 2, 4, 7): half the pyamg setup (the
-#: prolongation smoothing's sparse products gone) for 0-2 more p-multigrid iterations in
-#: 46-88, as one V-cycle is the whole coarse solve; on a GPU, where the setup is the host's
-#: and an iteration a few milliseconds, the setup is what the user waits for.
-PMG_AMG = {"smooth": None}
 
 
 def assemble_csr(operator, space):

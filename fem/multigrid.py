@@ -43,8 +43,7 @@ from . import operators as ops
 from ._device import to_host
 from ._graph import GRAPH_CHOICES, GraphReplay
 from .chebyshev import KINDS, Chebyshev, _Preconditioner
-from .coarse import (COARSE_SOLVERS, PMG_AMG, AMGSolver, CGSolver, _pyamg_present,
-                     assemble_csr)
+from .coarse import COARSE_SOLVERS, AMGSolver, CGSolver, _pyamg_present, assemble_csr
 # the levels' parts, in their own module; imported from here too
 from .levels import Constrained, Transfer, _Level, _touches, boundary_mask
 from .schwarz import Schwarz
@@ -416,9 +415,9 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
         The constrained (Dirichlet) DoFs of the finest level: a mask, indices,
         the whole boundary, or boundary regions (``space.boundary_dofs(region)``).
     coarse : {"auto", "amg", "cg"}
-        The order-1 solve: one AMG V-cycle (pyamg's aggregation hierarchy,
-        :data:`~smalltc.fem.coarse.PMG_AMG`) or Jacobi-CG to ``coarse_tol``. ``"auto"``
-        (the default): the AMG where pyamg imports, else Jacobi-CG, said in one log line.
+        The order-1 solve: one AMG V-cycle (pyamg hierarchy) or Jacobi-CG to
+        ``coarse_tol``. ``"auto"`` (the default): the AMG where pyamg imports, else
+        Jacobi-CG, said in one log line.
     amg_cycle : {"auto", "pyamg", "portable"}
         See :class:`smalltc.fem.coarse.AMGSolver`.
     operator_factory : callable, optional
@@ -571,7 +570,7 @@ def pmg(operator_or_space, *, kind=None, orders=None, degree=None, smoother="fou
     if coarse == "amg":
         A = assemble_csr(last.A, last.space)
         clock("csr")
-        solver = AMGSolver(A, xp, cycle=amg_cycle, **PMG_AMG)
+        solver = AMGSolver(A, xp, cycle=amg_cycle)
         clock("amg")
     else:
         solver = CGSolver(last.A, last.A.diagonal(), tol=coarse_tol)

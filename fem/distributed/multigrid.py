@@ -43,7 +43,7 @@ from ..boundary import ConstrainedOperator
 from .._device import to_host
 from .._graph import GRAPH_CHOICES, GraphReplay
 from ..chebyshev import Chebyshev, estimate_lambda_max, start_vector
-from ..coarse import PMG_AMG, _pyamg, _pyamg_present
+from ..coarse import _pyamg, _pyamg_present
 from ..multigrid import _numba_present, pmg_orders
 from ..operators import diffusion_operator
 from ..quadrature import gauss_lobatto
@@ -454,7 +454,7 @@ def distributed_pmg(A, *, dirichlet, neumann_regions=(), kappa=None, quadrature=
                        quadrature=quadrature, device=where, what="the coarse element matrices")
         halo = A.op.halo
         solver = GatheredAMG(Vc, K.matrices, frees[-1], xp,
-                             nccl=halo.nccl if halo.transport == "nccl" else None, **PMG_AMG)
+                             nccl=halo.nccl if halo.transport == "nccl" else None)
     else:
         solver = DistributedCG(last, red, coarse_tol)
     return DistributedPMultigrid(ops, smoothers, transfers, red, solver, graph=graph,

@@ -324,3 +324,15 @@ def test_pcg_launches_with_a_preconditioner(fake_gpu, tol, maxiter):
     assert it <= calls["apply"] <= it + 1 and calls["precond"] == calls["apply"] + 1
     if maxiter == 3:
         assert calls["apply"] == 3            # nothing queued past the iteration limit
+
+
+def test_the_host_waits_only_near_the_stop():
+    """The host queues ahead unless the best of the last three residual ratios brings the
+    next residual within twice the tolerance (or the first residual is there already)."""
+    from smalltc.backends.cuda.solver import _near_stop
+    assert not _near_stop([1.0], 1e-8) and _near_stop([1.5e-8], 1e-8)
+    assert not _near_stop([1.0, 0.5, 0.25], 1e-8)
+    assert _near_stop([1.0, 1e-4, 1e-7], 1e-8)            # ratio 1e-3: next ~1e-10
+    assert _near_stop([1.0, 0.9, 1e-3, 5e-8], 1e-8)       # the best of three: 1e-3
+    assert not _near_stop([1.0, 1e-6, 9e-7, 8e-7, 7e-7], 1e-9)  # older ratios drop out
+    assert _near_stop([1.0, 0.0], 1e-8)                   # a zero residual
